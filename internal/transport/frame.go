@@ -1,0 +1,143 @@
+package transport
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// HeaderSize is the fixed size of every frame header.
+const HeaderSize = 64
+
+// Magic opens every frame: "BSLT" read as a big-endian uint32.
+const Magic uint32 = 0x42534c54
+
+// Version is the frame format version this code speaks.
+const Version uint8 = 1
+
+// MaxPayload bounds the payload a peer may announce. Larger frames are refused
+// before any memory is allocated for them.
+const MaxPayload = 64 << 20
+
+// Op says what a frame asks for. Replies carry the op of their request.
+type Op uint8
+
+const (
+	OpRead        Op = 1  // payload: none; reply payload: Length bytes
+	OpWrite       Op = 2  // payload: Length bytes of data
+	OpTrim        Op = 3  // discard [Offset, Offset+Length); reads as zeros after
+	OpWriteZeroes Op = 4  // write zeros over [Offset, Offset+Length)
+	OpFlush       Op = 5  // all earlier acknowledged writes are durable (they already are)
+	OpPing        Op = 6  // liveness; empty reply
+	OpChecksum    Op = 7  // per-chunk checksums of one copyset replica (scrub, tests)
+	OpRaft        Op = 16 // payload: a batch of raft messages (peer to peer, no reply)
+	OpSnapshot    Op = 17 // snapshot transfer between replicas (see raftstore)
+)
+
+// Flags modify a request.
+type Flags uint16
+
+const (
+	// FlagFUA asks that the write be durable before the reply (always true in basalt).
+	FlagFUA Flags = 1 << 0
+	// FlagReply marks a reply frame.
+	FlagReply Flags = 1 << 15
+)
+
+// Header is the decoded fixed part of a frame. All integers are big-endian on the
+// wire, at these offsets:
+//
+//	 0  uint32  Magic "BSLT"
+//	 4  uint8   Version (1)
+//	 5  uint8   Op
+//	 6  uint16  Flags
+//	 8  uint64  ID        request id, chosen by the sender, echoed in the reply
+//	16  uint32  Status    api.Status; 0 in requests
+//	20  uint32  PayloadLen bytes that follow the header
+//	24  uint64  Volume    volume id
+//	32  uint64  Epoch     writer epoch of the session (0 = read-only)
+//	40  uint64  Offset    byte offset in the volume
+//	48  uint32  Length    byte count of the IO
+//	52  uint32  Copyset   copyset id within the volume's pool
+//	56  uint64  Hint      NOT_LEADER: leader chunkserver id; OpRaft: sender's id
+//
+// A request for one IO never crosses a chunk boundary: the client splits first.
+type Header struct {
+	Op         Op
+	Flags      Flags
+	ID         uint64
+	Status     api.Status
+	PayloadLen uint32
+	Volume     uint64
+	Epoch      uint64
+	Offset     uint64
+	Length     uint32
+	Copyset    uint32
+	Hint       uint64
+}
+
+// Errors returned by DecodeHeader. A connection that yields one of them is closed:
+// the stream can no longer be trusted to be in sync.
+var (
+	ErrBadMagic   = errors.New("transport: bad frame magic")
+	ErrBadVersion = errors.New("transport: unsupported frame version")
+	ErrTooLarge   = errors.New("transport: frame payload exceeds limit")
+)
+
+// IsReply reports whether the frame is a reply.
+func (h *Header) IsReply() bool { return h.Flags&FlagReply != 0 }
+
+// Encode writes h into b, which must be at least HeaderSize bytes.
+func (h *Header) Encode(b []byte) {
+	_ = b[HeaderSize-1]
+	be := binary.BigEndian
+	be.PutUint32(b[0:], Magic)
+	b[4] = Version
+	b[5] = byte(h.Op)
+	be.PutUint16(b[6:], uint16(h.Flags))
+	be.PutUint64(b[8:], h.ID)
+	be.PutUint32(b[16:], uint32(h.Status))
+	be.PutUint32(b[20:], h.PayloadLen)
+	be.PutUint64(b[24:], h.Volume)
+	be.PutUint64(b[32:], h.Epoch)
+	be.PutUint64(b[40:], h.Offset)
+	be.PutUint32(b[48:], h.Length)
+	be.PutUint32(b[52:], h.Copyset)
+	be.PutUint64(b[56:], h.Hint)
+}
+
+// DecodeHeader parses a header from b (at least HeaderSize bytes). It checks only
+// what keeps the stream in sync (magic, version, payload bound); the meaning of the
+// fields is checked by whoever handles the op.
+func DecodeHeader(b []byte) (Header, error) {
+	if len(b) < HeaderSize {
+		return Header{}, io.ErrUnexpectedEOF
+	}
+	be := binary.BigEndian
+	if be.Uint32(b[0:]) != Magic {
+		return Header{}, ErrBadMagic
+	}
+	if b[4] != Version {
+		return Header{}, fmt.Errorf("%w: %d", ErrBadVersion, b[4])
+	}
+	h := Header{
+		Op:         Op(b[5]),
+		Flags:      Flags(be.Uint16(b[6:])),
+		ID:         be.Uint64(b[8:]),
+		Status:     api.Status(be.Uint32(b[16:])),
+		PayloadLen: be.Uint32(b[20:]),
+		Volume:     be.Uint64(b[24:]),
+		Epoch:      be.Uint64(b[32:]),
+		Offset:     be.Uint64(b[40:]),
+		Length:     be.Uint32(b[48:]),
+		Copyset:    be.Uint32(b[52:]),
+		Hint:       be.Uint64(b[56:]),
+	}
+	if h.PayloadLen > MaxPayload {
+		return Header{}, fmt.Errorf("%w: %d bytes", ErrTooLarge, h.PayloadLen)
+	}
+	return h, nil
+}
