@@ -1,0 +1,222 @@
+package chunkserver
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// chunkStore is what the state machine needs of one copyset's chunk files;
+// *datastore.Copyset implements it.
+type chunkStore interface {
+	WriteAt(id chunkID, p []byte, off int64) error
+	ReadAt(id chunkID, p []byte, off int64) error
+	Discard(id chunkID, off, n int64) error
+	WriteZeroes(id chunkID, off, n int64) error
+	Sync() error
+	SaveMeta(b []byte) error
+	LoadMeta() ([]byte, error)
+	WriteSnapshot(w io.Writer) error
+	ReceiveSnapshot(r io.Reader) error
+	InstallStaged() error
+}
+
+// ErrStopped is the error a copyset's state machine returns once a disk error
+// stopped it: it applies nothing more until the process restarts.
+var ErrStopped = errors.New("chunkserver: copyset replica stopped after a disk error")
+
+// stateMachine is the replicated state of one copyset (raftstore.StateMachine):
+// the chunk data in a chunkStore plus the per-volume highest epoch.
+//
+// Goroutines: Apply, Capture and InstallSnapshot run on the raftstore worker that
+// owns the group (one at a time); Persist runs on a raftstore snapshot goroutine
+// beside Apply; epochOf runs on any handler goroutine.
+type stateMachine struct {
+	group     uint64
+	chunkSize int64
+	store     chunkStore
+	// deleted reports volumes known to be deleted; their commands are skipped.
+	deleted func(volume uint64) bool
+	// onFail is told once about the disk error that stopped this replica.
+	onFail func(group uint64, err error)
+
+	applied atomic.Uint64
+	failed  atomic.Pointer[error]
+
+	mu sync.Mutex // guards epochs
+	// epochs: highest epoch applied per volume.
+	// INVARIANT: epochs[v] never decreases, except when InstallSnapshot replaces
+	// the whole table with the (newer) leader's.
+	epochs map[uint64]uint64
+}
+
+func newStateMachine(group uint64, chunkSize int64, store chunkStore, deleted func(uint64) bool, onFail func(uint64, error)) *stateMachine {
+	if deleted == nil {
+		deleted = func(uint64) bool { return false }
+	}
+	if onFail == nil {
+		onFail = func(uint64, error) {}
+	}
+	return &stateMachine{
+		group:     group,
+		chunkSize: chunkSize,
+		store:     store,
+		deleted:   deleted,
+		onFail:    onFail,
+		epochs:    make(map[uint64]uint64),
+	}
+}
+
+// Apply applies one committed command. Rejections (FENCED, a deleted volume)
+// are results, returned as *api.Error, and change nothing. A disk error stops
+// the replica: it is returned as a non-api error (raftstore then stops the group).
+func (sm *stateMachine) Apply(index uint64, data []byte) error {
+	if p := sm.failed.Load(); p != nil {
+		return *p
+	}
+	if len(data) == 0 { // raft's empty entry of a new term
+		sm.applied.Store(index)
+		return nil
+	}
+	c, err := decodeCommand(data)
+	if err != nil {
+		return sm.fail(fmt.Errorf("copyset %#x entry %d: %w", sm.group, index, err))
+	}
+	res, err := sm.apply(c)
+	if err != nil {
+		return sm.fail(fmt.Errorf("copyset %#x entry %d (%v volume %d offset %d): %w",
+			sm.group, index, c.Op, c.Volume, c.Offset, err))
+	}
+	sm.applied.Store(index)
+	return res
+}
+
+// apply returns (result, disk error).
+func (sm *stateMachine) apply(c command) (error, error) {
+	if sm.deleted(c.Volume) {
+		return api.ErrNoSuchVolume, nil
+	}
+	sm.mu.Lock()
+	high := sm.epochs[c.Volume]
+	if c.Epoch < high {
+		sm.mu.Unlock()
+		return api.ErrFenced, nil
+	}
+	if c.Epoch > high {
+		sm.epochs[c.Volume] = c.Epoch
+	}
+	sm.mu.Unlock()
+	if c.Op == cmdFence {
+		return nil, nil
+	}
+	id := chunkID{Volume: c.Volume, Index: c.Offset / uint64(sm.chunkSize)}
+	off := int64(c.Offset % uint64(sm.chunkSize))
+	if off+int64(c.Length) > sm.chunkSize {
+		// The handler never proposes this; a command that would cross a chunk is
+		// refused identically by every replica.
+		return api.ErrOutOfRange, nil
+	}
+	switch c.Op {
+	case cmdWrite:
+		return nil, sm.store.WriteAt(id, c.Data, off)
+	case cmdTrim:
+		return nil, sm.store.Discard(id, off, int64(c.Length))
+	case cmdWriteZeroes:
+		return nil, sm.store.WriteZeroes(id, off, int64(c.Length))
+	}
+	panic("unreachable: decodeCommand checked the op")
+}
+
+func (sm *stateMachine) fail(err error) error {
+	if sm.failed.CompareAndSwap(nil, &err) {
+		sm.onFail(sm.group, err)
+	}
+	return *sm.failed.Load()
+}
+
+// Failed returns the disk error that stopped the replica, or nil.
+func (sm *stateMachine) Failed() error {
+	if p := sm.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// epochOf returns the highest epoch applied for volume.
+func (sm *stateMachine) epochOf(volume uint64) uint64 {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	return sm.epochs[volume]
+}
+
+// Applied returns the index of the last applied entry.
+func (sm *stateMachine) Applied() uint64 { return sm.applied.Load() }
+
+// Capture returns the encoded epoch table as of the last applied entry.
+func (sm *stateMachine) Capture() []byte {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	return encodeEpochs(sm.epochs)
+}
+
+// Persist makes every applied effect durable, then records (index, state).
+// INVARIANT: the meta record never names an index whose data is not synced.
+func (sm *stateMachine) Persist(index uint64, state []byte) error {
+	if err := sm.store.Sync(); err != nil {
+		return sm.fail(fmt.Errorf("copyset %#x persist %d: %w", sm.group, index, err))
+	}
+	if err := sm.store.SaveMeta(encodeMeta(index, state)); err != nil {
+		return sm.fail(fmt.Errorf("copyset %#x persist %d: %w", sm.group, index, err))
+	}
+	return nil
+}
+
+// Recover loads what Persist or InstallSnapshot recorded and adopts its epochs.
+func (sm *stateMachine) Recover() (uint64, []byte, error) {
+	b, err := sm.store.LoadMeta()
+	if err != nil {
+		return 0, nil, fmt.Errorf("copyset %#x recover: %w", sm.group, err)
+	}
+	if b == nil {
+		return 0, nil, nil
+	}
+	index, state, err := decodeMeta(b)
+	if err != nil {
+		return 0, nil, fmt.Errorf("copyset %#x recover: %w", sm.group, err)
+	}
+	epochs, _ := decodeEpochs(state) // checked by decodeMeta
+	sm.mu.Lock()
+	sm.epochs = epochs
+	sm.mu.Unlock()
+	sm.applied.Store(index)
+	return index, state, nil
+}
+
+// WriteSnapshot streams the chunk data (leader side).
+func (sm *stateMachine) WriteSnapshot(w io.Writer) error { return sm.store.WriteSnapshot(w) }
+
+// ReceiveSnapshot stages a stream written by a leader's WriteSnapshot.
+func (sm *stateMachine) ReceiveSnapshot(r io.Reader) error { return sm.store.ReceiveSnapshot(r) }
+
+// InstallSnapshot swaps the staged data in and adopts the snapshot's epochs.
+func (sm *stateMachine) InstallSnapshot(index uint64, state []byte) error {
+	epochs, err := decodeEpochs(state)
+	if err != nil {
+		return sm.fail(fmt.Errorf("copyset %#x install snapshot %d: %w", sm.group, index, err))
+	}
+	if err := sm.store.InstallStaged(); err != nil {
+		return sm.fail(fmt.Errorf("copyset %#x install snapshot %d: %w", sm.group, index, err))
+	}
+	if err := sm.store.SaveMeta(encodeMeta(index, state)); err != nil {
+		return sm.fail(fmt.Errorf("copyset %#x install snapshot %d: %w", sm.group, index, err))
+	}
+	sm.mu.Lock()
+	sm.epochs = epochs
+	sm.mu.Unlock()
+	sm.applied.Store(index)
+	return nil
+}
