@@ -1,0 +1,308 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/basalt-storage/basalt/pkg/api"
+	"github.com/basalt-storage/basalt/pkg/mdsclient"
+)
+
+// adminFlags are the flags every operator command shares.
+type adminFlags struct {
+	mds    *string
+	output *string
+}
+
+func addAdminFlags(cmd *cobra.Command) *adminFlags {
+	return &adminFlags{
+		mds:    mdsFlag(cmd),
+		output: cmd.Flags().StringP("output", "o", "table", "output format: table or json"),
+	}
+}
+
+// call dials the MDS, runs fn with a timeout and prints what it returns.
+func (a *adminFlags) call(fn func(ctx context.Context, c api.MDSClient) (any, error)) error {
+	if *a.output != "table" && *a.output != "json" {
+		return fmt.Errorf("--output must be table or json, not %q", *a.output)
+	}
+	c, err := mdsclient.Dial(splitList(*a.mds))
+	if err != nil {
+		return fmt.Errorf("connect to MDS %s: %w", *a.mds, err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	v, err := fn(ctx, c)
+	if err != nil {
+		return err
+	}
+	if *a.output == "json" {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	if t, ok := v.(tabler); ok {
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		t.table(tw)
+		return tw.Flush()
+	}
+	return nil
+}
+
+// tabler prints itself as a human-readable table.
+type tabler interface{ table(w io.Writer) }
+
+// ---- pools ----
+
+type poolList []*api.Pool
+
+func (p poolList) table(w io.Writer) {
+	fmt.Fprintln(w, "ID\tNAME\tREPLICAS\tCHUNK SIZE\tCOPYSETS")
+	for _, x := range p {
+		fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%d\n", x.Id, x.Name, x.Replicas, formatBytes(x.ChunkSize), x.CopysetCount)
+	}
+}
+
+func poolCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "pool", Short: "Manage pools"}
+
+	create := &cobra.Command{
+		Use:   "create NAME",
+		Short: "Create a pool and place its copysets on the registered chunkservers",
+		Args:  cobra.ExactArgs(1),
+	}
+	af := addAdminFlags(create)
+	replicas := create.Flags().Uint32("replicas", 3, "replicas per copyset (1 for a local pool)")
+	chunk := create.Flags().String("chunk-size", "16MiB", "chunk size (power of two, 1MiB..1GiB)")
+	copysets := create.Flags().Uint32("copysets", 0, "number of copysets (default: about 100 per chunkserver / replicas)")
+	create.RunE = func(_ *cobra.Command, args []string) error {
+		cs, err := parseBytes(*chunk)
+		if err != nil {
+			return fmt.Errorf("--chunk-size: %w", err)
+		}
+		return af.call(func(ctx context.Context, c api.MDSClient) (any, error) {
+			r, err := c.CreatePool(ctx, &api.CreatePoolRequest{Name: args[0], Replicas: *replicas, ChunkSize: cs, CopysetCount: *copysets})
+			if err != nil {
+				return nil, err
+			}
+			return poolList{r.Pool}, nil
+		})
+	}
+
+	ls := &cobra.Command{Use: "ls", Short: "List pools", Args: cobra.NoArgs}
+	lf := addAdminFlags(ls)
+	ls.RunE = func(*cobra.Command, []string) error {
+		return lf.call(func(ctx context.Context, c api.MDSClient) (any, error) {
+			r, err := c.ListPools(ctx, &api.ListPoolsRequest{})
+			if err != nil {
+				return nil, err
+			}
+			return poolList(r.Pools), nil
+		})
+	}
+	cmd.AddCommand(create, ls)
+	return cmd
+}
+
+// ---- volumes ----
+
+type volumeList []*api.Volume
+
+func (v volumeList) table(w io.Writer) {
+	fmt.Fprintln(w, "ID\tNAME\tSIZE\tPOOL\tEPOCH\tCREATED")
+	for _, x := range v {
+		created := time.UnixMilli(x.CreatedUnixMs).UTC().Format(time.RFC3339)
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\n", x.Id, x.Name, formatBytes(x.Size), x.PoolName, x.Epoch, created)
+	}
+}
+
+func volumeCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "volume", Short: "Manage volumes"}
+
+	create := &cobra.Command{Use: "create NAME", Short: "Create a volume", Args: cobra.ExactArgs(1)}
+	cf := addAdminFlags(create)
+	size := create.Flags().String("size", "", "size, e.g. 10GiB (required)")
+	pool := create.Flags().String("pool", "", "pool name (default: the only pool)")
+	_ = create.MarkFlagRequired("size")
+	create.RunE = func(_ *cobra.Command, args []string) error {
+		n, err := parseBytes(*size)
+		if err != nil {
+			return fmt.Errorf("--size: %w", err)
+		}
+		return cf.call(func(ctx context.Context, c api.MDSClient) (any, error) {
+			r, err := c.CreateVolume(ctx, &api.CreateVolumeRequest{Name: args[0], Size: n, Pool: *pool})
+			if err != nil {
+				return nil, err
+			}
+			return volumeList{r.Volume}, nil
+		})
+	}
+
+	ls := &cobra.Command{Use: "ls", Short: "List volumes", Args: cobra.NoArgs}
+	lf := addAdminFlags(ls)
+	ls.RunE = func(*cobra.Command, []string) error {
+		return lf.call(func(ctx context.Context, c api.MDSClient) (any, error) {
+			r, err := c.ListVolumes(ctx, &api.ListVolumesRequest{})
+			if err != nil {
+				return nil, err
+			}
+			sort.Slice(r.Volumes, func(i, j int) bool { return r.Volumes[i].Name < r.Volumes[j].Name })
+			return volumeList(r.Volumes), nil
+		})
+	}
+
+	info := &cobra.Command{Use: "info NAME", Short: "Show one volume", Args: cobra.ExactArgs(1)}
+	inf := addAdminFlags(info)
+	info.RunE = func(_ *cobra.Command, args []string) error {
+		return inf.call(func(ctx context.Context, c api.MDSClient) (any, error) {
+			r, err := c.GetVolume(ctx, &api.GetVolumeRequest{Name: args[0]})
+			if err != nil {
+				return nil, err
+			}
+			return volumeList{r.Volume}, nil
+		})
+	}
+
+	resize := &cobra.Command{Use: "resize NAME", Short: "Grow a volume", Args: cobra.ExactArgs(1)}
+	rf := addAdminFlags(resize)
+	newSize := resize.Flags().String("size", "", "new size, larger than the current one (required)")
+	_ = resize.MarkFlagRequired("size")
+	resize.RunE = func(_ *cobra.Command, args []string) error {
+		n, err := parseBytes(*newSize)
+		if err != nil {
+			return fmt.Errorf("--size: %w", err)
+		}
+		return rf.call(func(ctx context.Context, c api.MDSClient) (any, error) {
+			r, err := c.ResizeVolume(ctx, &api.ResizeVolumeRequest{Name: args[0], Size: n})
+			if err != nil {
+				return nil, err
+			}
+			return volumeList{r.Volume}, nil
+		})
+	}
+
+	rm := &cobra.Command{Use: "rm NAME", Short: "Delete a volume and its data", Args: cobra.ExactArgs(1)}
+	mf := addAdminFlags(rm)
+	rm.RunE = func(_ *cobra.Command, args []string) error {
+		return mf.call(func(ctx context.Context, c api.MDSClient) (any, error) {
+			if _, err := c.DeleteVolume(ctx, &api.DeleteVolumeRequest{Name: args[0]}); err != nil {
+				return nil, err
+			}
+			return deleted{Deleted: args[0]}, nil
+		})
+	}
+	cmd.AddCommand(create, ls, info, resize, rm)
+	return cmd
+}
+
+type deleted struct {
+	Deleted string `json:"deleted"`
+}
+
+func (d deleted) table(w io.Writer) { fmt.Fprintf(w, "deleted volume %s\n", d.Deleted) }
+
+// ---- status ----
+
+type clusterStatus struct{ *api.ClusterStatusResponse }
+
+func (s clusterStatus) MarshalJSON() ([]byte, error) { return json.Marshal(s.ClusterStatusResponse) }
+
+func (s clusterStatus) health() string {
+	switch {
+	case s.CopysetsUnavailable > 0:
+		return "UNAVAILABLE"
+	case s.CopysetsDegraded > 0:
+		return "DEGRADED"
+	default:
+		return "HEALTHY"
+	}
+}
+
+func (s clusterStatus) table(w io.Writer) {
+	up := 0
+	for _, c := range s.Chunkservers {
+		if c.Online {
+			up++
+		}
+	}
+	fmt.Fprintf(w, "health:\t%s\n", s.health())
+	fmt.Fprintf(w, "active mds:\t%s\n", s.ActiveMds)
+	fmt.Fprintf(w, "chunkservers:\t%d up, %d down\n", up, len(s.Chunkservers)-up)
+	fmt.Fprintf(w, "copysets:\t%d healthy, %d degraded, %d unavailable\n", s.CopysetsHealthy, s.CopysetsDegraded, s.CopysetsUnavailable)
+	fmt.Fprintf(w, "pools:\t%d\nvolumes:\t%d\n\n", len(s.Pools), s.Volumes)
+	fmt.Fprintln(w, "ID\tADDRESS\tZONE\tSERVER\tSTATE\tONLINE\tLEADERS\tUSED\tCAPACITY")
+	for _, c := range s.Chunkservers {
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%v\t%d\t%s\t%s\n", c.Id, c.Addr, c.Zone, c.Server, c.State, c.Online,
+			s.LeadersPerChunkserver[c.Id], formatBytes(c.UsedBytes), formatBytes(c.CapacityBytes))
+	}
+}
+
+func statusCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "status", Short: "Cluster health: chunkservers, copysets, leaders", Args: cobra.NoArgs}
+	f := addAdminFlags(cmd)
+	cmd.RunE = func(*cobra.Command, []string) error {
+		return f.call(func(ctx context.Context, c api.MDSClient) (any, error) {
+			r, err := c.ClusterStatus(ctx, &api.ClusterStatusRequest{})
+			if err != nil {
+				return nil, err
+			}
+			sort.Slice(r.Chunkservers, func(i, j int) bool { return r.Chunkservers[i].Id < r.Chunkservers[j].Id })
+			return clusterStatus{r}, nil
+		})
+	}
+	return cmd
+}
+
+// ---- sizes ----
+
+var units = []struct {
+	suffix string
+	mult   uint64
+}{
+	{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10},
+	{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1},
+}
+
+// parseBytes reads "8GiB", "512M", "4096".
+func parseBytes(s string) (uint64, error) {
+	s = strings.TrimSpace(s)
+	mult := uint64(1)
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("not a size: %q (use e.g. 8GiB, 512MiB, 4096)", s)
+	}
+	if n > (1<<63)/mult {
+		return 0, fmt.Errorf("size too large: %q", s)
+	}
+	return n * mult, nil
+}
+
+func formatBytes(n uint64) string {
+	for _, u := range units[:4] {
+		if n >= u.mult {
+			v := float64(n) / float64(u.mult)
+			if v == float64(uint64(v)) {
+				return fmt.Sprintf("%d%s", uint64(v), u.suffix)
+			}
+			return fmt.Sprintf("%.1f%s", v, u.suffix)
+		}
+	}
+	return fmt.Sprintf("%dB", n)
+}

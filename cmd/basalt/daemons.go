@@ -1,0 +1,79 @@
+package main
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/basalt-storage/basalt/internal/chunkserver"
+	"github.com/basalt-storage/basalt/internal/mds"
+)
+
+func mdsCommand() *cobra.Command {
+	var cfg mds.Config
+	var etcd string
+	cmd := &cobra.Command{
+		Use:   "mds",
+		Short: "Run the metadata service (embedded etcd unless --etcd-endpoints is given)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.EtcdEndpoints = splitList(etcd)
+			cfg.Logger = slog.Default()
+			s, err := mds.New(cfg)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext()
+			defer stop()
+			return s.Run(ctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:6700", "gRPC listen address")
+	f.StringVar(&cfg.Advertise, "advertise", "", "address other processes use to reach this MDS (default: --listen)")
+	f.StringVar(&cfg.DataDir, "data-dir", "basalt-mds", "directory of the embedded etcd")
+	f.StringVar(&etcd, "etcd-endpoints", "", "external etcd endpoints, comma-separated (disables the embedded etcd)")
+	f.StringVar(&cfg.EtcdClientURL, "etcd-client-url", "http://127.0.0.1:2379", "embedded etcd client URL")
+	f.StringVar(&cfg.EtcdPeerURL, "etcd-peer-url", "http://127.0.0.1:2380", "embedded etcd peer URL")
+	f.StringVar(&cfg.MetricsListen, "metrics", "", "Prometheus /metrics listen address (off when empty)")
+	f.DurationVar(&cfg.HeartbeatTimeout, "heartbeat-timeout", 5*time.Second, "a chunkserver silent this long is offline")
+	f.DurationVar(&cfg.SessionLease, "session-lease", 10*time.Second, "lease of a volume session")
+	return cmd
+}
+
+func chunkserverCommand() *cobra.Command {
+	var cfg chunkserver.Config
+	var mdsAddrs, pidFile string
+	cmd := &cobra.Command{
+		Use:   "chunkserver",
+		Short: "Run a chunkserver on one data directory (one disk)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.MDS = splitList(mdsAddrs)
+			cfg.Logger = slog.Default()
+			if err := writePIDFile(pidFile); err != nil {
+				return err
+			}
+			cs, err := chunkserver.New(cfg)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext()
+			defer stop()
+			return cs.Run(ctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.DataDir, "data", "", "data directory (WAL and chunk files); required")
+	f.StringVar(&mdsAddrs, "mds", envOr("BASALT_MDS", "127.0.0.1:6700"), "MDS addresses, comma-separated")
+	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:0", "data-plane listen address (client IO and raft)")
+	f.StringVar(&cfg.Advertise, "advertise", "", "address given to the MDS (default: the bound --listen address)")
+	f.StringVar(&cfg.Zone, "zone", "zone1", "failure domain (zone)")
+	f.StringVar(&cfg.Server, "server", "", "host name used as the failure domain inside a zone (default: hostname)")
+	f.StringVar(&cfg.MetricsListen, "metrics", "", "Prometheus /metrics listen address (off when empty)")
+	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", time.Second, "heartbeat period")
+	f.StringVar(&pidFile, "pid-file", "", "write the process id to this file")
+	_ = cmd.MarkFlagRequired("data")
+	return cmd
+}

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/basalt-storage/basalt/internal/frontend/nbd"
+	"github.com/basalt-storage/basalt/internal/frontend/volumes"
+	"github.com/basalt-storage/basalt/internal/playground"
+	"github.com/basalt-storage/basalt/pkg/mdsclient"
+)
+
+func nbdCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "nbd",
+		Short: "Serve volumes over NBD (export name = volume name), on TCP and/or a Unix socket",
+		Args:  cobra.NoArgs,
+	}
+	mdsAddrs := mdsFlag(cmd)
+	listen := cmd.Flags().String("listen", "127.0.0.1:10809", "TCP listen address (empty: none)")
+	socket := cmd.Flags().String("socket", "", "Unix socket path (empty: none)")
+	readOnly := cmd.Flags().Bool("read-only", false, "open volumes read-only (alongside another writer)")
+	cmd.RunE = func(*cobra.Command, []string) error {
+		if *listen == "" && *socket == "" {
+			return fmt.Errorf("nothing to serve on: give --listen or --socket")
+		}
+		mc, err := mdsclient.Dial(splitList(*mdsAddrs))
+		if err != nil {
+			return err
+		}
+		defer mc.Close()
+		host, _ := os.Hostname()
+		exports := volumes.New(volumes.Config{
+			MDS: splitList(*mdsAddrs), ReadOnly: *readOnly, Lister: mc,
+			ClientName: fmt.Sprintf("nbd@%s/%d", host, os.Getpid()), Logger: slog.Default(),
+		})
+		defer exports.Close()
+		srv := nbd.NewServer(nbd.Config{Exports: exports, Logger: slog.Default()})
+		defer srv.Close()
+		var lns []net.Listener
+		if *listen != "" {
+			ln, err := net.Listen("tcp", *listen)
+			if err != nil {
+				return err
+			}
+			lns = append(lns, ln)
+		}
+		if *socket != "" {
+			_ = os.Remove(*socket)
+			ln, err := net.Listen("unix", *socket)
+			if err != nil {
+				return err
+			}
+			lns = append(lns, ln)
+		}
+		for _, ln := range lns {
+			slog.Info("serving NBD", "addr", ln.Addr().String())
+			go srv.Serve(ln)
+		}
+		ctx, stop := signalContext()
+		defer stop()
+		<-ctx.Done()
+		return nil
+	}
+	return cmd
+}
+
+func playgroundCommand() *cobra.Command {
+	var cfg playground.Config
+	var size string
+	cmd := &cobra.Command{
+		Use:   "playground",
+		Short: "Run a whole cluster on this machine: MDS + etcd, 3 chunkservers, a volume, NBD",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			n, err := parseBytes(size)
+			if err != nil {
+				return fmt.Errorf("--size: %w", err)
+			}
+			cfg.Size = n
+			cfg.Logger = slog.Default()
+			ctx, stop := signalContext()
+			defer stop()
+			return playground.Run(ctx, cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Dir, "dir", "basalt-data", "directory for all data, logs and playground.json")
+	f.StringVar(&size, "size", "8GiB", "size of the demo volume")
+	f.StringVar(&cfg.Volume, "volume", "demo", "name of the volume to create")
+	f.StringVar(&cfg.NBDListen, "nbd-listen", "127.0.0.1:10809", "NBD TCP address")
+	f.StringVar(&cfg.NBDSocket, "nbd-socket", "", "NBD Unix socket (default DIR/nbd.sock)")
+	f.IntVar(&cfg.PortBase, "port-base", 6700, "first port: MDS, then etcd (+1, +2), chunkservers (+11..), metrics (+21..)")
+	f.Uint32Var(&cfg.Copysets, "copysets", 0, "copysets in the pool (default: the MDS default)")
+	return cmd
+}

@@ -1,0 +1,42 @@
+package playground
+
+import (
+	"fmt"
+	"io"
+	"strings"
+)
+
+func printWelcome(w io.Writer, st *State) {
+	var cs strings.Builder
+	for _, c := range st.Chunkservers {
+		fmt.Fprintf(&cs, "  chunkserver %d  %-16s pid %-7d log %s\n", c.Index, c.Addr, c.PID, c.Log)
+	}
+	fmt.Fprintf(w, `
+basalt playground is running.
+
+  MDS            %s   (etcd %s)
+%s  NBD            %s   and unix socket %s
+  volume         %s (%d bytes, 3 replicas)
+  state file     %s/playground.json
+
+Try it (in another terminal):
+
+  nbdinfo '%s'
+  qemu-img convert -p -n -f raw -O raw some.img '%s'
+  fio --name=randwrite --ioengine=nbd --uri='%s' --rw=randwrite --bs=4k \
+      --iodepth=32 --size=1g --runtime=20 --time_based
+  basalt status --mds %s
+
+Put ext4 on it (as root):
+
+  mkdir -p /tmp/basalt-nbd /mnt/basalt
+  nbdfuse /tmp/basalt-nbd '%s' &
+  losetup -f --show /tmp/basalt-nbd/nbd        # prints /dev/loopN
+  mkfs.ext4 /dev/loopN && mount /dev/loopN /mnt/basalt
+
+Kill a chunkserver and watch IO go on:  kill -9 <pid>   (restart: see restart_cmd in playground.json)
+
+Ctrl-C stops everything; running the same command again brings the data back.
+`, st.MDS, st.Etcd, cs.String(), st.NBD, st.NBDSocket, st.Volume, st.Size, st.Dir,
+		st.NBDURI, st.NBDURI, st.NBDUnixURI, st.MDS, st.NBDUnixURI)
+}

@@ -1,0 +1,330 @@
+package testcluster
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/basalt-storage/basalt/pkg/api"
+	"github.com/basalt-storage/basalt/pkg/client"
+	"github.com/basalt-storage/basalt/pkg/mdsclient"
+)
+
+// Options shape the cluster.
+type Options struct {
+	Chunkservers int    // default 3
+	Replicas     uint32 // default 3
+	Copysets     uint32 // default 8
+	ChunkSize    uint64 // default 4 MiB
+	// Extra flags for every chunkserver, e.g. "--snapshot-entries=200".
+	ChunkserverFlags []string
+}
+
+// Proc is one basalt process of the cluster.
+type Proc struct {
+	Name    string
+	Args    []string
+	DataDir string
+	LogPath string
+
+	mu  sync.Mutex
+	cmd *exec.Cmd
+}
+
+// Cluster is a running cluster.
+type Cluster struct {
+	t       testing.TB
+	Dir     string
+	Binary  string
+	MDSAddr string
+	MDS     *Proc
+	CS      []*Proc
+	API     *mdsclient.Client
+	Pool    *api.Pool
+}
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// Binary returns the basalt binary the tests run.
+func Binary(t testing.TB) string {
+	if p := os.Getenv("BASALT_BIN"); p != "" {
+		return p
+	}
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "basalt-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "basalt")
+		out, err := exec.Command("go", "build", "-o", binPath, "github.com/basalt-storage/basalt/cmd/basalt").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort(t testing.TB) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// Start starts the MDS and the chunkservers, creates the pool and waits until
+// every copyset has a leader. Everything is stopped by t.Cleanup.
+func Start(t testing.TB, opts Options) *Cluster {
+	t.Helper()
+	if opts.Chunkservers == 0 {
+		opts.Chunkservers = 3
+	}
+	if opts.Replicas == 0 {
+		opts.Replicas = 3
+	}
+	if opts.Copysets == 0 {
+		opts.Copysets = 8
+	}
+	if opts.ChunkSize == 0 {
+		opts.ChunkSize = 4 << 20
+	}
+	c := &Cluster{t: t, Dir: t.TempDir(), Binary: Binary(t)}
+	t.Cleanup(c.stopAll)
+
+	mdsPort, etcdC, etcdP := FreePort(t), FreePort(t), FreePort(t)
+	c.MDSAddr = "127.0.0.1:" + strconv.Itoa(mdsPort)
+	c.MDS = c.newProc("mds", filepath.Join(c.Dir, "mds"), "mds",
+		"--listen", c.MDSAddr, "--data-dir", filepath.Join(c.Dir, "mds"),
+		"--etcd-client-url", fmt.Sprintf("http://127.0.0.1:%d", etcdC),
+		"--etcd-peer-url", fmt.Sprintf("http://127.0.0.1:%d", etcdP),
+		"--heartbeat-timeout", "3s", "--session-lease", "6s")
+	c.Start(c.MDS)
+
+	for i := 0; i < opts.Chunkservers; i++ {
+		dir := filepath.Join(c.Dir, fmt.Sprintf("cs%d", i+1))
+		args := []string{"chunkserver", "--data", dir, "--mds", c.MDSAddr,
+			"--listen", "127.0.0.1:" + strconv.Itoa(FreePort(t)),
+			"--zone", fmt.Sprintf("zone%d", i+1), "--server", fmt.Sprintf("host%d", i+1)}
+		args = append(args, opts.ChunkserverFlags...)
+		p := c.newProc(fmt.Sprintf("cs%d", i+1), dir, args...)
+		c.CS = append(c.CS, p)
+		c.Start(p)
+	}
+
+	var err error
+	c.API, err = mdsclient.Dial([]string{c.MDSAddr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Eventually(60*time.Second, "chunkservers online", func(ctx context.Context) error {
+		r, err := c.API.ListChunkServers(ctx, &api.ListChunkServersRequest{})
+		if err != nil {
+			return err
+		}
+		n := 0
+		for _, cs := range r.Chunkservers {
+			if cs.Online {
+				n++
+			}
+		}
+		if n < opts.Chunkservers {
+			return fmt.Errorf("%d/%d online", n, opts.Chunkservers)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pr, err := c.API.CreatePool(ctx, &api.CreatePoolRequest{Name: "default", Replicas: opts.Replicas,
+		ChunkSize: opts.ChunkSize, CopysetCount: opts.Copysets})
+	if err != nil {
+		t.Fatalf("create pool: %v", err)
+	}
+	c.Pool = pr.Pool
+	c.WaitHealthy(60 * time.Second)
+	return c
+}
+
+func (c *Cluster) newProc(name, dir string, args ...string) *Proc {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		c.t.Fatal(err)
+	}
+	return &Proc{Name: name, Args: args, DataDir: dir, LogPath: filepath.Join(c.Dir, name+".log")}
+}
+
+// Start (re)starts p's process.
+func (c *Cluster) Start(p *Proc) {
+	c.t.Helper()
+	logf, err := os.OpenFile(p.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	cmd := exec.Command(c.Binary, p.Args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		c.t.Fatalf("start %s: %v", p.Name, err)
+	}
+	go func() { _ = cmd.Wait(); logf.Close() }()
+	p.mu.Lock()
+	p.cmd = cmd
+	p.mu.Unlock()
+}
+
+// Kill sends SIGKILL to p and waits until it is gone.
+func (c *Cluster) Kill(p *Proc) { c.signalAndWait(p, syscall.SIGKILL) }
+
+// Stop sends SIGTERM to p and waits until it is gone (SIGKILL after 10 s).
+func (c *Cluster) Stop(p *Proc) { c.signalAndWait(p, syscall.SIGTERM) }
+
+// Pause stops p with SIGSTOP (a gray failure); Resume continues it.
+func (c *Cluster) Pause(p *Proc)  { _ = syscall.Kill(p.PID(), syscall.SIGSTOP) }
+func (c *Cluster) Resume(p *Proc) { _ = syscall.Kill(p.PID(), syscall.SIGCONT) }
+
+// PID of the running process (0 if none).
+func (p *Proc) PID() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
+func (c *Cluster) signalAndWait(p *Proc, sig syscall.Signal) {
+	p.mu.Lock()
+	cmd := p.cmd
+	p.cmd = nil
+	p.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	_ = cmd.Process.Signal(sig)
+	deadline := time.Now().Add(10 * time.Second)
+	for processAlive(cmd.Process.Pid) {
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			deadline = time.Now().Add(5 * time.Second)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func processAlive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+func (c *Cluster) stopAll() {
+	if c.API != nil {
+		c.API.Close()
+	}
+	for _, p := range c.CS {
+		c.Stop(p)
+	}
+	if c.MDS != nil {
+		c.Stop(c.MDS)
+	}
+	if c.t.Failed() {
+		c.DumpLogs()
+	}
+}
+
+// DumpLogs prints the tail of every process log into the test output.
+func (c *Cluster) DumpLogs() {
+	for _, p := range append([]*Proc{c.MDS}, c.CS...) {
+		b, _ := os.ReadFile(p.LogPath)
+		if len(b) > 6000 {
+			b = b[len(b)-6000:]
+		}
+		c.t.Logf("---- %s log (tail) ----\n%s", p.Name, b)
+	}
+}
+
+// Eventually retries check until it succeeds or fails the test after timeout.
+func (c *Cluster) Eventually(timeout time.Duration, what string, check func(context.Context) error) {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := check(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// WaitHealthy waits until every copyset has all members online and a leader.
+func (c *Cluster) WaitHealthy(timeout time.Duration) {
+	c.t.Helper()
+	c.Eventually(timeout, "all copysets healthy", func(ctx context.Context) error {
+		r, err := c.API.ClusterStatus(ctx, &api.ClusterStatusRequest{})
+		if err != nil {
+			return err
+		}
+		if len(r.Copysets) == 0 || r.CopysetsHealthy != uint32(len(r.Copysets)) {
+			return fmt.Errorf("%d/%d copysets healthy, %d degraded, %d unavailable",
+				r.CopysetsHealthy, len(r.Copysets), r.CopysetsDegraded, r.CopysetsUnavailable)
+		}
+		return nil
+	})
+}
+
+// CreateVolume creates a volume in the cluster's pool.
+func (c *Cluster) CreateVolume(name string, size uint64) *api.Volume {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := c.API.CreateVolume(ctx, &api.CreateVolumeRequest{Name: name, Size: size})
+	if err != nil {
+		c.t.Fatalf("create volume %s: %v", name, err)
+	}
+	return r.Volume
+}
+
+// Open opens a volume through the client library; it is closed by t.Cleanup.
+func (c *Cluster) Open(name string, readOnly bool) *client.Volume {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	v, err := client.Open(ctx, client.Config{MDS: []string{c.MDSAddr}, Volume: name, ReadOnly: readOnly, ClientName: c.t.Name()})
+	if err != nil {
+		c.t.Fatalf("open volume %s: %v", name, err)
+	}
+	c.t.Cleanup(func() { v.Close() })
+	return v
+}
+
+// CountLog counts the lines of p's log that contain s.
+func (c *Cluster) CountLog(p *Proc, s string) int {
+	b, _ := os.ReadFile(p.LogPath)
+	return strings.Count(string(b), s)
+}
