@@ -1,0 +1,383 @@
+package nbd
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/frontend"
+)
+
+// conn is one client connection. See doc.go for its state machine and goroutines.
+type conn struct {
+	s   *Server
+	nc  net.Conn
+	br  *bufio.Reader // owned by the reader goroutine
+	log *slog.Logger
+
+	// Set by the handshake, read-only afterwards.
+	export   string
+	backend  frontend.Backend
+	size     int64
+	readOnly bool
+	tflags   uint16
+
+	// replies carries finished requests to the writer. Its capacity is
+	// MaxInFlight and every queued request holds an in-flight slot, so a send
+	// never blocks (backend completion callbacks must not block).
+	replies    chan *request
+	writerDone chan struct{}
+
+	// mu guards the fields below; cond signals slot and byte releases.
+	mu            sync.Mutex
+	cond          sync.Cond
+	inflight      int   // requests parsed and not yet released by the writer
+	inflightBytes int64 // payload bytes held by those requests
+	shutdown      bool  // Server.Shutdown was called
+	transmitting  bool  // handshake done; the read deadline is the shutdown signal
+}
+
+func newConn(s *Server, nc net.Conn) *conn {
+	c := &conn{
+		s:   s,
+		nc:  nc,
+		br:  bufio.NewReaderSize(nc, 64<<10),
+		log: s.log.With("remote", nc.RemoteAddr().String()),
+	}
+	c.cond.L = &c.mu
+	return c
+}
+
+// serve runs the connection to its end on the calling goroutine (the reader).
+func (c *conn) serve() {
+	defer c.nc.Close()
+	res, err := c.handshake()
+	if res != handshakeTransmit {
+		if err != nil && !errors.Is(err, io.EOF) {
+			c.log.Debug("nbd: handshake ended", "err", err)
+		}
+		return
+	}
+	c.mu.Lock()
+	if c.shutdown {
+		c.mu.Unlock()
+		return
+	}
+	c.transmitting = true
+	c.nc.SetDeadline(time.Time{})
+	c.mu.Unlock()
+	c.log.Debug("nbd: transmission started", "size", c.size, "flags", c.tflags)
+
+	c.replies = make(chan *request, c.s.cfg.MaxInFlight)
+	c.writerDone = make(chan struct{})
+	go c.writeLoop()
+
+	st, err := c.readLoop()
+	if st != endGraceful {
+		// Hard disconnect: replies are pointless; closing makes the writer drop them.
+		c.nc.Close()
+	}
+	c.waitIdle()
+	close(c.replies)
+	<-c.writerDone
+	c.log.Debug("nbd: connection closed", "end", st.String(), "err", err)
+}
+
+// beginShutdown is called by Server.Shutdown (holding Server.mu).
+func (c *conn) beginShutdown() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.shutdown = true
+	if c.transmitting {
+		// Wakes a reader blocked on the socket; what is already buffered is still
+		// parsed and answered with NBD_ESHUTDOWN.
+		c.nc.SetReadDeadline(time.Now())
+	} else {
+		c.nc.Close()
+	}
+}
+
+func (c *conn) shuttingDown() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.shutdown
+}
+
+type readEnd int
+
+const (
+	endGraceful readEnd = iota // NBD_CMD_DISC or shutdown: answer what is in flight
+	endHard                    // EOF, I/O error or protocol violation: drop replies
+)
+
+func (e readEnd) String() string {
+	if e == endGraceful {
+		return "graceful"
+	}
+	return "hard"
+}
+
+// readLoop parses requests, validates them and submits them to the backend until
+// the client disconnects or breaks the protocol.
+func (c *conn) readLoop() (readEnd, error) {
+	var hdr [requestHeaderLen]byte
+	for {
+		c.acquireSlot()
+		if _, err := io.ReadFull(c.br, hdr[:]); err != nil {
+			c.releaseSlot(0)
+			if c.shuttingDown() && errors.Is(err, os.ErrDeadlineExceeded) {
+				return endGraceful, nil
+			}
+			return endHard, err
+		}
+		if m := binary.BigEndian.Uint32(hdr[0:]); m != requestMagic {
+			c.releaseSlot(0)
+			return endHard, fmt.Errorf("%w: request magic %#x", ErrProtocol, m)
+		}
+		flags := binary.BigEndian.Uint16(hdr[4:])
+		typ := binary.BigEndian.Uint16(hdr[6:])
+		off := binary.BigEndian.Uint64(hdr[16:])
+		length := binary.BigEndian.Uint32(hdr[24:])
+		if typ == cmdDisc {
+			c.releaseSlot(0)
+			return endGraceful, nil
+		}
+
+		r := c.s.getRequest()
+		r.c = c
+		r.typ = typ
+		r.length = length
+		copy(r.cookie[:], hdr[8:16])
+		errno := c.validate(flags, typ, off, length)
+
+		if typ == cmdWrite {
+			if length > c.s.cfg.MaxPayload {
+				// The payload cannot be skipped safely: answer, then close.
+				r.errno = EINVAL
+				c.replies <- r
+				return endGraceful, fmt.Errorf("%w: write payload of %d bytes", ErrProtocol, length)
+			}
+			if errno != 0 {
+				if _, err := io.CopyN(io.Discard, c.br, int64(length)); err != nil {
+					c.release(r)
+					return c.endAfter(err)
+				}
+			} else {
+				c.acquireBytes(r, int64(length))
+				r.buf = getBuf(int(length))
+				if _, err := io.ReadFull(c.br, *r.buf); err != nil {
+					// Never submitted: a torn write changes nothing.
+					c.release(r)
+					return c.endAfter(err)
+				}
+			}
+		}
+		if errno == 0 && c.shuttingDown() {
+			errno = ESHUTDOWN
+		}
+		if errno != 0 {
+			r.errno = errno
+			c.replies <- r
+			continue
+		}
+
+		b := c.backend
+		switch typ {
+		case cmdRead:
+			c.acquireBytes(r, int64(length))
+			r.buf = getBuf(int(length))
+			b.Submit(frontend.OpRead, *r.buf, int64(off), int64(length), r.doneFn)
+		case cmdWrite:
+			b.Submit(frontend.OpWrite, *r.buf, int64(off), int64(length), r.doneFn)
+		case cmdFlush:
+			b.Submit(frontend.OpFlush, nil, 0, 0, r.doneFn)
+		case cmdTrim:
+			b.Submit(frontend.OpTrim, nil, int64(off), int64(length), r.doneFn)
+		case cmdWriteZeroes:
+			b.Submit(frontend.OpWriteZeroes, nil, int64(off), int64(length), r.doneFn)
+		default:
+			panic("nbd: validate let an unknown command through")
+		}
+	}
+}
+
+// endAfter classifies a read error in the middle of a request.
+func (c *conn) endAfter(err error) (readEnd, error) {
+	if c.shuttingDown() && errors.Is(err, os.ErrDeadlineExceeded) {
+		return endGraceful, nil
+	}
+	return endHard, err
+}
+
+// validate checks a request against the export before anything touches the
+// backend (nbdkit's validate_request is the model). It returns 0 or the NBD
+// error value to answer with.
+func (c *conn) validate(flags, typ uint16, off uint64, length uint32) uint32 {
+	switch typ {
+	case cmdRead, cmdWrite, cmdFlush, cmdTrim, cmdWriteZeroes:
+	default:
+		return EINVAL // unknown, or not advertised (CACHE, BLOCK_STATUS)
+	}
+	var allowed uint16
+	if c.tflags&flagSendFUA != 0 {
+		allowed |= cmdFlagFUA // valid on every command once negotiated
+	}
+	if typ == cmdWriteZeroes {
+		allowed |= cmdFlagNoHole
+	}
+	if flags&^allowed != 0 {
+		return EINVAL
+	}
+	if typ == cmdFlush {
+		if off != 0 || length != 0 {
+			return EINVAL
+		}
+		return 0
+	}
+	if length == 0 {
+		return EINVAL
+	}
+	size := uint64(c.size)
+	if off > size || uint64(length) > size-off {
+		if typ == cmdWrite || typ == cmdWriteZeroes {
+			return ENOSPC
+		}
+		return EINVAL
+	}
+	if m := uint64(c.s.cfg.MinBlockSize); m > 1 && (off%m != 0 || uint64(length)%m != 0) {
+		return EINVAL
+	}
+	if (typ == cmdRead || typ == cmdWrite) && length > c.s.cfg.MaxPayload {
+		return EINVAL
+	}
+	if c.readOnly && typ != cmdRead {
+		return EPERM
+	}
+	return 0
+}
+
+// acquireSlot blocks while MaxInFlight requests are outstanding.
+func (c *conn) acquireSlot() {
+	c.mu.Lock()
+	for c.inflight >= c.s.cfg.MaxInFlight {
+		c.cond.Wait()
+	}
+	c.inflight++
+	c.mu.Unlock()
+}
+
+// acquireBytes blocks while the payload budget is spent; a request always
+// proceeds when nothing else holds bytes, so one maximal request never deadlocks.
+func (c *conn) acquireBytes(r *request, n int64) {
+	c.mu.Lock()
+	for c.inflightBytes > 0 && c.inflightBytes+n > c.s.cfg.MaxInFlightBytes {
+		c.cond.Wait()
+	}
+	c.inflightBytes += n
+	c.mu.Unlock()
+	r.bytes = n
+}
+
+func (c *conn) releaseSlot(bytes int64) {
+	c.mu.Lock()
+	c.inflight--
+	c.inflightBytes -= bytes
+	c.mu.Unlock()
+	c.cond.Broadcast()
+}
+
+// waitIdle returns when every in-flight request was answered (or dropped).
+func (c *conn) waitIdle() {
+	c.mu.Lock()
+	for c.inflight > 0 {
+		c.cond.Wait()
+	}
+	c.mu.Unlock()
+}
+
+// release returns a request's buffer, slot and struct.
+func (c *conn) release(r *request) {
+	if r.buf != nil {
+		putBuf(r.buf)
+	}
+	c.releaseSlot(r.bytes)
+	*r = request{doneFn: r.doneFn}
+	c.s.reqPool.Put(r)
+}
+
+// writeLoop is the connection's only writer in transmission: it takes every
+// reply that is ready, writes the batch with one writev and releases it.
+func (c *conn) writeLoop() {
+	defer close(c.writerDone)
+	var (
+		batch  = make([]*request, 0, c.s.cfg.MaxInFlight)
+		iov    = make(net.Buffers, 0, 2*c.s.cfg.MaxInFlight)
+		broken bool
+	)
+	for r := range c.replies {
+		batch = append(batch[:0], r)
+	drain:
+		for len(batch) < cap(batch) {
+			select {
+			case r, ok := <-c.replies:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, r)
+			default:
+				break drain
+			}
+		}
+		if !broken {
+			iov = iov[:0]
+			for _, r := range batch {
+				binary.BigEndian.PutUint32(r.hdr[0:], simpleReplyMagic)
+				binary.BigEndian.PutUint32(r.hdr[4:], r.errno)
+				copy(r.hdr[8:], r.cookie[:])
+				iov = append(iov, r.hdr[:])
+				if r.typ == cmdRead && r.errno == 0 {
+					iov = append(iov, (*r.buf)[:r.length])
+				}
+			}
+			bufs := iov
+			if _, err := bufs.WriteTo(c.nc); err != nil {
+				broken = true
+				c.log.Debug("nbd: writing replies failed; dropping the rest", "err", err)
+				c.nc.Close() // wakes the reader
+			}
+		}
+		for _, r := range batch {
+			c.release(r)
+		}
+	}
+}
+
+// request is one transmission request from parse to reply. Pooled per Server.
+type request struct {
+	c      *conn
+	doneFn func(error) // r.complete, bound once per pooled struct
+	hdr    [replyHeaderLen]byte
+	cookie [8]byte
+	typ    uint16
+	length uint32
+	errno  uint32
+	buf    *[]byte // read destination or write source; nil for other commands
+	bytes  int64   // payload bytes accounted in c.inflightBytes
+}
+
+// complete is the backend's done callback: it may run on any goroutine.
+func (r *request) complete(err error) {
+	c := r.c
+	if err != nil {
+		r.errno = c.s.errorCode(c.backend, err)
+		c.log.Debug("nbd: backend error", "cmd", r.typ, "err", err, "errno", r.errno)
+	}
+	c.replies <- r
+}

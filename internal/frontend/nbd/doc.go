@@ -1,0 +1,100 @@
+// Package nbd is basalt's NBD server: it serves the exports of a
+// frontend.Exports (export name = volume name) over the Network Block Device
+// protocol, fixed newstyle, as specified in the NBD project's doc/proto.md. One
+// Server serves any number of listeners; TCP and Unix sockets work the same
+// (Server.Serve(net.Listener)).
+//
+// # What is implemented
+//
+// Handshake (fixed newstyle only; oldstyle is not offered):
+//
+//	S: "NBDMAGIC" "IHAVEOPT" u16 handshake flags = FIXED_NEWSTYLE|NO_ZEROES
+//	C: u32 client flags (bits other than C_FIXED_NEWSTYLE|C_NO_ZEROES: close)
+//	C: "IHAVEOPT" u32 option u32 length, data        (repeated)
+//	S: u64 0x3e889045565a9 u32 option u32 reply type u32 length, data
+//
+// Options: NBD_OPT_EXPORT_NAME (unknown export: close, as the spec demands),
+// NBD_OPT_ABORT (ACK, close), NBD_OPT_LIST (one NBD_REP_SERVER per export, ACK;
+// data → ERR_INVALID), NBD_OPT_INFO and NBD_OPT_GO (NBD_INFO_EXPORT always,
+// NBD_INFO_NAME and NBD_INFO_DESCRIPTION when asked (the latter if the backend
+// is a Describer), NBD_INFO_BLOCK_SIZE always; malformed data → ERR_INVALID,
+// unknown export → ERR_UNKNOWN). Everything else, including
+// NBD_OPT_STRUCTURED_REPLY and NBD_OPT_STARTTLS, is answered NBD_REP_ERR_UNSUP:
+// replies are always simple replies. Option data is bounded (maxOptionLen, a
+// 4 KiB name plus room); a longer option gets NBD_REP_ERR_TOO_BIG and the
+// connection is closed, since its data is never read. The whole handshake has
+// a deadline (Config.HandshakeTimeout, restarted per option) and at most
+// maxOptions options.
+//
+// Transmission flags: HAS_FLAGS, SEND_FLUSH, CAN_MULTI_CONN, and either
+// READ_ONLY (a ReadOnlyBackend that says so) or SEND_FUA, SEND_TRIM and
+// SEND_WRITE_ZEROES. CAN_MULTI_CONN is honest because Exports returns one
+// shared Backend per name and every completed write is durable.
+//
+// Block sizes (NBD_INFO_BLOCK_SIZE): minimum Config.MinBlockSize (1 by
+// default), preferred 4096, maximum payload 32 MiB.
+//
+// Requests (28 bytes: u32 0x25609513, u16 flags, u16 type, u64 cookie, u64
+// offset, u32 length, then length bytes for WRITE) are answered with simple
+// replies (16 bytes: u32 0x67446698, u32 error, u64 cookie, then length bytes
+// for a successful READ). Commands: READ, WRITE, FLUSH, TRIM, WRITE_ZEROES,
+// DISC. Validation happens before the backend sees anything, in this order:
+// unknown command → EINVAL; a flag other than FUA (if negotiated) or NO_HOLE
+// (WRITE_ZEROES only) → EINVAL; FLUSH with offset or length → EINVAL; length 0
+// → EINVAL; beyond the end → ENOSPC for WRITE and WRITE_ZEROES, EINVAL
+// otherwise; unaligned to the minimum block size → EINVAL; READ or WRITE
+// longer than the maximum payload → EINVAL; a write-type command on a
+// read-only export → EPERM. A rejected WRITE's payload is read and discarded,
+// so the stream stays in step; a WRITE whose length exceeds the maximum
+// payload is answered EINVAL and then the connection is closed, because
+// skipping up to 4 GiB is not worth the risk. A write whose payload is cut
+// off by a disconnect is never submitted: no partial writes.
+//
+// Backend errors become NBD error values through, in order, Config.ErrorCode,
+// the backend's ErrorCoder, errors.Is against ErrPermission (EPERM),
+// ErrNoSpace (ENOSPC), ErrInvalid (EINVAL), ErrNotSupported (ENOTSUP),
+// ErrShuttingDown (ESHUTDOWN), and finally EIO.
+//
+// # Connection state machine
+//
+//	accepted ──handshake──▶ options ──EXPORT_NAME / GO ok──▶ transmission
+//	    │                     │  ABORT, bad magic/flags, too long,           │
+//	    │                     │  deadline, Shutdown                          │
+//	    ▼                     ▼                                              ▼
+//	  closed ◀───────────────────────────────────────────── draining ─▶ closed
+//
+// In transmission, the reader ends on NBD_CMD_DISC or on Shutdown (graceful:
+// every request already read is answered, then the socket closes), or on EOF,
+// an I/O error or a bad request magic (hard: the socket closes at once and
+// pending replies are dropped). Either way the connection waits until the
+// backend has called back for every request it got, so no pooled buffer is
+// reused while the backend may still touch it.
+//
+// # Goroutines and ownership
+//
+// Per connection there are exactly two goroutines and no goroutine per request:
+//
+//   - the reader (started by Serve) runs the handshake, then parses requests,
+//     validates them, reads write payloads into pooled buffers and calls
+//     Backend.Submit. It owns the bufio.Reader and the handshake state.
+//     Before reading each request header it takes an in-flight slot; with
+//     Config.MaxInFlight slots taken (or the Config.MaxInFlightBytes payload
+//     budget spent) it stops reading, which pushes back on the client through
+//     TCP.
+//   - the writer owns the socket's write side in transmission. Backend done
+//     callbacks (on any goroutine) only push the finished request onto the
+//     connection's reply channel, whose capacity equals the slot count, so
+//     they never block. The writer takes every reply that is ready, writes the
+//     batch with one writev (net.Buffers), and only then returns buffers to
+//     their pools and frees the slots. Replies therefore go out in completion
+//     order, not request order.
+//
+// INVARIANT: a request holds its slot from header read until the writer
+// released it; waitIdle (inflight == 0) therefore means no callback and no
+// buffer is outstanding.
+//
+// Shutdown closes the listeners, closes connections still negotiating, and
+// sets a past read deadline on the others: their readers answer what is
+// already buffered with NBD_ESHUTDOWN, wait for in-flight requests, flush and
+// close. Close does the same without waiting for replies.
+package nbd

@@ -1,0 +1,255 @@
+package nbd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/frontend"
+)
+
+// Config configures a Server. Only Exports is required.
+type Config struct {
+	// Exports finds a backend by export name (= volume name). All connections to
+	// one name must get the same Backend: the server advertises CAN_MULTI_CONN.
+	Exports frontend.Exports
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+	// MaxInFlight bounds the requests of one connection that are parsed but not yet
+	// answered; when it is reached the server stops reading. Default 128.
+	MaxInFlight int
+	// MaxInFlightBytes bounds the payload bytes (read and write buffers) of one
+	// connection's in-flight requests; one request may always proceed. Default 128 MiB.
+	MaxInFlightBytes int64
+	// MinBlockSize is the advertised minimum block size: 1 (default) or a power of
+	// two up to 64 KiB. Requests not aligned to it get NBD_EINVAL.
+	MinBlockSize uint32
+	// PreferredBlockSize is advertised in NBD_INFO_BLOCK_SIZE. Default 4096.
+	PreferredBlockSize uint32
+	// MaxPayload is the largest READ or WRITE length. Default and upper bound 32 MiB.
+	MaxPayload uint32
+	// HandshakeTimeout bounds the whole option haggling phase. Default 30 s.
+	HandshakeTimeout time.Duration
+	// ErrorCode, if set, maps a backend error to an NBD error value (EPERM, EIO, ...);
+	// 0 falls through to the backend's ErrorCoder and this package's sentinels.
+	ErrorCode func(err error) uint32
+}
+
+func (c *Config) setDefaults() error {
+	if c.Exports == nil {
+		return fmt.Errorf("%w: Exports is nil", ErrBadConfig)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = 128
+	}
+	if c.MaxInFlightBytes <= 0 {
+		c.MaxInFlightBytes = 128 << 20
+	}
+	if c.MinBlockSize == 0 {
+		c.MinBlockSize = 1
+	}
+	if c.PreferredBlockSize == 0 {
+		c.PreferredBlockSize = 4096
+	}
+	if c.MaxPayload == 0 {
+		c.MaxPayload = 1 << maxBufShift
+	}
+	if c.HandshakeTimeout <= 0 {
+		c.HandshakeTimeout = 30 * time.Second
+	}
+	pow2 := func(v uint32) bool { return v&(v-1) == 0 }
+	switch {
+	case !pow2(c.MinBlockSize) || c.MinBlockSize > 64<<10:
+		return fmt.Errorf("%w: MinBlockSize %d is not a power of two <= 64 KiB", ErrBadConfig, c.MinBlockSize)
+	case !pow2(c.PreferredBlockSize) || c.PreferredBlockSize < max(c.MinBlockSize, 512):
+		return fmt.Errorf("%w: PreferredBlockSize %d", ErrBadConfig, c.PreferredBlockSize)
+	case c.MaxPayload > 1<<maxBufShift || c.MaxPayload < c.PreferredBlockSize || c.MaxPayload%c.MinBlockSize != 0:
+		return fmt.Errorf("%w: MaxPayload %d", ErrBadConfig, c.MaxPayload)
+	}
+	return nil
+}
+
+// Server serves exports over NBD on any number of listeners (TCP, Unix).
+type Server struct {
+	cfg Config
+	log *slog.Logger
+
+	reqPool sync.Pool // *request
+
+	conns sync.WaitGroup // one per accepted connection, until its goroutines ended
+
+	// mu guards the fields below. Lock order: Server.mu before conn.mu.
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{}
+	active    map[*conn]struct{}
+	closing   bool // Shutdown or Close was called
+}
+
+// NewServer checks cfg and returns a Server; it listens on nothing until Serve.
+func NewServer(cfg Config) (*Server, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:       cfg,
+		log:       cfg.Logger,
+		listeners: map[net.Listener]struct{}{},
+		active:    map[*conn]struct{}{},
+	}
+	s.reqPool.New = func() any {
+		r := &request{}
+		r.doneFn = r.complete
+		return r
+	}
+	return s, nil
+}
+
+// Serve accepts connections on ln until Shutdown or Close, and then returns
+// ErrServerClosed; any other accept failure is returned as is. It may be called
+// concurrently for several listeners. Serve closes ln when it returns.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		ln.Close()
+		return ErrServerClosed
+	}
+	s.listeners[ln] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, ln)
+		s.mu.Unlock()
+		ln.Close()
+	}()
+
+	var backoff time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closing := s.closing
+			s.mu.Unlock()
+			if closing {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				s.log.Warn("nbd: accept failed; retrying", "err", err, "backoff", backoff)
+				time.Sleep(backoff)
+				continue
+			}
+			return err
+		}
+		backoff = 0
+		if !s.track(nc) {
+			nc.Close()
+			return ErrServerClosed
+		}
+	}
+}
+
+// track registers and starts a connection; false if the server is closing.
+func (s *Server) track(nc net.Conn) bool {
+	c := newConn(s, nc)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
+	}
+	s.active[c] = struct{}{}
+	s.conns.Add(1)
+	go func() {
+		defer s.conns.Done()
+		c.serve()
+		s.mu.Lock()
+		delete(s.active, c)
+		s.mu.Unlock()
+	}()
+	return true
+}
+
+// ServeConn serves one already accepted connection (for example a socket handed
+// over by a previous process) and returns when it is closed.
+func (s *Server) ServeConn(nc net.Conn) error {
+	c := newConn(s, nc)
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		nc.Close()
+		return ErrServerClosed
+	}
+	s.active[c] = struct{}{}
+	s.conns.Add(1)
+	s.mu.Unlock()
+	defer s.conns.Done()
+	c.serve()
+	s.mu.Lock()
+	delete(s.active, c)
+	s.mu.Unlock()
+	return nil
+}
+
+// Shutdown stops accepting, closes connections still in the handshake, lets each
+// connection in transmission finish and answer the requests it already read
+// (requests still buffered are answered NBD_ESHUTDOWN), and closes it. If ctx ends
+// first, the remaining connections are closed hard (as by Close) and ctx.Err()
+// is returned.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing = true
+	for ln := range s.listeners {
+		ln.Close()
+	}
+	for c := range s.active {
+		c.beginShutdown()
+	}
+	s.mu.Unlock()
+
+	done := make(chan struct{})
+	go func() {
+		s.conns.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		s.closeConns()
+		<-done
+		return ctx.Err()
+	}
+}
+
+// Close stops accepting and closes every connection at once; requests in flight
+// still complete in the backend (their buffers are only reused after that), but
+// their replies are dropped. It returns when every connection goroutine ended.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closing = true
+	for ln := range s.listeners {
+		ln.Close()
+	}
+	s.mu.Unlock()
+	s.closeConns()
+	s.conns.Wait()
+	return nil
+}
+
+func (s *Server) closeConns() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.active {
+		c.nc.Close()
+	}
+}
+
+func (s *Server) getRequest() *request { return s.reqPool.Get().(*request) }
