@@ -1,0 +1,191 @@
+package mdsclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// RetryTimeout bounds how long a call without a context deadline keeps
+// trying when no MDS answers.
+const RetryTimeout = 15 * time.Second
+
+// AttemptTimeout bounds one attempt on one MDS; a hung MDS is then treated
+// like an unreachable one.
+const AttemptTimeout = 5 * time.Second
+
+// Errors returned by the package.
+var (
+	// ErrNoAddresses: Dial was given no MDS address.
+	ErrNoAddresses = errors.New("mdsclient: no MDS addresses")
+	// ErrClosed: the Client was closed.
+	ErrClosed = errors.New("mdsclient: client closed")
+)
+
+// activePrefix is how a standby MDS names the active one in its
+// Unavailable message.
+const activePrefix = "active is "
+
+// Client calls the active MDS out of a list; see the package doc.
+type Client struct {
+	addrs []string
+	conns []*grpc.ClientConn
+	stubs []api.MDSClient
+
+	mu     sync.Mutex
+	last   int // index of the MDS that answered last
+	closed bool
+}
+
+var _ api.MDSClient = (*Client)(nil)
+
+// Dial prepares connections to every address (host:port). It does not wait
+// for any of them: connections are made on first use.
+func Dial(addrs []string) (*Client, error) {
+	var clean []string
+	for _, a := range addrs {
+		for _, p := range strings.Split(a, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				clean = append(clean, p)
+			}
+		}
+	}
+	if len(clean) == 0 {
+		return nil, ErrNoAddresses
+	}
+	c := &Client{addrs: clean}
+	for _, a := range clean {
+		cc, err := grpc.NewClient(a,
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithConnectParams(grpc.ConnectParams{
+				Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+				MinConnectTimeout: 2 * time.Second,
+			}))
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("mdsclient: %s: %w", a, err)
+		}
+		c.conns = append(c.conns, cc)
+		c.stubs = append(c.stubs, api.NewMDSClient(cc))
+	}
+	return c, nil
+}
+
+// Close closes every connection.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	var first error
+	for _, cc := range c.conns {
+		if err := cc.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// Active returns the address of the MDS that answered last (or the first
+// address before any call).
+func (c *Client) Active() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.addrs[c.last]
+}
+
+// call runs fn against the active MDS, failing over as the package doc
+// describes.
+func (c *Client) call(ctx context.Context, fn func(context.Context, api.MDSClient) error) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, RetryTimeout)
+		defer cancel()
+	}
+	wait := 100 * time.Millisecond
+	var lastErr error
+	for {
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return ErrClosed
+		}
+		start := c.last
+		c.mu.Unlock()
+
+		tried := make([]bool, len(c.addrs))
+		next := start
+		for n := 0; n < len(c.addrs); n++ {
+			tried[next] = true
+			actx, cancel := context.WithTimeout(ctx, AttemptTimeout)
+			err := fn(actx, c.stubs[next])
+			cancel()
+			if status.Code(err) == codes.DeadlineExceeded && ctx.Err() == nil {
+				// This MDS hangs (paused, partitioned): try another.
+				err = status.Error(codes.Unavailable, err.Error())
+			}
+			if status.Code(err) != codes.Unavailable {
+				if err == nil || status.Code(err) != codes.Canceled && status.Code(err) != codes.DeadlineExceeded {
+					c.mu.Lock()
+					c.last = next
+					c.mu.Unlock()
+				}
+				return err
+			}
+			lastErr = err
+			if ctx.Err() != nil {
+				return lastErr
+			}
+			// Prefer the active MDS a standby named, if we know it.
+			next = -1
+			if i := c.named(err); i >= 0 && !tried[i] {
+				next = i
+			} else {
+				for k := 1; k <= len(c.addrs); k++ {
+					if i := (start + k) % len(c.addrs); !tried[i] {
+						next = i
+						break
+					}
+				}
+			}
+			if next < 0 {
+				break
+			}
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return lastErr
+		case <-t.C:
+		}
+		wait = min(wait*2, time.Second)
+	}
+}
+
+// named returns the index of the address a standby's error names as active,
+// or -1.
+func (c *Client) named(err error) int {
+	msg := status.Convert(err).Message()
+	i := strings.Index(msg, activePrefix)
+	if i < 0 {
+		return -1
+	}
+	addr := strings.TrimSpace(msg[i+len(activePrefix):])
+	for k, a := range c.addrs {
+		if a == addr {
+			return k
+		}
+	}
+	return -1
+}

@@ -1,0 +1,176 @@
+// Methods of api.MDSClient: each runs through Client.call.
+
+package mdsclient
+
+import (
+	"context"
+
+	"google.golang.org/grpc"
+
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// RegisterChunkServer calls RegisterChunkServer on the active MDS.
+func (c *Client) RegisterChunkServer(ctx context.Context, in *api.RegisterChunkServerRequest, opts ...grpc.CallOption) (*api.RegisterChunkServerResponse, error) {
+	var out *api.RegisterChunkServerResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.RegisterChunkServer(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// Heartbeat calls Heartbeat on the active MDS.
+func (c *Client) Heartbeat(ctx context.Context, in *api.HeartbeatRequest, opts ...grpc.CallOption) (*api.HeartbeatResponse, error) {
+	var out *api.HeartbeatResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.Heartbeat(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// ListChunkServers calls ListChunkServers on the active MDS.
+func (c *Client) ListChunkServers(ctx context.Context, in *api.ListChunkServersRequest, opts ...grpc.CallOption) (*api.ListChunkServersResponse, error) {
+	var out *api.ListChunkServersResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.ListChunkServers(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// CreatePool calls CreatePool on the active MDS.
+func (c *Client) CreatePool(ctx context.Context, in *api.CreatePoolRequest, opts ...grpc.CallOption) (*api.CreatePoolResponse, error) {
+	var out *api.CreatePoolResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.CreatePool(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// ListPools calls ListPools on the active MDS.
+func (c *Client) ListPools(ctx context.Context, in *api.ListPoolsRequest, opts ...grpc.CallOption) (*api.ListPoolsResponse, error) {
+	var out *api.ListPoolsResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.ListPools(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// GetCopysets calls GetCopysets on the active MDS.
+func (c *Client) GetCopysets(ctx context.Context, in *api.GetCopysetsRequest, opts ...grpc.CallOption) (*api.GetCopysetsResponse, error) {
+	var out *api.GetCopysetsResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.GetCopysets(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// CreateVolume calls CreateVolume on the active MDS.
+func (c *Client) CreateVolume(ctx context.Context, in *api.CreateVolumeRequest, opts ...grpc.CallOption) (*api.CreateVolumeResponse, error) {
+	var out *api.CreateVolumeResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.CreateVolume(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// GetVolume calls GetVolume on the active MDS.
+func (c *Client) GetVolume(ctx context.Context, in *api.GetVolumeRequest, opts ...grpc.CallOption) (*api.GetVolumeResponse, error) {
+	var out *api.GetVolumeResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.GetVolume(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// ListVolumes calls ListVolumes on the active MDS.
+func (c *Client) ListVolumes(ctx context.Context, in *api.ListVolumesRequest, opts ...grpc.CallOption) (*api.ListVolumesResponse, error) {
+	var out *api.ListVolumesResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.ListVolumes(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// ResizeVolume calls ResizeVolume on the active MDS.
+func (c *Client) ResizeVolume(ctx context.Context, in *api.ResizeVolumeRequest, opts ...grpc.CallOption) (*api.ResizeVolumeResponse, error) {
+	var out *api.ResizeVolumeResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.ResizeVolume(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// DeleteVolume calls DeleteVolume on the active MDS.
+func (c *Client) DeleteVolume(ctx context.Context, in *api.DeleteVolumeRequest, opts ...grpc.CallOption) (*api.DeleteVolumeResponse, error) {
+	var out *api.DeleteVolumeResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.DeleteVolume(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// OpenVolume calls OpenVolume on the active MDS.
+func (c *Client) OpenVolume(ctx context.Context, in *api.OpenVolumeRequest, opts ...grpc.CallOption) (*api.OpenVolumeResponse, error) {
+	var out *api.OpenVolumeResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.OpenVolume(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// RenewSession calls RenewSession on the active MDS.
+func (c *Client) RenewSession(ctx context.Context, in *api.RenewSessionRequest, opts ...grpc.CallOption) (*api.RenewSessionResponse, error) {
+	var out *api.RenewSessionResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.RenewSession(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// CloseSession calls CloseSession on the active MDS.
+func (c *Client) CloseSession(ctx context.Context, in *api.CloseSessionRequest, opts ...grpc.CallOption) (*api.CloseSessionResponse, error) {
+	var out *api.CloseSessionResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.CloseSession(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// ClusterStatus calls ClusterStatus on the active MDS.
+func (c *Client) ClusterStatus(ctx context.Context, in *api.ClusterStatusRequest, opts ...grpc.CallOption) (*api.ClusterStatusResponse, error) {
+	var out *api.ClusterStatusResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.ClusterStatus(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
