@@ -50,6 +50,7 @@ func main() {
 		poolCommand(),
 		volumeCommand(),
 		statusCommand(),
+		benchCommand(),
 	)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "basalt:", err)
