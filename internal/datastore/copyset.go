@@ -1,0 +1,630 @@
+package datastore
+
+import (
+	"cmp"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// ChunkID names a chunk: chunk Index of volume Volume.
+type ChunkID struct{ Volume, Index uint64 }
+
+// fileName is the chunk's file name inside chunks/: "%016x_%016x".
+func (id ChunkID) fileName() string { return fmt.Sprintf("%016x_%016x", id.Volume, id.Index) }
+
+func parseChunkName(name string) (ChunkID, bool) {
+	var id ChunkID
+	if len(name) != 33 || name[16] != '_' {
+		return id, false
+	}
+	if _, err := fmt.Sscanf(name, "%016x_%016x", &id.Volume, &id.Index); err != nil {
+		return id, false
+	}
+	return id, true
+}
+
+// Copyset holds the chunk files of one Raft group on this disk. All methods
+// are safe for concurrent use.
+//
+// Lock order: Store.mu → Copyset.mu → Copyset.dirtyMu → fdCache.mu; pool.mu
+// is a leaf. syncMu and snapMu are taken before mu.
+type Copyset struct {
+	s         *Store
+	group     uint64
+	chunkSize int64
+	dir       string // <Dir>/copysets/<group>
+	chunksDir string // dir/chunks
+	log       *slog.Logger
+
+	// mu guards the chunk map and removed. Operations that change file
+	// contents (write, discard, zero) hold it shared across their syscall, so
+	// that DeleteVolume and InstallStaged (exclusive) never move a file that
+	// a write is still landing in. Reads hold it only to find the chunk.
+	mu      sync.RWMutex
+	chunks  map[ChunkID]*chunk
+	removed bool
+
+	// dirtyMu guards the dirty set and dirDirty.
+	// INVARIANT: every chunk whose file was changed since the last
+	// successful Sync that covered it is in dirty, and dirDirty is true if an
+	// entry of chunks/ changed since the last successful Sync.
+	dirtyMu  sync.Mutex
+	dirty    map[*chunk]struct{}
+	dirDirty bool
+
+	syncMu sync.Mutex          // serializes Sync; owns spare
+	spare  map[*chunk]struct{} // the other dirty set, empty, swapped in by Sync
+	metaMu sync.Mutex          // serializes SaveMeta
+	snapMu sync.Mutex          // serializes ReceiveSnapshot and InstallStaged
+
+	zeroCRC atomic.Uint64 // crc32c of a chunk of zeros, +1<<32 once computed
+}
+
+// loadCopyset opens an existing copyset directory: it first repairs an
+// interrupted install (see doc.go), then reads info and scans chunks/.
+func loadCopyset(s *Store, group uint64) (*Copyset, error) {
+	dir := filepath.Join(s.csDir, fmt.Sprintf("%016x", group))
+	c := &Copyset{
+		s: s, group: group, dir: dir,
+		chunksDir: filepath.Join(dir, chunksDirName),
+		log:       s.log.With("group", group),
+		chunks:    make(map[ChunkID]*chunk),
+		dirty:     make(map[*chunk]struct{}),
+		spare:     make(map[*chunk]struct{}),
+	}
+	if err := c.recoverInstall(); err != nil {
+		return nil, err
+	}
+	info, err := readAtomic(dir, infoFileName, infoMagic)
+	if err != nil {
+		return nil, err
+	}
+	if len(info) != 8 {
+		return nil, fmt.Errorf("%w: copyset %016x: missing or bad info file", ErrCorrupt, group)
+	}
+	c.chunkSize = int64(binary.BigEndian.Uint64(info))
+	for _, tmp := range []string{infoFileName + ".tmp", metaFileName + ".tmp"} {
+		os.Remove(filepath.Join(dir, tmp))
+	}
+	if err := os.RemoveAll(filepath.Join(dir, stagingDirName)); err != nil {
+		return nil, ioError("remove staging", err)
+	}
+	if err := c.scanChunks(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// scanChunks rebuilds the chunk map from chunks/. Caller holds mu or owns c.
+func (c *Copyset) scanChunks() error {
+	ents, err := os.ReadDir(c.chunksDir)
+	if err != nil {
+		return ioError("readdir "+c.chunksDir, err)
+	}
+	chunks := make(map[ChunkID]*chunk, len(ents))
+	for _, e := range ents {
+		id, ok := parseChunkName(e.Name())
+		if !ok {
+			c.log.Warn("ignoring unknown file in chunks dir", "name", e.Name())
+			continue
+		}
+		chunks[id] = &chunk{id: id, path: filepath.Join(c.chunksDir, e.Name()), fd: -1}
+	}
+	c.chunks = chunks
+	return nil
+}
+
+// Group returns the copyset's Raft group id.
+func (c *Copyset) Group() uint64 { return c.group }
+
+// ChunkSize returns the size of every chunk of the copyset.
+func (c *Copyset) ChunkSize() int64 { return c.chunkSize }
+
+func (c *Copyset) checkRange(off, n int64) error {
+	if off < 0 || n < 0 || off+n > c.chunkSize {
+		return fmt.Errorf("%w: [%d, %d) in a chunk of %d", ErrOutOfRange, off, off+n, c.chunkSize)
+	}
+	return nil
+}
+
+// create makes the file of chunk id exist: a ready pool file renamed into
+// chunks/, or a new preallocated file when the pool has none.
+func (c *Copyset) create(id ChunkID) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.removed {
+		return ErrClosed
+	}
+	if c.chunks[id] != nil {
+		return nil
+	}
+	path := filepath.Join(c.chunksDir, id.fileName())
+	ok, err := c.s.pool.take(c.chunkSize, path)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		if err := createChunkFile(path, c.chunkSize); err != nil {
+			return err
+		}
+	}
+	c.chunks[id] = &chunk{id: id, path: path, fd: -1}
+	c.dirtyMu.Lock()
+	c.dirDirty = true
+	c.dirtyMu.Unlock()
+	return nil
+}
+
+func createChunkFile(path string, size int64) error {
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return ioError("create "+path, err)
+	}
+	err = preallocate(fd, size)
+	unix.Close(fd)
+	if err != nil {
+		os.Remove(path)
+		return fmt.Errorf("create %s: %w", path, err)
+	}
+	return nil
+}
+
+func (c *Copyset) markDirtyLocked(ch *chunk) {
+	c.dirtyMu.Lock()
+	c.dirty[ch] = struct{}{}
+	c.dirtyMu.Unlock()
+}
+
+// WriteAt writes p at off in chunk id with a plain pwrite (no O_DSYNC, no
+// fsync) and adds the chunk to the dirty set. The chunk file is created on
+// first write. [off, off+len(p)) must lie inside the chunk.
+func (c *Copyset) WriteAt(id ChunkID, p []byte, off int64) error {
+	if err := c.checkRange(off, int64(len(p))); err != nil {
+		return err
+	}
+	for {
+		c.mu.RLock()
+		if c.removed {
+			c.mu.RUnlock()
+			return ErrClosed
+		}
+		ch := c.chunks[id]
+		if ch == nil {
+			c.mu.RUnlock()
+			if err := c.create(id); err != nil {
+				return err
+			}
+			continue
+		}
+		fd, ok, err := c.s.fds.acquire(ch)
+		if err != nil || !ok {
+			c.mu.RUnlock()
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		err = pwriteFull(fd, p, off)
+		c.s.fds.release(ch)
+		if err == nil {
+			c.markDirtyLocked(ch)
+		}
+		c.mu.RUnlock()
+		return err
+	}
+}
+
+// ReadAt fills p from off in chunk id. Absent chunks and never-written,
+// discarded or zeroed ranges read as zeros.
+func (c *Copyset) ReadAt(id ChunkID, p []byte, off int64) error {
+	if err := c.checkRange(off, int64(len(p))); err != nil {
+		return err
+	}
+	c.mu.RLock()
+	if c.removed {
+		c.mu.RUnlock()
+		return ErrClosed
+	}
+	ch := c.chunks[id]
+	if ch == nil {
+		c.mu.RUnlock()
+		clear(p)
+		return nil
+	}
+	fd, ok, err := c.s.fds.acquire(ch)
+	c.mu.RUnlock()
+	if err != nil {
+		return err
+	}
+	if !ok {
+		clear(p)
+		return nil
+	}
+	err = preadFull(fd, p, off)
+	c.s.fds.release(ch)
+	return err
+}
+
+// Discard trims [off, off+n) of chunk id (punch hole); it reads as zeros
+// afterwards. An absent chunk stays absent.
+func (c *Copyset) Discard(id ChunkID, off, n int64) error {
+	return c.zero(id, off, n, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE)
+}
+
+// WriteZeroes zeroes [off, off+n) of chunk id (FALLOC_FL_ZERO_RANGE, or a
+// punched hole where that is unsupported). An absent chunk stays absent.
+func (c *Copyset) WriteZeroes(id ChunkID, off, n int64) error {
+	return c.zero(id, off, n, unix.FALLOC_FL_ZERO_RANGE|unix.FALLOC_FL_KEEP_SIZE)
+}
+
+func (c *Copyset) zero(id ChunkID, off, n int64, mode uint32) error {
+	if err := c.checkRange(off, n); err != nil {
+		return err
+	}
+	if n == 0 {
+		return nil
+	}
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.removed {
+		return ErrClosed
+	}
+	ch := c.chunks[id]
+	if ch == nil {
+		return nil // thin: absent already reads as zeros
+	}
+	fd, ok, err := c.s.fds.acquire(ch)
+	if err != nil || !ok {
+		return err
+	}
+	defer c.s.fds.release(ch)
+	err = unix.Fallocate(fd, mode, off, n)
+	if mode&unix.FALLOC_FL_ZERO_RANGE != 0 && isUnsupported(err) {
+		err = unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+	}
+	if isUnsupported(err) {
+		err = writeZeros(fd, off, n)
+	}
+	if err != nil {
+		return ioError("zero "+ch.path, err)
+	}
+	c.markDirtyLocked(ch)
+	return nil
+}
+
+func isUnsupported(err error) bool {
+	return errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EINVAL)
+}
+
+var zeroBlock [64 << 10]byte
+
+func writeZeros(fd int, off, n int64) error {
+	for n > 0 {
+		k := min(n, int64(len(zeroBlock)))
+		if err := pwriteFull(fd, zeroBlock[:k], off); err != nil {
+			return err
+		}
+		off, n = off+k, n-k
+	}
+	return nil
+}
+
+func pwriteFull(fd int, p []byte, off int64) error {
+	for len(p) > 0 {
+		n, err := unix.Pwrite(fd, p, off)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return ioError("pwrite", err)
+		}
+		p, off = p[n:], off+int64(n)
+	}
+	return nil
+}
+
+func preadFull(fd int, p []byte, off int64) error {
+	for len(p) > 0 {
+		n, err := unix.Pread(fd, p, off)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return ioError("pread", err)
+		}
+		if n == 0 { // past the end of a short file: zeros
+			clear(p)
+			return nil
+		}
+		p, off = p[n:], off+int64(n)
+	}
+	return nil
+}
+
+// syncParallelism is how many fdatasyncs Sync keeps in flight, so the device
+// can merge their flushes.
+const syncParallelism = 4
+
+// Sync makes every write, discard and zeroing done before Sync was called
+// durable: it fdatasyncs each dirty chunk once, then fsyncs chunks/ if
+// chunks were created or removed. Chunks dirtied while Sync runs stay dirty
+// for the next Sync. On error everything it took stays dirty.
+func (c *Copyset) Sync() error {
+	c.syncMu.Lock()
+	defer c.syncMu.Unlock()
+	c.dirtyMu.Lock()
+	batch := c.dirty
+	c.dirty = c.spare
+	dirDirty := c.dirDirty
+	c.dirDirty = false
+	c.dirtyMu.Unlock()
+	c.spare = nil
+
+	err := c.syncChunks(batch)
+	if err == nil && dirDirty {
+		err = syncDir(c.chunksDir)
+	}
+	if err != nil {
+		c.dirtyMu.Lock()
+		for ch := range batch {
+			c.dirty[ch] = struct{}{}
+		}
+		c.dirDirty = c.dirDirty || dirDirty
+		c.dirtyMu.Unlock()
+		clear(batch)
+		c.spare = batch
+		return err
+	}
+	clear(batch)
+	c.spare = batch
+	return nil
+}
+
+func (c *Copyset) syncChunks(batch map[*chunk]struct{}) error {
+	if len(batch) == 0 {
+		return nil
+	}
+	list := make([]*chunk, 0, len(batch))
+	for ch := range batch {
+		list = append(list, ch)
+	}
+	var (
+		next  atomic.Int64
+		errMu sync.Mutex
+		first error
+		wg    sync.WaitGroup
+	)
+	work := func() {
+		for {
+			i := next.Add(1) - 1
+			if i >= int64(len(list)) {
+				return
+			}
+			if err := c.syncChunk(list[i]); err != nil {
+				errMu.Lock()
+				if first == nil {
+					first = err
+				}
+				errMu.Unlock()
+			}
+		}
+	}
+	for range min(syncParallelism, len(list)) - 1 {
+		wg.Go(work)
+	}
+	work()
+	wg.Wait()
+	return first
+}
+
+func (c *Copyset) syncChunk(ch *chunk) error {
+	fd, ok, err := c.s.fds.acquire(ch)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return nil // deleted or replaced since it was written
+	}
+	defer c.s.fds.release(ch)
+	if f := c.s.cfg.Knobs.Fdatasync; f != nil {
+		err = f(fd, filepath.Base(ch.path))
+	} else {
+		err = unix.Fdatasync(fd)
+	}
+	if err != nil {
+		return ioError("fdatasync "+ch.path, err)
+	}
+	return nil
+}
+
+// DirtyCount reports how many chunks wait for the next Sync.
+func (c *Copyset) DirtyCount() int {
+	c.dirtyMu.Lock()
+	defer c.dirtyMu.Unlock()
+	return len(c.dirty)
+}
+
+// SaveMeta atomically replaces the copyset's meta blob (write meta.tmp,
+// fsync, rename, fsync the directory). After a crash LoadMeta returns the old
+// or the new blob, never a mix.
+func (c *Copyset) SaveMeta(b []byte) error {
+	c.metaMu.Lock()
+	defer c.metaMu.Unlock()
+	if c.isRemoved() {
+		return ErrClosed
+	}
+	return writeAtomic(c.dir, metaFileName, metaMagic, b)
+}
+
+// LoadMeta returns the blob of the last SaveMeta, nil if there was none, or
+// an error wrapping ErrCorrupt if the file fails its CRC.
+func (c *Copyset) LoadMeta() ([]byte, error) {
+	if c.isRemoved() {
+		return nil, ErrClosed
+	}
+	return readAtomic(c.dir, metaFileName, metaMagic)
+}
+
+func (c *Copyset) isRemoved() bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.removed
+}
+
+// DeleteVolume removes every chunk of volume from the copyset. The files go
+// back to the pool (zeroed there, in the background) or are unlinked; the
+// directory change is made durable by the next Sync.
+func (c *Copyset) DeleteVolume(volume uint64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.removed {
+		return ErrClosed
+	}
+	for id, ch := range c.chunks {
+		if id.Volume != volume {
+			continue
+		}
+		c.s.fds.kill(ch)
+		if err := c.s.pool.recycle(c.chunkSize, ch.path); err != nil {
+			return err
+		}
+		delete(c.chunks, id)
+		c.dirtyMu.Lock()
+		delete(c.dirty, ch)
+		c.dirDirty = true
+		c.dirtyMu.Unlock()
+	}
+	return nil
+}
+
+// Chunks lists the chunks that have a file, sorted by volume then index.
+func (c *Copyset) Chunks() ([]ChunkID, error) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.removed {
+		return nil, ErrClosed
+	}
+	out := make([]ChunkID, 0, len(c.chunks))
+	for id := range c.chunks {
+		out = append(out, id)
+	}
+	slices.SortFunc(out, compareIDs)
+	return out, nil
+}
+
+func compareIDs(a, b ChunkID) int {
+	return cmp.Or(cmp.Compare(a.Volume, b.Volume), cmp.Compare(a.Index, b.Index))
+}
+
+// openChunk finds chunk id and takes an fd reference to it; ch is nil if the
+// chunk has no file.
+func (c *Copyset) openChunk(id ChunkID) (ch *chunk, fd int, err error) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.removed {
+		return nil, -1, ErrClosed
+	}
+	ch = c.chunks[id]
+	if ch == nil {
+		return nil, -1, nil
+	}
+	fd, ok, err := c.s.fds.acquire(ch)
+	if err != nil || !ok {
+		return nil, -1, err
+	}
+	return ch, fd, nil
+}
+
+// Checksum returns the crc32c (Castagnoli) of the whole chunk, holes and
+// absent chunks counted as zeros, so that replicas can be compared whatever
+// their allocation.
+func (c *Copyset) Checksum(id ChunkID) (uint32, error) {
+	ch, fd, err := c.openChunk(id)
+	if err != nil {
+		return 0, err
+	}
+	if ch == nil {
+		return c.zeroChecksum(), nil
+	}
+	defer c.s.fds.release(ch)
+	var crc uint32
+	buf := make([]byte, 256<<10)
+	pos := int64(0)
+	err = dataExtents(fd, c.chunkSize, func(off, n int64) error {
+		crc = crcZeros(crc, off-pos)
+		for n > 0 {
+			k := min(n, int64(len(buf)))
+			if err := preadFull(fd, buf[:k], off); err != nil {
+				return err
+			}
+			crc = crc32.Update(crc, castagnoli, buf[:k])
+			off, n = off+k, n-k
+		}
+		pos = off
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return crcZeros(crc, c.chunkSize-pos), nil
+}
+
+func (c *Copyset) zeroChecksum() uint32 {
+	if v := c.zeroCRC.Load(); v != 0 {
+		return uint32(v)
+	}
+	crc := crcZeros(0, c.chunkSize)
+	c.zeroCRC.Store(1<<32 | uint64(crc))
+	return crc
+}
+
+func crcZeros(crc uint32, n int64) uint32 {
+	for n > 0 {
+		k := min(n, int64(len(zeroBlock)))
+		crc = crc32.Update(crc, castagnoli, zeroBlock[:k])
+		n -= k
+	}
+	return crc
+}
+
+// dataExtents calls fn for each data extent of fd inside [0, size), in
+// order, skipping holes (SEEK_DATA / SEEK_HOLE). Where the file system cannot
+// report holes, the rest of the file is one extent.
+func dataExtents(fd int, size int64, fn func(off, n int64) error) error {
+	off := int64(0)
+	for off < size {
+		d, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			return nil
+		}
+		if isUnsupported(err) {
+			return fn(off, size-off)
+		}
+		if err != nil {
+			return ioError("seek data", err)
+		}
+		if d >= size {
+			return nil
+		}
+		h, err := unix.Seek(fd, d, unix.SEEK_HOLE)
+		if err != nil {
+			return ioError("seek hole", err)
+		}
+		h = min(h, size)
+		if err := fn(d, h-d); err != nil {
+			return err
+		}
+		off = h
+	}
+	return nil
+}

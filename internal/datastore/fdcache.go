@@ -1,0 +1,139 @@
+package datastore
+
+import (
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// chunk is one chunk file of a copyset. Its identity fields never change; its
+// open file descriptor is managed by the store's fdCache.
+type chunk struct {
+	id   ChunkID
+	path string // absolute path of the file while it is live
+
+	// Guarded by fdCache.mu.
+	fd   int // -1 while closed
+	refs int // IOs currently using fd
+	// dead: the file left the copyset (deleted, or replaced by an install).
+	// No new reference may be taken; the fd is closed when refs drops to 0.
+	dead       bool
+	prev, next *chunk // LRU list of open chunks; nil when not open
+}
+
+// fdCache bounds the number of open chunk files of a Store with an LRU list.
+//
+// INVARIANT: a chunk is on the LRU list iff fd >= 0.
+// INVARIANT: fd is closed only when refs == 0, so an IO never uses an fd that
+// another goroutine closed (and the kernel may have reused).
+// The list is over the limit only while every open chunk is in use.
+type fdCache struct {
+	mu   sync.Mutex
+	max  int
+	open int
+	head chunk // sentinel: head.next is the most recently used
+}
+
+func newFDCache(max int) *fdCache {
+	c := &fdCache{max: max}
+	c.head.next, c.head.prev = &c.head, &c.head
+	return c
+}
+
+func (c *fdCache) unlink(ch *chunk) {
+	ch.prev.next, ch.next.prev = ch.next, ch.prev
+	ch.prev, ch.next = nil, nil
+}
+
+func (c *fdCache) pushFront(ch *chunk) {
+	ch.next, ch.prev = c.head.next, &c.head
+	c.head.next.prev = ch
+	c.head.next = ch
+}
+
+// acquire returns an open fd for ch and takes a reference that release drops.
+// ok is false if the chunk is dead (the caller treats it as absent).
+func (c *fdCache) acquire(ch *chunk) (fd int, ok bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ch.dead {
+		return -1, false, nil
+	}
+	if ch.fd >= 0 {
+		ch.refs++
+		if c.head.next != ch {
+			c.unlink(ch)
+			c.pushFront(ch)
+		}
+		return ch.fd, true, nil
+	}
+	fd, err = unix.Open(ch.path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, false, ioError("open "+ch.path, err)
+	}
+	ch.fd, ch.refs = fd, 1
+	c.pushFront(ch)
+	c.open++
+	c.evictLocked()
+	return fd, true, nil
+}
+
+// release drops a reference taken by acquire.
+func (c *fdCache) release(ch *chunk) {
+	c.mu.Lock()
+	ch.refs--
+	if ch.dead && ch.refs == 0 {
+		c.closeLocked(ch)
+	}
+	c.mu.Unlock()
+}
+
+// kill marks ch dead and closes its fd now or when its last user releases it.
+func (c *fdCache) kill(ch *chunk) {
+	c.mu.Lock()
+	ch.dead = true
+	if ch.refs == 0 {
+		c.closeLocked(ch)
+	}
+	c.mu.Unlock()
+}
+
+func (c *fdCache) closeLocked(ch *chunk) {
+	if ch.fd < 0 {
+		return
+	}
+	unix.Close(ch.fd)
+	ch.fd = -1
+	c.unlink(ch)
+	c.open--
+}
+
+func (c *fdCache) evictLocked() {
+	for ch := c.head.prev; c.open > c.max && ch != &c.head; {
+		prev := ch.prev
+		if ch.refs == 0 {
+			c.closeLocked(ch)
+		}
+		ch = prev
+	}
+}
+
+// closeAll closes every open fd that is not in use (Store.Close).
+func (c *fdCache) closeAll() {
+	c.mu.Lock()
+	for ch := c.head.prev; ch != &c.head; {
+		prev := ch.prev
+		if ch.refs == 0 {
+			c.closeLocked(ch)
+		}
+		ch = prev
+	}
+	c.mu.Unlock()
+}
+
+// openCount reports how many chunk files are open (tests).
+func (c *fdCache) openCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.open
+}
