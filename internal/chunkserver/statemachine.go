@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 
+	"github.com/basalt-storage/basalt/internal/datastore"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -208,7 +210,11 @@ func (sm *stateMachine) InstallSnapshot(index uint64, state []byte) error {
 	if err != nil {
 		return sm.fail(fmt.Errorf("copyset %#x install snapshot %d: %w", sm.group, index, err))
 	}
-	if err := sm.store.InstallStaged(); err != nil {
+	if err := sm.store.InstallStaged(); errors.Is(err, datastore.ErrNoStaged) {
+		// Called again after a restart that followed an install whose meta
+		// record was not yet saved: the data is in place already.
+		slog.Warn("snapshot already installed; recording it", "copyset", sm.group, "index", index)
+	} else if err != nil {
 		return sm.fail(fmt.Errorf("copyset %#x install snapshot %d: %w", sm.group, index, err))
 	}
 	if err := sm.store.SaveMeta(encodeMeta(index, state)); err != nil {

@@ -1,0 +1,352 @@
+package chunkserver
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/placement"
+	"github.com/basalt-storage/basalt/internal/transport"
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// raftHost is what the data plane needs of the multi-Raft host
+// (*raftstore.Host implements it).
+type raftHost interface {
+	Propose(id uint64, data []byte, done func(error))
+	ReadBarrier(id uint64, done func(error))
+}
+
+// replicaStore is a copyset's chunk files as the data plane sees them.
+type replicaStore interface {
+	chunkStore
+	Chunks() ([]chunkID, error)
+	Checksum(id chunkID) (uint32, error)
+}
+
+// replica is one copyset hosted by this chunkserver.
+type replica struct {
+	group     uint64
+	chunkSize int64
+	sm        *stateMachine
+	store     replicaStore
+}
+
+// handler is the data-plane transport.Handler: it validates every request at
+// the edge (STYLE 6) and turns it into a Raft proposal or a local read.
+type handler struct {
+	log     *slog.Logger
+	ctx     context.Context // ends when the chunkserver stops
+	vols    *volumeCache
+	host    raftHost
+	replica func(group uint64) *replica
+	// raftIn steps a received OpRaft frame; snapIn serves OpSnapshot frames.
+	raftIn  func(h transport.Header, payload []byte)
+	snapIn  func(rw transport.ReplyWriter, h transport.Header, payload []byte)
+	metrics *metrics
+
+	missWG sync.WaitGroup // goroutines waiting on a volume-cache refresh
+}
+
+// ServeFrame implements transport.Handler. It never panics on input and never
+// blocks on the network.
+func (hd *handler) ServeFrame(rw transport.ReplyWriter, h transport.Header, payload []byte) {
+	switch h.Op {
+	case transport.OpRaft:
+		hd.raftIn(h, payload)
+	case transport.OpSnapshot:
+		hd.snapIn(rw, h, payload)
+	case transport.OpPing, transport.OpFlush:
+		// Flush: every acknowledged write is already durable (in the WAL).
+		hd.reply(rw, h, api.StatusOK, 0)
+	case transport.OpChecksum:
+		hd.checksum(rw, h)
+	case transport.OpRead, transport.OpWrite, transport.OpTrim, transport.OpWriteZeroes:
+		hd.serveIO(rw, h, payload, true)
+	default:
+		hd.reply(rw, h, api.StatusBadRequest, 0)
+	}
+}
+
+func (hd *handler) reply(rw transport.ReplyWriter, h transport.Header, st api.Status, hint uint64) {
+	h.Status = st
+	h.Hint = hint
+	rw.Reply(h, nil, nil)
+	hd.metrics.done(h.Op, st, 0, time.Time{})
+}
+
+// replyErr answers with the status err maps to.
+func (hd *handler) replyErr(rw transport.ReplyWriter, h transport.Header, err error, start time.Time) {
+	st, hint := statusOf(err)
+	h.Status = st
+	h.Hint = hint
+	rw.Reply(h, nil, nil)
+	n := 0
+	if st == api.StatusOK && h.Op != transport.OpRead {
+		n = int(h.Length)
+	}
+	hd.metrics.done(h.Op, st, n, start)
+}
+
+// statusOf maps a proposal or read result to a wire status.
+func statusOf(err error) (api.Status, uint64) {
+	if err == nil {
+		return api.StatusOK, 0
+	}
+	var ae *api.Error
+	if errors.As(err, &ae) {
+		return ae.Status, ae.Hint
+	}
+	if isNoSpace(err) {
+		return api.StatusNoSpace, 0
+	}
+	if isNoGroup(err) {
+		return api.StatusNoSuchCopyset, 0
+	}
+	return api.StatusIOError, 0
+}
+
+// validate checks an IO request against the volume cache and the hosted
+// copysets. It returns the replica to use, or the status to answer with.
+func (hd *handler) validate(h transport.Header, payload []byte) (*replica, volumeInfo, api.Status) {
+	if h.Length == 0 {
+		return nil, volumeInfo{}, api.StatusBadRequest
+	}
+	if h.Op == transport.OpWrite {
+		if len(payload) != int(h.Length) {
+			return nil, volumeInfo{}, api.StatusBadRequest
+		}
+	} else if len(payload) != 0 {
+		return nil, volumeInfo{}, api.StatusBadRequest
+	}
+	vi, ok := hd.vols.lookup(h.Volume)
+	if !ok {
+		return nil, vi, api.StatusNoSuchVolume
+	}
+	if h.Offset > vi.Size || uint64(h.Length) > vi.Size-h.Offset {
+		return nil, vi, api.StatusOutOfRange
+	}
+	if h.Offset%vi.ChunkSize+uint64(h.Length) > vi.ChunkSize {
+		return nil, vi, api.StatusOutOfRange
+	}
+	if h.Copyset != placement.CopysetOf(h.Volume, h.Offset/vi.ChunkSize, vi.CopysetCount) {
+		return nil, vi, api.StatusBadRequest
+	}
+	r := hd.replica(placement.GroupID(vi.Pool, h.Copyset))
+	if r == nil {
+		return nil, vi, api.StatusNoSuchCopyset
+	}
+	if uint64(r.chunkSize) != vi.ChunkSize {
+		return nil, vi, api.StatusBadRequest // cannot happen: pools never change chunk size
+	}
+	if h.Op != transport.OpRead && h.Epoch == 0 {
+		return nil, vi, api.StatusReadOnly
+	}
+	if err := r.sm.Failed(); err != nil {
+		st, _ := statusOf(err)
+		return nil, vi, st
+	}
+	if h.Epoch != 0 && h.Epoch < r.sm.epochOf(h.Volume) {
+		return nil, vi, api.StatusFenced
+	}
+	return r, vi, api.StatusOK
+}
+
+// serveIO handles read, write, trim and write-zeroes. mayRefresh: an unknown
+// volume may trigger one (rate-limited) volume-cache refresh.
+func (hd *handler) serveIO(rw transport.ReplyWriter, h transport.Header, payload []byte, mayRefresh bool) {
+	start := time.Now()
+	r, _, st := hd.validate(h, payload)
+	if st == api.StatusNoSuchVolume && mayRefresh && !hd.vols.isDeleted(h.Volume) {
+		// Perhaps created a moment ago: look again, off the reader goroutine.
+		p := slices.Clone(payload)
+		hd.missWG.Add(1)
+		go func() {
+			defer hd.missWG.Done()
+			hd.vols.refreshMiss(hd.ctx, h.Volume)
+			hd.serveIO(rw, h, p, false)
+		}()
+		return
+	}
+	if st != api.StatusOK {
+		hd.reply(rw, h, st, 0)
+		return
+	}
+	var c command
+	switch h.Op {
+	case transport.OpRead:
+		hd.read(rw, h, r, start)
+		return
+	case transport.OpWrite:
+		c = command{Op: cmdWrite, Data: payload}
+	case transport.OpTrim:
+		c = command{Op: cmdTrim}
+	case transport.OpWriteZeroes:
+		c = command{Op: cmdWriteZeroes}
+	}
+	c.Volume, c.Epoch, c.Offset, c.Length = h.Volume, h.Epoch, h.Offset, h.Length
+	data := encodeCommand(c) // copies the payload: it is not ours after return
+	hd.host.Propose(r.group, data, func(err error) { hd.replyErr(rw, h, err, start) })
+}
+
+// read serves a read on the leader: fence first if the epoch is new here, then
+// wait for the read barrier, then read the chunk file.
+func (hd *handler) read(rw transport.ReplyWriter, h transport.Header, r *replica, start time.Time) {
+	doRead := func(err error) {
+		if err != nil {
+			hd.replyErr(rw, h, err, start)
+			return
+		}
+		// The barrier's callback may run on a raft worker: read elsewhere.
+		go hd.readNow(rw, h, r, start)
+	}
+	barrier := func() { hd.host.ReadBarrier(r.group, doRead) }
+	if h.Epoch > r.sm.epochOf(h.Volume) {
+		fence := encodeCommand(command{Op: cmdFence, Volume: h.Volume, Epoch: h.Epoch})
+		hd.host.Propose(r.group, fence, func(err error) {
+			if err != nil {
+				hd.replyErr(rw, h, err, start)
+				return
+			}
+			barrier()
+		})
+		return
+	}
+	barrier()
+}
+
+func (hd *handler) readNow(rw transport.ReplyWriter, h transport.Header, r *replica, start time.Time) {
+	buf := getBuf(int(h.Length))
+	id := chunkID{Volume: h.Volume, Index: h.Offset / uint64(r.chunkSize)}
+	if err := r.store.ReadAt(id, buf, int64(h.Offset%uint64(r.chunkSize))); err != nil {
+		putBuf(buf)
+		hd.log.Warn("read failed", "copyset", r.group, "volume", h.Volume, "offset", h.Offset, "err", err)
+		hd.replyErr(rw, h, err, start)
+		return
+	}
+	h.Status = api.StatusOK
+	h.Hint = 0
+	rw.Reply(h, buf, func() { putBuf(buf) })
+	hd.metrics.done(h.Op, api.StatusOK, int(h.Length), start)
+}
+
+// checksum answers OpChecksum: Volume carries the pool id, Copyset the copyset
+// id; the reply payload is the checksum list described in doc.go.
+func (hd *handler) checksum(rw transport.ReplyWriter, h transport.Header) {
+	if h.Volume > 0xffffffff {
+		hd.reply(rw, h, api.StatusBadRequest, 0)
+		return
+	}
+	r := hd.replica(placement.GroupID(uint32(h.Volume), h.Copyset))
+	if r == nil {
+		hd.reply(rw, h, api.StatusNoSuchCopyset, 0)
+		return
+	}
+	go func() {
+		b, err := checksumList(r)
+		if err != nil {
+			hd.replyErr(rw, h, err, time.Time{})
+			return
+		}
+		h.Status = api.StatusOK
+		rw.Reply(h, b, nil)
+		hd.metrics.done(h.Op, api.StatusOK, 0, time.Time{})
+	}()
+}
+
+// checksumList encodes the crc32c of every chunk of r that is not all zeros.
+func checksumList(r *replica) ([]byte, error) {
+	ids, err := r.store.Chunks()
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(ids, func(a, b chunkID) int {
+		if a.Volume != b.Volume {
+			return cmpU64(a.Volume, b.Volume)
+		}
+		return cmpU64(a.Index, b.Index)
+	})
+	zero := zeroChunkCRC(r.chunkSize)
+	out := make([]byte, 4, 4+20*len(ids))
+	n := uint32(0)
+	for _, id := range ids {
+		crc, err := r.store.Checksum(id)
+		if err != nil {
+			return nil, err
+		}
+		if crc == zero {
+			continue
+		}
+		out = binary.BigEndian.AppendUint64(out, id.Volume)
+		out = binary.BigEndian.AppendUint64(out, id.Index)
+		out = binary.BigEndian.AppendUint32(out, crc)
+		n++
+	}
+	binary.BigEndian.PutUint32(out, n)
+	return out, nil
+}
+
+// ChunkChecksum is one entry of an OpChecksum reply.
+type ChunkChecksum struct {
+	Volume, Index uint64
+	CRC32C        uint32
+}
+
+// DecodeChecksums parses an OpChecksum reply payload.
+func DecodeChecksums(b []byte) ([]ChunkChecksum, error) {
+	if len(b) < 4 {
+		return nil, ErrBadChecksumList
+	}
+	n := binary.BigEndian.Uint32(b)
+	b = b[4:]
+	if uint64(len(b)) != 20*uint64(n) {
+		return nil, ErrBadChecksumList
+	}
+	out := make([]ChunkChecksum, 0, n)
+	for ; len(b) > 0; b = b[20:] {
+		out = append(out, ChunkChecksum{binary.BigEndian.Uint64(b), binary.BigEndian.Uint64(b[8:]), binary.BigEndian.Uint32(b[16:])})
+	}
+	return out, nil
+}
+
+// ErrBadChecksumList: an OpChecksum reply payload is malformed.
+var ErrBadChecksumList = errors.New("chunkserver: malformed checksum list")
+
+var (
+	zeroCRCMu  sync.Mutex
+	zeroCRCs   = map[int64]uint32{}
+	castagnoli = crc32.MakeTable(crc32.Castagnoli)
+)
+
+// zeroChunkCRC is the crc32c of a chunk of zeros (a never-written chunk).
+func zeroChunkCRC(size int64) uint32 {
+	zeroCRCMu.Lock()
+	defer zeroCRCMu.Unlock()
+	if c, ok := zeroCRCs[size]; ok {
+		return c
+	}
+	var crc uint32
+	z := make([]byte, 64<<10)
+	for left := size; left > 0; {
+		n := min(left, int64(len(z)))
+		crc = crc32.Update(crc, castagnoli, z[:n])
+		left -= n
+	}
+	zeroCRCs[size] = crc
+	return crc
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}

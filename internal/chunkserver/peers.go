@@ -1,0 +1,314 @@
+package chunkserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/transport"
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// Peer transport limits.
+const (
+	// maxPeerQueue bounds the encoded raft messages waiting for one peer; more
+	// are dropped (raft resends).
+	maxPeerQueue = 64 << 20
+	// maxRaftFrame is the largest OpRaft payload sent; a bigger batch is split.
+	maxRaftFrame = 16 << 20
+	// redialBackoff is the pause after a failed dial before the next one.
+	redialBackoff = 200 * time.Millisecond
+	// snapFrameSize is the data payload of one OpSnapshot data frame.
+	snapFrameSize = 1 << 20
+)
+
+// Errors of the peer transport.
+var (
+	// ErrUnknownPeer: no address is known for the destination chunkserver.
+	ErrUnknownPeer = errors.New("chunkserver: no address for peer")
+	// ErrSnapshotRejected: the receiver refused or failed a snapshot transfer.
+	ErrSnapshotRejected = errors.New("chunkserver: snapshot transfer rejected by peer")
+	// ErrTransportClosed: the peer transport was closed.
+	ErrTransportClosed = errors.New("chunkserver: peer transport closed")
+)
+
+// peerTransport implements raftstore.Transport over one transport.Conn per peer.
+//
+// Goroutines: Send runs on raftstore workers and only encodes and queues; one
+// sender goroutine per peer owns that peer's connection (dials, writes frames,
+// redials after an error). SendSnapshot runs on a raftstore snapshot goroutine
+// with a connection of its own.
+type peerTransport struct {
+	self uint64
+	log  *slog.Logger
+	ctx  context.Context
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+
+	mu     sync.Mutex
+	closed bool
+	peers  map[uint64]*peer
+}
+
+func newPeerTransport(self uint64, log *slog.Logger) *peerTransport {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &peerTransport{self: self, log: log, ctx: ctx, stop: cancel, peers: make(map[uint64]*peer)}
+}
+
+// peer is one destination chunkserver.
+type peer struct {
+	id   uint64
+	wake chan struct{} // cap 1: the sender has work
+
+	mu      sync.Mutex // guards the fields below
+	addr    string
+	pending []byte // encoded raft records, in order
+	dropped int    // messages dropped since the last log line
+}
+
+// setPeers makes addrs (chunkserver id → data-plane address) current. Peers
+// are never forgotten (a peer missing from one heartbeat response is likely
+// still a member somewhere); an address change takes effect at the next dial.
+func (t *peerTransport) setPeers(addrs map[uint64]string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return
+	}
+	for id, addr := range addrs {
+		if id == t.self || id == 0 || addr == "" {
+			continue
+		}
+		p := t.peers[id]
+		if p == nil {
+			p = &peer{id: id, wake: make(chan struct{}, 1), addr: addr}
+			t.peers[id] = p
+			t.wg.Add(1)
+			go t.runPeer(p)
+			continue
+		}
+		p.mu.Lock()
+		p.addr = addr
+		p.mu.Unlock()
+	}
+}
+
+func (t *peerTransport) peerOf(id uint64) *peer {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.peers[id]
+}
+
+func (t *peerTransport) addrOf(id uint64) string {
+	if p := t.peerOf(id); p != nil {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.addr
+	}
+	return ""
+}
+
+// Send queues msgs for their peers and returns at once. Messages to one peer
+// that are queued together leave in one OpRaft frame.
+func (t *peerTransport) Send(msgs []raftMessage) {
+	for _, m := range msgs {
+		to := m.Msg.GetTo()
+		p := t.peerOf(to)
+		if p == nil {
+			t.log.Debug("raft message to unknown peer dropped", "peer", to, "copyset", m.Group)
+			continue
+		}
+		p.mu.Lock()
+		if len(p.pending) >= maxPeerQueue {
+			p.dropped++
+			p.mu.Unlock()
+			continue
+		}
+		var err error
+		p.pending, err = appendRaftRecord(p.pending, m.Group, m.Msg)
+		p.mu.Unlock()
+		if err != nil {
+			t.log.Error("cannot encode raft message", "copyset", m.Group, "err", err)
+			continue
+		}
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// runPeer is the sender goroutine of p: it owns p's connection.
+func (t *peerTransport) runPeer(p *peer) {
+	defer t.wg.Done()
+	var conn *transport.Conn
+	var connAddr string
+	defer func() {
+		if conn != nil {
+			_ = conn.Close()
+		}
+	}()
+	var nextDial time.Time
+	for {
+		select {
+		case <-t.ctx.Done():
+			return
+		case <-p.wake:
+		}
+		p.mu.Lock()
+		batch, addr, dropped := p.pending, p.addr, p.dropped
+		p.pending, p.dropped = nil, 0
+		p.mu.Unlock()
+		if dropped > 0 {
+			t.log.Debug("raft messages dropped: queue full", "peer", p.id, "messages", dropped)
+		}
+		if conn != nil && (conn.Err() != nil || connAddr != addr) {
+			_ = conn.Close()
+			conn = nil
+		}
+		if conn == nil {
+			if time.Now().Before(nextDial) {
+				continue // unreachable: drop, raft retries
+			}
+			ctx, cancel := context.WithTimeout(t.ctx, time.Second)
+			c, err := transport.Dial(ctx, addr, transport.ConnConfig{Logger: t.log})
+			cancel()
+			if err != nil {
+				nextDial = time.Now().Add(redialBackoff)
+				t.log.Debug("peer unreachable", "peer", p.id, "addr", addr, "err", err)
+				continue
+			}
+			conn, connAddr = c, addr
+		}
+		for len(batch) > 0 {
+			frame := splitRaftBatch(batch, maxRaftFrame)
+			batch = batch[len(frame):]
+			h := transport.Header{Op: transport.OpRaft, Hint: t.self}
+			if err := conn.Send(h, frame); err != nil {
+				t.log.Debug("send to peer failed", "peer", p.id, "err", err)
+				_ = conn.Close()
+				conn = nil
+				break
+			}
+		}
+	}
+}
+
+// splitRaftBatch returns the longest prefix of whole records of b that fits in
+// limit bytes (at least one record).
+func splitRaftBatch(b []byte, limit int) []byte {
+	n := 0
+	for n < len(b) {
+		l := raftRecordHeader + int(uint32(b[n+8])<<24|uint32(b[n+9])<<16|uint32(b[n+10])<<8|uint32(b[n+11]))
+		if n > 0 && n+l > limit {
+			break
+		}
+		n += l
+	}
+	return b[:n]
+}
+
+// Snapshot transfer frame kinds, carried in Header.Length of OpSnapshot frames.
+const (
+	snapBegin = 1
+	snapData  = 2
+	snapEnd   = 3
+)
+
+// SendSnapshot streams m (a MsgSnap) and the data write produces to m.Msg.To
+// over a dedicated connection, and returns once the receiver staged it.
+func (t *peerTransport) SendSnapshot(m raftMessage, write func(io.Writer) error) error {
+	to := m.Msg.GetTo()
+	addr := t.addrOf(to)
+	if addr == "" {
+		return fmt.Errorf("%w: %d", ErrUnknownPeer, to)
+	}
+	ctx, cancel := context.WithCancel(t.ctx)
+	defer cancel()
+	dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
+	conn, err := transport.Dial(dctx, addr, transport.ConnConfig{Logger: t.log})
+	dcancel()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	sw := &snapWriter{ctx: ctx, conn: conn, id: rand.Uint64() | 1, from: t.self}
+	begin, err := appendRaftRecord(nil, m.Group, m.Msg)
+	if err != nil {
+		return err
+	}
+	if err := sw.frame(snapBegin, begin); err != nil {
+		return err
+	}
+	if err := write(sw); err != nil {
+		return err
+	}
+	if err := sw.flush(); err != nil {
+		return err
+	}
+	return sw.frame(snapEnd, nil)
+}
+
+// snapWriter cuts a snapshot stream into OpSnapshot data frames.
+type snapWriter struct {
+	ctx  context.Context
+	conn *transport.Conn
+	id   uint64
+	from uint64
+	seq  uint64
+	buf  []byte
+}
+
+func (w *snapWriter) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		k := min(len(p), snapFrameSize-len(w.buf))
+		w.buf = append(w.buf, p[:k]...)
+		p = p[k:]
+		if len(w.buf) == snapFrameSize {
+			if err := w.flush(); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return n, nil
+}
+
+func (w *snapWriter) flush() error {
+	if len(w.buf) == 0 {
+		return nil
+	}
+	err := w.frame(snapData, w.buf)
+	w.buf = w.buf[:0]
+	return err
+}
+
+// frame sends one frame and waits for its answer.
+func (w *snapWriter) frame(kind uint32, payload []byte) error {
+	call := &transport.Call{
+		Header:  transport.Header{Op: transport.OpSnapshot, Volume: w.id, Offset: w.seq, Length: kind, Hint: w.from},
+		Payload: payload,
+	}
+	w.seq++
+	if err := w.conn.Do(w.ctx, call); err != nil {
+		return err
+	}
+	if call.Reply.Status != api.StatusOK {
+		return fmt.Errorf("%w: %v", ErrSnapshotRejected, call.Reply.Status)
+	}
+	return nil
+}
+
+// close stops every sender goroutine and closes their connections.
+func (t *peerTransport) close() {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
+	t.stop()
+	t.wg.Wait()
+}

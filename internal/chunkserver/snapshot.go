@@ -1,0 +1,157 @@
+package chunkserver
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/basalt-storage/basalt/internal/transport"
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// snapIdleTimeout ends a snapshot transfer whose sender went silent.
+const snapIdleTimeout = 30 * time.Second
+
+// errSnapshotAbandoned ends a receive whose sender went silent or disconnected.
+var errSnapshotAbandoned = errors.New("chunkserver: snapshot transfer abandoned by sender")
+
+// snapReceiver serves OpSnapshot frames: it feeds each transfer's data frames
+// through a pipe to Host.ReceiveSnapshot, which runs on a goroutine of its own.
+//
+// Goroutines: frames arrive on connection reader goroutines (a transfer uses one
+// connection, so its frames arrive in order on one goroutine); each transfer has
+// one receive goroutine; an idle timer may abandon it.
+type snapReceiver struct {
+	self    uint64
+	log     *slog.Logger
+	receive func(m raftMessage, r io.Reader) error
+
+	mu       sync.Mutex
+	sessions map[uint64]*snapSession // by transfer id
+	wg       sync.WaitGroup
+}
+
+type snapSession struct {
+	id    uint64
+	group uint64
+	next  uint64 // sequence number of the next frame
+	pw    *io.PipeWriter
+	res   chan error // receive result, buffered
+	timer *time.Timer
+}
+
+func newSnapReceiver(self uint64, log *slog.Logger, receive func(raftMessage, io.Reader) error) *snapReceiver {
+	return &snapReceiver{self: self, log: log, receive: receive, sessions: make(map[uint64]*snapSession)}
+}
+
+func (s *snapReceiver) serve(rw transport.ReplyWriter, h transport.Header, payload []byte) {
+	reply := func(st api.Status) {
+		h.Status = st
+		rw.Reply(h, nil, nil)
+	}
+	s.mu.Lock()
+	ss := s.sessions[h.Volume]
+	s.mu.Unlock()
+	switch h.Length {
+	case snapBegin:
+		if ss != nil || h.Offset != 0 {
+			reply(api.StatusBadRequest)
+			return
+		}
+		msgs, err := decodeRaftBatch(payload)
+		if err != nil || len(msgs) != 1 || msgs[0].Msg.GetType() != raftpb.MsgSnap ||
+			msgs[0].Msg.GetTo() != s.self || msgs[0].Msg.GetSnapshot() == nil {
+			reply(api.StatusBadRequest)
+			return
+		}
+		pr, pw := io.Pipe()
+		ss = &snapSession{id: h.Volume, group: msgs[0].Group, next: 1, pw: pw, res: make(chan error, 1)}
+		ss.timer = time.AfterFunc(snapIdleTimeout, func() { s.abandon(ss) })
+		s.mu.Lock()
+		s.sessions[ss.id] = ss
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			err := s.receive(msgs[0], pr)
+			if err == nil {
+				err = io.ErrClosedPipe // stops a sender that goes on writing
+			}
+			pr.CloseWithError(err)
+			ss.res <- s.result(err)
+		}()
+		reply(api.StatusOK)
+	case snapData, snapEnd:
+		if ss == nil || h.Offset != ss.next {
+			if ss != nil {
+				s.abandon(ss)
+			}
+			reply(api.StatusBadRequest)
+			return
+		}
+		ss.next++
+		ss.timer.Reset(snapIdleTimeout)
+		if h.Length == snapData {
+			if _, err := ss.pw.Write(payload); err != nil {
+				s.abandon(ss)
+				reply(api.StatusIOError)
+			} else {
+				reply(api.StatusOK)
+			}
+			return
+		}
+		_ = ss.pw.Close()
+		err := <-ss.res
+		ss.res <- err // for abandon's reader, if any
+		s.drop(ss)
+		if err != nil {
+			s.log.Warn("snapshot receive failed", "copyset", ss.group, "err", err)
+			reply(api.StatusIOError)
+			return
+		}
+		reply(api.StatusOK)
+	default:
+		reply(api.StatusBadRequest)
+	}
+}
+
+// result maps the receive goroutine's error to the transfer's outcome.
+func (s *snapReceiver) result(err error) error {
+	if errors.Is(err, io.ErrClosedPipe) {
+		return nil
+	}
+	return err
+}
+
+func (s *snapReceiver) drop(ss *snapSession) {
+	ss.timer.Stop()
+	s.mu.Lock()
+	if s.sessions[ss.id] == ss {
+		delete(s.sessions, ss.id)
+	}
+	s.mu.Unlock()
+}
+
+// abandon ends a transfer early: the receive goroutine sees a read error.
+func (s *snapReceiver) abandon(ss *snapSession) {
+	s.drop(ss)
+	ss.pw.CloseWithError(errSnapshotAbandoned)
+}
+
+// close abandons every transfer and waits for the receive goroutines.
+func (s *snapReceiver) close() {
+	s.mu.Lock()
+	all := make([]*snapSession, 0, len(s.sessions))
+	for _, ss := range s.sessions {
+		all = append(all, ss)
+	}
+	s.mu.Unlock()
+	for _, ss := range all {
+		s.abandon(ss)
+	}
+	s.wg.Wait()
+}
