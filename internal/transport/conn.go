@@ -1,0 +1,407 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+)
+
+// Errors of the client side. A call that fails because its connection died carries
+// an error wrapping ErrClosed (and the cause); errors.Is(err, ErrClosed) tells.
+var (
+	// ErrClosed: the connection is closed or died; no reply will come on it.
+	ErrClosed = errors.New("transport: connection closed")
+	// ErrShortBuffer: the reply announced more payload than Call.ReadBuf can hold.
+	// The payload was skipped; the connection stays usable.
+	ErrShortBuffer = errors.New("transport: reply payload larger than ReadBuf")
+	// ErrAborted: the call was given up by Abort (or Do's context) before its reply.
+	ErrAborted = errors.New("transport: call aborted")
+	// ErrProtocol: the peer sent something a client never expects (a request frame).
+	ErrProtocol = errors.New("transport: protocol violation")
+)
+
+// ConnConfig configures a client connection.
+type ConnConfig struct {
+	Logger *slog.Logger // default slog.Default()
+}
+
+// Call is one request and, when it completes, its reply. A Call may be reused once
+// its done callback ran.
+type Call struct {
+	Header  Header // ID and PayloadLen are assigned by Conn
+	Payload []byte // request payload (write data, raft batch), sent without copying
+	ReadBuf []byte // reply payload is read straight into it; len must be >= reply PayloadLen
+	Reply   Header // filled on completion
+	Err     error  // transport error (conn closed, aborted); a non-OK Reply.Status is not an Err
+
+	// Owned by the Conn between Go and done, guarded by Conn.mu.
+	done     func(*Call)
+	wstate   uint8 // wsIdle, wsQueued, wsWriting
+	finished bool  // the result is decided; done runs once wstate is wsIdle
+	oneWay   bool  // Send: finished as soon as written
+}
+
+const (
+	wsIdle    uint8 = iota // not held by the writer (written, never queued, or skipped)
+	wsQueued               // in Conn.queue
+	wsWriting              // in the writer's current batch: Payload is being read
+)
+
+// Conn is the client end of one TCP connection: many calls in flight, replies
+// matched by ID, in any order.
+//
+// Goroutines: a reader owns the socket's read side and reads each reply's payload
+// straight into its call's ReadBuf; a writer owns the write side and sends every
+// queued frame in one writev (header and payload buffers, no copy of the payload).
+//
+// INVARIANT: a call's done runs exactly once, only when finished && wstate == wsIdle,
+// so once done ran the Conn never again touches Payload or ReadBuf.
+// INVARIANT: a call is in pending iff it was accepted by Go, has no reply yet, was
+// not aborted and the conn is alive; the reader removes it before filling ReadBuf.
+type Conn struct {
+	nc  net.Conn
+	log *slog.Logger
+
+	mu      sync.Mutex
+	wake    *sync.Cond // signalled when queue grows or err is set
+	err     error      // non-nil once dead; wraps ErrClosed
+	nextID  uint64
+	pending map[uint64]*Call
+	queue   []*Call
+	spare   []*Call // the writer's previous batch slice, reused
+
+	readerDone chan struct{}
+	writerDone chan struct{}
+}
+
+// Dial connects to addr and starts the connection's goroutines.
+func Dial(ctx context.Context, addr string, cfg ConnConfig) (*Conn, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return NewConn(nc, cfg), nil
+}
+
+// NewConn runs the client protocol over an established connection (tests,
+// in-process pipes). A *net.TCPConn gets TCP_NODELAY.
+func NewConn(nc net.Conn, cfg ConnConfig) *Conn {
+	if tc, ok := nc.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	c := &Conn{
+		nc:         nc,
+		log:        log.With("remote", nc.RemoteAddr().String()),
+		pending:    make(map[uint64]*Call),
+		readerDone: make(chan struct{}),
+		writerDone: make(chan struct{}),
+	}
+	c.wake = sync.NewCond(&c.mu)
+	go c.readLoop()
+	go c.writeLoop()
+	return c
+}
+
+// RemoteAddr is the peer's address.
+func (c *Conn) RemoteAddr() net.Addr { return c.nc.RemoteAddr() }
+
+// Err returns nil while the connection is usable, and the reason it died after.
+func (c *Conn) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Go starts call and returns at once. done runs exactly once, on a connection
+// goroutine (keep it short, never block in it); when the connection is already dead
+// it runs on a new goroutine with call.Err set.
+func (c *Conn) Go(call *Call, done func(*Call)) {
+	call.done = done
+	call.Err = nil
+	call.Reply = Header{}
+	call.finished = false
+	call.oneWay = false
+	c.enqueue(call)
+}
+
+func (c *Conn) enqueue(call *Call) {
+	c.mu.Lock()
+	if c.err != nil {
+		call.Err = c.err
+		call.finished = true
+		call.wstate = wsIdle
+		c.mu.Unlock()
+		go call.done(call)
+		return
+	}
+	c.nextID++
+	call.Header.ID = c.nextID
+	call.Header.PayloadLen = uint32(len(call.Payload))
+	call.Header.Flags &^= FlagReply
+	if !call.oneWay {
+		c.pending[call.Header.ID] = call
+	}
+	call.wstate = wsQueued
+	c.queue = append(c.queue, call)
+	if len(c.queue) == 1 {
+		c.wake.Signal()
+	}
+	c.mu.Unlock()
+}
+
+// Do runs call and waits for its reply, or for ctx. When ctx ends first, the call
+// is aborted and Do returns once the Conn let go of the call's buffers.
+func (c *Conn) Do(ctx context.Context, call *Call) error {
+	ch := make(chan struct{})
+	c.Go(call, func(*Call) { close(ch) })
+	select {
+	case <-ch:
+	case <-ctx.Done():
+		c.Abort(call, ctx.Err())
+		<-ch
+	}
+	return call.Err
+}
+
+// Abort gives up call (started with Go on c) with an error wrapping ErrAborted and
+// cause. If the reply is already being received, the call completes normally
+// instead. Either way done runs exactly once, possibly before Abort returns, and
+// a reply arriving later is skipped.
+func (c *Conn) Abort(call *Call, cause error) {
+	c.mu.Lock()
+	if call.finished || c.pending[call.Header.ID] != call {
+		c.mu.Unlock()
+		return
+	}
+	delete(c.pending, call.Header.ID)
+	call.Err = fmt.Errorf("%w: %w", ErrAborted, cause)
+	c.finishLocked(call)
+}
+
+// Send writes a one-way frame (no reply is expected) and returns once it was
+// written (payload may be reused then) or the connection failed.
+func (c *Conn) Send(h Header, payload []byte) error {
+	ch := make(chan struct{})
+	call := &Call{Header: h, Payload: payload, oneWay: true, done: func(*Call) { close(ch) }}
+	c.enqueue(call)
+	<-ch
+	return call.Err
+}
+
+// Close closes the connection; calls in flight fail with an error wrapping ErrClosed.
+func (c *Conn) Close() error {
+	c.fail(ErrClosed)
+	return nil
+}
+
+// finishLocked marks call finished and, if the writer does not hold it, runs done.
+// It is called with c.mu held and releases it.
+func (c *Conn) finishLocked(call *Call) {
+	call.finished = true
+	run := call.wstate == wsIdle
+	c.mu.Unlock()
+	if run {
+		call.done(call)
+	}
+}
+
+// fail kills the connection with cause (once) and fails every pending call.
+func (c *Conn) fail(cause error) {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	if errors.Is(cause, ErrClosed) {
+		c.err = cause
+	} else {
+		c.err = fmt.Errorf("%w: %w", ErrClosed, cause)
+	}
+	c.wake.Broadcast()
+	var ready []*Call
+	for id, call := range c.pending {
+		delete(c.pending, id)
+		call.Err = c.err
+		call.finished = true
+		if call.wstate == wsIdle {
+			ready = append(ready, call)
+		}
+	}
+	c.mu.Unlock()
+	_ = c.nc.Close()
+	if cause != ErrClosed {
+		c.log.Debug("transport: connection failed", "err", cause)
+	}
+	for _, call := range ready {
+		call.done(call)
+	}
+}
+
+// writeLoop owns the socket's write side.
+func (c *Conn) writeLoop() {
+	defer close(c.writerDone)
+	var (
+		hdrs  []byte
+		bufs  net.Buffers
+		batch []*Call
+		ready []*Call
+	)
+	for {
+		c.mu.Lock()
+		for len(c.queue) == 0 && c.err == nil {
+			c.wake.Wait()
+		}
+		if c.err != nil {
+			// Release whatever is queued: fail() already decided pending calls.
+			for _, call := range c.queue {
+				call.wstate = wsIdle
+				if !call.finished {
+					call.Err = c.err
+					call.finished = true
+				}
+				ready = append(ready, call)
+			}
+			c.queue = nil
+			c.mu.Unlock()
+			for _, call := range ready {
+				call.done(call)
+			}
+			return
+		}
+		batch, c.queue = c.queue, c.spare[:0]
+		n := 0
+		for _, call := range batch {
+			if call.finished { // aborted (or answered) before it went out
+				call.wstate = wsIdle
+				ready = append(ready, call)
+				continue
+			}
+			call.wstate = wsWriting
+			batch[n] = call
+			n++
+		}
+		batch = batch[:n]
+		c.mu.Unlock()
+		for _, call := range ready {
+			call.done(call)
+		}
+		ready = ready[:0]
+
+		if need := len(batch) * HeaderSize; cap(hdrs) < need {
+			hdrs = make([]byte, need)
+		}
+		hdrs = hdrs[:len(batch)*HeaderSize]
+		bufs = bufs[:0]
+		for i, call := range batch {
+			hb := hdrs[i*HeaderSize : (i+1)*HeaderSize]
+			call.Header.Encode(hb)
+			bufs = append(bufs, hb)
+			if len(call.Payload) > 0 {
+				bufs = append(bufs, call.Payload)
+			}
+		}
+		wb := bufs // WriteTo consumes its receiver; keep bufs' backing array
+		_, err := wb.WriteTo(c.nc)
+		clear(bufs)
+
+		c.mu.Lock()
+		for _, call := range batch {
+			call.wstate = wsIdle
+			if call.oneWay {
+				call.finished = true
+				if err != nil {
+					call.Err = fmt.Errorf("%w: %w", ErrClosed, err)
+				}
+			}
+			if call.finished {
+				ready = append(ready, call)
+			}
+		}
+		clear(batch)
+		c.spare = batch[:0]
+		c.mu.Unlock()
+		for _, call := range ready {
+			call.done(call)
+		}
+		ready = ready[:0]
+		if err != nil {
+			c.fail(err)
+			// Loop once more to drain the queue under c.err.
+		}
+	}
+}
+
+// readLoop owns the socket's read side.
+func (c *Conn) readLoop() {
+	defer close(c.readerDone)
+	var hb [HeaderSize]byte
+	for {
+		if _, err := io.ReadFull(c.nc, hb[:]); err != nil {
+			c.fail(err)
+			return
+		}
+		h, err := DecodeHeader(hb[:])
+		if err != nil {
+			c.fail(err)
+			return
+		}
+		if !h.IsReply() {
+			c.fail(fmt.Errorf("%w: request frame (op %d) on a client connection", ErrProtocol, h.Op))
+			return
+		}
+		c.mu.Lock()
+		call := c.pending[h.ID]
+		if call != nil {
+			delete(c.pending, h.ID)
+		}
+		c.mu.Unlock()
+
+		n := int(h.PayloadLen)
+		switch {
+		case call == nil || n > len(call.ReadBuf):
+			if n > 0 {
+				if _, err := io.CopyN(io.Discard, c.nc, int64(n)); err != nil {
+					c.failCall(call, err)
+					c.fail(err)
+					return
+				}
+			}
+			if call != nil {
+				call.Reply = h
+				call.Err = fmt.Errorf("%w: %d > %d bytes", ErrShortBuffer, n, len(call.ReadBuf))
+			}
+		case n > 0:
+			if _, err := io.ReadFull(c.nc, call.ReadBuf[:n]); err != nil {
+				c.failCall(call, err)
+				c.fail(err)
+				return
+			}
+			call.Reply = h
+		default:
+			call.Reply = h
+		}
+		if call != nil {
+			c.mu.Lock()
+			c.finishLocked(call)
+		}
+	}
+}
+
+// failCall completes a call the reader had taken out of pending with a conn error.
+func (c *Conn) failCall(call *Call, err error) {
+	if call == nil {
+		return
+	}
+	c.mu.Lock()
+	call.Err = fmt.Errorf("%w: %w", ErrClosed, err)
+	c.finishLocked(call)
+}

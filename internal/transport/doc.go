@@ -1,0 +1,77 @@
+// Package transport is basalt's data plane on the wire: binary frames over TCP,
+// pipelined, for client IO (client library → chunkserver) and for Raft traffic
+// between chunkservers.
+//
+// # Frame format
+//
+// A frame is a fixed 64-byte header followed by PayloadLen bytes of payload. All
+// integers are big-endian:
+//
+//	offset size  field
+//	 0     4     Magic       0x42534c54 ("BSLT")
+//	 4     1     Version     1
+//	 5     1     Op          1 read, 2 write, 3 trim, 4 write-zeroes, 5 flush, 6 ping,
+//	                         7 checksum, 16 raft (one-way), 17 snapshot (one-way)
+//	 6     2     Flags       bit 0 FUA, bit 15 reply
+//	 8     8     ID          chosen by the sender of a request, echoed by its reply
+//	16     4     Status      api.Status; 0 in requests
+//	20     4     PayloadLen  bytes after the header, at most MaxPayload (64 MiB)
+//	24     8     Volume      volume id
+//	32     8     Epoch       writer epoch of the session (0 = read-only)
+//	40     8     Offset      byte offset in the volume
+//	48     4     Length      byte count of the IO
+//	52     4     Copyset     copyset id within the volume's pool
+//	56     8     Hint        NOT_LEADER: leader's chunkserver id; OpRaft: sender's id
+//
+// Payloads: a write carries Length bytes of data; the reply to a read carries
+// Length bytes; the other IO ops carry none. A request for one IO never crosses a
+// chunk boundary (the client splits). A reply repeats its request's header with
+// FlagReply set, Status (and Hint) filled in and its own PayloadLen. The encoding is
+// frozen by testdata/*.golden (TestHeaderGolden): changing it is a new Version.
+//
+// A receiver checks only what keeps the stream in sync — magic, version, the payload
+// bound, and request-vs-reply direction — and closes the connection on a violation,
+// since it can no longer find the next frame. The meaning of the other fields is the
+// handler's to check, and a bad value gets a Status, not a closed connection.
+//
+// # Pipelining and ordering
+//
+// A connection carries any number of requests in flight. Requests are written in the
+// order Conn.Go/Send were called (one writer goroutine per side drains a FIFO queue),
+// and the server reads and hands them to its Handler in that order. Replies are
+// written in the order the handler produced them, which need not be request order:
+// the client matches them to calls by ID. Nothing orders two requests beyond that —
+// a client wanting "B after A completed" waits for A's reply.
+//
+// Each side's writer takes every frame queued at that moment and sends them in one
+// writev (net.Buffers): headers are encoded into one scratch buffer, payloads are
+// passed as their own iovecs, never copied. The client's reader reads a reply's
+// header, then its payload straight into the call's ReadBuf. The server's reader
+// reads a request's payload into a pooled buffer (power-of-two size classes) that
+// goes back to the pool when ServeFrame returns, unless the handler called Retain.
+//
+// # Flow control
+//
+// The server bounds the requests of one connection that were read but not yet
+// answered (ServerConfig.MaxInFlight, default 256). At the bound its reader stops
+// reading; TCP then pushes back to the client. One-way frames (OpRaft, OpSnapshot)
+// hold a slot only while ServeFrame runs for them. ServeFrame itself runs on the
+// reader goroutine: a handler that blocks stalls its connection (and only it).
+//
+// # Failure
+//
+// A client connection that fails (read or write error, protocol violation, Close)
+// fails every call in flight and every later call with an error wrapping ErrClosed;
+// it is never reused — the owner dials a new one. Per-call deadlines are the
+// caller's: Do takes a context, Go callers run their own timers and Abort the call.
+// After a call's done callback ran, the Conn never touches its buffers again, even
+// if a reply for it arrives later (it is read and discarded).
+//
+// # Goroutines
+//
+// Conn: a reader (owns the read side of the socket) and a writer (owns the write
+// side and the header scratch buffer). Call state (pending map, queue, per-call
+// writer state) is guarded by Conn.mu; the lock is never held across IO or a done
+// callback. Server: one accept loop per Serve; per connection a reader (runs the
+// Handler) and a writer; reply queue guarded by the connection's mu.
+package transport
