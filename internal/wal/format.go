@@ -1,0 +1,262 @@
+package wal
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+
+	pb "go.etcd.io/raft/v3/raftpb"
+)
+
+// On-disk constants; doc.go specifies the format they describe.
+const (
+	segMagic      = "BWAL"
+	segVersion    = 1
+	segHeaderSize = 16 // magic[4] | version u32 | seq u64
+	recHeaderSize = 8  // length u32 | crc32c u32
+
+	// maxRecord bounds a record's payload length; a larger length on disk is
+	// treated like a bad CRC (torn or corrupt), never allocated.
+	maxRecord = 1 << 30
+)
+
+// Record types (the first payload byte).
+const (
+	recEntries      byte = 1
+	recHardState    byte = 2
+	recSnapshot     byte = 3
+	recGroupRemoved byte = 4
+)
+
+// Snapshot record flags.
+const (
+	snapFlagReset byte = 1 // a snapshot received from the leader: the log restarts after it
+)
+
+// Fixed sizes inside payloads.
+const (
+	entriesHeadSize = 1 + 8 + 8 + 4 // type | group | first index | count
+	entryHeadSize   = 8 + 1 + 4     // term | entry type | data length
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// le is the byte order of every integer in the WAL.
+var le = binary.LittleEndian
+
+func appendSegmentHeader(buf []byte, seq uint64) []byte {
+	buf = append(buf, segMagic...)
+	buf = le.AppendUint32(buf, segVersion)
+	return le.AppendUint64(buf, seq)
+}
+
+// beginRecord reserves a record header and returns the record's start offset.
+func beginRecord(buf []byte) ([]byte, int) {
+	start := len(buf)
+	return append(buf, 0, 0, 0, 0, 0, 0, 0, 0), start
+}
+
+// endRecord fills in the length and CRC of the record that starts at start.
+// The CRC covers the 4 length bytes and the payload.
+func endRecord(buf []byte, start int) {
+	n := len(buf) - start - recHeaderSize
+	le.PutUint32(buf[start:], uint32(n))
+	crc := crc32.Checksum(buf[start:start+4], castagnoli)
+	crc = crc32.Update(crc, castagnoli, buf[start+recHeaderSize:])
+	le.PutUint32(buf[start+4:], crc)
+}
+
+// appendEntries encodes one entries record. ents must be consecutive.
+func appendEntries(buf []byte, group uint64, ents []*pb.Entry) []byte {
+	buf, start := beginRecord(buf)
+	buf = append(buf, recEntries)
+	buf = le.AppendUint64(buf, group)
+	buf = le.AppendUint64(buf, ents[0].GetIndex())
+	buf = le.AppendUint32(buf, uint32(len(ents)))
+	for _, e := range ents {
+		buf = le.AppendUint64(buf, e.GetTerm())
+		buf = append(buf, byte(e.GetType()))
+		buf = le.AppendUint32(buf, uint32(len(e.Data)))
+		buf = append(buf, e.Data...)
+	}
+	endRecord(buf, start)
+	return buf
+}
+
+// hardState is the value form of raftpb.HardState kept in memory.
+type hardState struct {
+	term, vote, commit uint64
+}
+
+func appendHardState(buf []byte, group uint64, hs hardState) []byte {
+	buf, start := beginRecord(buf)
+	buf = append(buf, recHardState)
+	buf = le.AppendUint64(buf, group)
+	buf = le.AppendUint64(buf, hs.term)
+	buf = le.AppendUint64(buf, hs.vote)
+	buf = le.AppendUint64(buf, hs.commit)
+	endRecord(buf, start)
+	return buf
+}
+
+// snapRecord is the content of a snapshot record.
+type snapRecord struct {
+	group        uint64
+	flags        byte
+	index, term  uint64
+	compactIndex uint64 // entries <= compactIndex are dropped
+	compactTerm  uint64 // term of entry compactIndex
+	conf         *pb.ConfState
+	data         []byte
+}
+
+func appendUint64s(buf []byte, vs []uint64) []byte {
+	buf = le.AppendUint32(buf, uint32(len(vs)))
+	for _, v := range vs {
+		buf = le.AppendUint64(buf, v)
+	}
+	return buf
+}
+
+func appendSnapshot(buf []byte, s *snapRecord) []byte {
+	buf, start := beginRecord(buf)
+	buf = append(buf, recSnapshot)
+	buf = le.AppendUint64(buf, s.group)
+	buf = append(buf, s.flags)
+	buf = le.AppendUint64(buf, s.index)
+	buf = le.AppendUint64(buf, s.term)
+	buf = le.AppendUint64(buf, s.compactIndex)
+	buf = le.AppendUint64(buf, s.compactTerm)
+	autoLeave := byte(0)
+	if s.conf.GetAutoLeave() {
+		autoLeave = 1
+	}
+	buf = append(buf, autoLeave)
+	buf = appendUint64s(buf, s.conf.GetVoters())
+	buf = appendUint64s(buf, s.conf.GetLearners())
+	buf = appendUint64s(buf, s.conf.GetVotersOutgoing())
+	buf = appendUint64s(buf, s.conf.GetLearnersNext())
+	buf = le.AppendUint32(buf, uint32(len(s.data)))
+	buf = append(buf, s.data...)
+	endRecord(buf, start)
+	return buf
+}
+
+func appendGroupRemoved(buf []byte, group uint64) []byte {
+	buf, start := beginRecord(buf)
+	buf = append(buf, recGroupRemoved)
+	buf = le.AppendUint64(buf, group)
+	endRecord(buf, start)
+	return buf
+}
+
+// checkRecord validates the record at b[0:]. It returns the payload length,
+// or ok=false if b does not begin with a complete record with a good CRC.
+// A zero length (the preallocated zeros after the last record) is reported
+// as n == 0, ok == true.
+func checkRecord(b []byte) (n int, ok bool) {
+	if len(b) < recHeaderSize {
+		return 0, false
+	}
+	l := le.Uint32(b)
+	if l == 0 {
+		return 0, le.Uint32(b[4:]) == 0
+	}
+	if l > maxRecord || int(l) > len(b)-recHeaderSize {
+		return 0, false
+	}
+	crc := crc32.Checksum(b[:4], castagnoli)
+	crc = crc32.Update(crc, castagnoli, b[recHeaderSize:recHeaderSize+int(l)])
+	return int(l), crc == le.Uint32(b[4:])
+}
+
+// decoder reads fixed-width fields from a payload whose CRC was good; a
+// structural error means a bug or corruption that the CRC did not catch.
+type decoder struct {
+	b   []byte
+	off int
+	err error
+}
+
+func (d *decoder) need(n int) bool {
+	if d.err != nil {
+		return false
+	}
+	if n < 0 || len(d.b)-d.off < n {
+		d.err = fmt.Errorf("%w: record payload too short at byte %d", ErrCorrupt, d.off)
+		return false
+	}
+	return true
+}
+
+func (d *decoder) u8() byte {
+	if !d.need(1) {
+		return 0
+	}
+	d.off++
+	return d.b[d.off-1]
+}
+
+func (d *decoder) u32() uint32 {
+	if !d.need(4) {
+		return 0
+	}
+	d.off += 4
+	return le.Uint32(d.b[d.off-4:])
+}
+
+func (d *decoder) u64() uint64 {
+	if !d.need(8) {
+		return 0
+	}
+	d.off += 8
+	return le.Uint64(d.b[d.off-8:])
+}
+
+func (d *decoder) bytes(n int) []byte {
+	if !d.need(n) {
+		return nil
+	}
+	d.off += n
+	return d.b[d.off-n : d.off]
+}
+
+func (d *decoder) uint64s() []uint64 {
+	n := int(d.u32())
+	if !d.need(n * 8) {
+		return nil
+	}
+	if n == 0 {
+		return nil
+	}
+	vs := make([]uint64, n)
+	for i := range vs {
+		vs[i] = d.u64()
+	}
+	return vs
+}
+
+// decodeSnapshot decodes a snapshot payload (after the type byte). Data is
+// copied so that the record buffer can be dropped.
+func decodeSnapshot(d *decoder) *snapRecord {
+	s := &snapRecord{}
+	s.group = d.u64()
+	s.flags = d.u8()
+	s.index = d.u64()
+	s.term = d.u64()
+	s.compactIndex = d.u64()
+	s.compactTerm = d.u64()
+	autoLeave := d.u8() == 1
+	cs := &pb.ConfState{}
+	cs.Voters = d.uint64s()
+	cs.Learners = d.uint64s()
+	cs.VotersOutgoing = d.uint64s()
+	cs.LearnersNext = d.uint64s()
+	cs.AutoLeave = new(autoLeave)
+	s.conf = cs
+	n := int(d.u32())
+	if data := d.bytes(n); len(data) > 0 {
+		s.data = append([]byte(nil), data...)
+	}
+	return s
+}

@@ -1,0 +1,897 @@
+package wal
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"golang.org/x/sys/unix"
+)
+
+// Errors returned by the WAL.
+var (
+	// ErrCorrupt means a record failed its CRC or did not decode somewhere
+	// other than the tail of the last segment, a segment is missing from the
+	// sequence, or the rebuilt log of a group has a hole. Open refuses to
+	// guess: an operator must look.
+	ErrCorrupt = errors.New("wal: corrupt")
+	// ErrClosed is returned by calls on a closed WAL and by Saves that were
+	// still waiting when it closed.
+	ErrClosed = errors.New("wal: closed")
+	// ErrFailed wraps the write or sync error that stopped the WAL. After a
+	// failed write or fdatasync nothing more is accepted: what reached the
+	// disk is unknown until the next Open re-reads it.
+	ErrFailed = errors.New("wal: failed")
+	// ErrNonContiguous means the entries of one Update do not have
+	// consecutive indexes.
+	ErrNonContiguous = errors.New("wal: entries not contiguous")
+	// ErrGap means an Update's first entry lies beyond the group's last
+	// index plus one.
+	ErrGap = errors.New("wal: entries leave a gap after the last index")
+	// ErrUnknownGroup means the group has no state in this WAL.
+	ErrUnknownGroup = errors.New("wal: unknown group")
+	// ErrSnapshotBeyondLog means CreateSnapshot named an index past the
+	// group's last entry.
+	ErrSnapshotBeyondLog = errors.New("wal: snapshot index beyond the last entry")
+	// ErrCompactBeyondSnapshot means CreateSnapshot asked to drop entries
+	// that its snapshot does not cover.
+	ErrCompactBeyondSnapshot = errors.New("wal: compaction index beyond the snapshot index")
+)
+
+// Defaults for Config.
+const (
+	DefaultSegmentSize = 64 << 20
+	DefaultCacheBytes  = 4 << 20
+)
+
+// Knobs are fault-injection points for tests. Nil hooks do nothing.
+type Knobs struct {
+	// BeforeSync runs after a batch was written and before its fdatasync; an
+	// error fails the batch (and the WAL) as a sync error would.
+	BeforeSync func() error
+	// AfterWrite runs right after a batch was written (before BeforeSync).
+	AfterWrite func()
+	// AfterSync runs after a batch is durable, before its Saves return.
+	AfterSync func()
+	// SyncDelay is added to every fdatasync (a slow disk).
+	SyncDelay time.Duration
+}
+
+// Config configures a WAL.
+type Config struct {
+	Dir         string // created if missing
+	SegmentSize int64  // preallocated size of a segment; default DefaultSegmentSize
+	// CacheBytes bounds the entry data cached in memory per group (the
+	// newest entries); default DefaultCacheBytes, negative disables it.
+	CacheBytes int
+	Logger     *slog.Logger
+	Knobs      Knobs
+}
+
+// Update is what one Raft group hands to Save from one Ready.
+type Update struct {
+	Group uint64
+	// HardState is written unless raft.IsEmptyHardState.
+	HardState *pb.HardState
+	// Entries must have consecutive indexes. An entry at an index <= the
+	// group's last replaces the log from there (Raft truncation).
+	Entries []*pb.Entry
+	// Snapshot, unless raft.IsEmptySnap, is a snapshot received from the
+	// leader: the group's log restarts after its index. It is applied
+	// before Entries.
+	Snapshot *pb.Snapshot
+}
+
+// segment is one log file. seq, path and f are immutable; maxIdx is guarded
+// by WAL.mu.
+type segment struct {
+	seq  uint64
+	path string
+	f    *os.File
+	// maxIdx: per group, the highest entry index written to this segment.
+	maxIdx map[uint64]uint64
+}
+
+func segmentName(seq uint64) string { return fmt.Sprintf("%016x.wal", seq) }
+
+// op is one in-memory effect of a batch, applied once the batch is durable.
+type op struct {
+	kind  byte // a record type
+	group uint64
+	start int // offset of the record within the batch buffer
+	ents  []*pb.Entry
+	hs    hardState
+	snap  *snapRecord
+}
+
+// batch collects everything handed to Save (and friends) while the previous
+// batch is being written and synced.
+type batch struct {
+	buf   []byte
+	ops   []op
+	saves int
+	res   *result // fresh for every batch: waiters keep it after buf is reused
+}
+
+// result is how a batch's waiters learn its outcome: err is written before
+// done is closed.
+type result struct {
+	done chan struct{}
+	err  error
+}
+
+func newResult() *result { return &result{done: make(chan struct{})} }
+
+// WAL is the shared segmented Raft log. See doc.go.
+type WAL struct {
+	cfg   Config
+	dir   string
+	log   *slog.Logger
+	knobs Knobs
+
+	kick    chan struct{} // wakes the committer (cap 1)
+	quit    chan struct{} // closed by Close
+	stopped chan struct{} // closed when the committer exits
+
+	// mu guards everything below. The committer does its write and sync
+	// without it. Lock order: mu is a leaf lock.
+	mu       sync.Mutex
+	closed   bool
+	err      error // sticky failure
+	groups   map[uint64]*group
+	segs     []*segment // oldest first; the last one is active
+	writeOff int64      // next write offset in the active segment
+	pending  *batch
+	spare    *batch
+	stats    Stats
+}
+
+// Open opens (or creates) the WAL in cfg.Dir: it reads every segment in
+// order, verifies every record, cuts a torn tail off the last segment and
+// rebuilds each group's index. It starts the committer goroutine.
+func Open(cfg Config) (*WAL, error) {
+	if cfg.SegmentSize <= 0 {
+		cfg.SegmentSize = DefaultSegmentSize
+	}
+	if cfg.CacheBytes == 0 {
+		cfg.CacheBytes = DefaultCacheBytes
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("wal: %w", err)
+	}
+	w := &WAL{
+		cfg:     cfg,
+		dir:     cfg.Dir,
+		log:     cfg.Logger.With("subsystem", "wal"),
+		knobs:   cfg.Knobs,
+		kick:    make(chan struct{}, 1),
+		quit:    make(chan struct{}),
+		stopped: make(chan struct{}),
+		groups:  make(map[uint64]*group),
+		pending: &batch{res: newResult()},
+		spare:   &batch{},
+	}
+	if err := w.recover(); err != nil {
+		for _, s := range w.segs {
+			s.f.Close()
+		}
+		return nil, err
+	}
+	go w.committer()
+	return w, nil
+}
+
+// listSegments returns the sequence numbers of the segment files in dir,
+// sorted, and removes leftover temporary files.
+func (w *WAL) listSegments() ([]uint64, error) {
+	des, err := os.ReadDir(w.dir)
+	if err != nil {
+		return nil, fmt.Errorf("wal: %w", err)
+	}
+	var seqs []uint64
+	for _, de := range des {
+		name := de.Name()
+		if strings.HasSuffix(name, ".tmp") {
+			os.Remove(filepath.Join(w.dir, name))
+			continue
+		}
+		base, ok := strings.CutSuffix(name, ".wal")
+		if !ok {
+			continue
+		}
+		seq, err := strconv.ParseUint(base, 16, 64)
+		if err != nil || len(base) != 16 {
+			continue
+		}
+		seqs = append(seqs, seq)
+	}
+	sort.Slice(seqs, func(i, j int) bool { return seqs[i] < seqs[j] })
+	for i := 1; i < len(seqs); i++ {
+		if seqs[i] != seqs[i-1]+1 {
+			return nil, fmt.Errorf("%w: segment %s missing", ErrCorrupt, segmentName(seqs[i-1]+1))
+		}
+	}
+	return seqs, nil
+}
+
+func (w *WAL) recover() error {
+	seqs, err := w.listSegments()
+	if err != nil {
+		return err
+	}
+	if len(seqs) == 0 {
+		s, err := w.createSegment(1, nil, 0)
+		if err != nil {
+			return err
+		}
+		w.segs = []*segment{s}
+		w.writeOff = segHeaderSize
+		return nil
+	}
+	for i, seq := range seqs {
+		last := i == len(seqs)-1
+		path := filepath.Join(w.dir, segmentName(seq))
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("wal: %w", err)
+		}
+		s := &segment{seq: seq, path: path, f: f, maxIdx: make(map[uint64]uint64)}
+		w.segs = append(w.segs, s)
+		end, err := w.replaySegment(s, last)
+		if err != nil {
+			return err
+		}
+		if last {
+			w.writeOff = end
+			// A clean end may have left the file shorter than a segment
+			// (a crash before preallocation, a copied file); make room so
+			// that appends do not change the file size.
+			if err := preallocate(f, w.cfg.SegmentSize); err != nil {
+				return err
+			}
+		}
+	}
+	for id, g := range w.groups {
+		if g.gap {
+			return fmt.Errorf("%w: group %d: entries before %d missing", ErrCorrupt, id, g.firstIndex())
+		}
+	}
+	w.log.Info("wal opened", "dir", w.dir, "segments", len(w.segs), "groups", len(w.groups))
+	return nil
+}
+
+// replaySegment reads one segment and applies its records. For the last
+// segment a torn or corrupt tail is cut off; elsewhere it is ErrCorrupt. It
+// returns the offset after the last good record.
+func (w *WAL) replaySegment(s *segment, last bool) (int64, error) {
+	b, err := os.ReadFile(s.path)
+	if err != nil {
+		return 0, fmt.Errorf("wal: %w", err)
+	}
+	if len(b) < segHeaderSize || string(b[:4]) != segMagic ||
+		le.Uint32(b[4:]) != segVersion || le.Uint64(b[8:]) != s.seq {
+		return 0, fmt.Errorf("%w: %s: bad segment header", ErrCorrupt, s.path)
+	}
+	off := segHeaderSize
+	for {
+		n, ok := checkRecord(b[off:])
+		if ok && n == 0 {
+			// End marker: everything after must be preallocated zeros.
+			if !allZero(b[off:]) {
+				ok = false
+			} else {
+				break
+			}
+		}
+		if !ok {
+			if off == len(b) {
+				break
+			}
+			if !last {
+				return 0, fmt.Errorf("%w: %s: bad record at offset %d", ErrCorrupt, s.path, off)
+			}
+			w.log.Warn("wal: torn tail cut off", "segment", s.path, "offset", off, "dropped_bytes", len(b)-off)
+			if err := w.cutTail(s, int64(off)); err != nil {
+				return 0, err
+			}
+			break
+		}
+		if err := w.replayRecord(s, b, off, n); err != nil {
+			return 0, fmt.Errorf("%s offset %d: %w", s.path, off, err)
+		}
+		off += recHeaderSize + n
+	}
+	return int64(off), nil
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// cutTail truncates the last segment after its last good record and
+// preallocates it again (zeros), durably.
+func (w *WAL) cutTail(s *segment, off int64) error {
+	if err := s.f.Truncate(off); err != nil {
+		return fmt.Errorf("wal: cut tail: %w", err)
+	}
+	if err := preallocate(s.f, w.cfg.SegmentSize); err != nil {
+		return err
+	}
+	if err := s.f.Sync(); err != nil {
+		return fmt.Errorf("wal: cut tail: %w", err)
+	}
+	return nil
+}
+
+func preallocate(f *os.File, size int64) error {
+	err := unix.Fallocate(int(f.Fd()), 0, 0, size)
+	if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
+		fi, serr := f.Stat()
+		if serr != nil {
+			return fmt.Errorf("wal: preallocate: %w", serr)
+		}
+		if fi.Size() < size {
+			err = f.Truncate(size)
+		} else {
+			err = nil
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("wal: preallocate: %w", err)
+	}
+	return nil
+}
+
+func (w *WAL) groupLocked(id uint64) *group {
+	g := w.groups[id]
+	if g == nil {
+		g = newGroup(id)
+		w.groups[id] = g
+	}
+	return g
+}
+
+// replayRecord applies the record at b[off:] (payload length n).
+func (w *WAL) replayRecord(s *segment, b []byte, off, n int) error {
+	d := &decoder{b: b[off+recHeaderSize : off+recHeaderSize+n]}
+	switch typ := d.u8(); typ {
+	case recEntries:
+		id, first, count := d.u64(), d.u64(), d.u32()
+		if d.err != nil {
+			return d.err
+		}
+		if first == 0 || count == 0 {
+			return fmt.Errorf("%w: entries record for group %d: first %d count %d", ErrCorrupt, id, first, count)
+		}
+		g := w.groupLocked(id)
+		skip := g.prepareAppend(first)
+		for i := uint64(0); i < uint64(count); i++ {
+			term, et, size := d.u64(), d.u8(), d.u32()
+			dataOff := off + recHeaderSize + d.off
+			d.bytes(int(size))
+			if d.err != nil {
+				return d.err
+			}
+			if i < skip {
+				continue
+			}
+			g.appendLoc(entryLoc{term: term, seg: s.seq, off: int64(dataOff), size: size, typ: pb.EntryType(et)}, nil, 0)
+		}
+		if last := first + uint64(count) - 1; last > s.maxIdx[id] {
+			s.maxIdx[id] = last
+		}
+	case recHardState:
+		id := d.u64()
+		hs := hardState{term: d.u64(), vote: d.u64(), commit: d.u64()}
+		if d.err != nil {
+			return d.err
+		}
+		g := w.groupLocked(id)
+		g.hs, g.hsSet = hs, true
+	case recSnapshot:
+		sr := decodeSnapshot(d)
+		if d.err != nil {
+			return d.err
+		}
+		w.groupLocked(sr.group).applySnapshot(sr)
+	case recGroupRemoved:
+		id := d.u64()
+		if d.err != nil {
+			return d.err
+		}
+		w.dropGroupLocked(id)
+	default:
+		return fmt.Errorf("%w: unknown record type %d", ErrCorrupt, typ)
+	}
+	if d.err == nil && d.off != len(d.b) {
+		return fmt.Errorf("%w: %d trailing bytes in record", ErrCorrupt, len(d.b)-d.off)
+	}
+	return d.err
+}
+
+func (w *WAL) dropGroupLocked(id uint64) {
+	delete(w.groups, id)
+	for _, s := range w.segs {
+		delete(s.maxIdx, id)
+	}
+}
+
+// createSegment creates segment seq holding a header and ckpt, preallocated
+// to at least size bytes: written to a temporary file, synced, renamed, and
+// the directory synced, so a segment file exists only complete.
+func (w *WAL) createSegment(seq uint64, ckpt []byte, size int64) (*segment, error) {
+	size = max(size, w.cfg.SegmentSize)
+	path := filepath.Join(w.dir, segmentName(seq))
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("wal: create segment: %w", err)
+	}
+	fail := func(err error) (*segment, error) {
+		f.Close()
+		os.Remove(tmp)
+		return nil, fmt.Errorf("wal: create segment: %w", err)
+	}
+	if err := preallocate(f, size); err != nil {
+		return fail(err)
+	}
+	hdr := appendSegmentHeader(make([]byte, 0, segHeaderSize+len(ckpt)), seq)
+	hdr = append(hdr, ckpt...)
+	if _, err := f.WriteAt(hdr, 0); err != nil {
+		return fail(err)
+	}
+	if err := f.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fail(err)
+	}
+	if err := syncDir(w.dir); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &segment{seq: seq, path: path, f: f, maxIdx: make(map[uint64]uint64)}, nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("wal: sync dir: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("wal: sync dir: %w", err)
+	}
+	return nil
+}
+
+// enqueue adds records to the pending batch through encode (which appends
+// to buf and ops) and waits until the batch is durable.
+func (w *WAL) enqueue(encode func(b *batch) error) error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return ErrClosed
+	}
+	if w.err != nil {
+		err := w.err
+		w.mu.Unlock()
+		return err
+	}
+	b := w.pending
+	mark, nops := len(b.buf), len(b.ops)
+	if err := encode(b); err != nil {
+		b.buf, b.ops = b.buf[:mark], b.ops[:nops]
+		w.mu.Unlock()
+		return err
+	}
+	b.saves++
+	res := b.res
+	w.mu.Unlock()
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+	<-res.done
+	return res.err
+}
+
+// Save makes updates durable: every record is written and fdatasynced
+// before Save returns. Concurrent Saves share one write and one fdatasync.
+// Saves for the same group must not run concurrently (their order is the
+// log's order).
+func (w *WAL) Save(updates []Update) error {
+	return w.enqueue(func(b *batch) error {
+		for i := range updates {
+			if err := w.validateLocked(&updates[i]); err != nil {
+				return err
+			}
+		}
+		for i := range updates {
+			u := &updates[i]
+			if !raft.IsEmptySnap(u.Snapshot) {
+				md := u.Snapshot.GetMetadata()
+				sr := &snapRecord{
+					group: u.Group, flags: snapFlagReset,
+					index: md.GetIndex(), term: md.GetTerm(),
+					compactIndex: md.GetIndex(), compactTerm: md.GetTerm(),
+					conf: md.GetConfState(), data: u.Snapshot.GetData(),
+				}
+				b.ops = append(b.ops, op{kind: recSnapshot, group: u.Group, start: len(b.buf), snap: sr})
+				b.buf = appendSnapshot(b.buf, sr)
+			}
+			if len(u.Entries) > 0 {
+				b.ops = append(b.ops, op{kind: recEntries, group: u.Group, start: len(b.buf), ents: u.Entries})
+				b.buf = appendEntries(b.buf, u.Group, u.Entries)
+			}
+			if !raft.IsEmptyHardState(u.HardState) {
+				hs := hardState{u.HardState.GetTerm(), u.HardState.GetVote(), u.HardState.GetCommit()}
+				b.ops = append(b.ops, op{kind: recHardState, group: u.Group, start: len(b.buf), hs: hs})
+				b.buf = appendHardState(b.buf, u.Group, hs)
+			}
+		}
+		return nil
+	})
+}
+
+func (w *WAL) validateLocked(u *Update) error {
+	g := w.groupLocked(u.Group)
+	last := g.lastIndex()
+	if !raft.IsEmptySnap(u.Snapshot) {
+		idx := u.Snapshot.GetMetadata().GetIndex()
+		if idx <= g.snapIndex() {
+			return raft.ErrSnapOutOfDate
+		}
+		last = idx
+	}
+	if len(u.Entries) == 0 {
+		return nil
+	}
+	first := u.Entries[0].GetIndex()
+	for i, e := range u.Entries {
+		if e.GetIndex() != first+uint64(i) {
+			return fmt.Errorf("%w: group %d: index %d after %d", ErrNonContiguous, u.Group, e.GetIndex(), first+uint64(i)-1)
+		}
+	}
+	if first == 0 || first > last+1 {
+		return fmt.Errorf("%w: group %d: first %d, last %d", ErrGap, u.Group, first, last)
+	}
+	return nil
+}
+
+// CreateSnapshot durably records snap's metadata and Data as the group's
+// latest snapshot and drops the entries <= compactTo (which must not exceed
+// snap's index). The snapshot's term is taken from the log.
+func (w *WAL) CreateSnapshot(group uint64, snap *pb.Snapshot, compactTo uint64) error {
+	return w.enqueue(func(b *batch) error {
+		g := w.groups[group]
+		if g == nil {
+			return fmt.Errorf("%w: %d", ErrUnknownGroup, group)
+		}
+		md := snap.GetMetadata()
+		idx := md.GetIndex()
+		switch {
+		case idx <= g.snapIndex():
+			return raft.ErrSnapOutOfDate
+		case idx > g.lastIndex():
+			return fmt.Errorf("%w: group %d: %d > %d", ErrSnapshotBeyondLog, group, idx, g.lastIndex())
+		case idx < g.compactIndex:
+			return raft.ErrCompacted
+		case compactTo > idx:
+			return fmt.Errorf("%w: group %d: %d > %d", ErrCompactBeyondSnapshot, group, compactTo, idx)
+		}
+		compactTo = max(compactTo, g.compactIndex)
+		sr := &snapRecord{
+			group: group, index: idx, term: g.term(idx),
+			compactIndex: compactTo, compactTerm: g.term(compactTo),
+			conf: md.GetConfState(), data: snap.GetData(),
+		}
+		b.ops = append(b.ops, op{kind: recSnapshot, group: group, start: len(b.buf), snap: sr})
+		b.buf = appendSnapshot(b.buf, sr)
+		return nil
+	})
+}
+
+// RemoveGroup durably forgets a group: its state and entries are dropped and
+// it no longer keeps any segment alive.
+func (w *WAL) RemoveGroup(group uint64) error {
+	return w.enqueue(func(b *batch) error {
+		b.ops = append(b.ops, op{kind: recGroupRemoved, group: group, start: len(b.buf)})
+		b.buf = appendGroupRemoved(b.buf, group)
+		return nil
+	})
+}
+
+// committer is the one goroutine that writes and syncs. It owns the active
+// segment's write offset between taking a batch and applying it.
+func (w *WAL) committer() {
+	defer close(w.stopped)
+	for {
+		select {
+		case <-w.kick:
+			w.commitPending()
+		case <-w.quit:
+			// Close set w.closed first, so nothing is enqueued any more;
+			// finish what is queued, then fail nothing: no batch is left.
+			w.commitPending()
+			return
+		}
+	}
+}
+
+// commitPending takes the pending batch, if any, writes and syncs it, applies
+// it to the in-memory state and releases its waiters.
+func (w *WAL) commitPending() {
+	w.mu.Lock()
+	b := w.pending
+	if len(b.ops) == 0 {
+		w.mu.Unlock()
+		return
+	}
+	next := w.spare
+	next.buf, next.ops, next.saves = next.buf[:0], next.ops[:0], 0
+	next.res = newResult()
+	w.pending = next
+	failed := w.err
+	w.mu.Unlock()
+
+	err := failed
+	if err == nil {
+		err = w.commit(b)
+	}
+
+	w.mu.Lock()
+	switch {
+	case failed != nil:
+		b.res.err = failed
+	case err != nil:
+		w.err = fmt.Errorf("%w: %w", ErrFailed, err)
+		w.log.Error("wal: write failed; refusing further writes", "err", err)
+		b.res.err = w.err
+	default:
+		w.applyLocked(b)
+		w.removeSegmentsLocked()
+	}
+	w.mu.Unlock()
+	close(b.res.done)
+	for i := range b.ops {
+		b.ops[i] = op{} // drop references to the callers' entries
+	}
+	w.mu.Lock()
+	w.spare = b
+	w.mu.Unlock()
+	if failed == nil && err != nil {
+		// Waiters that queued meanwhile must not wait for a kick.
+		select {
+		case w.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// commit writes b into the active segment (rolling over first if it does not
+// fit) and syncs it.
+func (w *WAL) commit(b *batch) error {
+	w.mu.Lock()
+	active := w.segs[len(w.segs)-1]
+	off := w.writeOff
+	w.mu.Unlock()
+	if off+int64(len(b.buf)) > w.cfg.SegmentSize && off > segHeaderSize {
+		var err error
+		if active, off, err = w.rollover(active, int64(len(b.buf))); err != nil {
+			return err
+		}
+	}
+	if _, err := active.f.WriteAt(b.buf, off); err != nil {
+		return err
+	}
+	if w.knobs.AfterWrite != nil {
+		w.knobs.AfterWrite()
+	}
+	if w.knobs.BeforeSync != nil {
+		if err := w.knobs.BeforeSync(); err != nil {
+			return err
+		}
+	}
+	start := time.Now()
+	if w.knobs.SyncDelay > 0 {
+		time.Sleep(w.knobs.SyncDelay)
+	}
+	if err := unix.Fdatasync(int(active.f.Fd())); err != nil {
+		return err
+	}
+	lat := time.Since(start)
+	if w.knobs.AfterSync != nil {
+		w.knobs.AfterSync()
+	}
+	w.mu.Lock()
+	w.writeOff = off + int64(len(b.buf))
+	w.stats.Syncs++
+	w.stats.Saves += uint64(b.saves)
+	w.stats.Bytes += uint64(len(b.buf))
+	w.stats.SyncTime += lat
+	w.stats.MaxSyncTime = max(w.stats.MaxSyncTime, lat)
+	w.stats.MaxBatchSaves = max(w.stats.MaxBatchSaves, b.saves)
+	w.mu.Unlock()
+	return nil
+}
+
+// rollover creates the next segment. It starts with a checkpoint: the
+// HardState and snapshot record of every group with state, as of the batches
+// applied so far (the committer is the only writer, so that is the durable
+// state), so that older segments hold nothing but entries once compacted.
+func (w *WAL) rollover(active *segment, need int64) (*segment, int64, error) {
+	w.mu.Lock()
+	var ckpt []byte
+	ids := make([]uint64, 0, len(w.groups))
+	for id, g := range w.groups {
+		if g.hasState() {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		g := w.groups[id]
+		ckpt = appendSnapshot(ckpt, g.snapRecord())
+		if g.hsSet {
+			ckpt = appendHardState(ckpt, id, g.hs)
+		}
+	}
+	w.mu.Unlock()
+	s, err := w.createSegment(active.seq+1, ckpt, segHeaderSize+int64(len(ckpt))+need)
+	if err != nil {
+		return nil, 0, err
+	}
+	off := int64(segHeaderSize + len(ckpt))
+	w.mu.Lock()
+	w.segs = append(w.segs, s)
+	w.writeOff = off
+	w.stats.Rollovers++
+	w.mu.Unlock()
+	w.log.Debug("wal: new segment", "segment", s.path, "checkpoint_groups", len(ids))
+	return s, off, nil
+}
+
+// applyLocked applies a durable batch to the in-memory state.
+func (w *WAL) applyLocked(b *batch) {
+	s := w.segs[len(w.segs)-1]
+	base := w.writeOff - int64(len(b.buf))
+	cache := w.cfg.CacheBytes
+	for i := range b.ops {
+		o := &b.ops[i]
+		switch o.kind {
+		case recEntries:
+			g := w.groupLocked(o.group)
+			first := o.ents[0].GetIndex()
+			skip := g.prepareAppend(first)
+			off := base + int64(o.start) + recHeaderSize + entriesHeadSize
+			for j, e := range o.ents {
+				off += entryHeadSize
+				if uint64(j) >= skip {
+					g.appendLoc(entryLoc{term: e.GetTerm(), seg: s.seq, off: off, size: uint32(len(e.Data)), typ: e.GetType()}, e, cache)
+				}
+				off += int64(len(e.Data))
+			}
+			if last := first + uint64(len(o.ents)) - 1; last > s.maxIdx[o.group] {
+				s.maxIdx[o.group] = last
+			}
+			w.stats.Entries += uint64(len(o.ents))
+		case recHardState:
+			g := w.groupLocked(o.group)
+			g.hs, g.hsSet = o.hs, true
+		case recSnapshot:
+			w.groupLocked(o.snap.group).applySnapshot(o.snap)
+		case recGroupRemoved:
+			w.dropGroupLocked(o.group)
+		}
+	}
+}
+
+// segmentLiveLocked reports whether some group still needs entries in s.
+func (w *WAL) pinnersLocked(s *segment) []uint64 {
+	var ids []uint64
+	for id, maxIdx := range s.maxIdx {
+		if g := w.groups[id]; g != nil && g.compactIndex < maxIdx {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// removeSegmentsLocked deletes the oldest segments whose entries every group
+// has compacted. The active segment is never removed.
+//
+// INVARIANT: every segment starts with a checkpoint of each group's latest
+// HardState and snapshot record as of its creation, and every later change
+// is in it or a newer segment; so a segment whose entries are all compacted
+// holds nothing that replay of the newer segments needs.
+func (w *WAL) removeSegmentsLocked() {
+	removed := 0
+	for len(w.segs) > 1 && len(w.pinnersLocked(w.segs[0])) == 0 {
+		s := w.segs[0]
+		if err := os.Remove(s.path); err != nil {
+			w.log.Error("wal: remove segment", "segment", s.path, "err", err)
+			break
+		}
+		s.f.Close()
+		w.segs = w.segs[1:]
+		removed++
+	}
+	if removed > 0 {
+		w.stats.SegmentsRemoved += uint64(removed)
+		if err := syncDir(w.dir); err != nil {
+			w.log.Error("wal: sync dir after removing segments", "err", err)
+		}
+	}
+}
+
+// Groups returns the ids of the groups the WAL holds, sorted.
+func (w *WAL) Groups() []uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ids := make([]uint64, 0, len(w.groups))
+	for id := range w.groups {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// PinningGroups returns the groups whose uncompacted entries keep the oldest
+// segment alive (none while only the active segment exists). The host makes
+// them snapshot.
+func (w *WAL) PinningGroups() []uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.segs) < 2 {
+		return nil
+	}
+	return w.pinnersLocked(w.segs[0])
+}
+
+// SegmentCount returns the number of segment files.
+func (w *WAL) SegmentCount() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.segs)
+}
+
+// Close stops the committer, fails Saves still waiting with ErrClosed and
+// closes the files. Everything whose Save returned nil is durable.
+func (w *WAL) Close() error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return ErrClosed
+	}
+	w.closed = true
+	w.mu.Unlock()
+	close(w.quit)
+	<-w.stopped
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var err error
+	for _, s := range w.segs {
+		err = errors.Join(err, s.f.Close())
+	}
+	return err
+}

@@ -1,0 +1,605 @@
+package wal
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func openT(t testing.TB, dir string, mod func(*Config)) *WAL {
+	t.Helper()
+	cfg := Config{Dir: dir, SegmentSize: 1 << 20, Logger: quietLogger()}
+	if mod != nil {
+		mod(&cfg)
+	}
+	w, err := Open(cfg)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	return w
+}
+
+// mkEnts makes n entries from index first with data derived from seed.
+func mkEnts(first, n, term uint64, size int, seed int64) []*pb.Entry {
+	rng := rand.New(rand.NewSource(seed))
+	ents := make([]*pb.Entry, n)
+	for i := range ents {
+		data := make([]byte, size)
+		rng.Read(data)
+		ents[i] = &pb.Entry{Term: new(term), Index: new(first + uint64(i)), Type: new(pb.EntryType_EntryNormal), Data: data}
+	}
+	return ents
+}
+
+func hs(term, vote, commit uint64) *pb.HardState {
+	return &pb.HardState{Term: new(term), Vote: new(vote), Commit: new(commit)}
+}
+
+func mustSave(t testing.TB, w *WAL, us ...Update) {
+	t.Helper()
+	if err := w.Save(us); err != nil {
+		t.Fatalf("Save: %v", err)
+	}
+}
+
+// logOf reads the group's whole log through its raft.Storage.
+func logOf(t testing.TB, s raft.Storage) []*pb.Entry {
+	t.Helper()
+	first, _ := s.FirstIndex()
+	last, _ := s.LastIndex()
+	if last < first {
+		return nil
+	}
+	ents, err := s.Entries(first, last+1, 1<<62)
+	if err != nil {
+		t.Fatalf("Entries(%d, %d): %v", first, last+1, err)
+	}
+	return ents
+}
+
+func checkLog(t testing.TB, s raft.Storage, want []*pb.Entry) {
+	t.Helper()
+	got := logOf(t, s)
+	if len(got) != len(want) {
+		t.Fatalf("log has %d entries, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if !proto.Equal(got[i], want[i]) {
+			t.Fatalf("entry %d: got index %d term %d len %d, want index %d term %d len %d", i,
+				got[i].GetIndex(), got[i].GetTerm(), len(got[i].Data),
+				want[i].GetIndex(), want[i].GetTerm(), len(want[i].Data))
+		}
+	}
+}
+
+func checkHardState(t testing.TB, s raft.Storage, want *pb.HardState) {
+	t.Helper()
+	got, _, err := s.InitialState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(got, want) {
+		t.Fatalf("HardState = %v, want %v", got, want)
+	}
+}
+
+func TestSaveAndReopen(t *testing.T) {
+	dir := t.TempDir()
+	w := openT(t, dir, nil)
+	ents := mkEnts(1, 10, 1, 100, 1)
+	mustSave(t, w, Update{Group: 7, HardState: hs(1, 2, 5), Entries: ents})
+	checkLog(t, w.Storage(7), ents)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Save([]Update{{Group: 7, Entries: mkEnts(11, 1, 1, 1, 1)}}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Save after Close: %v, want ErrClosed", err)
+	}
+	w = openT(t, dir, nil)
+	defer w.Close()
+	if got := w.Groups(); !slices.Equal(got, []uint64{7}) {
+		t.Fatalf("Groups = %v", got)
+	}
+	checkLog(t, w.Storage(7), ents)
+	checkHardState(t, w.Storage(7), hs(1, 2, 5))
+}
+
+func TestTruncationAndRestart(t *testing.T) {
+	dir := t.TempDir()
+	w := openT(t, dir, nil)
+	a := mkEnts(1, 10, 1, 50, 1)
+	mustSave(t, w, Update{Group: 1, Entries: a})
+	b := mkEnts(6, 3, 2, 70, 2) // replaces 6..10 with 6..8
+	mustSave(t, w, Update{Group: 1, Entries: b, HardState: hs(2, 1, 5)})
+	want := append(slices.Clone(a[:5]), b...)
+	check := func(w *WAL) {
+		s := w.Storage(1)
+		checkLog(t, s, want)
+		if last, _ := s.LastIndex(); last != 8 {
+			t.Fatalf("LastIndex = %d, want 8", last)
+		}
+		if term, _ := s.Term(8); term != 2 {
+			t.Fatalf("Term(8) = %d, want 2", term)
+		}
+		if _, err := s.Term(9); !errors.Is(err, raft.ErrUnavailable) {
+			t.Fatalf("Term(9) err = %v, want ErrUnavailable", err)
+		}
+	}
+	check(w)
+	// Gaps and non-contiguous entries are refused and change nothing.
+	if err := w.Save([]Update{{Group: 1, Entries: mkEnts(10, 1, 2, 1, 3)}}); !errors.Is(err, ErrGap) {
+		t.Fatalf("gap: %v", err)
+	}
+	bad := append(mkEnts(9, 1, 2, 1, 3), mkEnts(11, 1, 2, 1, 3)...)
+	if err := w.Save([]Update{{Group: 1, Entries: bad}}); !errors.Is(err, ErrNonContiguous) {
+		t.Fatalf("non-contiguous: %v", err)
+	}
+	check(w)
+	w.Close()
+	w = openT(t, dir, nil)
+	defer w.Close()
+	check(w)
+	// Appends after a restart continue the truncated log.
+	c := mkEnts(9, 2, 2, 10, 4)
+	mustSave(t, w, Update{Group: 1, Entries: c})
+	want = append(want, c...)
+	checkLog(t, w.Storage(1), want)
+}
+
+func TestSnapshotAndCompaction(t *testing.T) {
+	dir := t.TempDir()
+	w := openT(t, dir, nil)
+	ents := mkEnts(1, 100, 3, 20, 1)
+	mustSave(t, w, Update{Group: 5, Entries: ents, HardState: hs(3, 1, 100)})
+	cs := &pb.ConfState{Voters: []uint64{1, 2, 3}, Learners: []uint64{4}}
+	snap := &pb.Snapshot{Data: []byte("epochs"), Metadata: &pb.SnapshotMetadata{Index: new(uint64(60)), ConfState: cs}}
+	if err := w.CreateSnapshot(5, snap, 50); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.CreateSnapshot(5, snap, 50); !errors.Is(err, raft.ErrSnapOutOfDate) {
+		t.Fatalf("same snapshot again: %v, want ErrSnapOutOfDate", err)
+	}
+	if err := w.CreateSnapshot(5, &pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: new(uint64(70))}}, 80); !errors.Is(err, ErrCompactBeyondSnapshot) {
+		t.Fatalf("compact beyond snapshot: %v", err)
+	}
+	if err := w.CreateSnapshot(5, &pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: new(uint64(101))}}, 0); !errors.Is(err, ErrSnapshotBeyondLog) {
+		t.Fatalf("snapshot beyond log: %v", err)
+	}
+	check := func(w *WAL) {
+		t.Helper()
+		s := w.Storage(5)
+		if fi, _ := s.FirstIndex(); fi != 51 {
+			t.Fatalf("FirstIndex = %d, want 51", fi)
+		}
+		if term, err := s.Term(50); err != nil || term != 3 {
+			t.Fatalf("Term(50) = %d, %v", term, err)
+		}
+		if _, err := s.Term(49); !errors.Is(err, raft.ErrCompacted) {
+			t.Fatalf("Term(49): %v, want ErrCompacted", err)
+		}
+		if _, err := s.Entries(50, 52, 1<<30); !errors.Is(err, raft.ErrCompacted) {
+			t.Fatalf("Entries(50): %v, want ErrCompacted", err)
+		}
+		checkLog(t, s, ents[50:])
+		got, err := s.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.GetMetadata().GetIndex() != 60 || got.GetMetadata().GetTerm() != 3 || string(got.Data) != "epochs" {
+			t.Fatalf("Snapshot = %v", got)
+		}
+		_, gotCS, _ := s.InitialState()
+		if !slices.Equal(gotCS.Voters, cs.Voters) || !slices.Equal(gotCS.Learners, cs.Learners) {
+			t.Fatalf("ConfState = %v, want %v", gotCS, cs)
+		}
+	}
+	check(w)
+	w.Close()
+	w = openT(t, dir, nil)
+	check(w)
+
+	// A snapshot received from a leader resets the log after it.
+	recv := &pb.Snapshot{Data: []byte("s2"), Metadata: &pb.SnapshotMetadata{Index: new(uint64(500)), Term: new(uint64(7)), ConfState: cs}}
+	next := mkEnts(501, 3, 7, 10, 9)
+	mustSave(t, w, Update{Group: 5, Snapshot: recv, Entries: next, HardState: hs(7, 2, 500)})
+	checkAfterRecv := func(w *WAL) {
+		t.Helper()
+		s := w.Storage(5)
+		if fi, _ := s.FirstIndex(); fi != 501 {
+			t.Fatalf("FirstIndex = %d, want 501", fi)
+		}
+		if term, _ := s.Term(500); term != 7 {
+			t.Fatalf("Term(500) = %d, want 7", term)
+		}
+		checkLog(t, s, next)
+		checkHardState(t, s, hs(7, 2, 500))
+		if sn, _ := s.Snapshot(); sn.GetMetadata().GetIndex() != 500 || string(sn.Data) != "s2" {
+			t.Fatalf("Snapshot = %v", sn)
+		}
+	}
+	checkAfterRecv(w)
+	w.Close()
+	w = openT(t, dir, nil)
+	defer w.Close()
+	checkAfterRecv(w)
+}
+
+func TestRemoveGroup(t *testing.T) {
+	dir := t.TempDir()
+	w := openT(t, dir, nil)
+	mustSave(t, w, Update{Group: 1, Entries: mkEnts(1, 3, 1, 10, 1), HardState: hs(1, 1, 1)},
+		Update{Group: 2, Entries: mkEnts(1, 3, 1, 10, 2)})
+	if err := w.RemoveGroup(1); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.Groups(); !slices.Equal(got, []uint64{2}) {
+		t.Fatalf("Groups = %v, want [2]", got)
+	}
+	w.Close()
+	w = openT(t, dir, nil)
+	defer w.Close()
+	if got := w.Groups(); !slices.Equal(got, []uint64{2}) {
+		t.Fatalf("Groups after reopen = %v, want [2]", got)
+	}
+	if last, _ := w.Storage(1).LastIndex(); last != 0 {
+		t.Fatalf("removed group has LastIndex %d", last)
+	}
+	checkLog(t, w.Storage(2), mkEnts(1, 3, 1, 10, 2))
+}
+
+// TestTornTailEveryOffset cuts the last record at every byte offset, with
+// nothing, zeros or garbage after the cut, and checks that Open keeps the
+// earlier records, drops the torn one, and that appends work afterwards.
+func TestTornTailEveryOffset(t *testing.T) {
+	src := t.TempDir()
+	const segSize = 64 << 10
+	w := openT(t, src, func(c *Config) { c.SegmentSize = segSize })
+	first := mkEnts(1, 5, 1, 30, 1)
+	mustSave(t, w, Update{Group: 3, Entries: first, HardState: hs(1, 1, 3)})
+	w.mu.Lock()
+	before := w.writeOff
+	w.mu.Unlock()
+	torn := mkEnts(6, 2, 1, 40, 2)
+	mustSave(t, w, Update{Group: 3, Entries: torn})
+	w.mu.Lock()
+	after := w.writeOff
+	w.mu.Unlock()
+	w.Close()
+	seg := filepath.Join(src, segmentName(1))
+	full, err := os.ReadFile(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewSource(42))
+	variants := []string{"truncated", "zeros", "garbage"}
+	for cut := before; cut < after; cut++ {
+		for _, v := range variants {
+			dir := t.TempDir()
+			img := slices.Clone(full[:cut])
+			switch v {
+			case "zeros":
+				img = append(img, make([]byte, segSize-len(img))...)
+			case "garbage":
+				g := make([]byte, 64)
+				rng.Read(g)
+				img = append(img, g...)
+			}
+			if err := os.WriteFile(filepath.Join(dir, segmentName(1)), img, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			w, err := Open(Config{Dir: dir, SegmentSize: segSize, Logger: quietLogger()})
+			if err != nil {
+				t.Fatalf("cut %d (%s): Open: %v", cut, v, err)
+			}
+			checkLog(t, w.Storage(3), first)
+			checkHardState(t, w.Storage(3), hs(1, 1, 3))
+			again := mkEnts(6, 1, 2, 8, int64(cut))
+			if err := w.Save([]Update{{Group: 3, Entries: again}}); err != nil {
+				t.Fatalf("cut %d (%s): Save after repair: %v", cut, v, err)
+			}
+			w.Close()
+			w, err = Open(Config{Dir: dir, SegmentSize: segSize, Logger: quietLogger()})
+			if err != nil {
+				t.Fatalf("cut %d (%s): second Open: %v", cut, v, err)
+			}
+			checkLog(t, w.Storage(3), append(slices.Clone(first), again...))
+			w.Close()
+		}
+	}
+}
+
+func TestCorruptionInOldSegmentIsAnError(t *testing.T) {
+	dir := t.TempDir()
+	w := openT(t, dir, func(c *Config) { c.SegmentSize = 4 << 10 })
+	for i := uint64(0); i < 20; i++ {
+		mustSave(t, w, Update{Group: 1, Entries: mkEnts(1+i*4, 4, 1, 200, int64(i))})
+	}
+	if n := w.SegmentCount(); n < 3 {
+		t.Fatalf("SegmentCount = %d, want >= 3", n)
+	}
+	w.Close()
+	seg := filepath.Join(dir, segmentName(1))
+	b, err := os.ReadFile(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[segHeaderSize+recHeaderSize+40] ^= 0x01
+	if err := os.WriteFile(seg, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(Config{Dir: dir, SegmentSize: 4 << 10, Logger: quietLogger()}); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Open with a flipped bit in segment 1: %v, want ErrCorrupt", err)
+	}
+	// A missing middle segment is corruption too.
+	b[segHeaderSize+recHeaderSize+40] ^= 0x01
+	os.WriteFile(seg, b, 0o644)
+	os.Remove(filepath.Join(dir, segmentName(2)))
+	if _, err := Open(Config{Dir: dir, SegmentSize: 4 << 10, Logger: quietLogger()}); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Open without segment 2: %v, want ErrCorrupt", err)
+	}
+}
+
+// TestGroupCommitConcurrent: goroutines save to their own groups at once;
+// everything reads back after a restart, with fewer fsyncs than Saves.
+func TestGroupCommitConcurrent(t *testing.T) {
+	dir := t.TempDir()
+	w := openT(t, dir, func(c *Config) {
+		c.SegmentSize = 256 << 10
+		c.Knobs.SyncDelay = time.Millisecond
+	})
+	const groups, saves = 8, 40
+	want := make([][]*pb.Entry, groups)
+	var wg sync.WaitGroup
+	for g := range groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewSource(int64(g)))
+			next := uint64(1)
+			var log []*pb.Entry
+			for i := range saves {
+				n := uint64(1 + rng.Intn(3))
+				first := next
+				if i > 0 && rng.Intn(5) == 0 {
+					first = next - 1 // rewrite the last entry (new term)
+				}
+				ents := mkEnts(first, n, uint64(1+i), 1+rng.Intn(3000), rng.Int63())
+				if err := w.Save([]Update{{Group: uint64(100 + g), Entries: ents, HardState: hs(uint64(1+i), 0, first-1)}}); err != nil {
+					t.Errorf("group %d: %v", g, err)
+					return
+				}
+				log = append(log[:first-1], ents...)
+				next = first + n
+			}
+			want[g] = log
+		}()
+	}
+	wg.Wait()
+	st := w.Stats()
+	if st.Saves != groups*saves {
+		t.Fatalf("Stats.Saves = %d, want %d", st.Saves, groups*saves)
+	}
+	if st.Syncs >= st.Saves {
+		t.Fatalf("no group commit: %d syncs for %d saves", st.Syncs, st.Saves)
+	}
+	t.Logf("%d saves, %d syncs, max %d per sync, %d segments", st.Saves, st.Syncs, st.MaxBatchSaves, st.Segments)
+	w.Close()
+	w = openT(t, dir, func(c *Config) { c.SegmentSize = 256 << 10 })
+	defer w.Close()
+	for g := range groups {
+		checkLog(t, w.Storage(uint64(100+g)), want[g])
+		last := want[g][len(want[g])-1]
+		_ = last
+	}
+}
+
+// TestSegmentRolloverAndRemoval: segments are removed only once every group
+// compacted past them; PinningGroups names the laggards; restart finds
+// every group's HardState, snapshot and remaining entries.
+func TestSegmentRolloverAndRemoval(t *testing.T) {
+	dir := t.TempDir()
+	cfg := func(c *Config) { c.SegmentSize = 8 << 10; c.CacheBytes = 1 << 10 }
+	w := openT(t, dir, cfg)
+	logs := map[uint64][]*pb.Entry{}
+	for i := uint64(0); i < 40; i++ {
+		for _, g := range []uint64{1, 2} {
+			ents := mkEnts(1+i*2, 2, 1, 300, int64(i*10+g))
+			logs[g] = append(logs[g], ents...)
+			mustSave(t, w, Update{Group: g, Entries: ents, HardState: hs(1, g, i*2)})
+		}
+	}
+	n := w.SegmentCount()
+	if n < 4 {
+		t.Fatalf("SegmentCount = %d, want >= 4", n)
+	}
+	if got := w.PinningGroups(); !slices.Equal(got, []uint64{1, 2}) {
+		t.Fatalf("PinningGroups = %v, want [1 2]", got)
+	}
+	snap := func(idx uint64, data string) *pb.Snapshot {
+		return &pb.Snapshot{Data: []byte(data), Metadata: &pb.SnapshotMetadata{Index: new(idx), ConfState: &pb.ConfState{Voters: []uint64{1, 2, 3}}}}
+	}
+	if err := w.CreateSnapshot(1, snap(70, "g1"), 70); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.SegmentCount(); got != n {
+		t.Fatalf("segments removed while group 2 still needs them: %d -> %d", n, got)
+	}
+	if got := w.PinningGroups(); !slices.Equal(got, []uint64{2}) {
+		t.Fatalf("PinningGroups = %v, want [2]", got)
+	}
+	if err := w.CreateSnapshot(2, snap(75, "g2"), 72); err != nil {
+		t.Fatal(err)
+	}
+	// Write on so that the compacted segments are behind the active one.
+	for i := uint64(0); i < 10; i++ {
+		for _, g := range []uint64{1, 2} {
+			ents := mkEnts(81+i, 1, 2, 300, int64(1000+i*10+g))
+			logs[g] = append(logs[g], ents...)
+			mustSave(t, w, Update{Group: g, Entries: ents, HardState: hs(2, g, 80+i)})
+		}
+	}
+	got := w.SegmentCount()
+	if got >= n {
+		t.Fatalf("SegmentCount = %d after compaction, want fewer than %d", got, n)
+	}
+	if st := w.Stats(); st.SegmentsRemoved == 0 {
+		t.Fatalf("Stats.SegmentsRemoved = 0")
+	}
+	check := func(w *WAL) {
+		t.Helper()
+		checkLog(t, w.Storage(1), logs[1][70:])
+		checkLog(t, w.Storage(2), logs[2][72:])
+		checkHardState(t, w.Storage(1), hs(2, 1, 89))
+		checkHardState(t, w.Storage(2), hs(2, 2, 89))
+		for g, want := range map[uint64]string{1: "g1", 2: "g2"} {
+			s, _ := w.Storage(g).Snapshot()
+			if string(s.Data) != want {
+				t.Fatalf("group %d snapshot data %q, want %q", g, s.Data, want)
+			}
+		}
+	}
+	check(w)
+	w.Close()
+	w = openT(t, dir, cfg)
+	check(w)
+	// Removing a group unpins the segments it alone kept.
+	for i := uint64(0); i < 30; i++ {
+		mustSave(t, w, Update{Group: 3, Entries: mkEnts(1+i, 1, 1, 300, int64(i))})
+	}
+	if err := w.CreateSnapshot(1, snap(90, "g1b"), 90); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.CreateSnapshot(2, snap(90, "g2b"), 90); err != nil {
+		t.Fatal(err)
+	}
+	if pins := w.PinningGroups(); !slices.Equal(pins, []uint64{3}) {
+		t.Fatalf("PinningGroups = %v, want [3]", pins)
+	}
+	if err := w.RemoveGroup(3); err != nil {
+		t.Fatal(err)
+	}
+	if pins := w.PinningGroups(); len(pins) != 0 {
+		t.Fatalf("PinningGroups = %v after RemoveGroup(3), want none", pins)
+	}
+	if got := w.SegmentCount(); got != 1 {
+		t.Fatalf("SegmentCount = %d with everything compacted, want 1", got)
+	}
+	w.Close()
+	w = openT(t, dir, cfg)
+	defer w.Close()
+	if got := w.Groups(); !slices.Equal(got, []uint64{1, 2}) {
+		t.Fatalf("Groups = %v, want [1 2]", got)
+	}
+	for g, want := range map[uint64]string{1: "g1b", 2: "g2b"} {
+		s := w.Storage(g)
+		if fi, _ := s.FirstIndex(); fi != 91 {
+			t.Fatalf("group %d FirstIndex = %d, want 91", g, fi)
+		}
+		if term, _ := s.Term(90); term != 2 {
+			t.Fatalf("group %d Term(90) = %d, want 2", g, term)
+		}
+		sn, _ := s.Snapshot()
+		if string(sn.Data) != want {
+			t.Fatalf("group %d snapshot data %q, want %q", g, sn.Data, want)
+		}
+		checkHardState(t, s, hs(2, g, 89))
+	}
+}
+
+func TestFailedSyncStopsTheWAL(t *testing.T) {
+	dir := t.TempDir()
+	var fail bool
+	var mu sync.Mutex
+	w := openT(t, dir, func(c *Config) {
+		c.Knobs.BeforeSync = func() error {
+			mu.Lock()
+			defer mu.Unlock()
+			if fail {
+				return errors.New("injected EIO")
+			}
+			return nil
+		}
+	})
+	ok := mkEnts(1, 3, 1, 10, 1)
+	mustSave(t, w, Update{Group: 1, Entries: ok})
+	mu.Lock()
+	fail = true
+	mu.Unlock()
+	if err := w.Save([]Update{{Group: 1, Entries: mkEnts(4, 1, 1, 10, 2)}}); !errors.Is(err, ErrFailed) {
+		t.Fatalf("Save with failing sync: %v, want ErrFailed", err)
+	}
+	if err := w.Save([]Update{{Group: 1, Entries: mkEnts(4, 1, 1, 10, 2)}}); !errors.Is(err, ErrFailed) {
+		t.Fatalf("Save after failure: %v, want ErrFailed", err)
+	}
+	// The failed batch was never acknowledged: the index does not show it.
+	checkLog(t, w.Storage(1), ok)
+	w.Close()
+}
+
+func TestEntriesMaxSizeAndDiskReads(t *testing.T) {
+	dir := t.TempDir()
+	w := openT(t, dir, func(c *Config) { c.CacheBytes = 2 << 10 })
+	defer w.Close()
+	ents := mkEnts(1, 50, 1, 500, 1)
+	mustSave(t, w, Update{Group: 1, Entries: ents})
+	if st := w.Stats(); st.CachedBytes > 2<<10 || st.CachedBytes == 0 {
+		t.Fatalf("CachedBytes = %d, want (0, 2048]", st.CachedBytes)
+	}
+	s := w.Storage(1)
+	size := uint64(proto.Size(ents[0]))
+	for _, tc := range []struct {
+		max  uint64
+		want int
+	}{{0, 1}, {size - 1, 1}, {size, 1}, {2 * size, 2}, {10*size + 1, 10}, {1 << 40, 50}} {
+		got, err := s.Entries(1, 51, tc.max)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != tc.want {
+			t.Fatalf("Entries(maxSize=%d) returned %d entries, want %d", tc.max, len(got), tc.want)
+		}
+		for i := range got {
+			if !proto.Equal(got[i], ents[i]) {
+				t.Fatalf("entry %d differs", i+1)
+			}
+		}
+	}
+}
+
+func TestBigBatchLargerThanSegment(t *testing.T) {
+	dir := t.TempDir()
+	cfg := func(c *Config) { c.SegmentSize = 4 << 10 }
+	w := openT(t, dir, cfg)
+	small := mkEnts(1, 1, 1, 10, 1)
+	mustSave(t, w, Update{Group: 1, Entries: small})
+	big := mkEnts(2, 3, 1, 5000, 2)
+	mustSave(t, w, Update{Group: 1, Entries: big})
+	w.Close()
+	w = openT(t, dir, cfg)
+	defer w.Close()
+	checkLog(t, w.Storage(1), append(small, big...))
+}
+
+func TestStatsString(t *testing.T) {
+	s := Stats{Saves: 10, Syncs: 4, SyncTime: 8 * time.Millisecond}
+	if s.MeanBatchSaves() != 2.5 || s.MeanSyncTime() != 2*time.Millisecond {
+		t.Fatalf("means: %v %v", s.MeanBatchSaves(), s.MeanSyncTime())
+	}
+	_ = fmt.Sprint(s)
+	_ = bytes.Equal
+}
