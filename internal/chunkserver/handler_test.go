@@ -1,0 +1,449 @@
+package chunkserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/basalt-storage/basalt/internal/datastore"
+	"github.com/basalt-storage/basalt/internal/placement"
+	"github.com/basalt-storage/basalt/internal/transport"
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// fakeMDS answers ListPools and ListVolumes from fixed lists.
+type fakeMDS struct {
+	api.MDSClient // nil: other methods panic (not used by the volume cache)
+	mu            sync.Mutex
+	pools         []*api.Pool
+	vols          []*api.Volume
+	rev           uint64
+	lists         int
+}
+
+func (f *fakeMDS) ListPools(context.Context, *api.ListPoolsRequest, ...grpc.CallOption) (*api.ListPoolsResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return &api.ListPoolsResponse{Pools: f.pools}, nil
+}
+
+func (f *fakeMDS) ListVolumes(context.Context, *api.ListVolumesRequest, ...grpc.CallOption) (*api.ListVolumesResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lists++
+	return &api.ListVolumesResponse{Volumes: f.vols, Revision: f.rev}, nil
+}
+
+// directHost applies proposals at once on a single replica (no raft): enough
+// to check what the handler validates and proposes.
+type directHost struct {
+	mu       sync.Mutex
+	replicas map[uint64]*replica
+	index    uint64
+	proposed int
+	notLead  uint64 // if set, every proposal fails NOT_LEADER with this hint
+}
+
+func (d *directHost) Propose(id uint64, data []byte, done func(error)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.proposed++
+	if d.notLead != 0 {
+		done(&api.Error{Status: api.StatusNotLeader, Hint: d.notLead})
+		return
+	}
+	r := d.replicas[id]
+	if r == nil {
+		done(api.ErrNoSuchCopyset)
+		return
+	}
+	d.index++
+	done(r.sm.Apply(d.index, data))
+}
+
+func (d *directHost) ReadBarrier(id uint64, done func(error)) { done(nil) }
+
+const (
+	hPool      = 1
+	hCopysets  = 4
+	hChunk     = 64 << 10
+	hVolume    = 42
+	hVolSize   = 10 * hChunk
+	hEpoch     = 5
+	hDeleted   = 43
+	hOtherPool = 2
+)
+
+type handlerEnv struct {
+	t     *testing.T
+	mds   *fakeMDS
+	host  *directHost
+	hd    *handler
+	srv   *transport.Server
+	addr  string
+	store *datastore.Store
+}
+
+// newHandlerEnv serves a handler over real TCP that hosts every copyset of
+// pool hPool on a real datastore, with proposals applied directly.
+func newHandlerEnv(t *testing.T) *handlerEnv {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	st, err := datastore.Open(datastore.Config{Dir: t.TempDir(), Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	mds := &fakeMDS{
+		pools: []*api.Pool{{Id: hPool, ChunkSize: hChunk, CopysetCount: hCopysets, Replicas: 3}},
+		vols:  []*api.Volume{{Id: hVolume, Size: hVolSize, PoolId: hPool}, {Id: hDeleted, Size: hVolSize, PoolId: hPool}},
+		rev:   1,
+	}
+	host := &directHost{replicas: map[uint64]*replica{}}
+	vc := newVolumeCache(mds, log, nil)
+	vc.missInterval = 0
+	for c := uint32(0); c < hCopysets; c++ {
+		g := placement.GroupID(hPool, c)
+		cs, err := st.Copyset(g, hChunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		host.replicas[g] = &replica{group: g, chunkSize: hChunk, store: cs,
+			sm: newStateMachine(g, hChunk, cs, vc.isDeleted, nil)}
+	}
+	if err := vc.refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// hDeleted goes away.
+	mds.vols = mds.vols[:1]
+	mds.rev = 2
+	if err := vc.refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	hd := &handler{
+		log:     log,
+		ctx:     context.Background(),
+		vols:    vc,
+		host:    host,
+		replica: func(g uint64) *replica { host.mu.Lock(); defer host.mu.Unlock(); return host.replicas[g] },
+		raftIn:  func(transport.Header, []byte) {},
+		snapIn: func(rw transport.ReplyWriter, h transport.Header, _ []byte) {
+			h.Status = api.StatusBadRequest
+			rw.Reply(h, nil, nil)
+		},
+		metrics: newMetrics(),
+	}
+	srv := transport.NewServer(transport.ServerConfig{Logger: log}, hd)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close(); hd.missWG.Wait() })
+	return &handlerEnv{t: t, mds: mds, host: host, hd: hd, srv: srv, addr: ln.Addr().String(), store: st}
+}
+
+func (e *handlerEnv) dial() *transport.Conn {
+	e.t.Helper()
+	c, err := transport.Dial(context.Background(), e.addr, transport.ConnConfig{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// io sends one IO frame and returns the reply status and payload.
+func (e *handlerEnv) do(c *transport.Conn, h transport.Header, payload []byte) (transport.Header, []byte) {
+	e.t.Helper()
+	call := &transport.Call{Header: h, Payload: payload, ReadBuf: make([]byte, hChunk+1)}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Do(ctx, call); err != nil {
+		e.t.Fatalf("%v: %v", h.Op, err)
+	}
+	return call.Reply, call.ReadBuf[:call.Reply.PayloadLen]
+}
+
+func csOf(vol, off uint64) uint32 { return placement.CopysetOf(vol, off/hChunk, hCopysets) }
+
+func ioHdr(op transport.Op, off uint64, n uint32) transport.Header {
+	return transport.Header{Op: op, Volume: hVolume, Epoch: hEpoch, Offset: off, Length: n, Copyset: csOf(hVolume, off)}
+}
+
+// snapshotData reads the whole volume through the handler.
+func (e *handlerEnv) snapshotData(c *transport.Conn) []byte {
+	var out []byte
+	for off := uint64(0); off < hVolSize; off += hChunk {
+		h := ioHdr(transport.OpRead, off, hChunk)
+		h.Epoch = 0
+		r, p := e.do(c, h, nil)
+		if r.Status != api.StatusOK {
+			e.t.Fatalf("read at %d: %v", off, r.Status)
+		}
+		out = append(out, p...)
+	}
+	return out
+}
+
+func TestHandlerIO(t *testing.T) {
+	e := newHandlerEnv(t)
+	c := e.dial()
+	rng := rand.New(rand.NewSource(1))
+	data := make([]byte, 8192)
+	rng.Read(data)
+	off := uint64(3*hChunk - 4096) // last 4 KiB of chunk 2
+	if r, _ := e.do(c, ioHdr(transport.OpWrite, off, 4096), data[:4096]); r.Status != api.StatusOK {
+		t.Fatalf("write: %v", r.Status)
+	}
+	if r, _ := e.do(c, ioHdr(transport.OpWrite, off+4096, 4096), data[4096:]); r.Status != api.StatusOK {
+		t.Fatalf("write: %v", r.Status)
+	}
+	r, p := e.do(c, ioHdr(transport.OpRead, off, 4096), nil)
+	if r.Status != api.StatusOK || !bytes.Equal(p, data[:4096]) {
+		t.Fatalf("read back: %v, equal=%v", r.Status, bytes.Equal(p, data[:4096]))
+	}
+	if r, _ := e.do(c, ioHdr(transport.OpWriteZeroes, off, 100), nil); r.Status != api.StatusOK {
+		t.Fatalf("zeroes: %v", r.Status)
+	}
+	if r, _ := e.do(c, ioHdr(transport.OpTrim, off+100, 100), nil); r.Status != api.StatusOK {
+		t.Fatalf("trim: %v", r.Status)
+	}
+	_, p = e.do(c, ioHdr(transport.OpRead, off, 300), nil)
+	want := append(make([]byte, 200), data[200:300]...)
+	if !bytes.Equal(p, want) {
+		t.Fatal("zeroes/trim did not read back as zeros")
+	}
+	for _, op := range []transport.Op{transport.OpFlush, transport.OpPing} {
+		if r, _ := e.do(c, transport.Header{Op: op}, nil); r.Status != api.StatusOK {
+			t.Fatalf("%v: %v", op, r.Status)
+		}
+	}
+	// A newer writer's read fences the old writer out.
+	h := ioHdr(transport.OpRead, off, 10)
+	h.Epoch = hEpoch + 1
+	if r, _ := e.do(c, h, nil); r.Status != api.StatusOK {
+		t.Fatalf("fencing read: %v", r.Status)
+	}
+	if r, _ := e.do(c, ioHdr(transport.OpWrite, off, 4), []byte("old!")); r.Status != api.StatusFenced {
+		t.Fatalf("stale write after fence: %v", r.Status)
+	}
+	if r, _ := e.do(c, ioHdr(transport.OpRead, off, 4), nil); r.Status != api.StatusFenced {
+		t.Fatalf("stale read after fence: %v", r.Status)
+	}
+	// NOT_LEADER carries the hint.
+	e.host.mu.Lock()
+	e.host.notLead = 77
+	e.host.mu.Unlock()
+	w := ioHdr(transport.OpWrite, 0, 1)
+	w.Epoch = hEpoch + 1
+	if r, _ := e.do(c, w, []byte{1}); r.Status != api.StatusNotLeader || r.Hint != 77 {
+		t.Fatalf("not leader: %v hint %d", r.Status, r.Hint)
+	}
+	// Checksums: one copyset holds chunk 2; its list names it.
+	ch := transport.Header{Op: transport.OpChecksum, Volume: hPool, Copyset: csOf(hVolume, off)}
+	r, p = e.do(c, ch, nil)
+	sums, err := DecodeChecksums(p)
+	if r.Status != api.StatusOK || err != nil || len(sums) != 1 || sums[0].Volume != hVolume || sums[0].Index != 2 {
+		t.Fatalf("checksum: %v %v %+v", r.Status, err, sums)
+	}
+}
+
+func TestHandlerBadInput(t *testing.T) {
+	e := newHandlerEnv(t)
+	c := e.dial()
+	// Some data to protect.
+	seed := bytes.Repeat([]byte("basalt!!"), hChunk/8)
+	for off := uint64(0); off < hVolSize; off += hChunk {
+		if r, _ := e.do(c, ioHdr(transport.OpWrite, off, hChunk), seed); r.Status != api.StatusOK {
+			t.Fatalf("seed write: %v", r.Status)
+		}
+	}
+	before := e.snapshotData(c)
+	e.host.mu.Lock()
+	proposedBefore := e.host.proposed
+	e.host.mu.Unlock()
+
+	wrongCS := ioHdr(transport.OpWrite, 0, 4)
+	wrongCS.Copyset = (wrongCS.Copyset + 1) % hCopysets
+	bigCS := ioHdr(transport.OpWrite, 0, 4)
+	bigCS.Copyset = 1 << 30
+	epoch0 := ioHdr(transport.OpWrite, 0, 4)
+	epoch0.Epoch = 0
+	trim0 := ioHdr(transport.OpTrim, 0, 4)
+	trim0.Epoch = 0
+	unknown := ioHdr(transport.OpWrite, 0, 4)
+	unknown.Volume = 999
+	deleted := ioHdr(transport.OpWrite, 0, 4)
+	deleted.Volume = hDeleted
+	deleted.Copyset = csOf(hDeleted, 0)
+	stale := ioHdr(transport.OpWrite, 0, 4)
+	stale.Epoch = 0
+	badOp := ioHdr(transport.Op(99), 0, 4)
+	zeroLen := ioHdr(transport.OpWrite, 0, 0)
+	readPayload := ioHdr(transport.OpRead, 0, 4)
+	badChecksum := transport.Header{Op: transport.OpChecksum, Volume: 1 << 40}
+	noCS := transport.Header{Op: transport.OpChecksum, Volume: hOtherPool}
+	cases := []struct {
+		name    string
+		h       transport.Header
+		payload []byte
+		want    api.Status
+	}{
+		{"unknown op", badOp, []byte("abcd"), api.StatusBadRequest},
+		{"past the end", ioHdr(transport.OpWrite, hVolSize-2, 4), []byte("abcd"), api.StatusOutOfRange},
+		{"offset far past the end", ioHdr(transport.OpRead, 1<<62, 4), nil, api.StatusOutOfRange},
+		{"offset+length overflows", ioHdr(transport.OpRead, ^uint64(0)-1, 4), nil, api.StatusOutOfRange},
+		{"crosses a chunk", ioHdr(transport.OpWrite, hChunk-2, 4), []byte("abcd"), api.StatusOutOfRange},
+		{"zeroes cross a chunk", ioHdr(transport.OpWriteZeroes, hChunk-2, 4), nil, api.StatusOutOfRange},
+		{"huge length", ioHdr(transport.OpRead, 0, 1<<31), nil, api.StatusOutOfRange},
+		{"unknown volume", unknown, []byte("abcd"), api.StatusNoSuchVolume},
+		{"deleted volume", deleted, []byte("abcd"), api.StatusNoSuchVolume},
+		{"wrong copyset", wrongCS, []byte("abcd"), api.StatusBadRequest},
+		{"copyset out of range", bigCS, []byte("abcd"), api.StatusBadRequest},
+		{"write with epoch 0", epoch0, []byte("abcd"), api.StatusReadOnly},
+		{"trim with epoch 0", trim0, nil, api.StatusReadOnly},
+		{"payload shorter than length", ioHdr(transport.OpWrite, 0, 8), []byte("abcd"), api.StatusBadRequest},
+		{"payload longer than length", ioHdr(transport.OpWrite, 0, 2), []byte("abcd"), api.StatusBadRequest},
+		{"zero length", zeroLen, nil, api.StatusBadRequest},
+		{"read with payload", readPayload, []byte("abcd"), api.StatusBadRequest},
+		{"trim with payload", ioHdr(transport.OpTrim, 0, 4), []byte("abcd"), api.StatusBadRequest},
+		{"checksum of a bad pool id", badChecksum, nil, api.StatusBadRequest},
+		{"checksum of a copyset not here", noCS, nil, api.StatusNoSuchCopyset},
+	}
+	_ = stale
+	for _, tc := range cases {
+		r, _ := e.do(c, tc.h, tc.payload)
+		if r.Status != tc.want {
+			t.Errorf("%s: status %v, want %v", tc.name, r.Status, tc.want)
+		}
+		if r.ID == 0 || r.Op != tc.h.Op {
+			t.Errorf("%s: reply header %+v does not echo the request", tc.name, r)
+		}
+	}
+	// A copyset not hosted here.
+	e.host.mu.Lock()
+	g := placement.GroupID(hPool, csOf(hVolume, 0))
+	saved := e.host.replicas[g]
+	delete(e.host.replicas, g)
+	e.host.mu.Unlock()
+	if r, _ := e.do(c, ioHdr(transport.OpWrite, 0, 4), []byte("abcd")); r.Status != api.StatusNoSuchCopyset {
+		t.Errorf("copyset not hosted: %v", r.Status)
+	}
+	e.host.mu.Lock()
+	e.host.replicas[g] = saved
+	e.host.mu.Unlock()
+
+	// Raw garbage on fresh connections: the connection is closed, nothing else.
+	garbage := [][]byte{
+		[]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n" + string(make([]byte, 64))),
+		badHeader(func(b []byte) { b[4] = 9 }),                                                              // bad version
+		badHeader(func(b []byte) { binary.BigEndian.PutUint32(b[20:], transport.MaxPayload+1) }),            // huge payload
+		append(badHeader(func(b []byte) { binary.BigEndian.PutUint32(b[20:], 1000) }), make([]byte, 10)...), // truncated payload
+		badHeader(nil)[:30], // truncated header
+		badHeader(func(b []byte) { binary.BigEndian.PutUint16(b[6:], uint16(transport.FlagReply)) }), // a reply as request
+	}
+	for i, g := range garbage {
+		nc, err := net.Dial("tcp", e.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc.Write(g)
+		if tcp, ok := nc.(*net.TCPConn); ok {
+			tcp.CloseWrite()
+		}
+		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		rest, err := io.ReadAll(nc)
+		nc.Close()
+		if err != nil && !errors.Is(err, net.ErrClosed) {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Errorf("garbage %d: connection left open", i)
+			}
+		}
+		if len(rest) != 0 {
+			t.Errorf("garbage %d: got %d bytes of reply", i, len(rest))
+		}
+	}
+	// Raft and snapshot garbage must not crash anything either.
+	var rw captureRW
+	e.hd.ServeFrame(&rw, transport.Header{Op: transport.OpRaft}, []byte{1, 2, 3})
+
+	// The process is up, the good connection still works, no data changed and
+	// nothing was proposed.
+	if r, _ := e.do(c, transport.Header{Op: transport.OpPing}, nil); r.Status != api.StatusOK {
+		t.Fatalf("ping after bad input: %v", r.Status)
+	}
+	if !bytes.Equal(e.snapshotData(e.dial()), before) {
+		t.Fatal("bad input changed data")
+	}
+	e.host.mu.Lock()
+	defer e.host.mu.Unlock()
+	if e.host.proposed != proposedBefore {
+		t.Fatalf("bad input proposed %d commands", e.host.proposed-proposedBefore)
+	}
+}
+
+// An unknown volume makes the cache look again (rate-limited): a volume created
+// after the last refresh is served without waiting for a heartbeat.
+func TestHandlerUnknownVolumeRefresh(t *testing.T) {
+	e := newHandlerEnv(t)
+	c := e.dial()
+	e.mds.mu.Lock()
+	e.mds.vols = append(e.mds.vols, &api.Volume{Id: 500, Size: hChunk, PoolId: hPool})
+	lists := e.mds.lists
+	e.mds.mu.Unlock()
+	h := transport.Header{Op: transport.OpWrite, Volume: 500, Epoch: 1, Length: 3, Copyset: csOf(500, 0)}
+	if r, _ := e.do(c, h, []byte("new")); r.Status != api.StatusOK {
+		t.Fatalf("write to a new volume: %v", r.Status)
+	}
+	// Rate limit: with the interval in force, unknown ids do not hammer the MDS.
+	e.hd.vols.missInterval = time.Hour
+	for i := 0; i < 5; i++ {
+		h.Volume = 600 + uint64(i)
+		if r, _ := e.do(c, h, []byte("new")); r.Status != api.StatusNoSuchVolume {
+			t.Fatalf("unknown volume: %v", r.Status)
+		}
+	}
+	e.mds.mu.Lock()
+	defer e.mds.mu.Unlock()
+	if n := e.mds.lists - lists; n > 2 {
+		t.Fatalf("%d volume list calls for unknown ids, want at most 2", n)
+	}
+}
+
+func badHeader(mod func([]byte)) []byte {
+	h := ioHdr(transport.OpPing, 0, 0)
+	b := make([]byte, transport.HeaderSize)
+	h.Encode(b)
+	if mod != nil {
+		mod(b)
+	}
+	return b
+}
+
+type captureRW struct {
+	mu      sync.Mutex
+	replies []transport.Header
+}
+
+func (c *captureRW) Reply(h transport.Header, _ []byte, release func()) {
+	c.mu.Lock()
+	c.replies = append(c.replies, h)
+	c.mu.Unlock()
+	if release != nil {
+		release()
+	}
+}
+func (c *captureRW) Retain()              {}
+func (c *captureRW) RemoteAddr() net.Addr { return &net.TCPAddr{} }
