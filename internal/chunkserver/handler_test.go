@@ -408,7 +408,9 @@ func TestHandlerUnknownVolumeRefresh(t *testing.T) {
 		t.Fatalf("write to a new volume: %v", r.Status)
 	}
 	// Rate limit: with the interval in force, unknown ids do not hammer the MDS.
+	e.hd.vols.refreshMu.Lock()
 	e.hd.vols.missInterval = time.Hour
+	e.hd.vols.refreshMu.Unlock()
 	for i := 0; i < 5; i++ {
 		h.Volume = 600 + uint64(i)
 		if r, _ := e.do(c, h, []byte("new")); r.Status != api.StatusNoSuchVolume {

@@ -26,7 +26,7 @@ type volumeInfo struct {
 type volumeCache struct {
 	mds          api.MDSClient
 	log          *slog.Logger
-	missInterval time.Duration
+	missInterval time.Duration // guarded by refreshMu
 	// onDeleted is told the volumes that vanished from the MDS's list.
 	onDeleted func(ids []uint64)
 
