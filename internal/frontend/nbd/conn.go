@@ -15,6 +15,14 @@ import (
 	"github.com/basalt-storage/basalt/internal/frontend"
 )
 
+const (
+	// shutdownGrace is how long a connection keeps answering new requests with
+	// NBD_ESHUTDOWN after Shutdown, so requests already sent are not lost silently.
+	shutdownGrace = 100 * time.Millisecond
+	// lingerTimeout bounds the wait for the client's close after a graceful end.
+	lingerTimeout = time.Second
+)
+
 // conn is one client connection. See doc.go for its state machine and goroutines.
 type conn struct {
 	s   *Server
@@ -87,7 +95,26 @@ func (c *conn) serve() {
 	c.waitIdle()
 	close(c.replies)
 	<-c.writerDone
+	if st == endGraceful {
+		c.linger()
+	}
 	c.log.Debug("nbd: connection closed", "end", st.String(), "err", err)
+}
+
+// linger half-closes the socket after the last reply and reads until the
+// client closes too (bounded by lingerTimeout). Closing with unread data in the
+// receive queue would make the kernel reset the connection, which can destroy
+// replies the client has not read yet.
+func (c *conn) linger() {
+	cw, ok := c.nc.(interface{ CloseWrite() error })
+	if !ok {
+		return
+	}
+	if cw.CloseWrite() != nil {
+		return
+	}
+	c.nc.SetReadDeadline(time.Now().Add(lingerTimeout))
+	io.Copy(io.Discard, c.br)
 }
 
 // beginShutdown is called by Server.Shutdown (holding Server.mu).
@@ -96,9 +123,9 @@ func (c *conn) beginShutdown() {
 	defer c.mu.Unlock()
 	c.shutdown = true
 	if c.transmitting {
-		// Wakes a reader blocked on the socket; what is already buffered is still
-		// parsed and answered with NBD_ESHUTDOWN.
-		c.nc.SetReadDeadline(time.Now())
+		// Requests read from now on are answered NBD_ESHUTDOWN; after the grace
+		// period the reader's next read fails and the connection drains.
+		c.nc.SetReadDeadline(time.Now().Add(shutdownGrace))
 	} else {
 		c.nc.Close()
 	}

@@ -1,0 +1,404 @@
+package nbd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/frontend"
+)
+
+func TestCommandsRoundTrip(t *testing.T) {
+	disk := newMem(1 << 20)
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	c := open(t, ts.sock, "disk")
+
+	rng := rand.New(rand.NewPCG(1, 2))
+	data := make([]byte, 64<<10)
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	if errno, _ := c.do(cmdWrite, 0, 4096, uint32(len(data)), data); errno != 0 {
+		t.Fatalf("write: errno %d", errno)
+	}
+	if errno, _ := c.do(cmdWrite, cmdFlagFUA, 1<<20-3, 3, []byte("end")); errno != 0 {
+		t.Fatalf("FUA write at the last bytes: errno %d", errno)
+	}
+	errno, got := c.do(cmdRead, 0, 4096, uint32(len(data)), nil)
+	if errno != 0 || !bytes.Equal(got, data) {
+		t.Fatalf("read back: errno %d, equal %v", errno, bytes.Equal(got, data))
+	}
+	if errno, _ := c.do(cmdFlush, 0, 0, 0, nil); errno != 0 {
+		t.Fatalf("flush: errno %d", errno)
+	}
+	if errno, _ := c.do(cmdFlush, cmdFlagFUA, 0, 0, nil); errno != 0 {
+		t.Fatalf("flush with FUA (clients do send it): errno %d", errno)
+	}
+	if errno, _ := c.do(cmdTrim, 0, 4096, 4096, nil); errno != 0 {
+		t.Fatalf("trim: errno %d", errno)
+	}
+	if errno, _ := c.do(cmdWriteZeroes, cmdFlagNoHole|cmdFlagFUA, 3*4096, 100, nil); errno != 0 {
+		t.Fatalf("write zeroes: errno %d", errno)
+	}
+	want := append([]byte(nil), data...)
+	clear(want[0:4096])
+	clear(want[2*4096 : 2*4096+100])
+	if errno, got := c.do(cmdRead, 0, 4096, uint32(len(data)), nil); errno != 0 || !bytes.Equal(got, want) {
+		t.Fatalf("trimmed and zeroed ranges do not read back as zeros (errno %d)", errno)
+	}
+	if got := disk.snapshot(1<<20-3, 3); string(got) != "end" {
+		t.Fatalf("last bytes %q", got)
+	}
+	c.send(cmdDisc, 0, 9, 0, 0, nil)
+	c.expectEOF()
+}
+
+func TestValidationRejectsBeforeBackend(t *testing.T) {
+	for _, minBlock := range []uint32{1, 512} {
+		t.Run(fmt.Sprintf("min%d", minBlock), func(t *testing.T) {
+			disk := newMem(1 << 20)
+			ts := startServer(t, Config{Exports: memExports{"disk": disk}, MinBlockSize: minBlock, MaxPayload: 1 << 20})
+			c := open(t, ts.sock, "disk")
+			type tc struct {
+				name    string
+				typ     uint16
+				flags   uint16
+				off     uint64
+				length  uint32
+				payload bool
+				want    uint32
+			}
+			cases := []tc{
+				{"unknown command", 42, 0, 0, 512, false, EINVAL},
+				{"cache not advertised", 5, 0, 0, 512, false, EINVAL},
+				{"block status not negotiated", 7, 0, 0, 512, false, EINVAL},
+				{"unknown flag on read", cmdRead, 1 << 7, 0, 512, false, EINVAL},
+				{"DF flag without structured replies", cmdRead, 1 << 2, 0, 512, false, EINVAL},
+				{"NO_HOLE on write", cmdWrite, cmdFlagNoHole, 0, 512, true, EINVAL},
+				{"FAST_ZERO not advertised", cmdWriteZeroes, 1 << 4, 0, 512, false, EINVAL},
+				{"flush with offset", cmdFlush, 0, 512, 0, false, EINVAL},
+				{"flush with length", cmdFlush, 0, 0, 512, false, EINVAL},
+				{"read length 0", cmdRead, 0, 0, 0, false, EINVAL},
+				{"write length 0", cmdWrite, 0, 0, 0, false, EINVAL},
+				{"trim length 0", cmdTrim, 0, 0, 0, false, EINVAL},
+				{"read past end", cmdRead, 0, 1<<20 - 512, 1024, false, EINVAL},
+				{"read offset past end", cmdRead, 0, 1 << 40, 512, false, EINVAL},
+				{"read offset overflow", cmdRead, 0, ^uint64(0) - 100, 512, false, EINVAL},
+				{"trim past end", cmdTrim, 0, 1<<20 - 512, 1024, false, EINVAL},
+				{"write past end", cmdWrite, 0, 1<<20 - 512, 1024, true, ENOSPC},
+				{"write zeroes past end", cmdWriteZeroes, 0, 1 << 20, 512, false, ENOSPC},
+				{"read over max payload", cmdRead, 0, 0, 1<<20 + 512, false, EINVAL},
+			}
+			if minBlock > 1 {
+				cases = append(cases,
+					tc{"unaligned read offset", cmdRead, 0, 100, 512, false, EINVAL},
+					tc{"unaligned write length", cmdWrite, 0, 0, 100, true, EINVAL},
+					tc{"unaligned trim", cmdTrim, 0, 512, 700, false, EINVAL},
+				)
+			}
+			before := disk.submitted.Load()
+			for _, tc := range cases {
+				var payload []byte
+				if tc.payload {
+					payload = bytes.Repeat([]byte{0xee}, int(tc.length))
+				}
+				if errno, _ := c.do(tc.typ, tc.flags, tc.off, tc.length, payload); errno != tc.want {
+					t.Errorf("%s: errno %d, want %d", tc.name, errno, tc.want)
+				}
+			}
+			if n := disk.submitted.Load() - before; n != 0 {
+				t.Errorf("%d invalid requests reached the backend", n)
+			}
+			// The payloads of rejected writes were skipped: the stream is in step
+			// and nothing was written.
+			if errno, got := c.do(cmdRead, 0, 0, 4096, nil); errno != 0 || !bytes.Equal(got, make([]byte, 4096)) {
+				t.Errorf("after rejected requests: errno %d, data changed %v", errno, !bytes.Equal(got, make([]byte, 4096)))
+			}
+		})
+	}
+}
+
+func TestOversizedWriteClosesWithoutWriting(t *testing.T) {
+	disk := newMem(64 << 20)
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}, MaxPayload: 1 << 20})
+	c := open(t, ts.sock, "disk")
+	c.send(cmdWrite, 0, 5, 0, 2<<20, bytes.Repeat([]byte{1}, 4096))
+	if cookie, errno, _ := c.reply(nil); cookie != 5 || errno != EINVAL {
+		t.Errorf("oversized write: cookie %d errno %d, want 5 EINVAL", cookie, errno)
+	}
+	c.expectEOF()
+	if n := disk.submitted.Load(); n != 0 {
+		t.Errorf("backend got %d requests", n)
+	}
+}
+
+func TestTornWriteIsNotSubmitted(t *testing.T) {
+	disk := newMem(1 << 20)
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	c := open(t, ts.sock, "disk")
+	c.send(cmdWrite, 0, 1, 0, 8192, bytes.Repeat([]byte{1}, 5000))
+	c.nc.Close()
+	// The server notices the EOF and ends the connection.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ts.mu.Lock()
+		n := len(ts.active)
+		ts.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("connection still active after the client hung up")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := disk.mutations.Load(); n != 0 {
+		t.Errorf("a torn write reached the backend (%d mutations)", n)
+	}
+}
+
+type codedErr struct{}
+
+func (codedErr) Error() string { return "coded" }
+
+type coderBackend struct{ *memBackend }
+
+func (coderBackend) ErrorCode(err error) uint32 {
+	if errors.Is(err, codedErr{}) {
+		return ENOTSUP
+	}
+	return 0
+}
+
+func TestBackendErrorsMapped(t *testing.T) {
+	errFenced := errors.New("fenced")
+	injected := map[int64]error{
+		0 * 4096: fmt.Errorf("wrapped: %w", ErrPermission),
+		1 * 4096: ErrNoSpace,
+		2 * 4096: ErrInvalid,
+		3 * 4096: errors.New("disk on fire"),
+		4 * 4096: errFenced,
+		5 * 4096: codedErr{},
+		6 * 4096: ErrShuttingDown,
+	}
+	disk := newMem(1 << 20)
+	disk.fail = func(op frontend.Op, off, length int64) error { return injected[off] }
+	ts := startServer(t, Config{
+		Exports: memExports{"disk": coderBackend{disk}},
+		ErrorCode: func(err error) uint32 {
+			if errors.Is(err, errFenced) {
+				return EPERM
+			}
+			return 0
+		},
+	})
+	c := open(t, ts.sock, "disk")
+	want := []uint32{EPERM, ENOSPC, EINVAL, EIO, EPERM, ENOTSUP, ESHUTDOWN, 0}
+	for i, w := range want {
+		if errno, _ := c.do(cmdRead, 0, uint64(i)*4096, 4096, nil); errno != w {
+			t.Errorf("read at block %d: errno %d, want %d", i, errno, w)
+		}
+		if errno, _ := c.do(cmdWrite, 0, uint64(i)*4096, 4, []byte("abcd")); errno != w {
+			t.Errorf("write at block %d: errno %d, want %d", i, errno, w)
+		}
+	}
+}
+
+func TestRepliesOutOfOrder(t *testing.T) {
+	disk := newMem(1 << 20)
+	// The first block is slow, everything else fast.
+	disk.delay = func(op frontend.Op, off, length int64) time.Duration {
+		if off == 0 {
+			return 200 * time.Millisecond
+		}
+		return time.Millisecond
+	}
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	c := open(t, ts.sock, "disk")
+	c.send(cmdRead, 0, 100, 0, 4096, nil)
+	for i := uint64(1); i <= 8; i++ {
+		c.send(cmdWrite, 0, 100+i, i*4096, 4, []byte("wxyz"))
+	}
+	var order []uint64
+	for range 9 {
+		cookie, errno, _ := c.reply(func(cookie uint64) int {
+			if cookie == 100 {
+				return 4096
+			}
+			return 0
+		})
+		if errno != 0 {
+			t.Fatalf("cookie %d: errno %d", cookie, errno)
+		}
+		order = append(order, cookie)
+	}
+	if order[len(order)-1] != 100 {
+		t.Errorf("reply order %v: the slow read should come last", order)
+	}
+}
+
+func TestDiscAnswersInFlightFirst(t *testing.T) {
+	disk := newMem(1 << 20)
+	disk.delay = func(op frontend.Op, off, length int64) time.Duration { return 50 * time.Millisecond }
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	c := open(t, ts.sock, "disk")
+	for i := range uint64(16) {
+		c.send(cmdWrite, 0, i, i*4096, 4096, bytes.Repeat([]byte{byte(i + 1)}, 4096))
+	}
+	c.send(cmdDisc, 0, 99, 0, 0, nil)
+	seen := map[uint64]bool{}
+	for range 16 {
+		cookie, errno, _ := c.reply(nil)
+		if errno != 0 {
+			t.Fatalf("write %d: errno %d", cookie, errno)
+		}
+		seen[cookie] = true
+	}
+	c.expectEOF()
+	if len(seen) != 16 {
+		t.Fatalf("got %d distinct replies", len(seen))
+	}
+	for i := range 16 {
+		if got := disk.snapshot(i*4096, 1); got[0] != byte(i+1) {
+			t.Errorf("block %d holds %d after DISC", i, got[0])
+		}
+	}
+}
+
+func TestInFlightIsBounded(t *testing.T) {
+	disk := newMem(1 << 20)
+	disk.gate = make(chan struct{})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}, MaxInFlight: 4})
+	c := open(t, ts.sock, "disk")
+	for i := range uint64(10) {
+		c.send(cmdRead, 0, i, i*4096, 4096, nil)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := disk.submitted.Load(); n != 4 {
+		t.Fatalf("%d requests submitted with MaxInFlight 4", n)
+	}
+	for range 10 {
+		disk.gate <- struct{}{}
+	}
+	for range 10 {
+		if _, errno, _ := c.reply(func(uint64) int { return 4096 }); errno != 0 {
+			t.Fatalf("errno %d", errno)
+		}
+	}
+}
+
+func TestMultiConnSharesBackend(t *testing.T) {
+	disk := newMem(1 << 20)
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	a := open(t, ts.sock, "disk")
+	b := open(t, ts.sock, "disk")
+	if a.flags&flagCanMultiConn == 0 {
+		t.Fatal("CAN_MULTI_CONN not advertised")
+	}
+	if errno, _ := a.do(cmdWrite, cmdFlagFUA, 8192, 5, []byte("hello")); errno != 0 {
+		t.Fatal(errno)
+	}
+	if errno, got := b.do(cmdRead, 0, 8192, 5, nil); errno != 0 || string(got) != "hello" {
+		t.Fatalf("other connection reads %q (errno %d)", got, errno)
+	}
+}
+
+func TestShutdownFinishesInFlight(t *testing.T) {
+	disk := newMem(1 << 20)
+	disk.delay = func(op frontend.Op, off, length int64) time.Duration { return 100 * time.Millisecond }
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	c := open(t, ts.sock, "disk")
+	idle := dial(t, ts.sock) // still in the handshake
+	idle.greet(flagCFixedNewstyle)
+	c.send(cmdWrite, 0, 1, 0, 4, []byte("data"))
+	time.Sleep(20 * time.Millisecond) // let the server read it
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- ts.Shutdown(ctx) }()
+	if cookie, errno, _ := c.reply(nil); cookie != 1 || errno != 0 {
+		t.Fatalf("in-flight write during shutdown: cookie %d errno %d", cookie, errno)
+	}
+	c.expectEOF()
+	idle.expectEOF()
+	if err := <-done; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if err := <-ts.serveCh; !errors.Is(err, ErrServerClosed) {
+		t.Fatalf("Serve returned %v", err)
+	}
+	if got := disk.snapshot(0, 4); string(got) != "data" {
+		t.Fatalf("write lost: %q", got)
+	}
+	if disk.pending.Load() != 0 {
+		t.Fatal("backend IO still pending after Shutdown")
+	}
+}
+
+func TestShutdownAnswersBufferedWithESHUTDOWN(t *testing.T) {
+	disk := newMem(1 << 20)
+	disk.gate = make(chan struct{})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}, MaxInFlight: 1})
+	c := open(t, ts.sock, "disk")
+	// First read is held by the gate; the second waits in the server's buffer
+	// because only one request may be in flight.
+	c.send(cmdRead, 0, 1, 0, 512, nil)
+	c.send(cmdRead, 0, 2, 512, 512, nil)
+	time.Sleep(50 * time.Millisecond)
+	done := make(chan error, 1)
+	go func() { done <- ts.Shutdown(context.Background()) }()
+	time.Sleep(50 * time.Millisecond)
+	disk.gate <- struct{}{}
+	got := map[uint64]uint32{}
+	for range 2 {
+		cookie, errno, _ := c.reply(func(uint64) int { return 512 })
+		got[cookie] = errno
+	}
+	if got[1] != 0 || got[2] != ESHUTDOWN {
+		t.Errorf("replies %v, want 1:0 2:ESHUTDOWN", got)
+	}
+	c.expectEOF()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCloseDropsReplies(t *testing.T) {
+	disk := newMem(1 << 20)
+	disk.delay = func(op frontend.Op, off, length int64) time.Duration { return 50 * time.Millisecond }
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	c := open(t, ts.sock, "disk")
+	c.send(cmdRead, 0, 1, 0, 4096, nil)
+	time.Sleep(10 * time.Millisecond)
+	ts.Close()
+	if disk.pending.Load() != 0 {
+		t.Fatal("Close returned before the backend called back")
+	}
+	c.expectEOF()
+}
+
+func TestBadRequestMagicCloses(t *testing.T) {
+	disk := newMem(1 << 20)
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	c := open(t, ts.sock, "disk")
+	c.write(make([]byte, requestHeaderLen))
+	c.expectEOF()
+}
+
+func TestNewServerRejectsBadConfig(t *testing.T) {
+	for _, cfg := range []Config{
+		{},
+		{Exports: memExports{}, MinBlockSize: 3},
+		{Exports: memExports{}, MinBlockSize: 128 << 10},
+		{Exports: memExports{}, MaxPayload: 64 << 20},
+		{Exports: memExports{}, PreferredBlockSize: 256},
+	} {
+		if _, err := NewServer(cfg); !errors.Is(err, ErrBadConfig) {
+			t.Errorf("NewServer(%+v) = %v, want ErrBadConfig", cfg, err)
+		}
+	}
+}
