@@ -15,7 +15,7 @@ const testChunk = 1 << 20 // 1 MiB chunks keep tests fast
 
 func openStore(t testing.TB, dir string, prealloc int, knobs Knobs) *Store {
 	t.Helper()
-	s, err := Open(Config{Dir: dir, PreallocChunks: prealloc, Knobs: knobs})
+	s, err := Open(Config{Dir: dir, PreallocChunks: prealloc, Knobs: knobs, Logger: quietLog})
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
@@ -559,7 +559,7 @@ func TestCopysetsAndDeleteVolume(t *testing.T) {
 }
 
 func TestFDCacheBounded(t *testing.T) {
-	s, err := Open(Config{Dir: t.TempDir(), MaxOpenFiles: 4})
+	s, err := Open(Config{Dir: t.TempDir(), MaxOpenFiles: 4, Logger: quietLog})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -679,4 +679,26 @@ func listNames(t *testing.T, dir string) []string {
 		}
 	}
 	return out
+}
+
+// TestHotPathDoesNotAllocate: WriteAt and ReadAt of an existing chunk, and
+// of an absent one (read), allocate nothing per call.
+func TestHotPathDoesNotAllocate(t *testing.T) {
+	s := openStore(t, t.TempDir(), 0, Knobs{})
+	defer s.Close()
+	cs := mustCopyset(t, s, 1)
+	p := make([]byte, 4096)
+	id := ChunkID{1, 0}
+	if err := cs.WriteAt(id, p, 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(100, func() { cs.WriteAt(id, p, 4096) }); n != 0 {
+		t.Errorf("WriteAt allocates %.1f times per call", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { cs.ReadAt(id, p, 4096) }); n != 0 {
+		t.Errorf("ReadAt allocates %.1f times per call", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { cs.ReadAt(ChunkID{2, 0}, p, 0) }); n != 0 {
+		t.Errorf("ReadAt of an absent chunk allocates %.1f times per call", n)
+	}
 }

@@ -251,7 +251,7 @@ func TestInstallInterrupted(t *testing.T) {
 // TestSnapshotGolden freezes the stream format: a tiny copyset with one
 // fully written chunk must stream to exactly these bytes.
 func TestSnapshotGolden(t *testing.T) {
-	s, err := Open(Config{Dir: t.TempDir()})
+	s, err := Open(Config{Dir: t.TempDir(), Logger: quietLog})
 	if err != nil {
 		t.Fatal(err)
 	}

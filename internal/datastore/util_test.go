@@ -2,6 +2,7 @@ package datastore
 
 import (
 	"hash/crc32"
+	"log/slog"
 	"os"
 	"syscall"
 	"testing"
@@ -17,3 +18,6 @@ func inode(t *testing.T, path string) uint64 {
 	}
 	return st.Sys().(*syscall.Stat_t).Ino
 }
+
+// quietLog keeps test output readable.
+var quietLog = slog.New(slog.DiscardHandler)
