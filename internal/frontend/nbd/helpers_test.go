@@ -141,8 +141,23 @@ func (e memExports) List() []string {
 // testServer is a Server on a Unix socket in a short temp dir.
 type testServer struct {
 	*Server
-	sock    string
-	serveCh chan error
+	sock     string
+	serveCh  chan error
+	accepted *atomic.Int64 // connections accepted
+}
+
+// countingListener counts accepted connections.
+type countingListener struct {
+	net.Listener
+	n *atomic.Int64
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
 }
 
 func quietLogger() *slog.Logger {
@@ -167,8 +182,8 @@ func startServer(t testing.TB, cfg Config) *testServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := &testServer{Server: s, sock: sock, serveCh: make(chan error, 1)}
-	go func() { ts.serveCh <- s.Serve(ln) }()
+	ts := &testServer{Server: s, sock: sock, serveCh: make(chan error, 1), accepted: new(atomic.Int64)}
+	go func() { ts.serveCh <- s.Serve(countingListener{ln, ts.accepted}) }()
 	t.Cleanup(func() {
 		s.Close()
 		os.RemoveAll(dir)
