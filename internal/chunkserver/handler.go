@@ -27,6 +27,7 @@ type replicaStore interface {
 	chunkStore
 	Chunks() ([]chunkID, error)
 	Checksum(id chunkID) (uint32, error)
+	DeleteVolume(volume uint64) error
 }
 
 // replica is one copyset hosted by this chunkserver.
@@ -49,6 +50,7 @@ type handler struct {
 	raftIn  func(h transport.Header, payload []byte)
 	snapIn  func(rw transport.ReplyWriter, h transport.Header, payload []byte)
 	metrics *metrics
+	stats   *ioStats // heartbeat counters; nil in tests
 
 	missWG sync.WaitGroup // goroutines waiting on a volume-cache refresh
 }
@@ -89,8 +91,23 @@ func (hd *handler) replyErr(rw transport.ReplyWriter, h transport.Header, err er
 	n := 0
 	if st == api.StatusOK && h.Op != transport.OpRead {
 		n = int(h.Length)
+		hd.count(h.Op, n)
 	}
 	hd.metrics.done(h.Op, st, n, start)
+}
+
+// count adds a successful IO to the heartbeat counters.
+func (hd *handler) count(op transport.Op, n int) {
+	if hd.stats == nil {
+		return
+	}
+	if op == transport.OpRead {
+		hd.stats.readOps.Add(1)
+		hd.stats.readBytes.Add(uint64(n))
+		return
+	}
+	hd.stats.writeOps.Add(1)
+	hd.stats.writeBytes.Add(uint64(n))
 }
 
 // statusOf maps a proposal or read result to a wire status.
@@ -232,6 +249,7 @@ func (hd *handler) readNow(rw transport.ReplyWriter, h transport.Header, r *repl
 	h.Status = api.StatusOK
 	h.Hint = 0
 	rw.Reply(h, buf, func() { putBuf(buf) })
+	hd.count(h.Op, int(h.Length))
 	hd.metrics.done(h.Op, api.StatusOK, int(h.Length), start)
 }
 

@@ -41,6 +41,7 @@ type stateMachine struct {
 	group     uint64
 	chunkSize int64
 	store     chunkStore
+	log       *slog.Logger
 	// deleted reports volumes known to be deleted; their commands are skipped.
 	deleted func(volume uint64) bool
 	// onFail is told once about the disk error that stopped this replica.
@@ -67,6 +68,7 @@ func newStateMachine(group uint64, chunkSize int64, store chunkStore, deleted fu
 		group:     group,
 		chunkSize: chunkSize,
 		store:     store,
+		log:       slog.Default(),
 		deleted:   deleted,
 		onFail:    onFail,
 		epochs:    make(map[uint64]uint64),
@@ -213,7 +215,7 @@ func (sm *stateMachine) InstallSnapshot(index uint64, state []byte) error {
 	if err := sm.store.InstallStaged(); errors.Is(err, datastore.ErrNoStaged) {
 		// Called again after a restart that followed an install whose meta
 		// record was not yet saved: the data is in place already.
-		slog.Warn("snapshot already installed; recording it", "copyset", sm.group, "index", index)
+		sm.log.Warn("snapshot already installed; recording it", "copyset", sm.group, "index", index)
 	} else if err != nil {
 		return sm.fail(fmt.Errorf("copyset %#x install snapshot %d: %w", sm.group, index, err))
 	}

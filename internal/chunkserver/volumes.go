@@ -35,7 +35,8 @@ type volumeCache struct {
 
 	mu       sync.RWMutex
 	vols     map[uint64]volumeInfo
-	deleted  map[uint64]bool // volumes seen once, then gone: deleted (ids are never reused)
+	pools    map[uint32]uint64 // chunk size by pool id
+	deleted  map[uint64]bool   // volumes seen once, then gone: deleted (ids are never reused)
 	revision uint64
 	loaded   bool
 }
@@ -60,6 +61,14 @@ func (vc *volumeCache) lookup(id uint64) (volumeInfo, bool) {
 	defer vc.mu.RUnlock()
 	v, ok := vc.vols[id]
 	return v, ok
+}
+
+// poolChunkSize returns the chunk size of a pool.
+func (vc *volumeCache) poolChunkSize(pool uint32) (uint64, bool) {
+	vc.mu.RLock()
+	defer vc.mu.RUnlock()
+	cs, ok := vc.pools[pool]
+	return cs, ok && cs > 0
 }
 
 // isDeleted reports whether the volume was seen and then deleted.
@@ -137,6 +146,10 @@ func (vc *volumeCache) refreshLocked(ctx context.Context) error {
 		}
 	}
 	vc.vols = vols
+	vc.pools = make(map[uint32]uint64, len(pools))
+	for id, p := range pools {
+		vc.pools[id] = p.GetChunkSize()
+	}
 	vc.revision = vr.GetRevision()
 	vc.loaded = true
 	vc.mu.Unlock()

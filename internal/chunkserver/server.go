@@ -1,0 +1,569 @@
+package chunkserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/basalt-storage/basalt/internal/datastore"
+	"github.com/basalt-storage/basalt/internal/placement"
+	"github.com/basalt-storage/basalt/internal/raftstore"
+	"github.com/basalt-storage/basalt/internal/transport"
+	"github.com/basalt-storage/basalt/internal/wal"
+	"github.com/basalt-storage/basalt/pkg/api"
+	"github.com/basalt-storage/basalt/pkg/mdsclient"
+)
+
+// Config configures a chunkserver.
+type Config struct {
+	DataDir           string        // holds id, wal/, data/
+	MDS               []string      // MDS addresses
+	Listen            string        // data-plane TCP (client IO + raft), e.g. 127.0.0.1:0
+	Advertise         string        // address given to the MDS; default: the bound Listen address
+	Zone, Server      string        // failure domains; Server defaults to the host name
+	MetricsListen     string        // Prometheus /metrics; "" = off
+	HeartbeatInterval time.Duration // default 1 s
+	Logger            *slog.Logger
+
+	// Tuning, mostly for tests. Zero values take the defaults.
+	TickInterval    time.Duration // raft tick (default 100 ms)
+	SnapshotEntries uint64        // raft entries between automatic snapshots (default 10000)
+	WALSegmentSize  int64         // default wal.DefaultSegmentSize
+	MaxWALSegments  int           // force snapshots of pinning groups above this (default 8)
+	PreallocChunks  int           // datastore chunk-file pool depth (default datastore.DefaultPreallocChunks; <0 = off)
+	RaftWorkers     int           // default 4
+}
+
+// Errors of New and Run.
+var (
+	// ErrConfig: the Config is unusable (no data directory, no MDS).
+	ErrConfig = errors.New("chunkserver: invalid config")
+	// ErrIdentity: the MDS gave this data directory another id than the one it
+	// holds, or the id file is corrupt.
+	ErrIdentity = errors.New("chunkserver: data directory identity mismatch")
+	// ErrAlreadyRan: Run was called twice.
+	ErrAlreadyRan = errors.New("chunkserver: Run called twice")
+)
+
+// idFileName is the file in DataDir that holds the chunkserver id (decimal, "\n").
+const idFileName = "id"
+
+// ChunkServer is one chunkserver process: one data directory (one disk).
+//
+// Goroutines (see doc.go): Run's goroutine runs the heartbeat loop and owns
+// group creation; the transport server's connection goroutines run the handler;
+// raftstore's workers drive the groups; the peer transport has a sender per peer.
+type ChunkServer struct {
+	cfg     Config
+	log     *slog.Logger
+	ln      net.Listener
+	addr    string
+	wal     *wal.WAL
+	store   *datastore.Store
+	metrics *metrics
+	ran     atomic.Bool
+	id      atomic.Uint64
+
+	// Set up by Run before the listener is served.
+	mds   *mdsclient.Client
+	vols  *volumeCache
+	host  *raftstore.Host
+	peers *peerTransport
+	snaps *snapReceiver
+	srv   *transport.Server
+	hd    *handler
+
+	mu       sync.RWMutex // guards replicas, diskErr
+	replicas map[uint64]*replica
+	diskErr  error // first disk error that stopped a replica
+
+	stats ioStats
+}
+
+// ioStats are the cumulative IO counters sent in heartbeats.
+type ioStats struct {
+	readOps, writeOps, readBytes, writeBytes atomic.Uint64
+}
+
+// New opens the data directory (id, WAL, chunk files) and binds the listener.
+// Nothing is served until Run.
+func New(cfg Config) (*ChunkServer, error) {
+	if cfg.DataDir == "" || len(cfg.MDS) == 0 {
+		return nil, fmt.Errorf("%w: DataDir and MDS are required", ErrConfig)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.HeartbeatInterval <= 0 {
+		cfg.HeartbeatInterval = time.Second
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:0"
+	}
+	if cfg.Server == "" {
+		cfg.Server, _ = os.Hostname()
+	}
+	if cfg.MaxWALSegments <= 0 {
+		cfg.MaxWALSegments = 8
+	}
+	switch {
+	case cfg.PreallocChunks == 0:
+		cfg.PreallocChunks = datastore.DefaultPreallocChunks
+	case cfg.PreallocChunks < 0:
+		cfg.PreallocChunks = 0
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return nil, err
+	}
+	c := &ChunkServer{cfg: cfg, log: cfg.Logger.With("component", "chunkserver"),
+		metrics: newMetrics(), replicas: make(map[uint64]*replica)}
+	id, err := readID(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	c.id.Store(id)
+	if id != 0 {
+		c.log = c.log.With("chunkserver", id)
+	}
+	c.wal, err = wal.Open(wal.Config{Dir: filepath.Join(cfg.DataDir, "wal"), SegmentSize: cfg.WALSegmentSize, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	c.store, err = datastore.Open(datastore.Config{Dir: filepath.Join(cfg.DataDir, "data"),
+		PreallocChunks: cfg.PreallocChunks, Logger: cfg.Logger})
+	if err != nil {
+		c.wal.Close()
+		return nil, err
+	}
+	c.ln, err = net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		c.store.Close()
+		c.wal.Close()
+		return nil, err
+	}
+	c.addr = cfg.Advertise
+	if c.addr == "" {
+		c.addr = c.ln.Addr().String()
+	}
+	return c, nil
+}
+
+// Addr returns the data-plane address given to the MDS.
+func (c *ChunkServer) Addr() string { return c.addr }
+
+// ID returns the chunkserver id (0 until the first registration of a new data
+// directory succeeded).
+func (c *ChunkServer) ID() uint64 { return c.id.Load() }
+
+// Registry returns the Prometheus registry of this chunkserver's metrics.
+func (c *ChunkServer) Registry() *prometheus.Registry { return c.metrics.reg }
+
+// Run registers with the MDS, serves IO and raft, and heartbeats until ctx is
+// done; then it stops cleanly (listener, raft host, WAL, chunk files).
+func (c *ChunkServer) Run(ctx context.Context) (err error) {
+	if !c.ran.CompareAndSwap(false, true) {
+		return ErrAlreadyRan
+	}
+	defer c.shutdown()
+	c.mds, err = mdsclient.Dial(c.cfg.MDS)
+	if err != nil {
+		return err
+	}
+	c.vols = newVolumeCache(c.mds, c.log, c.deleteVolumes)
+	if err := c.register(ctx); err != nil {
+		return err
+	}
+	id := c.ID()
+	c.log = c.cfg.Logger.With("component", "chunkserver", "chunkserver", id)
+	c.peers = newPeerTransport(id, c.log)
+	c.host, err = raftstore.New(raftstore.Config{
+		NodeID:          id,
+		Log:             c.wal,
+		Transport:       c.peers,
+		Workers:         c.cfg.RaftWorkers,
+		TickInterval:    c.cfg.TickInterval,
+		SnapshotEntries: c.cfg.SnapshotEntries,
+		Logger:          c.cfg.Logger.With("chunkserver", id),
+	})
+	if err != nil {
+		return err
+	}
+	c.host.Start()
+	c.snaps = newSnapReceiver(id, c.log, c.host.ReceiveSnapshot)
+	c.hd = &handler{
+		log:     c.log,
+		ctx:     ctx,
+		vols:    c.vols,
+		host:    c.host,
+		replica: c.replica,
+		raftIn:  c.raftIn,
+		snapIn:  c.snaps.serve,
+		metrics: c.metrics,
+		stats:   &c.stats,
+	}
+	if err := c.vols.refresh(ctx); err != nil {
+		c.log.Warn("volume list unavailable; retrying at the next heartbeat", "err", err)
+	}
+	if err := c.recoverGroups(); err != nil {
+		return err
+	}
+	c.srv = transport.NewServer(transport.ServerConfig{Logger: c.log}, c.hd)
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- c.srv.Serve(c.ln) }()
+	var metricsSrv *http.Server
+	if c.cfg.MetricsListen != "" {
+		metricsSrv, err = c.serveMetrics()
+		if err != nil {
+			return err
+		}
+	}
+	c.log.Info("chunkserver serving", "addr", c.addr, "copysets", len(c.replicaIDs()))
+	err = c.heartbeatLoop(ctx, srvDone)
+	if metricsSrv != nil {
+		_ = metricsSrv.Close()
+	}
+	return err
+}
+
+// shutdown stops everything Run started, in dependency order.
+func (c *ChunkServer) shutdown() {
+	if c.srv != nil {
+		_ = c.srv.Close()
+	} else {
+		_ = c.ln.Close()
+	}
+	if c.hd != nil {
+		c.hd.missWG.Wait()
+	}
+	if c.snaps != nil {
+		c.snaps.close()
+	}
+	if c.host != nil {
+		c.host.Stop()
+	}
+	if c.peers != nil {
+		c.peers.close()
+	}
+	if err := c.wal.Close(); err != nil {
+		c.log.Warn("closing the WAL", "err", err)
+	}
+	if err := c.store.Close(); err != nil {
+		c.log.Warn("closing the datastore", "err", err)
+	}
+	if c.mds != nil {
+		_ = c.mds.Close()
+	}
+	c.log.Info("chunkserver stopped")
+}
+
+// register obtains (or confirms) the id, retrying until the MDS answers.
+func (c *ChunkServer) register(ctx context.Context) error {
+	capacity, _, _ := c.store.Usage()
+	req := &api.RegisterChunkServerRequest{Zone: c.cfg.Zone, Server: c.cfg.Server, Addr: c.addr,
+		DataDir: c.cfg.DataDir, CapacityBytes: capacity, Id: c.ID()}
+	backoff := 100 * time.Millisecond
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := c.mds.RegisterChunkServer(rctx, req)
+		cancel()
+		if err == nil {
+			got := resp.GetId()
+			if got == 0 || (req.Id != 0 && got != req.Id) {
+				return fmt.Errorf("%w: holds id %d, MDS answered %d", ErrIdentity, req.Id, got)
+			}
+			if req.Id == 0 {
+				if err := writeID(c.cfg.DataDir, got); err != nil {
+					return err
+				}
+				c.id.Store(got)
+			}
+			c.log.Info("registered with the MDS", "id", got, "addr", c.addr)
+			return nil
+		}
+		c.log.Warn("MDS unreachable; retrying", "err", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// recoverGroups restarts every group found in the WAL.
+func (c *ChunkServer) recoverGroups() error {
+	for _, g := range c.wal.Groups() {
+		pool, _ := placement.SplitGroupID(g)
+		chunkSize, ok := c.vols.poolChunkSize(pool)
+		if !ok {
+			// The heartbeat restarts it once the pool is known.
+			c.log.Warn("group in the WAL of an unknown pool; not restarted yet", "copyset", g)
+			continue
+		}
+		if err := c.startGroup(g, int64(chunkSize), nil, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startGroup opens the copyset's chunk files and starts its raft group.
+func (c *ChunkServer) startGroup(g uint64, chunkSize int64, peers []uint64, join bool) error {
+	cs, err := c.store.Copyset(g, chunkSize)
+	if err != nil {
+		return fmt.Errorf("copyset %#x: %w", g, err)
+	}
+	sm := newStateMachine(g, chunkSize, cs, c.vols.isDeleted, c.replicaFailed)
+	sm.log = c.log
+	if err := c.host.CreateGroup(g, peers, sm, join); err != nil {
+		return fmt.Errorf("copyset %#x: %w", g, err)
+	}
+	c.mu.Lock()
+	c.replicas[g] = &replica{group: g, chunkSize: chunkSize, sm: sm, store: cs}
+	c.mu.Unlock()
+	pool, id := placement.SplitGroupID(g)
+	c.log.Info("copyset started", "copyset", g, "pool", pool, "id", id, "join", join, "peers", peers)
+	return nil
+}
+
+func (c *ChunkServer) replica(g uint64) *replica {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.replicas[g]
+}
+
+func (c *ChunkServer) replicaIDs() []uint64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make([]uint64, 0, len(c.replicas))
+	for g := range c.replicas {
+		out = append(out, g)
+	}
+	return out
+}
+
+// replicaFailed records the disk error that stopped a replica (heartbeat state).
+func (c *ChunkServer) replicaFailed(g uint64, err error) {
+	c.log.Error("copyset replica stopped by a disk error", "copyset", g, "err", err)
+	c.mu.Lock()
+	if c.diskErr == nil {
+		c.diskErr = err
+	}
+	c.mu.Unlock()
+}
+
+// deleteVolumes removes the chunks of deleted volumes from every copyset.
+func (c *ChunkServer) deleteVolumes(ids []uint64) {
+	c.mu.RLock()
+	rs := make([]*replica, 0, len(c.replicas))
+	for _, r := range c.replicas {
+		rs = append(rs, r)
+	}
+	c.mu.RUnlock()
+	for _, r := range rs {
+		for _, v := range ids {
+			if err := r.store.DeleteVolume(v); err != nil {
+				c.log.Warn("deleting a volume's chunks", "copyset", r.group, "volume", v, "err", err)
+			}
+		}
+	}
+}
+
+// raftIn steps an OpRaft frame's messages into the host.
+func (c *ChunkServer) raftIn(h transport.Header, payload []byte) {
+	msgs, err := decodeRaftBatch(payload)
+	if err != nil {
+		c.log.Warn("bad raft frame dropped", "from", h.Hint, "err", err)
+		return
+	}
+	self := c.ID()
+	keep := msgs[:0]
+	for _, m := range msgs {
+		if m.Msg.GetTo() == self && m.Msg.GetType() != raftpb.MsgSnap {
+			keep = append(keep, m)
+		}
+	}
+	c.host.Step(keep)
+}
+
+// heartbeatLoop heartbeats until ctx is done or the server fails.
+func (c *ChunkServer) heartbeatLoop(ctx context.Context, srvDone <-chan error) error {
+	t := time.NewTicker(c.cfg.HeartbeatInterval)
+	defer t.Stop()
+	failures := 0
+	for {
+		if err := c.heartbeat(ctx); err != nil {
+			failures++
+			if failures == 1 || failures%30 == 0 {
+				c.log.Warn("heartbeat failed", "err", err, "failures", failures)
+			}
+		} else {
+			if failures > 0 {
+				c.log.Info("heartbeat succeeded again", "after_failures", failures)
+			}
+			failures = 0
+		}
+		c.compactWAL()
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-srvDone:
+			if errors.Is(err, transport.ErrServerClosed) {
+				return nil
+			}
+			return err
+		case <-t.C:
+		}
+	}
+}
+
+// heartbeat sends one heartbeat and acts on the answer.
+func (c *ChunkServer) heartbeat(ctx context.Context) error {
+	capacity, used, err := c.store.Usage()
+	if err != nil {
+		c.log.Warn("disk usage unavailable", "err", err)
+	}
+	req := &api.HeartbeatRequest{
+		Id: c.ID(), Addr: c.addr, CapacityBytes: capacity, UsedBytes: used, State: c.state(),
+		ReadOps: c.stats.readOps.Load(), WriteOps: c.stats.writeOps.Load(),
+		ReadBytes: c.stats.readBytes.Load(), WriteBytes: c.stats.writeBytes.Load(),
+	}
+	for _, gs := range c.host.Groups() {
+		pool, id := placement.SplitGroupID(gs.ID)
+		req.Copysets = append(req.Copysets, &api.CopysetStatus{
+			PoolId: pool, CopysetId: id, Leader: gs.IsLeader, Term: gs.Term,
+			AppliedIndex: gs.Applied, CommitIndex: gs.Commit, Voters: gs.Voters,
+			Learners: gs.Learners, Healthy: gs.Healthy, LeaderId: gs.Leader,
+		})
+	}
+	hctx, cancel := context.WithTimeout(ctx, max(c.cfg.HeartbeatInterval, time.Second))
+	defer cancel()
+	resp, err := c.mds.Heartbeat(hctx, req)
+	if err != nil {
+		return err
+	}
+	addrs := make(map[uint64]string, len(resp.GetPeers()))
+	for _, p := range resp.GetPeers() {
+		addrs[p.GetId()] = p.GetAddr()
+	}
+	c.peers.setPeers(addrs)
+	if c.vols.stale(resp.GetVolumesRevision()) {
+		if err := c.vols.refresh(ctx); err != nil {
+			c.log.Warn("volume list refresh failed", "err", err)
+		}
+	}
+	for _, cs := range resp.GetCopysets() {
+		g := placement.GroupID(cs.GetPoolId(), cs.GetId())
+		if c.replica(g) != nil {
+			continue
+		}
+		chunkSize, ok := c.vols.poolChunkSize(cs.GetPoolId())
+		if !ok {
+			if err := c.vols.refresh(ctx); err != nil {
+				return err
+			}
+			if chunkSize, ok = c.vols.poolChunkSize(cs.GetPoolId()); !ok {
+				c.log.Warn("copyset of an unknown pool", "copyset", g)
+				continue
+			}
+		}
+		join := cs.GetEpoch() != 0
+		if err := c.startGroup(g, int64(chunkSize), cs.GetMembers(), join); err != nil {
+			c.log.Error("cannot start copyset", "copyset", g, "err", err)
+		}
+	}
+	return nil
+}
+
+// state is the heartbeat state: "ok", or why this chunkserver cannot serve.
+func (c *ChunkServer) state() string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.diskErr != nil {
+		return diskState(c.diskErr)
+	}
+	return "ok"
+}
+
+// compactWAL makes the groups that pin the oldest WAL segment snapshot when
+// the WAL holds more segments than it should.
+func (c *ChunkServer) compactWAL() {
+	if c.wal.SegmentCount() <= c.cfg.MaxWALSegments {
+		return
+	}
+	for _, g := range c.wal.PinningGroups() {
+		c.host.Snapshot(g)
+	}
+}
+
+func (c *ChunkServer) serveMetrics() (*http.Server, error) {
+	ln, err := net.Listen("tcp", c.cfg.MetricsListen)
+	if err != nil {
+		return nil, err
+	}
+	c.metrics.reg.MustRegister(newHostCollector(c))
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(c.metrics.reg, promhttp.HandlerOpts{}))
+	s := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = s.Serve(ln) }()
+	return s, nil
+}
+
+// readID returns the id kept in dir, or 0 if there is none yet.
+func readID(dir string) (uint64, error) {
+	b, err := os.ReadFile(filepath.Join(dir, idFileName))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	id, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil || id == 0 {
+		return 0, fmt.Errorf("%w: id file %q", ErrIdentity, b)
+	}
+	return id, nil
+}
+
+// writeID stores id atomically: temp file, fsync, rename, fsync the directory.
+func writeID(dir string, id uint64) error {
+	tmp := filepath.Join(dir, idFileName+".tmp")
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	_, err = io.WriteString(f, strconv.FormatUint(id, 10)+"\n")
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, idFileName))
+	}
+	if err != nil {
+		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
