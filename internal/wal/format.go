@@ -33,6 +33,10 @@ const (
 	snapFlagReset byte = 1 // a snapshot received from the leader: the log restarts after it
 )
 
+// entryHasData is set in an entry's type byte when its Data is non-nil (even
+// if empty), so that entries read back are proto.Equal to those saved.
+const entryHasData byte = 0x80
+
 // Fixed sizes inside payloads.
 const (
 	entriesHeadSize = 1 + 8 + 8 + 4 // type | group | first index | count
@@ -75,7 +79,11 @@ func appendEntries(buf []byte, group uint64, ents []*pb.Entry) []byte {
 	buf = le.AppendUint32(buf, uint32(len(ents)))
 	for _, e := range ents {
 		buf = le.AppendUint64(buf, e.GetTerm())
-		buf = append(buf, byte(e.GetType()))
+		t := byte(e.GetType())
+		if e.Data != nil {
+			t |= entryHasData
+		}
+		buf = append(buf, t)
 		buf = le.AppendUint32(buf, uint32(len(e.Data)))
 		buf = append(buf, e.Data...)
 	}

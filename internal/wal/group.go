@@ -14,6 +14,8 @@ type entryLoc struct {
 	off  int64  // file offset of the entry's data
 	size uint32 // data length
 	typ  pb.EntryType
+	// hasData: Data was non-nil (possibly empty).
+	hasData bool
 }
 
 // group is the in-memory state of one Raft group. All fields are guarded by

@@ -167,7 +167,7 @@ func (s groupStorage) Entries(lo, hi, maxSize uint64) ([]*pb.Entry, error) {
 // entrySize is proto.Size of the entry that readEntry builds from loc.
 func entrySize(index uint64, loc entryLoc) uint64 {
 	n := 1 + varintLen(loc.term) + 1 + varintLen(index) + 1 + varintLen(uint64(loc.typ))
-	if loc.size > 0 {
+	if loc.hasData {
 		n += 1 + varintLen(uint64(loc.size)) + uint64(loc.size)
 	}
 	return n
@@ -191,8 +191,10 @@ func readEntry(segs []*segment, index uint64, loc entryLoc) (*pb.Entry, error) {
 		return nil, fmt.Errorf("wal: entry %d: segment %d gone", index, loc.seg)
 	}
 	e := &pb.Entry{Term: new(loc.term), Index: new(index), Type: new(loc.typ)}
-	if loc.size > 0 {
+	if loc.hasData {
 		e.Data = make([]byte, loc.size)
+	}
+	if loc.size > 0 {
 		if _, err := seg.f.ReadAt(e.Data, loc.off); err != nil {
 			if errors.Is(err, io.EOF) || errors.Is(err, os.ErrClosed) {
 				return nil, fmt.Errorf("wal: entry %d: %w", index, err)

@@ -393,7 +393,9 @@ func (w *WAL) replayRecord(s *segment, b []byte, off, n int) error {
 			if i < skip {
 				continue
 			}
-			g.appendLoc(entryLoc{term: term, seg: s.seq, off: int64(dataOff), size: size, typ: pb.EntryType(et)}, nil, 0)
+			loc := entryLoc{term: term, seg: s.seq, off: int64(dataOff), size: size,
+				typ: pb.EntryType(et &^ entryHasData), hasData: et&entryHasData != 0}
+			g.appendLoc(loc, nil, 0)
 		}
 		if last := first + uint64(count) - 1; last > s.maxIdx[id] {
 			s.maxIdx[id] = last
@@ -786,7 +788,9 @@ func (w *WAL) applyLocked(b *batch) {
 			for j, e := range o.ents {
 				off += entryHeadSize
 				if uint64(j) >= skip {
-					g.appendLoc(entryLoc{term: e.GetTerm(), seg: s.seq, off: off, size: uint32(len(e.Data)), typ: e.GetType()}, e, cache)
+					loc := entryLoc{term: e.GetTerm(), seg: s.seq, off: off, size: uint32(len(e.Data)),
+						typ: e.GetType(), hasData: e.Data != nil}
+					g.appendLoc(loc, e, cache)
 				}
 				off += int64(len(e.Data))
 			}

@@ -1,0 +1,142 @@
+// Package wal is basalt's write-ahead log: one segmented, append-only Raft
+// log per chunkserver, shared by every copyset (Raft group) on it.
+//
+// A hundred Raft groups with a log file each would cost a hundred fsyncs per
+// Ready round. Here all groups append to the same files, and whatever any
+// caller hands to Save while the previous fdatasync is running goes to disk
+// with one write and one fdatasync (group commit). The package keeps an
+// in-memory index per group — every entry's term and on-disk location, plus
+// a bounded cache of the newest entries' data — and serves each group as a
+// raft.Storage (go.etcd.io/raft/v3).
+//
+// # Using it
+//
+//	w, err := wal.Open(wal.Config{Dir: dataDir + "/wal"})
+//	st := w.Storage(group)                 // give to raft.Config.Storage
+//	err = w.Save([]wal.Update{{Group: g, HardState: rd.HardState,
+//	        Entries: rd.Entries, Snapshot: rd.Snapshot}}) // before sending / Advance
+//	err = w.CreateSnapshot(g, snap, compactTo) // after the chunks are synced
+//	for _, g := range w.PinningGroups() { /* make g snapshot soon */ }
+//
+// Save returns only once its records are durable. Saves from many
+// goroutines may run at once, but Saves for one group must not overlap (the
+// caller's order is the log's order; the Raft host handles a group on one
+// worker at a time). Entries handed to Save are kept by reference in the
+// cache and returned by Storage.Entries: nobody may mutate them afterwards,
+// as raft already requires.
+//
+// # Files
+//
+// The WAL directory holds segment files named by a 16-digit lower-case hex
+// sequence number, "0000000000000001.wal", "0000000000000002.wal", ...; the
+// sequence has no holes. A new segment is written as "<name>.tmp" (header
+// and checkpoint), preallocated with fallocate(2) to Config.SegmentSize (or
+// more, for a batch larger than that), fsynced, renamed, and the directory
+// fsynced, so a segment exists only complete. Leftover .tmp files are
+// deleted by Open. Because the file is preallocated, a record write never
+// changes the file size and fdatasync(2) needs no metadata flush.
+//
+// # Segment format
+//
+// All integers are little-endian.
+//
+//	segment  = header record* zero-fill
+//	header   = "BWAL" | version u32 (=1) | seq u64            (16 bytes)
+//	record   = length u32 | crc u32 | payload[length]
+//	crc      = CRC-32C (Castagnoli) over the 4 length bytes, then the payload
+//	payload  = type u8 | body
+//
+// A length of 0 (with a crc of 0) marks the end of the records: the rest of
+// the file is preallocated zeros. Record types and bodies:
+//
+//	1 entries      group u64 | first index u64 | count u32 |
+//	               count × (term u64 | etype u8 | dlen u32 | data[dlen])
+//	               etype: raftpb.EntryType in bits 0-6; bit 7 (0x80) set
+//	               when Data was non-nil (so empty and nil Data differ).
+//	               Indexes are first, first+1, ...; an index <= the group's
+//	               last replaces the log from there (Raft truncation).
+//	2 hard state   group u64 | term u64 | vote u64 | commit u64
+//	3 snapshot     group u64 | flags u8 | index u64 | term u64 |
+//	               compact index u64 | compact term u64 |
+//	               auto-leave u8 | voters | learners | voters-outgoing |
+//	               learners-next | dlen u32 | data[dlen]
+//	               where each list is n u32 | n × u64.
+//	               flags bit 0 (reset): a snapshot received from the leader;
+//	               the group's log becomes empty after compact index (which
+//	               equals index). Without it: the latest snapshot is set (if
+//	               index is not older) and entries <= compact index are
+//	               dropped (CreateSnapshot, and checkpoints).
+//	4 group removed  group u64: forget the group and all its state.
+//
+// testdata/segment.golden freezes this format (TestGoldenSegment).
+//
+// # Checkpoints and segment removal
+//
+// When a batch does not fit in the active segment, the committer creates the
+// next one and starts it with a checkpoint: for every group with durable
+// state, a snapshot record without the reset flag (latest snapshot and
+// compaction point) and its latest hard-state record, as of the batches
+// already applied. The batch then follows the checkpoint.
+//
+// INVARIANT: the state that replay rebuilds from segments k..n is the same
+// as from 1..n for every group whose entries in 1..k-1 are all compacted:
+// segment k's checkpoint restates each group's hard state and snapshot, and
+// every later change is in k..n. Hence a segment can be deleted as soon as,
+// for every live group, the highest entry index the segment holds for it is
+// <= the group's compact index. Only the oldest segments are deleted, never
+// the active one, and the directory is fsynced after deletion.
+//
+// PinningGroups names the live groups that keep the oldest segment alive;
+// the host makes them snapshot. RemoveGroup unpins a group at once.
+//
+// # Open and repair
+//
+// Open reads the segments in order, checks every CRC and applies every
+// record to the in-memory state. In the last segment, the first record that
+// is incomplete, fails its CRC, or is followed by non-zero bytes after an
+// end marker starts a torn tail: it is logged (slog, Warn), the file is
+// truncated after the last good record and preallocated again (zeros), and
+// the log continues from there. The same in any other segment is ErrCorrupt,
+// as is a record whose CRC is good but whose body does not decode, a missing
+// sequence number or a bad header: the WAL never skips data silently.
+//
+// Replay tolerates one thing that only segment removal produces: a group's
+// first surviving entries record may start after its last known index
+// (older entries were in deleted segments). The log restarts there; a later
+// snapshot record must compact past the hole, else Open fails with
+// ErrCorrupt.
+//
+// # In-memory state
+//
+// Per group: the hard state, the latest snapshot (metadata and Data), the
+// compaction point (index and term, which answers Term(FirstIndex-1)), and
+// one entryLoc (term, type, segment, offset, length) per retained entry.
+// The newest entries themselves are cached (Config.CacheBytes per group,
+// 4 MiB by default) so that raft's reads of just-appended entries (MsgApp to
+// followers, CommittedEntries) do not touch the disk; older ones are read
+// back with pread.
+//
+// # Goroutines and locks
+//
+// One committer goroutine (started by Open, stopped by Close) owns the
+// writes: it takes the pending batch, rolls over if needed, writes it with
+// one pwrite, fdatasyncs, then applies the batch to the in-memory index and
+// removes segments that are no longer needed, and wakes the batch's callers.
+// Callers (Save, CreateSnapshot, RemoveGroup) validate their input and encode
+// their records into the pending batch under WAL.mu, kick the committer and
+// wait. Storage methods take WAL.mu briefly and read the disk without it.
+// WAL.mu is a leaf lock; nothing else is held while taking it.
+//
+// INVARIANT: the in-memory index reflects exactly the batches that were
+// durably written, in write order; a batch is applied after its fdatasync,
+// never before, so raft cannot read back anything that is not durable.
+//
+// INVARIANT: after a write or fdatasync error the WAL accepts nothing more
+// (ErrFailed): what reached the disk is unknown until Open re-reads it.
+//
+// # Fault injection
+//
+// Config.Knobs has hooks after the write, before and after the fdatasync
+// (BeforeSync may fail the batch), and a SyncDelay that simulates a slow
+// disk. They are nil in production.
+package wal

@@ -1,0 +1,61 @@
+package wal
+
+import (
+	"bytes"
+	"encoding/hex"
+	"flag"
+	"os"
+	"path/filepath"
+	"testing"
+
+	pb "go.etcd.io/raft/v3/raftpb"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/segment.golden from the current encoder")
+
+// TestGoldenSegment freezes the on-disk format: a fixed sequence of calls
+// must produce exactly the bytes of testdata/segment.golden. A difference
+// means the format changed; if that is deliberate, bump segVersion, update
+// doc.go and regenerate with `go test ./internal/wal -run Golden -update`.
+func TestGoldenSegment(t *testing.T) {
+	dir := t.TempDir()
+	w := openT(t, dir, func(c *Config) { c.SegmentSize = 4 << 10 })
+	mustSave(t, w, Update{Group: 0x0000000100000002, HardState: hs(2, 1, 1), Entries: []*pb.Entry{
+		{Term: new(uint64(1)), Index: new(uint64(1)), Type: new(pb.EntryType_EntryNormal)},
+		{Term: new(uint64(2)), Index: new(uint64(2)), Type: new(pb.EntryType_EntryNormal), Data: []byte("write")},
+		{Term: new(uint64(2)), Index: new(uint64(3)), Type: new(pb.EntryType_EntryConfChangeV2), Data: []byte{}},
+	}})
+	snap := &pb.Snapshot{Data: []byte("epochs"), Metadata: &pb.SnapshotMetadata{
+		Index: new(uint64(2)), ConfState: &pb.ConfState{Voters: []uint64{1, 2, 3}, Learners: []uint64{4}}}}
+	if err := w.CreateSnapshot(0x0000000100000002, snap, 1); err != nil {
+		t.Fatal(err)
+	}
+	recv := &pb.Snapshot{Data: []byte("r"), Metadata: &pb.SnapshotMetadata{
+		Index: new(uint64(10)), Term: new(uint64(3)), ConfState: &pb.ConfState{Voters: []uint64{5}, AutoLeave: new(true)}}}
+	mustSave(t, w, Update{Group: 7, Snapshot: recv})
+	if err := w.RemoveGroup(7); err != nil {
+		t.Fatal(err)
+	}
+	w.mu.Lock()
+	end := w.writeOff
+	w.mu.Unlock()
+	w.Close()
+	b, err := os.ReadFile(filepath.Join(dir, segmentName(1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := b[:end]
+	golden := filepath.Join("testdata", "segment.golden")
+	if *update {
+		if err := os.WriteFile(golden, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("segment bytes differ from %s:\ngot:\n%s\nwant:\n%s", golden, hex.Dump(got), hex.Dump(want))
+	}
+}
