@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const testChunk = 1 << 20 // 1 MiB chunks keep tests fast
@@ -606,10 +608,25 @@ func TestPool(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	deleted := map[uint64]bool{}
+	for i := range 4 {
+		deleted[inode(t, filepath.Join(dir, "copysets", "0000000000000001", "chunks", ChunkID{2, uint64(i)}.fileName()))] = true
+	}
+	waitFor(t, "pool refilled", func() bool { return s.pool.readyCount(testChunk) == 3 })
 	if err := cs.DeleteVolume(2); err != nil {
 		t.Fatal(err)
 	}
+	// 3 ready + 4 recycled: up to 2×3 become ready, the 4th is unlinked.
 	waitFor(t, "recycled files ready", func() bool { return s.pool.readyCount(testChunk) == 6 })
+	reused := 0
+	for _, name := range listNames(t, poolDir) {
+		if deleted[inode(t, filepath.Join(poolDir, name))] {
+			reused++
+		}
+	}
+	if reused != 3 {
+		t.Fatalf("%d deleted chunk files back in the pool, want 3", reused)
+	}
 	for i := range 6 {
 		id := ChunkID{3, uint64(i)}
 		if err := cs.WriteAt(id, []byte{1}, testChunk-1); err != nil {
@@ -700,5 +717,14 @@ func TestHotPathDoesNotAllocate(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, func() { cs.ReadAt(ChunkID{2, 0}, p, 0) }); n != 0 {
 		t.Errorf("ReadAt of an absent chunk allocates %.1f times per call", n)
+	}
+}
+
+func TestErrorClassification(t *testing.T) {
+	if err := ioError("pwrite x", unix.ENOSPC); !errors.Is(err, ErrNoSpace) || !errors.Is(err, unix.ENOSPC) {
+		t.Fatalf("ENOSPC → %v, want ErrNoSpace wrapping ENOSPC", err)
+	}
+	if err := ioError("pwrite x", unix.EIO); !errors.Is(err, ErrIO) || errors.Is(err, ErrNoSpace) {
+		t.Fatalf("EIO → %v, want ErrIO", err)
 	}
 }
