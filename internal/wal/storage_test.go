@@ -62,10 +62,13 @@ func conformance(t *testing.T, seed int64, cache int) {
 			sn := &pb.Snapshot{Data: data, Metadata: &pb.SnapshotMetadata{Index: new(snapIdx), ConfState: cs}}
 			werr := w.CreateSnapshot(id, sn, compactTo)
 			_, merr := ms.CreateSnapshot(snapIdx, cs, data)
+			if errors.Is(merr, raft.ErrSnapOutOfDate) {
+				merr = nil // the WAL ignores a snapshot that is not newer
+			}
 			if !errors.Is(werr, merr) && !(merr == nil && werr == nil) {
 				t.Fatalf("step %d: CreateSnapshot(%d): wal %v, memory %v", step, snapIdx, werr, merr)
 			}
-			if merr == nil && compactTo >= first {
+			if merr == nil && compactTo >= first && snapIdx > msn.GetMetadata().GetIndex() {
 				if err := ms.Compact(compactTo); err != nil {
 					t.Fatal(err)
 				}

@@ -48,6 +48,9 @@ var (
 	ErrCompactBeyondSnapshot = errors.New("wal: compaction index beyond the snapshot index")
 )
 
+// errIgnore tells enqueue that there is nothing to write and nothing wrong.
+var errIgnore = errors.New("wal: nothing to do")
+
 // Defaults for Config.
 const (
 	DefaultSegmentSize = 64 << 20
@@ -503,6 +506,9 @@ func (w *WAL) enqueue(encode func(b *batch) error) error {
 	if err := encode(b); err != nil {
 		b.buf, b.ops = b.buf[:mark], b.ops[:nops]
 		w.mu.Unlock()
+		if err == errIgnore {
+			return nil
+		}
 		return err
 	}
 	b.saves++
@@ -529,7 +535,7 @@ func (w *WAL) Save(updates []Update) error {
 		}
 		for i := range updates {
 			u := &updates[i]
-			if !raft.IsEmptySnap(u.Snapshot) {
+			if newerSnapshot(w.groupLocked(u.Group), u.Snapshot) {
 				md := u.Snapshot.GetMetadata()
 				sr := &snapRecord{
 					group: u.Group, flags: snapFlagReset,
@@ -554,15 +560,18 @@ func (w *WAL) Save(updates []Update) error {
 	})
 }
 
+// newerSnapshot reports whether snap is a snapshot newer than g's. An older
+// one (raft never sends one, but a host may race with CreateSnapshot) is
+// ignored, as raft.MemoryStorage.ApplySnapshot refuses it.
+func newerSnapshot(g *group, snap *pb.Snapshot) bool {
+	return !raft.IsEmptySnap(snap) && snap.GetMetadata().GetIndex() > g.snapIndex()
+}
+
 func (w *WAL) validateLocked(u *Update) error {
 	g := w.groupLocked(u.Group)
 	last := g.lastIndex()
-	if !raft.IsEmptySnap(u.Snapshot) {
-		idx := u.Snapshot.GetMetadata().GetIndex()
-		if idx <= g.snapIndex() {
-			return raft.ErrSnapOutOfDate
-		}
-		last = idx
+	if newerSnapshot(g, u.Snapshot) {
+		last = u.Snapshot.GetMetadata().GetIndex()
 	}
 	if len(u.Entries) == 0 {
 		return nil
@@ -581,7 +590,9 @@ func (w *WAL) validateLocked(u *Update) error {
 
 // CreateSnapshot durably records snap's metadata and Data as the group's
 // latest snapshot and drops the entries <= compactTo (which must not exceed
-// snap's index). The snapshot's term is taken from the log.
+// snap's index; 0 keeps the log). The snapshot's term is taken from the log.
+// A snapshot not newer than the group's current one (e.g. a snapshot from the
+// leader was saved meanwhile) is ignored: nil, nothing written.
 func (w *WAL) CreateSnapshot(group uint64, snap *pb.Snapshot, compactTo uint64) error {
 	return w.enqueue(func(b *batch) error {
 		g := w.groups[group]
@@ -591,12 +602,10 @@ func (w *WAL) CreateSnapshot(group uint64, snap *pb.Snapshot, compactTo uint64) 
 		md := snap.GetMetadata()
 		idx := md.GetIndex()
 		switch {
-		case idx <= g.snapIndex():
-			return raft.ErrSnapOutOfDate
+		case idx <= g.snapIndex() || idx < g.compactIndex:
+			return errIgnore
 		case idx > g.lastIndex():
 			return fmt.Errorf("%w: group %d: %d > %d", ErrSnapshotBeyondLog, group, idx, g.lastIndex())
-		case idx < g.compactIndex:
-			return raft.ErrCompacted
 		case compactTo > idx:
 			return fmt.Errorf("%w: group %d: %d > %d", ErrCompactBeyondSnapshot, group, compactTo, idx)
 		}

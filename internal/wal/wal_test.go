@@ -171,8 +171,9 @@ func TestSnapshotAndCompaction(t *testing.T) {
 	if err := w.CreateSnapshot(5, snap, 50); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.CreateSnapshot(5, snap, 50); !errors.Is(err, raft.ErrSnapOutOfDate) {
-		t.Fatalf("same snapshot again: %v, want ErrSnapOutOfDate", err)
+	old := &pb.Snapshot{Data: []byte("old"), Metadata: &pb.SnapshotMetadata{Index: new(uint64(55)), ConfState: cs}}
+	if err := w.CreateSnapshot(5, old, 55); err != nil {
+		t.Fatalf("older snapshot: %v, want nil (ignored)", err)
 	}
 	if err := w.CreateSnapshot(5, &pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: new(uint64(70))}}, 80); !errors.Is(err, ErrCompactBeyondSnapshot) {
 		t.Fatalf("compact beyond snapshot: %v", err)
