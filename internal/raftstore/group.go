@@ -1,0 +1,567 @@
+package raftstore
+
+import (
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// group is one raft group (copyset) on this host.
+type group struct {
+	id  uint64
+	h   *Host
+	sm  StateMachine
+	log *slog.Logger
+	in  inbox
+	bg  sync.WaitGroup // snapshot creation goroutines (not used in manual mode)
+	// gone is set once the group was removed or the host stopped; background tasks
+	// check it before touching the state machine or the log.
+	gone atomic.Bool
+
+	// Scheduler state, guarded by Host.sched.mu (see scheduler).
+	queued, processing, requeue bool
+
+	statusMu sync.Mutex
+	status   GroupStatus
+
+	// procMu is held by the worker running a round over the group, and by shutdown.
+	// Everything below is owned by its holder.
+	procMu sync.Mutex
+	rn     *raft.RawNode
+	st     raft.Storage
+
+	failed  error // non-nil: the group stopped (disk failure); it never runs again
+	removed bool
+
+	confState   *raftpb.ConfState
+	applied     uint64
+	appliedTerm uint64
+	// skipApplyTo: after a restart, entries up to here already reached the state
+	// machine durably (Recover); they are replayed for their conf changes only.
+	skipApplyTo uint64
+
+	leader, term uint64
+	isLeader     bool
+	// voteBlock counts ticks left during which vote requests are dropped: a restarted
+	// node must not help elect a new leader while an old leader's lease may still run.
+	voteBlock int
+
+	// INVARIANT: every proposal accepted by raft is in exactly one of unindexed
+	// (accepted this round, before the Ready told its index) or pending (by index),
+	// until its done ran. Both are emptied with NOT_LEADER when leadership is lost.
+	unindexed []*proposal
+	pending   map[uint64]*proposal
+
+	// Reads. INVARIANT: a read is in exactly one of readIdx (waiting for a quorum to
+	// confirm leadership) or waiting (waiting for applied >= index) until done ran.
+	readIdx    map[uint64]*readIndexReq
+	waiting    []*readReq
+	leaseUntil time.Duration // host clock; reads before it are served locally
+	renewAt    time.Duration // start of the lease renewal in flight (0: none)
+	lastReadAt time.Duration
+	transferAt time.Duration // last time a leadership transfer was seen
+
+	lastSnap    uint64            // index of the last snapshot created or installed
+	snapping    bool              // a snapshot is being created off the worker
+	snapRetryAt uint64            // after a failed snapshot: applied index to retry at
+	sending     map[uint64]uint64 // follower → index of the snapshot streamed to it
+
+	statusDirty bool
+}
+
+type readIndexReq struct {
+	start time.Duration // host clock when the ReadIndex was issued
+	term  uint64
+	reads []*readReq
+}
+
+func newGroup(h *Host, id uint64, peers []uint64, sm StateMachine, join bool) (*group, error) {
+	g := &group{
+		id: id, h: h, sm: sm,
+		log:       h.log.With("group", id),
+		pending:   make(map[uint64]*proposal),
+		readIdx:   make(map[uint64]*readIndexReq),
+		sending:   make(map[uint64]uint64),
+		confState: &raftpb.ConfState{},
+		voteBlock: h.cfg.ElectionTicks,
+		transferAt: -1,
+	}
+	st := h.cfg.Log.Storage(id)
+	g.st = st
+	hs, cs, err := st.InitialState()
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: group %d: initial state: %w", id, err)
+	}
+	snap, err := st.Snapshot()
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: group %d: snapshot: %w", id, err)
+	}
+	last, err := st.LastIndex()
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: group %d: last index: %w", id, err)
+	}
+	smIndex, _, err := sm.Recover()
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: group %d: recover: %w", id, err)
+	}
+	snapIndex := snap.GetMetadata().GetIndex()
+	existing := !raft.IsEmptyHardState(hs) || last > 0 || snapIndex > 0
+	if existing {
+		if snapIndex > smIndex {
+			// The log holds a snapshot received from the leader whose install did
+			// not complete before a crash: its data is still staged; install it.
+			g.log.Info("raftstore: installing a snapshot left staged before restart", "index", snapIndex, "recovered", smIndex)
+			if err := sm.InstallSnapshot(snapIndex, snap.GetData()); err != nil {
+				return nil, fmt.Errorf("raftstore: group %d: install staged snapshot %d: %w", id, snapIndex, err)
+			}
+			smIndex = snapIndex
+		}
+		g.applied = snapIndex
+		g.appliedTerm = snap.GetMetadata().GetTerm()
+		g.lastSnap = snapIndex
+		g.skipApplyTo = min(smIndex, hs.GetCommit())
+		if cs != nil {
+			g.confState = proto.Clone(cs).(*raftpb.ConfState)
+		}
+	}
+	rc := &raft.Config{
+		ID:                        h.cfg.NodeID,
+		ElectionTick:              h.cfg.ElectionTicks,
+		HeartbeatTick:             h.cfg.HeartbeatTicks,
+		Storage:                   st,
+		Applied:                   g.applied,
+		MaxSizePerMsg:             h.cfg.MaxSizePerMsg,
+		MaxCommittedSizePerReady:  64 << 20,
+		MaxUncommittedEntriesSize: 256 << 20,
+		MaxInflightMsgs:           h.cfg.MaxInflightMsgs,
+		CheckQuorum:               true,
+		PreVote:                   true,
+		ReadOnlyOption:            raft.ReadOnlySafe,
+		DisableProposalForwarding: true,
+		StepDownOnRemoval:         true,
+		Logger:                    raftLogger{g.log},
+	}
+	rn, err := raft.NewRawNode(rc)
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: group %d: %w", id, err)
+	}
+	if !existing && !join {
+		if len(peers) == 0 {
+			return nil, fmt.Errorf("%w: group %d", ErrNoPeers, id)
+		}
+		ps := make([]raft.Peer, len(peers))
+		for i, p := range peers {
+			ps[i] = raft.Peer{ID: p}
+		}
+		if err := rn.Bootstrap(ps); err != nil {
+			return nil, fmt.Errorf("raftstore: group %d: bootstrap: %w", id, err)
+		}
+	}
+	g.rn = rn
+	g.statusDirty = true
+	g.publish()
+	return g, nil
+}
+
+// prepare drains the inbox into raft and returns the Ready to handle, if any.
+func (g *group) prepare() (raft.Ready, bool) {
+	if g.failed != nil || g.removed {
+		return raft.Ready{}, false
+	}
+	ev := g.in.drain()
+	for range ev.ticks {
+		g.rn.Tick()
+		if g.voteBlock > 0 {
+			g.voteBlock--
+		}
+	}
+	for _, m := range ev.msgs {
+		if g.voteBlock > 0 && (m.GetType() == raftpb.MsgVote || m.GetType() == raftpb.MsgPreVote) {
+			continue
+		}
+		// Errors here are messages from peers raft no longer knows; dropping them
+		// is what raft wants.
+		_ = g.rn.Step(m)
+	}
+	for _, r := range ev.snapReports {
+		st := raft.SnapshotFinish
+		if r.failed {
+			st = raft.SnapshotFailure
+		}
+		g.rn.ReportSnapshot(r.to, st)
+		delete(g.sending, r.to)
+	}
+	for _, r := range ev.snapDone {
+		g.snapshotDone(r)
+	}
+	g.refresh()
+	for _, to := range ev.transfers {
+		if g.isLeader && to != g.h.cfg.NodeID {
+			g.transferAt = g.h.now()
+			g.leaseUntil = 0
+			g.rn.TransferLeader(to)
+		}
+	}
+	for _, p := range ev.props {
+		g.propose(p)
+	}
+	if len(ev.reads) > 0 {
+		g.read(ev.reads)
+	}
+	if ev.ticks > 0 {
+		g.statusDirty = true
+		g.maybeRenewLease()
+	}
+	if ev.forceSnap {
+		g.maybeSnapshot(true)
+	}
+	if !g.rn.HasReady() {
+		return raft.Ready{}, false
+	}
+	rd := g.rn.Ready()
+	g.indexProposals(rd.Entries)
+	if rd.SoftState != nil {
+		g.statusDirty = true
+	}
+	return rd, true
+}
+
+// refresh follows raft's leadership; losing it (or a new term) fails what waited on it.
+func (g *group) refresh() {
+	bs := g.rn.BasicStatus()
+	isLeader := bs.RaftState == raft.StateLeader
+	term := bs.GetTerm()
+	if g.isLeader && (!isLeader || term != g.term) {
+		g.loseLeadership(bs.Lead)
+	}
+	if bs.Lead != g.leader || term != g.term || isLeader != g.isLeader {
+		g.statusDirty = true
+	}
+	g.leader, g.term, g.isLeader = bs.Lead, term, isLeader
+	if bs.LeadTransferee != raft.None {
+		g.transferAt = g.h.now()
+		g.leaseUntil = 0
+	}
+}
+
+func (g *group) notLeader() error {
+	hint := g.leader
+	if hint == g.h.cfg.NodeID {
+		hint = 0
+	}
+	return &api.Error{Status: api.StatusNotLeader, Hint: hint}
+}
+
+func (g *group) loseLeadership(newLeader uint64) {
+	hint := newLeader
+	if hint == g.h.cfg.NodeID {
+		hint = 0
+	}
+	g.failAll(&api.Error{Status: api.StatusNotLeader, Hint: hint})
+	g.leaseUntil = 0
+	g.renewAt = 0
+}
+
+// failAll ends every pending proposal and read with err.
+func (g *group) failAll(err error) {
+	// Answer in a fixed order (log index, request id) so tests replay exactly.
+	var ps []*proposal
+	for _, idx := range slices.Sorted(maps.Keys(g.pending)) {
+		ps = append(ps, g.pending[idx])
+	}
+	ps = append(ps, g.unindexed...)
+	g.unindexed = nil
+	clear(g.pending)
+	rs := g.waiting
+	g.waiting = nil
+	for _, key := range slices.Sorted(maps.Keys(g.readIdx)) {
+		rs = append(rs, g.readIdx[key].reads...)
+	}
+	clear(g.readIdx)
+	for _, p := range ps {
+		p.done(err)
+	}
+	for _, r := range rs {
+		r.done(err)
+	}
+}
+
+// fail stops the group for good after a disk failure.
+func (g *group) fail(err error) {
+	if g.failed != nil {
+		return
+	}
+	g.failed = err
+	g.statusDirty = true
+	g.log.Error("raftstore: group stopped", "err", err)
+	ioErr := &api.Error{Status: api.StatusIOError}
+	ev := g.in.close(ioErr)
+	failEvents(ev, ioErr)
+	g.failAll(ioErr)
+}
+
+// shutdown ends the group on this host (RemoveGroup, Stop): callbacks get err.
+func (g *group) shutdown(err error) {
+	g.procMu.Lock()
+	defer g.procMu.Unlock()
+	g.gone.Store(true)
+	g.removed = true
+	ev := g.in.close(err)
+	failEvents(ev, err)
+	g.failAll(err)
+}
+
+func failEvents(ev events, err error) {
+	for _, p := range ev.props {
+		p.done(err)
+	}
+	for _, r := range ev.reads {
+		r.done(err)
+	}
+}
+
+// propose hands p to raft. The entry's data is an 8-byte big-endian proposal id and
+// then the caller's data; the id lets the apply side check that the entry at the
+// proposal's index is the proposal (see doc.go).
+func (g *group) propose(p *proposal) {
+	if !g.isLeader {
+		p.done(g.notLeader())
+		return
+	}
+	p.term = g.term
+	p.seq = g.h.propSeq.Add(1)
+	var err error
+	if p.cc != nil {
+		cc := proto.Clone(p.cc).(*raftpb.ConfChangeV2)
+		cc.Context = encodeSeq(p.seq)
+		err = g.rn.ProposeConfChange(cc)
+	} else {
+		buf := make([]byte, 8+len(p.data))
+		binary.BigEndian.PutUint64(buf, p.seq)
+		copy(buf[8:], p.data)
+		p.data = nil
+		err = g.rn.Propose(buf)
+	}
+	if err != nil { // raft.ErrProposalDropped: transferring leadership, or too much uncommitted
+		p.done(g.notLeader())
+		return
+	}
+	g.unindexed = append(g.unindexed, p)
+}
+
+// indexProposals learns the log index of this round's proposals: they are, in order,
+// the last entries the Ready asks to persist (raft appends nothing after them within a
+// round: ticks, messages and the election's empty entry come before, auto-leave
+// entries only during Advance).
+func (g *group) indexProposals(ents []*raftpb.Entry) {
+	if len(g.unindexed) == 0 {
+		return
+	}
+	ps := g.unindexed
+	g.unindexed = nil
+	if len(ents) < len(ps) {
+		g.log.Error("raftstore: fewer new entries than proposals", "entries", len(ents), "proposals", len(ps))
+		for _, p := range ps {
+			p.done(g.notLeader())
+		}
+		return
+	}
+	tail := ents[len(ents)-len(ps):]
+	for i, p := range ps {
+		e := tail[i]
+		if e.GetTerm() != p.term || !entryHasSeq(e, p) {
+			g.log.Error("raftstore: proposal does not match its entry", "index", e.GetIndex(), "term", e.GetTerm(), "proposal_term", p.term)
+			p.done(g.notLeader())
+			continue
+		}
+		p.index = e.GetIndex()
+		g.pending[p.index] = p
+	}
+}
+
+// entryHasSeq reports whether e carries p's proposal id (a conf change that raft
+// refused became an empty normal entry, which matches too: applying it tells p so).
+func entryHasSeq(e *raftpb.Entry, p *proposal) bool {
+	switch {
+	case p.cc != nil && e.GetType() == raftpb.EntryNormal:
+		return len(e.GetData()) == 0
+	case p.cc != nil:
+		return true // checked against the decoded Context at apply
+	default:
+		d := e.GetData()
+		return len(d) >= 8 && binary.BigEndian.Uint64(d) == p.seq
+	}
+}
+
+// applySnapshot installs a snapshot received from the leader, now durable in the log.
+func (g *group) applySnapshot(snap *raftpb.Snapshot) bool {
+	if raft.IsEmptySnap(snap) {
+		return true
+	}
+	md := snap.GetMetadata()
+	if err := g.sm.InstallSnapshot(md.GetIndex(), snap.GetData()); err != nil {
+		g.fail(fmt.Errorf("raftstore: install snapshot %d: %w", md.GetIndex(), err))
+		return false
+	}
+	g.log.Info("raftstore: installed snapshot", "index", md.GetIndex(), "term", md.GetTerm())
+	g.applied, g.appliedTerm = md.GetIndex(), md.GetTerm()
+	g.lastSnap = md.GetIndex()
+	g.skipApplyTo = 0
+	if cs := md.GetConfState(); cs != nil {
+		g.confState = proto.Clone(cs).(*raftpb.ConfState)
+	}
+	g.statusDirty = true
+	return true
+}
+
+// applyEntries applies committed entries in order and answers their proposers. It
+// returns false when the group failed (then raft is not advanced).
+func (g *group) applyEntries(ents []*raftpb.Entry) bool {
+	h := g.h
+	for _, e := range ents {
+		idx := e.GetIndex()
+		p := g.pending[idx]
+		if p != nil {
+			delete(g.pending, idx)
+			if p.term == e.GetTerm() {
+				h.stats.proposeCommit.Observe(time.Since(p.start))
+			}
+		}
+		var res error
+		switch e.GetType() {
+		case raftpb.EntryNormal:
+			d := e.GetData()
+			if len(d) == 0 || idx <= g.skipApplyTo {
+				break // the new leader's empty entry, or already applied before a restart
+			}
+			if len(d) < 8 {
+				g.restore(p)
+				g.fail(fmt.Errorf("raftstore: entry %d has %d bytes, no proposal id", idx, len(d)))
+				return false
+			}
+			t := time.Now()
+			res = g.sm.Apply(idx, d[8:])
+			h.stats.apply.Observe(time.Since(t))
+			if !isAPIError(res) {
+				g.restore(p)
+				g.fail(fmt.Errorf("raftstore: apply %d: %w", idx, res))
+				return false
+			}
+		case raftpb.EntryConfChange:
+			cc := &raftpb.ConfChange{}
+			if err := proto.Unmarshal(e.GetData(), cc); err != nil {
+				g.restore(p)
+				g.fail(fmt.Errorf("raftstore: conf change %d: %w", idx, err))
+				return false
+			}
+			g.confState = g.rn.ApplyConfChange(cc)
+			g.statusDirty = true
+		case raftpb.EntryConfChangeV2:
+			cc := &raftpb.ConfChangeV2{}
+			if err := proto.Unmarshal(e.GetData(), cc); err != nil {
+				g.restore(p)
+				g.fail(fmt.Errorf("raftstore: conf change %d: %w", idx, err))
+				return false
+			}
+			g.confState = g.rn.ApplyConfChange(cc)
+			g.statusDirty = true
+			if p != nil && p.cc != nil && len(cc.GetContext()) == 8 && binary.BigEndian.Uint64(cc.GetContext()) != p.seq {
+				res = g.notLeader() // not ours after all
+			}
+			g.log.Info("raftstore: membership changed", "index", idx, "voters", g.confState.GetVoters(), "learners", g.confState.GetLearners())
+		}
+		g.applied, g.appliedTerm = idx, e.GetTerm()
+		if p != nil {
+			switch {
+			case p.term != e.GetTerm():
+				p.done(g.notLeader()) // another leader's entry replaced ours
+			case p.cc != nil && e.GetType() == raftpb.EntryNormal:
+				p.done(ErrConfChangeRejected)
+			default:
+				p.done(res)
+			}
+		}
+	}
+	return true
+}
+
+// restore puts p back so that fail answers it (with IO_ERROR).
+func (g *group) restore(p *proposal) {
+	if p != nil {
+		g.pending[p.index] = p
+	}
+}
+
+// finishRound runs after a group's round, handled or not.
+func (g *group) finishRound() {
+	if g.failed == nil && !g.removed {
+		g.refresh()
+		g.serveReads()
+		g.maybeSnapshot(false)
+		if g.rn.HasReady() {
+			g.h.sched.signal(g)
+		}
+	}
+	g.publish()
+}
+
+// publish copies the group's state for Status readers.
+func (g *group) publish() {
+	if g.rn == nil {
+		return
+	}
+	commit := g.rn.BasicStatus().GetCommit()
+	if !g.statusDirty {
+		g.statusMu.Lock()
+		g.status.Commit, g.status.Applied = commit, g.applied
+		g.statusMu.Unlock()
+		return
+	}
+	g.statusDirty = false
+	st := GroupStatus{
+		ID: g.id, Leader: g.leader, Term: g.term, Commit: commit, Applied: g.applied,
+		Voters:   slices.Clone(g.confState.GetVoters()),
+		Learners: slices.Clone(g.confState.GetLearners()),
+		IsLeader: g.isLeader && g.failed == nil,
+		Healthy:  g.failed == nil,
+		Err:      g.failed,
+		Snapshot: g.lastSnap,
+	}
+	if g.isLeader && g.failed == nil {
+		st.Progress = make(map[uint64]uint64)
+		g.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
+			st.Progress[id] = pr.Match
+		})
+	}
+	g.statusMu.Lock()
+	g.status = st
+	g.statusMu.Unlock()
+}
+
+func (g *group) getStatus() GroupStatus {
+	g.statusMu.Lock()
+	defer g.statusMu.Unlock()
+	st := g.status
+	st.Voters = slices.Clone(st.Voters)
+	st.Learners = slices.Clone(st.Learners)
+	if st.Progress != nil {
+		p := make(map[uint64]uint64, len(st.Progress))
+		for k, v := range st.Progress {
+			p[k] = v
+		}
+		st.Progress = p
+	}
+	return st
+}

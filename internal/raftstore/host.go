@@ -1,0 +1,714 @@
+package raftstore
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/basalt-storage/basalt/internal/wal"
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// LogStore is the durable Raft log of every group on this host. *wal.WAL implements
+// it; memlog.Log is an in-memory one for tests.
+type LogStore interface {
+	// Save makes every update durable (one fsync for all of them) before it returns.
+	// Afterwards Storage(u.Group) reflects the update.
+	Save(updates []wal.Update) error
+	// Storage is the read side raft uses for a group (created empty if unknown).
+	Storage(group uint64) raft.Storage
+	// CreateSnapshot records snap as the group's latest snapshot and drops the log
+	// up to compactTo (0: keep it). It must not fail for a snapshot older than the
+	// group's current one (a snapshot received meanwhile); it may ignore it.
+	CreateSnapshot(group uint64, snap *raftpb.Snapshot, compactTo uint64) error
+	// RemoveGroup forgets the group's log.
+	RemoveGroup(group uint64) error
+}
+
+// StateMachine is a group's replicated state: the copyset's chunks and epochs. All
+// calls but Persist, WriteSnapshot and ReceiveSnapshot come from the worker that holds
+// the group, one at a time.
+type StateMachine interface {
+	// Apply one committed normal entry, in index order. After a restart, entries after
+	// the last Persist arrive again (applying twice is harmless). The result goes to
+	// the proposer: nil or an *api.Error is a normal result; any other error stops
+	// the group.
+	Apply(index uint64, data []byte) error
+	// Capture returns small state (epochs) exactly as of the last applied entry.
+	Capture() []byte
+	// Persist makes every effect up to at least index durable (sync dirty chunks), then
+	// records (index, state). Runs off the apply path; Apply may run concurrently.
+	Persist(index uint64, state []byte) error
+	// Recover returns what Persist or InstallSnapshot recorded last.
+	Recover() (index uint64, state []byte, err error)
+	// WriteSnapshot streams the data to a follower (leader side; writes may go on).
+	WriteSnapshot(w io.Writer) error
+	// ReceiveSnapshot stages streamed data durably (follower side).
+	ReceiveSnapshot(r io.Reader) error
+	// InstallSnapshot swaps the staged data in as of index, with state from the
+	// snapshot. It is called again after a restart when the log holds a snapshot newer
+	// than Recover's index, so the staged data must survive until it succeeded.
+	InstallSnapshot(index uint64, state []byte) error
+}
+
+// Message is one raft message of one group.
+type Message struct {
+	Group uint64
+	Msg   *raftpb.Message
+}
+
+// Transport moves raft messages between hosts.
+type Transport interface {
+	// Send is best effort and must not block; never given MsgSnap. Messages to the
+	// same peer should travel in one frame.
+	Send(msgs []Message)
+	// SendSnapshot streams m (MsgSnap) and the data written by write to m.Msg.To, and
+	// returns when the receiver staged it (Host.ReceiveSnapshot returned) or failed.
+	SendSnapshot(m Message, write func(io.Writer) error) error
+}
+
+// Config configures a Host. Zero values take the defaults named below.
+type Config struct {
+	NodeID    uint64 // this chunkserver's id; its raft id in every group (required)
+	Log       LogStore
+	Transport Transport
+	// Workers is the number of worker goroutines driving the groups (default 4).
+	Workers int
+	// TickInterval is the raft tick (default 100 ms). ElectionTicks (default 10) and
+	// HeartbeatTicks (default 1) count in ticks.
+	TickInterval                  time.Duration
+	ElectionTicks, HeartbeatTicks int
+	// SnapshotEntries: applied entries between automatic snapshots (default 10000).
+	// CatchUpEntries: entries kept below a snapshot for slow followers (default 1000).
+	SnapshotEntries, CatchUpEntries uint64
+	// MaxBatchGroups bounds the groups one worker handles in one round, i.e. in one
+	// LogStore.Save (default 128).
+	MaxBatchGroups int
+	// MaxSizePerMsg and MaxInflightMsgs are raft's flow control (1 MiB, 256).
+	MaxSizePerMsg   uint64
+	MaxInflightMsgs int
+	// Manual turns the host into a test harness's puppet: no workers, no ticker, no
+	// background goroutines. The test calls Tick and ProcessReady; snapshot creation
+	// and streaming run inside ProcessReady. Lease time is Tick count × TickInterval.
+	Manual bool
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.NodeID == 0 || c.Log == nil || c.Transport == nil {
+		return fmt.Errorf("%w: NodeID, Log and Transport are required", ErrConfig)
+	}
+	if c.Workers <= 0 {
+		c.Workers = 4
+	}
+	if c.TickInterval <= 0 {
+		c.TickInterval = 100 * time.Millisecond
+	}
+	if c.ElectionTicks <= 0 {
+		c.ElectionTicks = 10
+	}
+	if c.HeartbeatTicks <= 0 {
+		c.HeartbeatTicks = 1
+	}
+	if c.HeartbeatTicks >= c.ElectionTicks {
+		return fmt.Errorf("%w: HeartbeatTicks %d must be below ElectionTicks %d", ErrConfig, c.HeartbeatTicks, c.ElectionTicks)
+	}
+	if c.ElectionTicks < 3 {
+		return fmt.Errorf("%w: ElectionTicks %d < 3 leaves no room for a lease", ErrConfig, c.ElectionTicks)
+	}
+	if c.SnapshotEntries == 0 {
+		c.SnapshotEntries = 10000
+	}
+	if c.CatchUpEntries == 0 {
+		c.CatchUpEntries = 1000
+	}
+	if c.MaxBatchGroups <= 0 {
+		c.MaxBatchGroups = 128
+	}
+	if c.MaxSizePerMsg == 0 {
+		c.MaxSizePerMsg = 1 << 20
+	}
+	if c.MaxInflightMsgs <= 0 {
+		c.MaxInflightMsgs = 256
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Host runs many raft groups on one chunkserver. See the package doc for the
+// goroutines and what each owns.
+type Host struct {
+	cfg      Config
+	log      *slog.Logger
+	sched    *scheduler
+	stats    *stats
+	leaseDur time.Duration
+	start    time.Time
+	ticks    atomic.Int64 // Tick calls (the lease clock in manual mode)
+	propSeq  atomic.Uint64
+
+	// mu guards groups and stopped. Lock order: Host.mu before group.procMu before
+	// inbox.mu before scheduler.mu; none is held while calling a callback, the
+	// Transport or the LogStore, except procMu (held by the worker for a round).
+	mu      sync.RWMutex
+	groups  map[uint64]*group
+	order   []*group // groups sorted by id: ticks signal them in a fixed order
+	started bool
+	stopped bool
+
+	stopc   chan struct{}
+	workers sync.WaitGroup // workers and the ticker
+	bg      sync.WaitGroup // snapshot creation and streaming goroutines
+
+	// tasks holds background work in manual mode, run at the end of ProcessReady.
+	tasksMu sync.Mutex
+	tasks   []func()
+}
+
+// New validates cfg and returns a host with no groups. Start it (unless Manual).
+func New(cfg Config) (*Host, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	h := &Host{
+		cfg:   cfg,
+		log:   cfg.Logger.With("node", cfg.NodeID),
+		sched: newScheduler(),
+		stats: newStats(),
+		// The lease: a follower ignores vote requests for at least ElectionTicks-1
+		// of its ticks after it heard from the leader; 10% of that is the margin for
+		// clock-rate differences (see doc.go).
+		leaseDur: time.Duration(cfg.ElectionTicks-1) * cfg.TickInterval * 9 / 10,
+		start:    time.Now(),
+		groups:   make(map[uint64]*group),
+		stopc:    make(chan struct{}),
+	}
+	// Proposal ids only need to be unique per host incarnation (see doc.go); starting
+	// from the clock keeps them distinct across restarts too, which helps debugging.
+	h.propSeq.Store(uint64(time.Now().UnixNano()))
+	return h, nil
+}
+
+// Start launches the workers and the ticker. A no-op in manual mode.
+func (h *Host) Start() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.started || h.stopped || h.cfg.Manual {
+		return
+	}
+	h.started = true
+	for range h.cfg.Workers {
+		h.workers.Add(1)
+		go h.worker()
+	}
+	h.workers.Add(1)
+	go h.ticker()
+}
+
+// Stop stops ticking and the workers, fails every outstanding callback with
+// NOT_LEADER, and waits for snapshot creation to end. Groups stay in the LogStore.
+func (h *Host) Stop() {
+	h.mu.Lock()
+	if h.stopped {
+		h.mu.Unlock()
+		return
+	}
+	h.stopped = true
+	groups := slices.Clone(h.order)
+	h.mu.Unlock()
+	close(h.stopc)
+	h.sched.stop()
+	h.workers.Wait()
+	for _, g := range groups {
+		g.shutdown(g.notLeader())
+	}
+	h.bg.Wait()
+}
+
+// worker is one of Config.Workers goroutines: it takes a batch of ready groups,
+// runs one round over them, and gives them back.
+func (h *Host) worker() {
+	defer h.workers.Done()
+	for {
+		batch := h.sched.pop(h.cfg.MaxBatchGroups, true)
+		if batch == nil {
+			return
+		}
+		h.processBatch(batch)
+		h.sched.done(batch)
+	}
+}
+
+func (h *Host) ticker() {
+	defer h.workers.Done()
+	t := time.NewTicker(h.cfg.TickInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.stopc:
+			return
+		case <-t.C:
+			h.tick()
+		}
+	}
+}
+
+// Tick advances every group's raft clock by one tick. Manual mode only; with a
+// ticker it is called for you.
+func (h *Host) Tick() { h.tick() }
+
+func (h *Host) tick() {
+	h.ticks.Add(1)
+	h.mu.RLock()
+	for _, g := range h.order {
+		_ = g.in.add(func(ev *events) { ev.ticks++ })
+		h.sched.signal(g)
+	}
+	h.mu.RUnlock()
+}
+
+// now is the host's clock for leases: monotonic wall time, or ticks in manual mode.
+func (h *Host) now() time.Duration {
+	if h.cfg.Manual {
+		return time.Duration(h.ticks.Load()) * h.cfg.TickInterval
+	}
+	return time.Since(h.start)
+}
+
+// ProcessReady runs rounds over every group with work until none is left, running
+// background tasks (snapshot creation and streaming) in between. Manual mode only.
+// It returns the number of rounds run.
+func (h *Host) ProcessReady() int {
+	rounds := 0
+	for {
+		batch := h.sched.pop(0, false)
+		if batch != nil {
+			h.processBatch(batch)
+			h.sched.done(batch)
+			rounds++
+			continue
+		}
+		h.tasksMu.Lock()
+		tasks := h.tasks
+		h.tasks = nil
+		h.tasksMu.Unlock()
+		if len(tasks) == 0 {
+			return rounds
+		}
+		for _, t := range tasks {
+			t()
+		}
+	}
+}
+
+// goBackground runs f off the worker: on a goroutine, or queued for ProcessReady in
+// manual mode.
+func (h *Host) goBackground(f func()) {
+	if h.cfg.Manual {
+		h.tasksMu.Lock()
+		h.tasks = append(h.tasks, f)
+		h.tasksMu.Unlock()
+		return
+	}
+	h.bg.Add(1)
+	go func() {
+		defer h.bg.Done()
+		f()
+	}()
+}
+
+// reorder rebuilds h.order; h.mu must be held for writing.
+func (h *Host) reorder() {
+	h.order = h.order[:0]
+	for _, g := range h.groups {
+		h.order = append(h.order, g)
+	}
+	slices.SortFunc(h.order, func(a, b *group) int { return cmpUint64(a.id, b.id) })
+}
+
+func cmpUint64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (h *Host) group(id uint64) *group {
+	h.mu.RLock()
+	g := h.groups[id]
+	h.mu.RUnlock()
+	return g
+}
+
+// CreateGroup starts hosting group id. With state for it in the LogStore the group
+// restarts from it (peers and join are ignored). Otherwise join=false bootstraps it
+// with peers as the initial voters (every initial member must pass the same peers)
+// and join=true starts it empty, to be filled by the leader (log or snapshot).
+func (h *Host) CreateGroup(id uint64, peers []uint64, sm StateMachine, join bool) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.stopped {
+		return ErrStopped
+	}
+	if _, ok := h.groups[id]; ok {
+		return fmt.Errorf("%w: %d", ErrGroupExists, id)
+	}
+	g, err := newGroup(h, id, peers, sm, join)
+	if err != nil {
+		return err
+	}
+	h.groups[id] = g
+	h.reorder()
+	h.sched.signal(g)
+	return nil
+}
+
+// RemoveGroup stops hosting group id, fails its callbacks with NO_SUCH_COPYSET, waits
+// for its snapshot work and removes its log. The caller removes the state machine's
+// data afterwards.
+func (h *Host) RemoveGroup(id uint64) error {
+	h.mu.Lock()
+	g := h.groups[id]
+	delete(h.groups, id)
+	h.reorder()
+	h.mu.Unlock()
+	if g == nil {
+		return fmt.Errorf("%w: %d", ErrNoGroup, id)
+	}
+	g.shutdown(api.ErrNoSuchCopyset)
+	g.bg.Wait()
+	return h.cfg.Log.RemoveGroup(id)
+}
+
+// Propose replicates data through group id. done runs exactly once: with the
+// StateMachine.Apply result on this node when the entry applied, or with
+// *api.Error{NOT_LEADER, Hint: leader} when this node is not the leader, loses
+// leadership before the entry applied, or raft dropped the proposal.
+func (h *Host) Propose(id uint64, data []byte, done func(error)) {
+	h.stats.proposals.Add(1)
+	h.submit(id, &proposal{data: data, done: done, start: time.Now()})
+}
+
+// ProposeConfChange proposes a membership change. done gets nil once it applied here,
+// NOT_LEADER, or ErrConfChangeRejected when another change was still pending.
+func (h *Host) ProposeConfChange(id uint64, cc *raftpb.ConfChangeV2, done func(error)) {
+	h.submit(id, &proposal{cc: cc, done: done, start: time.Now()})
+}
+
+func (h *Host) submit(id uint64, p *proposal) {
+	g := h.group(id)
+	if g == nil {
+		p.done(api.ErrNoSuchCopyset)
+		return
+	}
+	if err := g.in.add(func(in *events) { in.props = append(in.props, p) }); err != nil {
+		p.done(err)
+		return
+	}
+	h.sched.signal(g)
+}
+
+// ReadBarrier calls done(nil) once a read served from this node's local state is
+// linearizable: this node leads group id with a valid lease (or a ReadIndex a quorum
+// confirmed), and the group applied every entry committed before the call. Otherwise
+// done gets NOT_LEADER with a hint. done runs exactly once.
+func (h *Host) ReadBarrier(id uint64, done func(error)) {
+	g := h.group(id)
+	if g == nil {
+		done(api.ErrNoSuchCopyset)
+		return
+	}
+	r := &readReq{done: done}
+	if err := g.in.add(func(in *events) { in.reads = append(in.reads, r) }); err != nil {
+		done(err)
+		return
+	}
+	h.sched.signal(g)
+}
+
+// TransferLeader asks group id's leader (this node) to hand leadership to peer to.
+func (h *Host) TransferLeader(id, to uint64) {
+	h.post(id, func(in *events) { in.transfers = append(in.transfers, to) })
+}
+
+// Snapshot makes group id take a snapshot and compact its log now (if it applied
+// anything since the last one). The chunkserver calls it for groups that keep old
+// WAL segments alive.
+func (h *Host) Snapshot(id uint64) {
+	h.post(id, func(in *events) { in.forceSnap = true })
+}
+
+// Step delivers raft messages from the transport. Unknown groups are ignored.
+func (h *Host) Step(msgs []Message) {
+	var last *group
+	for _, m := range msgs {
+		if m.Msg == nil {
+			continue
+		}
+		g := last
+		if g == nil || g.id != m.Group {
+			if last != nil {
+				h.sched.signal(last)
+			}
+			g = h.group(m.Group)
+			last = g
+			if g == nil {
+				continue
+			}
+		}
+		_ = g.in.add(func(in *events) { in.msgs = append(in.msgs, m.Msg) })
+	}
+	if last != nil {
+		h.sched.signal(last)
+	}
+}
+
+// ReceiveSnapshot stages a snapshot streamed by the leader (StateMachine.
+// ReceiveSnapshot) and then steps its MsgSnap into the group, which installs it once
+// raft accepts it. It returns when the data is staged.
+func (h *Host) ReceiveSnapshot(m Message, r io.Reader) error {
+	g := h.group(m.Group)
+	if g == nil {
+		return fmt.Errorf("%w: %d", ErrNoGroup, m.Group)
+	}
+	if m.Msg.GetType() != raftpb.MsgSnap {
+		return fmt.Errorf("raftstore: ReceiveSnapshot with %v", m.Msg.GetType())
+	}
+	if err := g.sm.ReceiveSnapshot(r); err != nil {
+		return err
+	}
+	h.stats.snapsReceived.Add(1)
+	h.Step([]Message{m})
+	return nil
+}
+
+func (h *Host) post(id uint64, f func(*events)) {
+	g := h.group(id)
+	if g == nil {
+		return
+	}
+	if g.in.add(f) == nil {
+		h.sched.signal(g)
+	}
+}
+
+// GroupStatus is a group's state as of its last round.
+type GroupStatus struct {
+	ID, Leader, Term, Commit, Applied uint64
+	Voters, Learners                  []uint64
+	IsLeader                          bool
+	// Healthy is false once the group stopped after a disk failure (Err says why).
+	Healthy bool
+	Err     error
+	// Progress is the match index of every peer; only on the leader.
+	Progress map[uint64]uint64
+	// Snapshot is the index of the group's last snapshot (created or installed).
+	Snapshot uint64
+}
+
+// Status returns group id's status.
+func (h *Host) Status(id uint64) (GroupStatus, bool) {
+	g := h.group(id)
+	if g == nil {
+		return GroupStatus{}, false
+	}
+	return g.getStatus(), true
+}
+
+// Groups returns the status of every group, ordered by id.
+func (h *Host) Groups() []GroupStatus {
+	h.mu.RLock()
+	gs := make([]*group, 0, len(h.groups))
+	for _, g := range h.groups {
+		gs = append(gs, g)
+	}
+	h.mu.RUnlock()
+	out := make([]GroupStatus, 0, len(gs))
+	for _, g := range gs {
+		out = append(out, g.getStatus())
+	}
+	slices.SortFunc(out, func(a, b GroupStatus) int { return cmpUint64(a.ID, b.ID) })
+	return out
+}
+
+// processBatch is one round over a batch of groups: the one Ready handler. It runs on
+// a worker (or in ProcessReady) and holds every group's procMu for the round.
+func (h *Host) processBatch(batch []*group) {
+	type work struct {
+		g      *group
+		rd     raft.Ready
+		leader bool
+		saved  bool
+	}
+	works := make([]work, 0, len(batch))
+	var early []Message
+	var updates []wal.Update
+	for _, g := range batch {
+		g.procMu.Lock()
+		rd, ok := g.prepare()
+		if !ok {
+			g.finishRound()
+			g.procMu.Unlock()
+			continue
+		}
+		w := work{g: g, rd: rd, leader: g.isLeader}
+		// 1. A leader sends its messages (MsgApp to followers) before its own log
+		//    write is durable: the write and the replication overlap, and the entry
+		//    commits once a quorum (which may or may not include us) has it durable.
+		if w.leader {
+			early = g.outgoing(early, rd.Messages)
+		}
+		if !raft.IsEmptyHardState(rd.HardState) || len(rd.Entries) > 0 || !raft.IsEmptySnap(rd.Snapshot) {
+			updates = append(updates, wal.Update{Group: g.id, HardState: rd.HardState, Entries: rd.Entries, Snapshot: rd.Snapshot})
+			w.saved = true
+		}
+		works = append(works, w)
+	}
+	if len(works) == 0 {
+		return
+	}
+	h.stats.readyRounds.Add(1)
+	h.stats.readyGroups.Add(uint64(len(works)))
+	if len(early) > 0 {
+		h.cfg.Transport.Send(early)
+	}
+	// 2. Persist HardState, entries and received snapshots of every group of the round
+	//    with one LogStore.Save: one fsync serves them all (group commit).
+	var saveErr error
+	if len(updates) > 0 {
+		t := time.Now()
+		saveErr = h.cfg.Log.Save(updates)
+		h.stats.logSave.Observe(time.Since(t))
+		if saveErr != nil {
+			h.log.Error("raftstore: log save failed; stopping the groups of the round", "err", saveErr, "groups", len(updates))
+		}
+	}
+	// 3. Followers send only now that their entries and votes are durable: a MsgAppResp
+	//    or a vote must never promise what a crash could take back.
+	var late []Message
+	for i := range works {
+		w := &works[i]
+		if saveErr != nil && w.saved {
+			w.g.fail(fmt.Errorf("raftstore: log save: %w", saveErr))
+			continue
+		}
+		if !w.leader {
+			late = w.g.outgoing(late, w.rd.Messages)
+		}
+	}
+	if len(late) > 0 {
+		h.cfg.Transport.Send(late)
+	}
+	for i := range works {
+		w := &works[i]
+		g := w.g
+		if g.failed == nil {
+			// 4. Apply: a received snapshot first, then the committed entries in
+			//    index order, then the read states (which wait for the applied index).
+			if g.applySnapshot(w.rd.Snapshot) && g.applyEntries(w.rd.CommittedEntries) {
+				g.handleReadStates(w.rd.ReadStates)
+				// 5. Advance: raft learns that this Ready is persisted and applied.
+				g.rn.Advance(w.rd)
+			}
+		}
+		g.finishRound()
+		g.procMu.Unlock()
+	}
+}
+
+// proposal is a pending Propose or ProposeConfChange.
+type proposal struct {
+	data  []byte
+	cc    *raftpb.ConfChangeV2
+	done  func(error)
+	start time.Time
+	seq   uint64 // proposal id, the first 8 bytes of the entry (conf change: Context)
+	term  uint64 // leader term it was proposed in
+	index uint64 // log index, once known (0 before)
+}
+
+type readReq struct {
+	done  func(error)
+	index uint64 // commit index the read must see applied
+}
+
+// inbox collects the events for a group between two rounds. Any goroutine adds; the
+// worker holding the group drains it.
+type inbox struct {
+	mu     sync.Mutex
+	closed error // once set, add fails with it
+	ev     events
+}
+
+// events is what happened to a group since its last round.
+type events struct {
+	ticks       int
+	msgs        []*raftpb.Message
+	props       []*proposal
+	reads       []*readReq
+	transfers   []uint64
+	snapReports []snapReport
+	snapDone    []snapResult
+	forceSnap   bool
+}
+
+type snapReport struct {
+	to     uint64
+	failed bool
+}
+
+type snapResult struct {
+	index, term uint64
+	err         error
+}
+
+func (in *inbox) add(f func(*events)) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.closed != nil {
+		return in.closed
+	}
+	f(&in.ev)
+	return nil
+}
+
+// drain hands the queued events to the caller.
+func (in *inbox) drain() events {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	ev := in.ev
+	in.ev = events{}
+	return ev
+}
+
+// close makes later adds fail with err and returns what was queued.
+func (in *inbox) close(err error) events {
+	in.mu.Lock()
+	in.closed = err
+	in.mu.Unlock()
+	return in.drain()
+}
+
+func encodeSeq(seq uint64) []byte {
+	return binary.BigEndian.AppendUint64(make([]byte, 0, 8), seq)
+}
+
+// isAPIError reports whether err is a normal (replicated) result.
+func isAPIError(err error) bool {
+	var ae *api.Error
+	return err == nil || errors.As(err, &ae)
+}

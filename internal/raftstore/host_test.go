@@ -1,0 +1,51 @@
+package raftstore
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+func TestProposeApplyReplicate(t *testing.T) {
+	c := newCluster(t, 1, 3, map[uint64][]uint64{7: {1, 2, 3}}, nil)
+	defer c.stop()
+	c.net.maxDelay = 1
+	l := c.waitLeader(7)
+	for i := range 20 {
+		if err := c.proposeWait(l, 7, fmt.Sprintf("k%d=v%d", i, i)); err != nil {
+			t.Fatalf("propose %d: %v", i, err)
+		}
+	}
+	// A replicated rejection is a normal result, delivered to the proposer.
+	if err := c.proposeWait(l, 7, "fence:x"); !errors.Is(err, api.ErrFenced) {
+		t.Fatalf("fence entry: got %v, want FENCED", err)
+	}
+	c.waitConverged(200)
+	for _, id := range c.ids {
+		if v, _ := c.sms[id][7].get("k19"); v != "v19" {
+			t.Fatalf("node %d: k19=%q", id, v)
+		}
+	}
+	// A follower refuses with a hint to the leader.
+	f := c.ids[0]
+	if f == l {
+		f = c.ids[1]
+	}
+	var got error
+	c.hosts[f].Propose(7, []byte("a=b"), func(err error) { got = err })
+	c.step()
+	var ae *api.Error
+	if !errors.As(got, &ae) || ae.Status != api.StatusNotLeader || ae.Hint != l {
+		t.Fatalf("follower propose: got %v, want NOT_LEADER hint %d", got, l)
+	}
+	st, _ := c.hosts[l].Status(7)
+	if !st.IsLeader || !st.Healthy || len(st.Voters) != 3 || st.Progress[f] != st.Commit {
+		t.Fatalf("leader status %+v", st)
+	}
+	s := c.hosts[l].Stats()
+	if s.ProposeCommit.Count < 20 || s.Apply.Count < 20 || s.LogSave.Count == 0 || s.ReadyRounds == 0 {
+		t.Fatalf("stats not recorded: %+v", s)
+	}
+}

@@ -1,0 +1,122 @@
+package raftstore
+
+import (
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// maybeSnapshot starts a snapshot at the applied index S when SnapshotEntries entries
+// applied since the last one (or when forced). Capture runs here, on the worker, so
+// the state is exactly as of S; Persist (the chunk syncs) and the log compaction run
+// off the worker while applies go on.
+func (g *group) maybeSnapshot(force bool) {
+	h := g.h
+	if g.snapping || g.applied <= g.lastSnap || g.failed != nil || g.removed {
+		return
+	}
+	if !force && (g.applied-g.lastSnap < h.cfg.SnapshotEntries || g.applied < g.snapRetryAt) {
+		return
+	}
+	s, term := g.applied, g.appliedTerm
+	if term == 0 {
+		t, err := g.st.Term(s)
+		if err != nil {
+			g.log.Warn("raftstore: snapshot: term of applied index unknown", "index", s, "err", err)
+			return
+		}
+		term = t
+	}
+	cs := proto.Clone(g.confState).(*raftpb.ConfState)
+	state := g.sm.Capture()
+	// Keep CatchUpEntries below S for slow followers, and everything after a
+	// snapshot still being streamed: its receiver continues from its index + 1.
+	var compactTo uint64
+	if s > h.cfg.CatchUpEntries {
+		compactTo = s - h.cfg.CatchUpEntries
+	}
+	for _, idx := range g.sending {
+		compactTo = min(compactTo, idx)
+	}
+	g.snapping = true
+	snap := &raftpb.Snapshot{
+		Data:     state,
+		Metadata: &raftpb.SnapshotMetadata{Index: &s, Term: &term, ConfState: cs},
+	}
+	if !h.cfg.Manual {
+		g.bg.Add(1)
+	}
+	h.goBackground(func() {
+		if !h.cfg.Manual {
+			defer g.bg.Done()
+		}
+		if g.gone.Load() {
+			return
+		}
+		// Durability order: the chunks hold every effect up to S (Persist) before the
+		// log below S may go.
+		err := g.sm.Persist(s, state)
+		if err == nil {
+			err = h.cfg.Log.CreateSnapshot(g.id, snap, compactTo)
+		}
+		if g.in.add(func(in *events) { in.snapDone = append(in.snapDone, snapResult{index: s, term: term, err: err}) }) == nil {
+			h.sched.signal(g)
+		}
+	})
+}
+
+// snapshotDone runs on the worker when a snapshot started by maybeSnapshot ended.
+func (g *group) snapshotDone(r snapResult) {
+	g.snapping = false
+	if r.err != nil {
+		g.h.stats.snapsFailed.Add(1)
+		g.snapRetryAt = g.applied + g.h.cfg.SnapshotEntries/4 + 1
+		g.log.Warn("raftstore: snapshot failed; will retry", "index", r.index, "err", r.err)
+		return
+	}
+	g.h.stats.snapsCreated.Add(1)
+	if r.index > g.lastSnap {
+		g.lastSnap = r.index
+	}
+	g.statusDirty = true
+	g.log.Debug("raftstore: snapshot created", "index", r.index, "term", r.term)
+}
+
+// outgoing appends msgs for the transport to dst. MsgSnap does not go through Send:
+// its snapshot is streamed on its own goroutine (see sendSnapshot).
+func (g *group) outgoing(dst []Message, msgs []*raftpb.Message) []Message {
+	for _, m := range msgs {
+		if m.GetType() == raftpb.MsgSnap {
+			g.sendSnapshot(m)
+			continue
+		}
+		dst = append(dst, Message{Group: g.id, Msg: m})
+	}
+	return dst
+}
+
+// sendSnapshot streams the state machine's data with m to a follower and reports the
+// outcome to raft. Until then the log after the snapshot's index is kept.
+func (g *group) sendSnapshot(m *raftpb.Message) {
+	h := g.h
+	to := m.GetTo()
+	idx := m.GetSnapshot().GetMetadata().GetIndex()
+	g.sending[to] = idx
+	g.log.Info("raftstore: streaming snapshot", "to", to, "index", idx)
+	h.goBackground(func() {
+		var err error
+		if g.gone.Load() {
+			err = ErrNoGroup
+		} else {
+			err = h.cfg.Transport.SendSnapshot(Message{Group: g.id, Msg: m}, g.sm.WriteSnapshot)
+		}
+		if err != nil {
+			h.stats.snapsFailed.Add(1)
+			g.log.Warn("raftstore: snapshot stream failed", "to", to, "index", idx, "err", err)
+		} else {
+			h.stats.snapsSent.Add(1)
+		}
+		if g.in.add(func(in *events) { in.snapReports = append(in.snapReports, snapReport{to: to, failed: err != nil}) }) == nil {
+			h.sched.signal(g)
+		}
+	})
+}
