@@ -90,12 +90,12 @@ type readIndexReq struct {
 func newGroup(h *Host, id uint64, peers []uint64, sm StateMachine, join bool) (*group, error) {
 	g := &group{
 		id: id, h: h, sm: sm,
-		log:       h.log.With("group", id),
-		pending:   make(map[uint64]*proposal),
-		readIdx:   make(map[uint64]*readIndexReq),
-		sending:   make(map[uint64]uint64),
-		confState: &raftpb.ConfState{},
-		voteBlock: h.cfg.ElectionTicks,
+		log:        h.log.With("group", id),
+		pending:    make(map[uint64]*proposal),
+		readIdx:    make(map[uint64]*readIndexReq),
+		sending:    make(map[uint64]uint64),
+		confState:  &raftpb.ConfState{},
+		voteBlock:  h.cfg.ElectionTicks,
 		transferAt: -1,
 	}
 	st := h.cfg.Log.Storage(id)

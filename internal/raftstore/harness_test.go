@@ -238,7 +238,7 @@ type cluster struct {
 	// committed is the one sequence every replica must apply a prefix of (with gaps
 	// for entries the state machine does not see): group → index → data.
 	committed map[uint64]map[uint64]string
-	lastApply map[[2]uint64]uint64 // (node, group) → last applied index
+	lastApply map[[2]uint64]uint64         // (node, group) → last applied index
 	leaders   map[uint64]map[uint64]uint64 // group → term → leader
 	tickEvery int
 }

@@ -106,15 +106,15 @@ type Stats struct {
 	// ReadyRounds counts scheduling rounds (one LogStore.Save at most each);
 	// ReadyGroups counts group Readies handled in them. ReadyGroups/ReadyRounds is the
 	// average group-commit width.
-	ReadyRounds, ReadyGroups uint64
-	Proposals, LeaseReads, ReadIndexReads uint64
+	ReadyRounds, ReadyGroups                                            uint64
+	Proposals, LeaseReads, ReadIndexReads                               uint64
 	SnapshotsCreated, SnapshotsSent, SnapshotsReceived, SnapshotsFailed uint64
 }
 
 type stats struct {
-	proposeCommit, apply, logSave                                *Histogram
-	readyRounds, readyGroups, proposals, leaseReads, indexReads  atomic.Uint64
-	snapsCreated, snapsSent, snapsReceived, snapsFailed          atomic.Uint64
+	proposeCommit, apply, logSave                               *Histogram
+	readyRounds, readyGroups, proposals, leaseReads, indexReads atomic.Uint64
+	snapsCreated, snapsSent, snapsReceived, snapsFailed         atomic.Uint64
 }
 
 func newStats() *stats {
