@@ -639,13 +639,32 @@ func TestPool(t *testing.T) {
 		}
 	}
 	s.Close()
-	// Ready files survive a restart; a half-made one is removed.
+	// Ready files survive a restart; a half-made one is removed; one that
+	// holds data (a chunk whose rename out of the pool a crash undid) is
+	// zeroed before it is handed out again.
 	os.WriteFile(filepath.Join(poolDir, "tmp-00000000000000ff"), []byte("x"), 0o644)
+	names := listNames(t, poolDir)
+	dirtied := filepath.Join(poolDir, names[0])
+	f, err := os.OpenFile(dirtied, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt([]byte("old chunk data"), 4096)
+	f.Sync()
+	f.Close()
 	s = openStore(t, dir, 3, Knobs{})
 	defer s.Close()
-	waitFor(t, "pool after restart", func() bool { return s.pool.readyCount(testChunk) >= 3 })
 	if _, err := os.Stat(filepath.Join(poolDir, "tmp-00000000000000ff")); err == nil {
 		t.Fatal("half-made pool file survived Open")
+	}
+	waitFor(t, "pool after restart", func() bool {
+		rec, _ := os.ReadDir(filepath.Join(poolDir, "recycle"))
+		return len(rec) == 0 && s.pool.readyCount(testChunk) >= 3
+	})
+	for _, name := range listNames(t, poolDir) {
+		if !holdsNoData(filepath.Join(poolDir, name)) {
+			t.Fatalf("ready pool file %s holds data", name)
+		}
 	}
 }
 

@@ -69,6 +69,11 @@
 // preallocated on first write and deleted chunks are unlinked. If the pool is
 // empty a file is created on demand in the same way.
 //
+// A crash can undo the rename that took a pool file while data written to
+// the chunk afterwards survives (if the file system did not order them). So
+// Open checks every ready file with SEEK_DATA and sends any file that has
+// data extents (or where the check is unsupported) to recycle/.
+//
 // INVARIANT: a ready pool file reads as zeros over exactly its size's bytes
 // and is durable; files under recycle/ may hold old data and are never
 // handed out before the filler zeroed them.

@@ -77,8 +77,21 @@ func openPool(s *Store, dir string, target int) (*pool, error) {
 				continue
 			}
 			if seq, err := strconv.ParseUint(name, 16, 64); err == nil && !f.IsDir() {
-				p.ready[size] = append(p.ready[size], filepath.Join(sdir, name))
 				p.seq = max(p.seq, seq+1)
+				path := filepath.Join(sdir, name)
+				if holdsNoData(path) {
+					p.ready[size] = append(p.ready[size], path)
+					continue
+				}
+				// A chunk file whose rename out of the pool was lost in a
+				// crash after data reached it: zero it again before use.
+				rdir := filepath.Join(sdir, "recycle")
+				if err := os.MkdirAll(rdir, 0o755); err != nil {
+					return nil, ioError("mkdir "+rdir, err)
+				}
+				if err := os.Rename(path, filepath.Join(rdir, name)); err != nil {
+					return nil, ioError("rename "+path, err)
+				}
 			}
 		}
 		if rfiles, err := os.ReadDir(filepath.Join(sdir, "recycle")); err == nil {
@@ -322,6 +335,18 @@ func (p *pool) prepare(src, sdir string, size int64, create bool) error {
 	p.ready[size] = append(p.ready[size], dst)
 	p.mu.Unlock()
 	return nil
+}
+
+// holdsNoData reports whether the file at path certainly reads as zeros: it
+// has no data extents (SEEK_DATA finds none). Any doubt answers false.
+func holdsNoData(path string) bool {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	_, err = unix.Seek(fd, 0, unix.SEEK_DATA)
+	return errors.Is(err, unix.ENXIO)
 }
 
 // preallocate reserves size bytes for fd (reading as zeros), falling back to
