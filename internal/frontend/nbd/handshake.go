@@ -78,6 +78,9 @@ func (c *conn) handshake() (handshakeResult, error) {
 			}
 			return handshakeClose, fmt.Errorf("%w: option %d with %d bytes of data", ErrProtocol, opt, length)
 		}
+		if cap(data) < int(length) {
+			data = make([]byte, length)
+		}
 		data = data[:length]
 		if _, err := io.ReadFull(c.br, data); err != nil {
 			return handshakeClose, err

@@ -3,6 +3,7 @@ package nbd
 import (
 	"bytes"
 	"encoding/binary"
+	"strings"
 	"testing"
 )
 
@@ -164,6 +165,8 @@ func TestOptionErrors(t *testing.T) {
 		{"go name with NUL", optGo, goData("di\x00sk"), repErrInvalid},
 		{"go unknown export", optGo, goData("nope"), repErrUnknown},
 		{"info unknown export", optInfo, goData("nope", infoBlockSize), repErrUnknown},
+		{"longest legal name", optGo, goData(strings.Repeat("n", maxStringLen)), repErrUnknown},
+		{"name over 4096 bytes", optInfo, goData(strings.Repeat("n", maxStringLen+1)), repErrInvalid},
 	}
 	for _, tc := range cases {
 		c.sendOpt(tc.opt, tc.data)
