@@ -1,0 +1,153 @@
+package mds
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/basalt-storage/basalt/pkg/mdsclient"
+)
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// freeAddr returns a 127.0.0.1 port free right now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// running is an MDS started by a test.
+type running struct {
+	s      *Server
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (r *running) stop(t *testing.T) {
+	t.Helper()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Error("Run did not return 20 s after cancel")
+	}
+}
+
+// crash kills the MDS as kill -9 would (no resignation) and waits for Run.
+func (r *running) crash(t *testing.T) {
+	t.Helper()
+	r.s.crash()
+	select {
+	case <-r.done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return after crash")
+	}
+	r.cancel()
+}
+
+// startMDS starts an MDS; with no EtcdEndpoints it embeds etcd in a temp dir
+// on free ports.
+func startMDS(t *testing.T, cfg Config) *running {
+	t.Helper()
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:0"
+	}
+	if len(cfg.EtcdEndpoints) == 0 {
+		cfg.DataDir = t.TempDir()
+		cfg.EtcdClientURL = "http://" + freeAddr(t)
+		cfg.EtcdPeerURL = "http://" + freeAddr(t)
+	}
+	if cfg.ElectionTTL == 0 {
+		cfg.ElectionTTL = 2 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger()
+	}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{s: s, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- s.Run(ctx) }()
+	return r
+}
+
+// waitActive waits until r is the active MDS.
+func waitActive(t *testing.T, r *running, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !r.s.active.Load() {
+		if time.Now().After(deadline) {
+			t.Fatalf("MDS %s not active after %v", r.s.Addr(), within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// startEtcd starts a bare single-member etcd for MDS processes that use it
+// as an external cluster, and returns its client URL.
+func startEtcd(t *testing.T) string {
+	t.Helper()
+	ec := embed.NewConfig()
+	ec.Name = "test"
+	ec.Dir = filepath.Join(t.TempDir(), "etcd")
+	cu, _ := url.Parse("http://" + freeAddr(t))
+	pu, _ := url.Parse("http://" + freeAddr(t))
+	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
+	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
+	ec.LogLevel = "error"
+	e, err := embed.StartEtcd(ec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(30 * time.Second):
+		t.Fatal("etcd not ready")
+	}
+	return cu.String()
+}
+
+func dial(t *testing.T, addrs ...string) *mdsclient.Client {
+	t.Helper()
+	c, err := mdsclient.Dial(addrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// wantCode fails unless err carries gRPC code want.
+func wantCode(t *testing.T, what string, err error, want codes.Code) {
+	t.Helper()
+	if got := status.Code(err); got != want {
+		t.Fatalf("%s: got %v (%v), want %v", what, got, err, want)
+	}
+}

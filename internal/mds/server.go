@@ -1,0 +1,429 @@
+package mds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// Config configures an MDS. Zero fields take the documented defaults.
+type Config struct {
+	Listen        string   // gRPC, e.g. 127.0.0.1:6700 (default)
+	Advertise     string   // address other processes reach this MDS at; default: the bound Listen address
+	DataDir       string   // embedded etcd data (when EtcdEndpoints is empty); required then
+	EtcdEndpoints []string // external etcd
+	// Embedded etcd listeners, URLs or host:port
+	// (default http://127.0.0.1:2379 and http://127.0.0.1:2380).
+	EtcdClientURL, EtcdPeerURL string
+	MetricsListen              string        // Prometheus /metrics; "" = off
+	HeartbeatTimeout           time.Duration // chunkserver offline after this (default 5 s)
+	SessionLease               time.Duration // default 10 s
+	// ElectionTTL is the TTL of the etcd session behind leader election:
+	// a standby takes over at most about this long after the active MDS
+	// died (default 3 s; etcd rounds it up to whole seconds, at least 2).
+	ElectionTTL time.Duration
+	Logger      *slog.Logger
+}
+
+// Defaults.
+const (
+	DefaultListen           = "127.0.0.1:6700"
+	DefaultEtcdClientURL    = "http://127.0.0.1:2379"
+	DefaultEtcdPeerURL      = "http://127.0.0.1:2380"
+	DefaultHeartbeatTimeout = 5 * time.Second
+	DefaultSessionLease     = 10 * time.Second
+	DefaultElectionTTL      = 3 * time.Second
+)
+
+// Server is one MDS process: active or standby. See doc.go.
+type Server struct {
+	cfg       Config
+	log       *slog.Logger
+	ln        net.Listener
+	advertise string
+	grpc      *grpc.Server
+	reg       *prometheus.Registry
+	m         metrics
+
+	cli *clientv3.Client // set by Run before serving
+
+	active atomic.Bool
+	mu     sync.Mutex // guards the fields below
+	// elKey is the election key while active, "" otherwise.
+	elKey string
+	// live is the in-memory heartbeat state, rebuilt from heartbeats
+	// after every takeover.
+	live map[uint64]*liveCS
+
+	crashed chan struct{} // closed by crash (tests): stop like kill -9
+	once    sync.Once
+}
+
+type metrics struct {
+	active       prometheus.Gauge
+	rpcs         *prometheus.CounterVec
+	chunkservers *prometheus.GaugeVec
+}
+
+// New validates cfg, binds the gRPC listener (so Addr is known) and
+// prepares the server. Run starts it.
+func New(cfg Config) (*Server, error) {
+	if cfg.Listen == "" {
+		cfg.Listen = DefaultListen
+	}
+	if cfg.HeartbeatTimeout <= 0 {
+		cfg.HeartbeatTimeout = DefaultHeartbeatTimeout
+	}
+	if cfg.SessionLease <= 0 {
+		cfg.SessionLease = DefaultSessionLease
+	}
+	if cfg.ElectionTTL <= 0 {
+		cfg.ElectionTTL = DefaultElectionTTL
+	}
+	if cfg.EtcdClientURL == "" {
+		cfg.EtcdClientURL = DefaultEtcdClientURL
+	}
+	if cfg.EtcdPeerURL == "" {
+		cfg.EtcdPeerURL = DefaultEtcdPeerURL
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if len(cfg.EtcdEndpoints) == 0 && cfg.DataDir == "" {
+		return nil, fmt.Errorf("%w: DataDir is required for the embedded etcd (or give EtcdEndpoints)", ErrInvalidArgument)
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("mds: listen %s: %w", cfg.Listen, err)
+	}
+	s := &Server{
+		cfg:       cfg,
+		ln:        ln,
+		advertise: cfg.Advertise,
+		reg:       prometheus.NewRegistry(),
+		live:      map[uint64]*liveCS{},
+		crashed:   make(chan struct{}),
+	}
+	if s.advertise == "" {
+		s.advertise = ln.Addr().String()
+	}
+	s.log = cfg.Logger.With("mds", s.advertise)
+	s.m = metrics{
+		active: prometheus.NewGauge(prometheus.GaugeOpts{Name: "basalt_mds_active",
+			Help: "1 while this MDS is the active one, 0 while it is a standby."}),
+		rpcs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "basalt_mds_rpcs_total",
+			Help: "gRPC requests handled, by method and status code."}, []string{"method", "code"}),
+		chunkservers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "basalt_mds_chunkservers",
+			Help: "Chunkservers seen by the active MDS, by state (online, offline)."}, []string{"state"}),
+	}
+	s.reg.MustRegister(s.m.active, s.m.rpcs, s.m.chunkservers,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(s.intercept))
+	api.RegisterMDSServer(s.grpc, &handler{s: s})
+	return s, nil
+}
+
+// Addr returns the address this MDS advertises (by default the bound gRPC
+// listener address).
+func (s *Server) Addr() string { return s.advertise }
+
+// Run starts etcd (embedded) or connects to it, serves gRPC (and metrics),
+// and campaigns to become the active MDS; it returns when ctx is done,
+// after a clean stop (an active MDS resigns, so a standby takes over at
+// once).
+func (s *Server) Run(ctx context.Context) error {
+	defer s.ln.Close()
+	endpoints := s.cfg.EtcdEndpoints
+	if len(endpoints) == 0 {
+		e, err := s.startEtcd()
+		if err != nil {
+			return err
+		}
+		defer e.Close()
+		endpoints = []string{e.Clients[0].Addr().String()}
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   endpoints,
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+		Context:     ctx,
+	})
+	if err != nil {
+		return fmt.Errorf("mds: etcd client %v: %w", endpoints, err)
+	}
+	s.cli = cli
+	defer cli.Close()
+
+	if s.cfg.MetricsListen != "" {
+		mln, err := net.Listen("tcp", s.cfg.MetricsListen)
+		if err != nil {
+			return fmt.Errorf("mds: metrics listen %s: %w", s.cfg.MetricsListen, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go hs.Serve(mln)
+		defer hs.Close()
+	}
+
+	served := make(chan error, 1)
+	go func() { served <- s.grpc.Serve(s.ln) }()
+	s.log.Info("MDS serving", "etcd", endpoints)
+
+	go s.monitor(ctx)
+	crashed := s.campaign(ctx)
+	if crashed {
+		s.grpc.Stop()
+		return nil
+	}
+	s.grpc.GracefulStop()
+	if err := <-served; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("mds: grpc: %w", err)
+	}
+	return nil
+}
+
+// crash stops the server the way kill -9 would, as far as the rest of the
+// cluster can tell: no resignation, the election lease simply expires.
+// For tests.
+func (s *Server) crash() { s.once.Do(func() { close(s.crashed) }) }
+
+// startEtcd starts the embedded single-member etcd and waits until it
+// serves.
+func (s *Server) startEtcd() (*embed.Etcd, error) {
+	ec := embed.NewConfig()
+	ec.Name = "basalt-mds"
+	ec.Dir = filepath.Join(s.cfg.DataDir, "etcd")
+	curl, err := parseURL(s.cfg.EtcdClientURL)
+	if err != nil {
+		return nil, err
+	}
+	purl, err := parseURL(s.cfg.EtcdPeerURL)
+	if err != nil {
+		return nil, err
+	}
+	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{*curl}, []url.URL{*curl}
+	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{*purl}, []url.URL{*purl}
+	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
+	ec.LogLevel = "error"
+	ec.EnableGRPCGateway = false
+	ec.AutoCompactionMode = "periodic"
+	ec.AutoCompactionRetention = "1h"
+	e, err := embed.StartEtcd(ec)
+	if err != nil {
+		return nil, fmt.Errorf("mds: start embedded etcd in %s: %w", ec.Dir, err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		return nil, fmt.Errorf("mds: embedded etcd: %w", err)
+	case <-time.After(60 * time.Second):
+		e.Close()
+		return nil, errors.New("mds: embedded etcd did not become ready in 60 s")
+	}
+	s.log.Info("embedded etcd ready", "dir", ec.Dir, "client_url", curl.String())
+	return e, nil
+}
+
+func parseURL(s string) (*url.URL, error) {
+	if !strings.Contains(s, "://") {
+		s = "http://" + s
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, fmt.Errorf("%w: etcd URL %q: %v", ErrInvalidArgument, s, err)
+	}
+	return u, nil
+}
+
+// campaign runs the election loop until ctx is done (returns false) or
+// crash is called (returns true). It owns the etcd session.
+func (s *Server) campaign(ctx context.Context) (crashed bool) {
+	ttl := max(1, int((s.cfg.ElectionTTL+time.Second-1)/time.Second))
+	for {
+		if ctx.Err() != nil {
+			return false
+		}
+		select {
+		case <-s.crashed:
+			return true
+		default:
+		}
+		sess, err := concurrency.NewSession(s.cli, concurrency.WithTTL(ttl), concurrency.WithContext(ctx))
+		if err != nil {
+			s.log.Warn("etcd session failed; retrying", "err", err)
+			if s.sleep(ctx, time.Second) {
+				return true
+			}
+			continue
+		}
+		el := concurrency.NewElection(sess, electionPrefix)
+		cctx, cancel := context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-sess.Done():
+			case <-s.crashed:
+			case <-cctx.Done():
+			}
+			cancel()
+		}()
+		err = el.Campaign(cctx, s.advertise)
+		select {
+		case <-s.crashed:
+			cancel()
+			return true
+		default:
+		}
+		if err != nil || cctx.Err() != nil {
+			cancel()
+			if ctx.Err() == nil {
+				s.log.Warn("election campaign interrupted; retrying", "err", err)
+			}
+			sess.Close()
+			continue
+		}
+		s.becomeActive(el.Key())
+		select {
+		case <-ctx.Done():
+			s.becomeStandby("shutting down")
+			rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
+			el.Resign(rctx)
+			rcancel()
+			cancel()
+			sess.Close()
+			return false
+		case <-sess.Done():
+			s.becomeStandby("etcd session lost")
+			cancel()
+		case <-s.crashed:
+			s.becomeStandby("crashed")
+			cancel()
+			return true
+		}
+	}
+}
+
+// sleep waits d; it reports whether crash was called meanwhile.
+func (s *Server) sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	case <-s.crashed:
+		return true
+	}
+	return false
+}
+
+func (s *Server) becomeActive(key string) {
+	s.mu.Lock()
+	s.elKey = key
+	s.live = map[uint64]*liveCS{} // rebuilt from heartbeats
+	s.mu.Unlock()
+	s.active.Store(true)
+	s.m.active.Set(1)
+	s.log.Info("MDS became active")
+}
+
+func (s *Server) becomeStandby(why string) {
+	s.active.Store(false)
+	s.m.active.Set(0)
+	s.mu.Lock()
+	s.elKey = ""
+	s.mu.Unlock()
+	s.log.Info("MDS is no longer active", "reason", why)
+}
+
+func (s *Server) leaderKey() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.elKey
+}
+
+// activeMDS returns the address of the active MDS as etcd knows it, or "".
+func (s *Server) activeMDS(ctx context.Context) string {
+	if s.cli == nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	resp, err := s.cli.Get(ctx, electionPrefix, append(clientv3.WithFirstCreate(), clientv3.WithSerializable())...)
+	if err != nil || len(resp.Kvs) == 0 {
+		return ""
+	}
+	return string(resp.Kvs[0].Value)
+}
+
+// allMDS returns every MDS taking part in the election, oldest first.
+func (s *Server) allMDS(ctx context.Context) ([]string, error) {
+	resp, err := s.cli.Get(ctx, electionPrefix, clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, kv := range resp.Kvs {
+		out = append(out, string(kv.Value))
+	}
+	return out, nil
+}
+
+// intercept gates every RPC on being active and turns errors into gRPC
+// statuses.
+func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	method := info.FullMethod[strings.LastIndexByte(info.FullMethod, '/')+1:]
+	var resp any
+	var err error
+	if !s.active.Load() {
+		err = s.notActive(ctx)
+	} else {
+		resp, err = h(ctx, req)
+		if errors.Is(err, ErrNotActive) {
+			err = s.notActive(ctx)
+		}
+		err = toStatus(err)
+	}
+	s.m.rpcs.WithLabelValues(method, status.Code(err).String()).Inc()
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+func (s *Server) notActive(ctx context.Context) error {
+	if a := s.activeMDS(ctx); a != "" && a != s.advertise {
+		return status.Errorf(codes.Unavailable, "not the active MDS; active is %s", a)
+	}
+	return status.Error(codes.Unavailable, "not the active MDS; no MDS is active yet")
+}
+
+// handler implements api.MDSServer; its methods are in topology.go,
+// pools.go, volumes.go, sessions.go and status.go.
+type handler struct {
+	api.UnimplementedMDSServer
+	s *Server
+}

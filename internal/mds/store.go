@@ -1,0 +1,200 @@
+package mds
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// etcd keys; the layout is specified in doc.go.
+const (
+	prefix            = "/basalt/"
+	electionPrefix    = prefix + "election/"
+	idsPrefix         = prefix + "ids/"
+	chunkserverPrefix = prefix + "chunkservers/"
+	poolPrefix        = prefix + "pools/"
+	poolNamePrefix    = prefix + "pool-names/"
+	copysetPrefix     = prefix + "copysets/"
+	volumePrefix      = prefix + "volumes/"
+	volumeNamePrefix  = prefix + "volume-names/"
+	volumesRevKey     = prefix + "volumes-revision"
+	sessionPrefix     = prefix + "sessions/"
+)
+
+// Id counters (idsPrefix + kind).
+const (
+	idChunkserver = "chunkserver"
+	idPool        = "pool"
+	idVolume      = "volume"
+	idSession     = "session"
+)
+
+func idKey(p string, id uint64) string { return fmt.Sprintf("%s%020d", p, id) }
+
+func chunkserverKey(id uint64) string { return idKey(chunkserverPrefix, id) }
+func poolKey(id uint32) string        { return idKey(poolPrefix, uint64(id)) }
+func copysetKey(pool uint32) string   { return idKey(copysetPrefix, uint64(pool)) }
+func volumeKey(id uint64) string      { return idKey(volumePrefix, id) }
+func sessionKey(id uint64) string     { return idKey(sessionPrefix, id) }
+func poolNameKey(name string) string  { return poolNamePrefix + name }
+func volumeNameKey(name string) string {
+	return volumeNamePrefix + name
+}
+
+// chunkserverRecord is the value at /basalt/chunkservers/<id>.
+type chunkserverRecord struct {
+	ID           uint64 `json:"id"`
+	Zone         string `json:"zone"`
+	Server       string `json:"server"`
+	Addr         string `json:"addr"`
+	DataDir      string `json:"data_dir,omitempty"`
+	Capacity     uint64 `json:"capacity_bytes,omitempty"`
+	RegisteredMs int64  `json:"registered_unix_ms"`
+}
+
+// poolRecord is the value at /basalt/pools/<id>.
+type poolRecord struct {
+	ID           uint32 `json:"id"`
+	Name         string `json:"name"`
+	Replicas     uint32 `json:"replicas"`
+	ChunkSize    uint64 `json:"chunk_size"`
+	CopysetCount uint32 `json:"copyset_count"`
+	CreatedMs    int64  `json:"created_unix_ms"`
+}
+
+// copysetRecord is one element of the array at /basalt/copysets/<pool>.
+type copysetRecord struct {
+	ID      uint32   `json:"id"`
+	Members []uint64 `json:"members"`
+	Epoch   uint64   `json:"epoch"`
+}
+
+// volumeRecord is the value at /basalt/volumes/<id>.
+type volumeRecord struct {
+	ID        uint64 `json:"id"`
+	Name      string `json:"name"`
+	Size      uint64 `json:"size"`
+	PoolID    uint32 `json:"pool_id"`
+	PoolName  string `json:"pool_name"`
+	CreatedMs int64  `json:"created_unix_ms"`
+	// Epoch is the writer epoch: +1 on every read-write OpenVolume.
+	Epoch uint64 `json:"epoch"`
+	// Writer is the session id of the current writer; 0 after it closed.
+	Writer uint64 `json:"writer,omitempty"`
+}
+
+// sessionRecord is the value at /basalt/sessions/<id>, attached to the etcd
+// lease Lease so that it disappears when the session is not renewed.
+type sessionRecord struct {
+	ID       uint64 `json:"id"`
+	Volume   uint64 `json:"volume"`
+	ReadOnly bool   `json:"read_only"`
+	Epoch    uint64 `json:"epoch"`
+	Client   string `json:"client,omitempty"`
+	Lease    int64  `json:"lease"`
+	OpenedMs int64  `json:"opened_unix_ms"`
+}
+
+func encode(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("mds: encode %T: %v", v, err)) // plain structs always encode
+	}
+	return string(b)
+}
+
+func decode[T any](s string) (T, error) {
+	var v T
+	if err := json.Unmarshal([]byte(s), &v); err != nil {
+		return v, fmt.Errorf("mds: corrupt record %q: %w", s, err)
+	}
+	return v, nil
+}
+
+// nextID increments the counter of kind inside stm and returns the new id.
+func nextID(stm concurrency.STM, kind string) (uint64, error) {
+	cur := stm.Get(idsPrefix + kind)
+	var n uint64
+	if cur != "" {
+		var err error
+		if n, err = strconv.ParseUint(cur, 10, 64); err != nil {
+			return 0, fmt.Errorf("mds: corrupt id counter %s=%q", kind, cur)
+		}
+	}
+	n++
+	stm.Put(idsPrefix+kind, strconv.FormatUint(n, 10))
+	return n, nil
+}
+
+// txn runs fn in an etcd software transaction (serializable snapshot: it is
+// retried when a key it read changed before it committed, so concurrent
+// requests never lose updates). Every transaction also reads this MDS's
+// election key: if another MDS took over meanwhile, the key is gone and
+// the write fails with ErrNotActive instead of racing the new active MDS.
+// fn may run several times and must have no effect outside stm.
+func (s *Server) txn(ctx context.Context, fn func(stm concurrency.STM) error) error {
+	key := s.leaderKey()
+	if key == "" {
+		return ErrNotActive
+	}
+	_, err := concurrency.NewSTM(s.cli, func(stm concurrency.STM) error {
+		if stm.Get(key) == "" {
+			return ErrNotActive
+		}
+		return fn(stm)
+	}, concurrency.WithAbortContext(ctx))
+	return err
+}
+
+// getPrefix reads all records under p, decoded, in key order.
+func getPrefix[T any](ctx context.Context, cli *clientv3.Client, p string) ([]T, error) {
+	resp, err := cli.Get(ctx, p, clientv3.WithPrefix())
+	if err != nil {
+		return nil, err
+	}
+	return decodeKVs[T](resp)
+}
+
+func decodeKVs[T any](resp *clientv3.GetResponse) ([]T, error) {
+	out := make([]T, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		v, err := decode[T](string(kv.Value))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// getOne reads one record; ok is false if the key does not exist.
+func getOne[T any](ctx context.Context, cli *clientv3.Client, key string) (v T, ok bool, err error) {
+	resp, err := cli.Get(ctx, key)
+	if err != nil || len(resp.Kvs) == 0 {
+		return v, false, err
+	}
+	v, err = decode[T](string(resp.Kvs[0].Value))
+	return v, err == nil, err
+}
+
+// poolIDFromCopysetKey parses the pool id out of a /basalt/copysets/ key.
+func poolIDFromCopysetKey(k string) (uint32, error) {
+	n, err := strconv.ParseUint(strings.TrimPrefix(k, copysetPrefix), 10, 32)
+	return uint32(n), err
+}
+
+func (r poolRecord) proto() *api.Pool {
+	return &api.Pool{Id: r.ID, Name: r.Name, Replicas: r.Replicas, ChunkSize: r.ChunkSize, CopysetCount: r.CopysetCount}
+}
+
+func (r volumeRecord) proto() *api.Volume {
+	return &api.Volume{Id: r.ID, Name: r.Name, Size: r.Size, PoolId: r.PoolID, PoolName: r.PoolName,
+		CreatedUnixMs: r.CreatedMs, Epoch: r.Epoch}
+}

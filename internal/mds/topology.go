@@ -1,0 +1,331 @@
+package mds
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/basalt-storage/basalt/internal/placement"
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// liveCS is what the active MDS knows about a chunkserver from its
+// heartbeats. It lives only in memory (Server.live, under Server.mu).
+type liveCS struct {
+	last     time.Time
+	online   bool // as last logged by monitor
+	capacity uint64
+	used     uint64
+	state    string
+	// copysets: the replica statuses of its last heartbeat, by group id.
+	copysets map[uint64]*api.CopysetStatus
+}
+
+// isOnline reports whether a heartbeat (or registration) arrived within
+// HeartbeatTimeout. Caller holds s.mu.
+func (s *Server) isOnline(id uint64, now time.Time) bool {
+	l := s.live[id]
+	return l != nil && now.Sub(l.last) <= s.cfg.HeartbeatTimeout
+}
+
+// monitor logs chunkservers going offline and coming back and keeps the
+// chunkserver gauges current. It runs for the life of Run.
+func (s *Server) monitor(ctx context.Context) {
+	t := time.NewTicker(max(s.cfg.HeartbeatTimeout/4, 100*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.crashed:
+			return
+		case <-t.C:
+		}
+		if !s.active.Load() {
+			continue
+		}
+		now := time.Now()
+		on, off := 0, 0
+		s.mu.Lock()
+		for id, l := range s.live {
+			online := s.isOnline(id, now)
+			if online != l.online {
+				l.online = online
+				if online {
+					s.log.Info("chunkserver online", "chunkserver", id)
+				} else {
+					s.log.Warn("chunkserver offline", "chunkserver", id,
+						"last_heartbeat", l.last.Format(time.RFC3339), "timeout", s.cfg.HeartbeatTimeout)
+				}
+			}
+			if online {
+				on++
+			} else {
+				off++
+			}
+		}
+		s.mu.Unlock()
+		s.m.chunkservers.WithLabelValues("online").Set(float64(on))
+		s.m.chunkservers.WithLabelValues("offline").Set(float64(off))
+	}
+}
+
+// touch records a sign of life of chunkserver id. Caller holds s.mu.
+func (s *Server) touch(id uint64, now time.Time) *liveCS {
+	l := s.live[id]
+	if l == nil {
+		l = &liveCS{copysets: map[uint64]*api.CopysetStatus{}}
+		s.live[id] = l
+	}
+	if !l.online {
+		l.online = true
+		s.log.Info("chunkserver online", "chunkserver", id)
+	}
+	l.last = now
+	return l
+}
+
+// RegisterChunkServer gives a new chunkserver its id, or updates the
+// address and domains of a known one re-registering with its id.
+func (h *handler) RegisterChunkServer(ctx context.Context, req *api.RegisterChunkServerRequest) (*api.RegisterChunkServerResponse, error) {
+	s := h.s
+	if req.Addr == "" {
+		return nil, fmt.Errorf("%w: addr (the chunkserver's data-plane host:port) is required", ErrInvalidArgument)
+	}
+	rec := chunkserverRecord{
+		Zone: req.Zone, Server: req.Server, Addr: req.Addr, DataDir: req.DataDir,
+		Capacity: req.CapacityBytes, RegisteredMs: time.Now().UnixMilli(),
+	}
+	if rec.Zone == "" {
+		rec.Zone = "default"
+	}
+	if rec.Server == "" {
+		rec.Server = req.Addr
+	}
+	var old chunkserverRecord
+	err := s.txn(ctx, func(stm concurrency.STM) error {
+		old = chunkserverRecord{}
+		rec.ID = req.Id
+		if rec.ID == 0 {
+			id, err := nextID(stm, idChunkserver)
+			if err != nil {
+				return err
+			}
+			rec.ID = id
+		} else {
+			v := stm.Get(chunkserverKey(rec.ID))
+			if v == "" {
+				return fmt.Errorf("%w: chunkserver %d is not registered (was the MDS's etcd data lost?); register with id 0 for a new id", ErrNotFound, rec.ID)
+			}
+			o, err := decode[chunkserverRecord](v)
+			if err != nil {
+				return err
+			}
+			old = o
+		}
+		stm.Put(chunkserverKey(rec.ID), encode(rec))
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	l := s.touch(rec.ID, time.Now())
+	l.capacity = req.CapacityBytes
+	s.mu.Unlock()
+	if req.Id == 0 {
+		s.log.Info("chunkserver registered", "chunkserver", rec.ID, "addr", rec.Addr, "zone", rec.Zone, "server", rec.Server)
+	} else if old.Addr != rec.Addr || old.Zone != rec.Zone || old.Server != rec.Server {
+		s.log.Info("chunkserver re-registered", "chunkserver", rec.ID, "addr", rec.Addr, "old_addr", old.Addr,
+			"zone", rec.Zone, "server", rec.Server)
+	}
+	return &api.RegisterChunkServerResponse{Id: rec.ID}, nil
+}
+
+// topology is one consistent read of chunkservers, copysets and the
+// volumes revision.
+type topology struct {
+	chunkservers map[uint64]chunkserverRecord
+	copysets     map[uint32][]copysetRecord // by pool id
+	volumesRev   uint64
+}
+
+func (s *Server) readTopology(ctx context.Context) (*topology, error) {
+	resp, err := s.cli.Txn(ctx).Then(
+		clientv3.OpGet(chunkserverPrefix, clientv3.WithPrefix()),
+		clientv3.OpGet(copysetPrefix, clientv3.WithPrefix()),
+		clientv3.OpGet(volumesRevKey),
+	).Commit()
+	if err != nil {
+		return nil, err
+	}
+	t := &topology{chunkservers: map[uint64]chunkserverRecord{}, copysets: map[uint32][]copysetRecord{}}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		r, err := decode[chunkserverRecord](string(kv.Value))
+		if err != nil {
+			return nil, err
+		}
+		t.chunkservers[r.ID] = r
+	}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		pool, err := poolIDFromCopysetKey(string(kv.Key))
+		if err != nil {
+			return nil, fmt.Errorf("mds: bad copyset key %q", kv.Key)
+		}
+		cs, err := decode[[]copysetRecord](string(kv.Value))
+		if err != nil {
+			return nil, err
+		}
+		t.copysets[pool] = cs
+	}
+	if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) > 0 {
+		t.volumesRev = uint64(kvs[0].ModRevision)
+	}
+	return t, nil
+}
+
+// leaderHints derives each copyset's leader from the replica statuses of
+// online chunkservers: the leader reported with the highest term wins.
+// Caller holds s.mu.
+func (s *Server) leaderHints(now time.Time) map[uint64]uint64 {
+	type lt struct{ leader, term uint64 }
+	best := map[uint64]lt{}
+	for id, l := range s.live {
+		if !s.isOnline(id, now) {
+			continue
+		}
+		for g, st := range l.copysets {
+			leader := st.LeaderId
+			if st.Leader {
+				leader = id
+			}
+			if leader == 0 {
+				continue
+			}
+			if b, ok := best[g]; !ok || st.Term > b.term {
+				best[g] = lt{leader, st.Term}
+			}
+		}
+	}
+	out := make(map[uint64]uint64, len(best))
+	for g, b := range best {
+		out[g] = b.leader
+	}
+	return out
+}
+
+// copysetProto builds the wire form of a copyset with its leader hint.
+func copysetProto(pool uint32, c copysetRecord, hints map[uint64]uint64) *api.Copyset {
+	return &api.Copyset{PoolId: pool, Id: c.ID, Members: append([]uint64(nil), c.Members...),
+		LeaderHint: hints[placement.GroupID(pool, c.ID)], Epoch: c.Epoch}
+}
+
+// chunkserverProto builds the wire form of a chunkserver with its liveness.
+// Caller holds s.mu.
+func (s *Server) chunkserverProto(r chunkserverRecord, now time.Time) *api.ChunkServer {
+	cs := &api.ChunkServer{Id: r.ID, Zone: r.Zone, Server: r.Server, Addr: r.Addr, DataDir: r.DataDir,
+		CapacityBytes: r.Capacity, State: "unknown"}
+	if l := s.live[r.ID]; l != nil {
+		cs.Online = s.isOnline(r.ID, now)
+		cs.LastHeartbeatUnixMs = l.last.UnixMilli()
+		if l.capacity != 0 {
+			cs.CapacityBytes = l.capacity
+		}
+		cs.UsedBytes = l.used
+		if l.state != "" {
+			cs.State = l.state
+		}
+	}
+	return cs
+}
+
+// Heartbeat records a chunkserver's liveness and copyset statuses and
+// answers with the copysets it must host and its peers' addresses.
+func (h *handler) Heartbeat(ctx context.Context, req *api.HeartbeatRequest) (*api.HeartbeatResponse, error) {
+	s := h.s
+	t, err := s.readTopology(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := t.chunkservers[req.Id]; !ok {
+		return nil, fmt.Errorf("%w: chunkserver %d is not registered; register first", ErrNotFound, req.Id)
+	}
+	now := time.Now()
+	resp := &api.HeartbeatResponse{VolumesRevision: t.volumesRev}
+	peers := map[uint64]bool{}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.touch(req.Id, now)
+	l.used, l.state = req.UsedBytes, req.State
+	if req.CapacityBytes != 0 {
+		l.capacity = req.CapacityBytes
+	}
+	l.copysets = make(map[uint64]*api.CopysetStatus, len(req.Copysets))
+	for _, st := range req.Copysets {
+		l.copysets[placement.GroupID(st.PoolId, st.CopysetId)] = st
+	}
+	hints := s.leaderHints(now)
+	for _, pool := range sortedPools(t.copysets) {
+		for _, c := range t.copysets[pool] {
+			member := false
+			for _, m := range c.Members {
+				member = member || m == req.Id
+			}
+			if !member {
+				continue
+			}
+			resp.Copysets = append(resp.Copysets, copysetProto(pool, c, hints))
+			for _, m := range c.Members {
+				if m != req.Id {
+					peers[m] = true
+				}
+			}
+		}
+	}
+	for _, id := range sortedIDs(peers) {
+		if r, ok := t.chunkservers[id]; ok {
+			resp.Peers = append(resp.Peers, s.chunkserverProto(r, now))
+		}
+	}
+	return resp, nil
+}
+
+// ListChunkServers lists every registered chunkserver with its liveness.
+func (h *handler) ListChunkServers(ctx context.Context, _ *api.ListChunkServersRequest) (*api.ListChunkServersResponse, error) {
+	s := h.s
+	recs, err := getPrefix[chunkserverRecord](ctx, s.cli, chunkserverPrefix)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	resp := &api.ListChunkServersResponse{}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range recs {
+		resp.Chunkservers = append(resp.Chunkservers, s.chunkserverProto(r, now))
+	}
+	return resp, nil
+}
+
+func sortedPools[V any](m map[uint32]V) []uint32 {
+	out := make([]uint32, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+func sortedIDs(m map[uint64]bool) []uint64 {
+	out := make([]uint64, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}

@@ -1,0 +1,243 @@
+package mds
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// Volume limits.
+const (
+	// VolumeAlign: volume sizes are multiples of 4 KiB.
+	VolumeAlign = 4096
+	// MaxVolumeSize is 4 PiB.
+	MaxVolumeSize = 1 << 52
+)
+
+func checkSize(size uint64) error {
+	if size == 0 || size%VolumeAlign != 0 || size > MaxVolumeSize {
+		return fmt.Errorf("%w: size %d: must be a positive multiple of 4096 bytes, at most 4 PiB", ErrInvalidArgument, size)
+	}
+	return nil
+}
+
+// resolvePool finds the pool a new volume goes to: the named one, or the
+// only pool, or the pool named "default" when there are several.
+func (s *Server) resolvePool(ctx context.Context, name string) (poolRecord, error) {
+	pools, err := getPrefix[poolRecord](ctx, s.cli, poolPrefix)
+	if err != nil {
+		return poolRecord{}, err
+	}
+	var names []string
+	for _, p := range pools {
+		if p.Name == name || (name == "" && (len(pools) == 1 || p.Name == "default")) {
+			return p, nil
+		}
+		names = append(names, p.Name)
+	}
+	switch {
+	case name != "":
+		return poolRecord{}, fmt.Errorf("%w: pool %q does not exist", ErrNotFound, name)
+	case len(pools) == 0:
+		return poolRecord{}, fmt.Errorf("%w: no pool exists; create one first (basalt pool create)", ErrFailedPrecondition)
+	}
+	return poolRecord{}, fmt.Errorf("%w: several pools exist (%s); name one", ErrInvalidArgument, strings.Join(names, ", "))
+}
+
+// bumpVolumesRevision marks a change to the set or sizes of volumes; the
+// key's ModRevision is the volumes revision heartbeats and ListVolumes
+// report.
+func bumpVolumesRevision(stm concurrency.STM, why string) {
+	stm.Put(volumesRevKey, why)
+}
+
+// volumeByName reads a volume inside a transaction.
+func volumeByName(stm concurrency.STM, name string) (volumeRecord, error) {
+	idStr := stm.Get(volumeNameKey(name))
+	if idStr == "" {
+		return volumeRecord{}, fmt.Errorf("%w: volume %q does not exist", ErrNotFound, name)
+	}
+	id, err := strconv.ParseUint(idStr, 10, 64)
+	if err != nil {
+		return volumeRecord{}, fmt.Errorf("mds: corrupt volume name index %q=%q", name, idStr)
+	}
+	v := stm.Get(volumeKey(id))
+	if v == "" {
+		return volumeRecord{}, fmt.Errorf("mds: volume name index %q points at missing volume %d", name, id)
+	}
+	return decode[volumeRecord](v)
+}
+
+// CreateVolume creates a volume: one small record, whatever its size.
+func (h *handler) CreateVolume(ctx context.Context, req *api.CreateVolumeRequest) (*api.CreateVolumeResponse, error) {
+	s := h.s
+	if err := checkName("volume", req.Name); err != nil {
+		return nil, err
+	}
+	if err := checkSize(req.Size); err != nil {
+		return nil, err
+	}
+	pool, err := s.resolvePool(ctx, req.Pool)
+	if err != nil {
+		return nil, err
+	}
+	rec := volumeRecord{Name: req.Name, Size: req.Size, PoolID: pool.ID, PoolName: pool.Name,
+		CreatedMs: time.Now().UnixMilli()}
+	err = s.txn(ctx, func(stm concurrency.STM) error {
+		if stm.Get(volumeNameKey(rec.Name)) != "" {
+			return fmt.Errorf("%w: volume %q exists", ErrAlreadyExists, rec.Name)
+		}
+		if stm.Get(poolKey(pool.ID)) == "" {
+			return fmt.Errorf("%w: pool %q does not exist", ErrNotFound, pool.Name)
+		}
+		id, err := nextID(stm, idVolume)
+		if err != nil {
+			return err
+		}
+		rec.ID = id
+		stm.Put(volumeKey(id), encode(rec))
+		stm.Put(volumeNameKey(rec.Name), strconv.FormatUint(id, 10))
+		bumpVolumesRevision(stm, "create "+rec.Name)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("volume created", "volume", rec.ID, "name", rec.Name, "size", rec.Size, "pool", rec.PoolName)
+	return &api.CreateVolumeResponse{Volume: rec.proto()}, nil
+}
+
+// GetVolume reads a volume by name, or by id when the name is empty.
+func (h *handler) GetVolume(ctx context.Context, req *api.GetVolumeRequest) (*api.GetVolumeResponse, error) {
+	s := h.s
+	id := req.Id
+	if req.Name != "" {
+		resp, err := s.cli.Get(ctx, volumeNameKey(req.Name))
+		if err != nil {
+			return nil, err
+		}
+		if len(resp.Kvs) == 0 {
+			return nil, fmt.Errorf("%w: volume %q does not exist", ErrNotFound, req.Name)
+		}
+		if id, err = strconv.ParseUint(string(resp.Kvs[0].Value), 10, 64); err != nil {
+			return nil, fmt.Errorf("mds: corrupt volume name index %q", req.Name)
+		}
+	} else if id == 0 {
+		return nil, fmt.Errorf("%w: give a volume name or id", ErrInvalidArgument)
+	}
+	v, ok, err := getOne[volumeRecord](ctx, s.cli, volumeKey(id))
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		if req.Name != "" {
+			return nil, fmt.Errorf("%w: volume %q does not exist", ErrNotFound, req.Name)
+		}
+		return nil, fmt.Errorf("%w: volume %d does not exist", ErrNotFound, id)
+	}
+	return &api.GetVolumeResponse{Volume: v.proto()}, nil
+}
+
+// ListVolumes lists every volume by name, with the volumes revision of the
+// same snapshot.
+func (h *handler) ListVolumes(ctx context.Context, _ *api.ListVolumesRequest) (*api.ListVolumesResponse, error) {
+	resp, err := h.s.cli.Txn(ctx).Then(
+		clientv3.OpGet(volumePrefix, clientv3.WithPrefix()),
+		clientv3.OpGet(volumesRevKey),
+	).Commit()
+	if err != nil {
+		return nil, err
+	}
+	vols, err := decodeKVs[volumeRecord]((*clientv3.GetResponse)(resp.Responses[0].GetResponseRange()))
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(vols, func(i, j int) bool { return vols[i].Name < vols[j].Name })
+	out := &api.ListVolumesResponse{}
+	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		out.Revision = uint64(kvs[0].ModRevision)
+	}
+	for _, v := range vols {
+		out.Volumes = append(out.Volumes, v.proto())
+	}
+	return out, nil
+}
+
+// ResizeVolume grows a volume. Shrinking is refused: it would cut data
+// that hosts may still use.
+func (h *handler) ResizeVolume(ctx context.Context, req *api.ResizeVolumeRequest) (*api.ResizeVolumeResponse, error) {
+	s := h.s
+	if err := checkName("volume", req.Name); err != nil {
+		return nil, err
+	}
+	if err := checkSize(req.Size); err != nil {
+		return nil, err
+	}
+	var rec volumeRecord
+	var old uint64
+	err := s.txn(ctx, func(stm concurrency.STM) error {
+		v, err := volumeByName(stm, req.Name)
+		if err != nil {
+			return err
+		}
+		rec, old = v, v.Size
+		if req.Size < v.Size {
+			return fmt.Errorf("%w: volume %q is %d bytes; shrinking to %d is not supported (grow only)",
+				ErrInvalidArgument, req.Name, v.Size, req.Size)
+		}
+		if req.Size == v.Size {
+			return nil
+		}
+		rec.Size = req.Size
+		stm.Put(volumeKey(rec.ID), encode(rec))
+		bumpVolumesRevision(stm, "resize "+rec.Name)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if old != rec.Size {
+		s.log.Info("volume resized", "volume", rec.ID, "name", rec.Name, "old_size", old, "size", rec.Size)
+	}
+	return &api.ResizeVolumeResponse{Volume: rec.proto()}, nil
+}
+
+// DeleteVolume deletes a volume that no live writer session holds open.
+func (h *handler) DeleteVolume(ctx context.Context, req *api.DeleteVolumeRequest) (*api.DeleteVolumeResponse, error) {
+	s := h.s
+	if err := checkName("volume", req.Name); err != nil {
+		return nil, err
+	}
+	var rec volumeRecord
+	err := s.txn(ctx, func(stm concurrency.STM) error {
+		v, err := volumeByName(stm, req.Name)
+		if err != nil {
+			return err
+		}
+		rec = v
+		if v.Writer != 0 {
+			if sv := stm.Get(sessionKey(v.Writer)); sv != "" {
+				sess, _ := decode[sessionRecord](sv)
+				return fmt.Errorf("%w: volume %q is open for writing by %q (session %d); close it or wait for its lease to lapse",
+					ErrFailedPrecondition, req.Name, sess.Client, v.Writer)
+			}
+		}
+		stm.Del(volumeKey(v.ID))
+		stm.Del(volumeNameKey(v.Name))
+		bumpVolumesRevision(stm, "delete "+v.Name)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("volume deleted", "volume", rec.ID, "name", rec.Name)
+	return &api.DeleteVolumeResponse{}, nil
+}
