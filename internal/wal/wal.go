@@ -48,6 +48,9 @@ var (
 	ErrCompactBeyondSnapshot = errors.New("wal: compaction index beyond the snapshot index")
 )
 
+// maxKeptBuffer bounds the batch buffer capacity kept for reuse.
+const maxKeptBuffer = 16 << 20
+
 // errIgnore tells enqueue that there is nothing to write and nothing wrong.
 var errIgnore = errors.New("wal: nothing to do")
 
@@ -685,6 +688,9 @@ func (w *WAL) commitPending() {
 	close(b.res.done)
 	for i := range b.ops {
 		b.ops[i] = op{} // drop references to the callers' entries
+	}
+	if cap(b.buf) > maxKeptBuffer {
+		b.buf = nil // a huge batch: do not keep its buffer for ever
 	}
 	w.mu.Lock()
 	w.spare = b

@@ -365,6 +365,7 @@ func TestGroupCommitConcurrent(t *testing.T) {
 	})
 	const groups, saves = 8, 40
 	want := make([][]*pb.Entry, groups)
+	wantHS := make([]*pb.HardState, groups)
 	var wg sync.WaitGroup
 	for g := range groups {
 		wg.Add(1)
@@ -380,12 +381,14 @@ func TestGroupCommitConcurrent(t *testing.T) {
 					first = next - 1 // rewrite the last entry (new term)
 				}
 				ents := mkEnts(first, n, uint64(1+i), 1+rng.Intn(3000), rng.Int63())
-				if err := w.Save([]Update{{Group: uint64(100 + g), Entries: ents, HardState: hs(uint64(1+i), 0, first-1)}}); err != nil {
+				st := hs(uint64(1+i), uint64(g), first-1)
+				if err := w.Save([]Update{{Group: uint64(100 + g), Entries: ents, HardState: st}}); err != nil {
 					t.Errorf("group %d: %v", g, err)
 					return
 				}
 				log = append(log[:first-1], ents...)
 				next = first + n
+				wantHS[g] = st
 			}
 			want[g] = log
 		}()
@@ -404,8 +407,7 @@ func TestGroupCommitConcurrent(t *testing.T) {
 	defer w.Close()
 	for g := range groups {
 		checkLog(t, w.Storage(uint64(100+g)), want[g])
-		last := want[g][len(want[g])-1]
-		_ = last
+		checkHardState(t, w.Storage(uint64(100+g)), wantHS[g])
 	}
 }
 
@@ -603,4 +605,91 @@ func TestStatsString(t *testing.T) {
 	}
 	_ = fmt.Sprint(s)
 	_ = bytes.Equal
+}
+
+// TestConcurrentReadersCompactionAndRemoval runs a writer, a snapshotter and
+// a reader on one group at once, with the cache off so that reads go to
+// segments that compaction is removing. Readers see either correct entries
+// or raft.ErrCompacted, never anything else.
+func TestConcurrentReadersCompactionAndRemoval(t *testing.T) {
+	dir := t.TempDir()
+	w := openT(t, dir, func(c *Config) { c.SegmentSize = 8 << 10; c.CacheBytes = -1 })
+	defer w.Close()
+	entryAt := func(i uint64) *pb.Entry {
+		data := bytes.Repeat([]byte{byte(i), byte(i >> 8)}, 64)
+		return &pb.Entry{Term: new(uint64(1)), Index: new(i), Type: new(pb.EntryType_EntryNormal), Data: data}
+	}
+	const total = 1500
+	var applied sync.Mutex
+	appliedIdx := uint64(0)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { // snapshotter
+		defer wg.Done()
+		var snapped uint64
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			applied.Lock()
+			a := appliedIdx
+			applied.Unlock()
+			if a > snapped+50 {
+				sn := &pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: new(a)}}
+				if err := w.CreateSnapshot(1, sn, a-10); err != nil {
+					t.Errorf("CreateSnapshot(%d): %v", a, err)
+					return
+				}
+				snapped = a
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}()
+	go func() { // reader
+		defer wg.Done()
+		s := w.Storage(1)
+		rng := rand.New(rand.NewSource(1))
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			first, _ := s.FirstIndex()
+			lastIdx, _ := s.LastIndex()
+			if lastIdx < first {
+				continue
+			}
+			lo := first + uint64(rng.Int63n(int64(lastIdx-first+1)))
+			ents, err := s.Entries(lo, lastIdx+1, 1<<20)
+			if errors.Is(err, raft.ErrCompacted) {
+				continue
+			}
+			if err != nil {
+				t.Errorf("Entries(%d, %d): %v", lo, lastIdx+1, err)
+				return
+			}
+			for j, e := range ents {
+				if want := entryAt(lo + uint64(j)); !proto.Equal(e, want) {
+					t.Errorf("entry %d has wrong content", lo+uint64(j))
+					return
+				}
+			}
+		}
+	}()
+	for i := uint64(1); i <= total; i += 5 {
+		ents := []*pb.Entry{entryAt(i), entryAt(i + 1), entryAt(i + 2), entryAt(i + 3), entryAt(i + 4)}
+		mustSave(t, w, Update{Group: 1, Entries: ents})
+		applied.Lock()
+		appliedIdx = i + 4
+		applied.Unlock()
+	}
+	close(stop)
+	wg.Wait()
+	if st := w.Stats(); st.SegmentsRemoved == 0 {
+		t.Fatalf("no segment was removed (stats %+v)", st)
+	}
 }
