@@ -407,7 +407,7 @@ func TestRestartReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	apply(t, cs, after[:120]) // later writes reach the page cache...
-	s.Close()              // ...then the process dies without Sync.
+	s.Close()                 // ...then the process dies without Sync.
 
 	// The disk after a power cut holds the synced state plus whatever part
 	// of the unsynced writes the kernel had written back: model it as a copy
