@@ -26,7 +26,8 @@ type chunk struct {
 // INVARIANT: a chunk is on the LRU list iff fd >= 0.
 // INVARIANT: fd is closed only when refs == 0, so an IO never uses an fd that
 // another goroutine closed (and the kernel may have reused).
-// The list is over the limit only while every open chunk is in use.
+// The cache is over its limit only while every open chunk is in use; the
+// next release brings it back.
 type fdCache struct {
 	mu   sync.Mutex
 	max  int
@@ -84,6 +85,9 @@ func (c *fdCache) release(ch *chunk) {
 	ch.refs--
 	if ch.dead && ch.refs == 0 {
 		c.closeLocked(ch)
+	}
+	if c.open > c.max { // went over while every open file was pinned
+		c.evictLocked()
 	}
 	c.mu.Unlock()
 }
