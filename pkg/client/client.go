@@ -1,0 +1,334 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/basalt-storage/basalt/pkg/api"
+	"github.com/basalt-storage/basalt/pkg/mdsclient"
+)
+
+// Errors of the client library. Chunkserver refusals come as *api.Error
+// (errors.Is(err, api.ErrFenced) and so on).
+var (
+	// ErrLeaseExpired: the session's lease lapsed (renewals failed for a whole
+	// lease, or the MDS no longer knows the session). The volume issues no more IO;
+	// open it again.
+	ErrLeaseExpired = errors.New("client: session lease expired")
+	// ErrClosed: the volume was closed.
+	ErrClosed = errors.New("client: volume closed")
+	// ErrTimeout: an IO did not complete within Config.OpTimeout; the error also
+	// wraps the last failure seen.
+	ErrTimeout = errors.New("client: IO deadline exceeded")
+	// ErrNoRoute: the MDS gave no usable member list for a copyset.
+	ErrNoRoute = errors.New("client: no route to copyset")
+)
+
+// Defaults of Config.
+const (
+	DefaultIOTimeout = 5 * time.Second
+	DefaultOpTimeout = 60 * time.Second
+)
+
+// Config configures Open.
+type Config struct {
+	MDS        []string // MDS addresses
+	Volume     string   // volume name
+	ReadOnly   bool
+	ClientName string        // shown in MDS status and logs; default host name and pid
+	IOTimeout  time.Duration // one attempt; default 5 s
+	OpTimeout  time.Duration // one IO, all retries included; default 60 s
+	Logger     *slog.Logger
+
+	// MDSClient, if set, is used instead of dialing MDS (tests, processes that
+	// already hold one). The Volume does not close it.
+	MDSClient api.MDSClient
+}
+
+// Volume is an open volume. All methods are safe for concurrent use.
+//
+// Goroutines: one lease renewer (writable and leased read-only sessions); one
+// dialer per chunkserver while a connection is being made; the transport's
+// goroutines per connection, on which IO completions and retries run. No
+// goroutine exists per IO.
+type Volume struct {
+	cfg       Config
+	log       *slog.Logger
+	mds       api.MDSClient
+	closeMDS  func() error
+	id        uint64
+	name      string
+	size      int64
+	epoch     uint64
+	session   uint64
+	pool      uint32
+	chunkSize int64
+	csCount   uint32
+	maxPiece  int64
+
+	routes routeTable
+	peers  peerSet
+
+	// base anchors monotonic times kept as nanoseconds in atomics.
+	base       time.Time
+	leaseUntil atomic.Int64 // nanoseconds since base; 0 = no lease
+	dead       atomic.Pointer[error]
+
+	opMu     sync.Mutex
+	opIdle   *sync.Cond // signalled when inflight drops to 0 while closing
+	inflight int        // IO submitted and not completed
+	closing  bool       // Close began: no new IO
+	flushes  flushTracker
+
+	stopRenew chan struct{}
+	renewDone chan struct{}
+	closeOnce sync.Once
+}
+
+// Open opens the volume named cfg.Volume: a session at the MDS (epoch and lease),
+// the routing tables of its pool, and a lease renewer.
+func Open(ctx context.Context, cfg Config) (*Volume, error) {
+	if cfg.IOTimeout <= 0 {
+		cfg.IOTimeout = DefaultIOTimeout
+	}
+	if cfg.OpTimeout <= 0 {
+		cfg.OpTimeout = DefaultOpTimeout
+	}
+	if cfg.ClientName == "" {
+		host, _ := os.Hostname()
+		cfg.ClientName = fmt.Sprintf("%s/%d", host, os.Getpid())
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	mds := cfg.MDSClient
+	closeMDS := func() error { return nil }
+	if mds == nil {
+		mc, err := mdsclient.Dial(cfg.MDS)
+		if err != nil {
+			return nil, err
+		}
+		mds, closeMDS = mc, mc.Close
+	}
+	resp, err := mds.OpenVolume(ctx, &api.OpenVolumeRequest{Name: cfg.Volume, ReadOnly: cfg.ReadOnly, Client: cfg.ClientName})
+	if err != nil {
+		closeMDS()
+		return nil, fmt.Errorf("client: open volume %q: %w", cfg.Volume, err)
+	}
+	vol, pool := resp.GetVolume(), resp.GetPool()
+	if vol == nil || pool == nil || pool.GetChunkSize() == 0 || pool.GetCopysetCount() == 0 {
+		closeMDS()
+		return nil, fmt.Errorf("client: open volume %q: incomplete answer from the MDS", cfg.Volume)
+	}
+	v := &Volume{
+		cfg:       cfg,
+		log:       log.With("volume", vol.GetId(), "name", vol.GetName()),
+		mds:       mds,
+		closeMDS:  closeMDS,
+		id:        vol.GetId(),
+		name:      vol.GetName(),
+		size:      int64(vol.GetSize()),
+		epoch:     resp.GetEpoch(),
+		session:   resp.GetSessionId(),
+		pool:      pool.GetId(),
+		chunkSize: int64(pool.GetChunkSize()),
+		csCount:   pool.GetCopysetCount(),
+		base:      time.Now(),
+		stopRenew: make(chan struct{}),
+		renewDone: make(chan struct{}),
+	}
+	v.opIdle = sync.NewCond(&v.opMu)
+	if cfg.ReadOnly {
+		v.epoch = 0
+	}
+	v.maxPiece = min(v.chunkSize, maxPieceBytes)
+	v.routes.init(v, pool.GetId(), resp.GetCopysets(), resp.GetChunkservers())
+	v.peers.init(v)
+	lease := time.Duration(resp.GetLeaseMs()) * time.Millisecond
+	if lease > 0 {
+		v.leaseUntil.Store(int64(lease)) // from base, taken after the answer: conservative enough
+		go v.renewLoop(lease)
+	} else {
+		close(v.renewDone)
+	}
+	v.log.Info("client: volume open", "epoch", v.epoch, "session", v.session, "size", v.size,
+		"read_only", cfg.ReadOnly, "lease", lease)
+	return v, nil
+}
+
+// Size is the volume's size in bytes, as of Open.
+func (v *Volume) Size() int64 { return v.size }
+
+// Epoch is the writer epoch every IO of this session carries (0 when read-only).
+func (v *Volume) Epoch() uint64 { return v.epoch }
+
+// ID is the volume's id.
+func (v *Volume) ID() uint64 { return v.id }
+
+func (v *Volume) now() int64 { return int64(time.Since(v.base)) }
+
+// stop makes every later IO fail with err (the first reason wins).
+func (v *Volume) stop(err error) {
+	if v.dead.CompareAndSwap(nil, &err) {
+		if err != ErrClosed {
+			v.log.Warn("client: volume stops issuing IO", "err", err)
+		}
+	}
+}
+
+// usable returns why the volume may not issue IO now, or nil.
+func (v *Volume) usable() error {
+	if p := v.dead.Load(); p != nil {
+		return *p
+	}
+	if until := v.leaseUntil.Load(); until != 0 && v.now() > until {
+		v.stop(ErrLeaseExpired)
+		return ErrLeaseExpired
+	}
+	return nil
+}
+
+// renewLoop renews the session every lease/3. A renewal extends the lease from the
+// moment it was sent. Renewals that keep failing let the lease lapse; the MDS saying
+// the session was superseded stops the volume at once.
+func (v *Volume) renewLoop(lease time.Duration) {
+	defer close(v.renewDone)
+	interval := lease / 3
+	t := time.NewTimer(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-v.stopRenew:
+			return
+		case <-t.C:
+		}
+		if v.usable() != nil {
+			return
+		}
+		sent := v.now()
+		ctx, cancel := context.WithTimeout(context.Background(), interval)
+		resp, err := v.mds.RenewSession(ctx, &api.RenewSessionRequest{SessionId: v.session})
+		cancel()
+		switch {
+		case err == nil:
+			if l := time.Duration(resp.GetLeaseMs()) * time.Millisecond; l > 0 {
+				lease, interval = l, l/3
+			}
+			v.extendLease(sent + int64(lease))
+		case status.Code(err) == codes.FailedPrecondition || errors.Is(err, api.ErrFenced):
+			v.stop(fmt.Errorf("%w: session superseded: %v", api.ErrFenced, err))
+			return
+		case status.Code(err) == codes.NotFound:
+			v.stop(fmt.Errorf("%w: the MDS no longer knows the session: %v", ErrLeaseExpired, err))
+			return
+		default:
+			v.log.Warn("client: lease renewal failed", "err", err,
+				"lease_left", time.Duration(v.leaseUntil.Load()-v.now()))
+		}
+		t.Reset(interval)
+	}
+}
+
+func (v *Volume) extendLease(until int64) {
+	for {
+		old := v.leaseUntil.Load()
+		if until <= old || v.leaseUntil.CompareAndSwap(old, until) {
+			return
+		}
+	}
+}
+
+// ReadAt reads len(p) bytes at off. IO past the end fails with api.ErrOutOfRange.
+func (v *Volume) ReadAt(p []byte, off int64) (int, error) {
+	if err := v.wait(OpRead, p, off, int64(len(p))); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// WriteAt writes p at off; it returns once the write is durable on a majority.
+func (v *Volume) WriteAt(p []byte, off int64) (int, error) {
+	if err := v.wait(OpWrite, p, off, int64(len(p))); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Flush returns once every write submitted before it completed (writes are durable
+// when acknowledged, DESIGN §11).
+func (v *Volume) Flush() error { return v.wait(OpFlush, nil, 0, 0) }
+
+// Trim discards [off, off+length): it reads as zeros afterwards.
+func (v *Volume) Trim(off, length int64) error { return v.wait(OpTrim, nil, off, length) }
+
+// WriteZeroes writes zeros over [off, off+length).
+func (v *Volume) WriteZeroes(off, length int64) error {
+	return v.wait(OpWriteZeroes, nil, off, length)
+}
+
+func (v *Volume) wait(op Op, buf []byte, off, length int64) error {
+	ch := make(chan error, 1)
+	v.Submit(op, buf, off, length, func(err error) { ch <- err })
+	return <-ch
+}
+
+// Close stops IO (later IO fails with ErrClosed), waits for IO in flight to end,
+// closes the session at the MDS and the connections.
+func (v *Volume) Close() error {
+	var err error
+	v.closeOnce.Do(func() {
+		v.stop(ErrClosed)
+		close(v.stopRenew)
+		<-v.renewDone
+		v.opMu.Lock()
+		v.closing = true
+		v.opMu.Unlock()
+		v.peers.closeAll() // in-flight calls fail; their retries see ErrClosed
+		v.opMu.Lock()
+		for v.inflight > 0 {
+			v.opIdle.Wait()
+		}
+		v.opMu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), v.cfg.IOTimeout)
+		_, cerr := v.mds.CloseSession(ctx, &api.CloseSessionRequest{SessionId: v.session})
+		cancel()
+		if cerr != nil && status.Code(cerr) != codes.NotFound && status.Code(cerr) != codes.FailedPrecondition {
+			err = fmt.Errorf("client: close session: %w", cerr)
+		}
+		if mErr := v.closeMDS(); err == nil && mErr != nil && !errors.Is(mErr, io.EOF) {
+			err = mErr
+		}
+	})
+	return err
+}
+
+// opStart counts a new IO unless the volume is closing.
+func (v *Volume) opStart() bool {
+	v.opMu.Lock()
+	defer v.opMu.Unlock()
+	if v.closing {
+		return false
+	}
+	v.inflight++
+	return true
+}
+
+func (v *Volume) opEnd() {
+	v.opMu.Lock()
+	v.inflight--
+	if v.inflight == 0 && v.closing {
+		v.opIdle.Broadcast()
+	}
+	v.opMu.Unlock()
+}

@@ -1,0 +1,76 @@
+// Package client is basalt's volume client library: it opens a volume at the MDS
+// and sends its IO straight to the chunkservers that lead the volume's copysets
+// (DESIGN §3–§4, §6). Front ends (NBD, iSCSI, NVMe/TCP) use Submit; Go programs can
+// use ReadAt/WriteAt/Flush/Trim/WriteZeroes.
+//
+// # Session
+//
+// Open calls OpenVolume: the answer carries the volume (id, size), its pool (chunk
+// size, copyset count), the session id, the writer epoch (0 for read-only opens),
+// the lease, and the pool's copysets and chunkserver addresses. A renewer goroutine
+// calls RenewSession every lease/3; each success extends the lease to (time the
+// renewal was sent + lease). If renewals fail for a whole lease, the lease lapses:
+// every IO, in flight or new, fails with ErrLeaseExpired and the volume never issues
+// IO again (a newer writer may own the volume by now; reopen it). The MDS answering
+// a renewal with FailedPrecondition (superseded by a newer writer) or any chunkserver
+// answering FENCED stops the volume the same way, with api.ErrFenced; NotFound (the
+// MDS forgot the session) stops it with ErrLeaseExpired.
+//
+// # Splitting and routing
+//
+// An IO [off, off+length) is checked against the volume size (past the end:
+// api.ErrOutOfRange, nothing sent) and cut at chunk boundaries (and at 16 MiB when
+// chunks are larger). Piece k covers chunk i = off/chunkSize and goes to copyset
+// placement.CopysetOf(volume, i, copysetCount) as one frame: Volume, Epoch, Offset
+// (volume byte offset), Length, Copyset; write data is the payload (sent from the
+// caller's buffer, no copy) and read replies land straight in the caller's buffer.
+// Pieces go out in parallel; the IO completes when every piece did, with the first
+// error of any piece.
+//
+// Each copyset has a cached leader: first the MDS's leader hint, then whoever last
+// answered OK. Each chunkserver has one transport.Conn shared by all IO, dialed on
+// first use by a short-lived dialer goroutine and redialed after it died.
+//
+// # Retries
+//
+// One attempt is one frame to one chunkserver, bounded by Config.IOTimeout; an IO
+// as a whole is bounded by Config.OpTimeout (default 60 s), after which it fails
+// with ErrTimeout wrapping the last error seen.
+//
+//	NOT_LEADER with a hint    retry at the hint at once (at most 8 hops in a row)
+//	NOT_LEADER without hint,  next member at once
+//	NO_SUCH_COPYSET
+//	conn error, timeout       next member after ~5 ms
+//	every member failed       refresh copysets from the MDS (GetCopysets, at most one
+//	                          call per 200 ms), then a new round after a backoff
+//	                          doubling from 20 ms to 1 s
+//	BUSY                      same member after exponential backoff with jitter
+//	                          (1 ms doubling to 500 ms, uniform in [d/2, d])
+//	FENCED                    final, and the volume stops
+//	OUT_OF_RANGE, NO_SUCH_VOLUME, READ_ONLY, BAD_REQUEST, NO_SPACE, IO_ERROR
+//	                          final: returned as *api.Error (errors.Is works)
+//
+// Writes are idempotent overwrites, so retrying one whose first attempt may have
+// landed is safe.
+//
+// # Flush
+//
+// Every acknowledged write is already durable (DESIGN §11), so Flush sends nothing:
+// it completes once every write, trim and write-zeroes submitted before it
+// completed (whatever their result).
+//
+// # Goroutines and callbacks
+//
+// There is no goroutine per IO. Completions and retries run on the transport's
+// connection goroutines, on timers (backoff, IOTimeout) and on the dialer and
+// refresher goroutines; Submit's done runs on one of them (or, for an IO refused
+// before sending, before Submit returns). done must be short and must not call
+// Close. Long-lived goroutines: the lease renewer (owns nothing but the lease
+// deadline, an atomic) and the transport's two per connection.
+//
+// INVARIANT: a piece has at most one attempt outstanding; its retry state is handed
+// from callback to callback, never shared. Each attempt has its own transport.Call,
+// so a late IOTimeout timer can only abort a call that already finished (a no-op).
+// INVARIANT: Close waits until no IO is in flight; after stop() no attempt is
+// started, and closing the connections fails the attempts already sent.
+package client

@@ -1,0 +1,353 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/placement"
+	"github.com/basalt-storage/basalt/internal/transport"
+	"github.com/basalt-storage/basalt/pkg/api"
+	"google.golang.org/grpc"
+)
+
+// A fake cluster: chunkservers built on transport.Server that share one "replicated"
+// byte array per volume, with a leader and members per copyset, and a fake MDS.
+const (
+	tVolume  = 77
+	tChunk   = 64 << 10
+	tCS      = 8
+	tServers = 4
+	tSize    = 40 * tChunk
+)
+
+// action is what a hook tells a fake chunkserver to do with one request.
+type action int
+
+const (
+	serve   action = iota // normal handling
+	busy                  // answer BUSY
+	ignore                // never answer
+	drop                  // close the connection
+	delayed               // answer after the cluster's delay
+)
+
+type fakeCluster struct {
+	t   testing.TB
+	mds *fakeMDS
+
+	mu        sync.Mutex
+	data      []byte
+	members   map[uint32][]uint64
+	leaders   map[uint32]uint64
+	noHint    bool       // NOT_LEADER without a hint
+	minEpoch  uint64     // requests below get FENCED
+	force     api.Status // nonzero: the leader answers every valid request with it
+	delay     time.Duration
+	hook      func(server uint64, h transport.Header) action
+	servers   map[uint64]*fakeServer
+	bad       []string // protocol violations seen (pieces crossing chunks, wrong copyset)
+	frames    map[transport.Op]int
+	notLeader int
+}
+
+type fakeServer struct {
+	id   uint64
+	addr string
+	srv  *transport.Server
+	c    *fakeCluster
+	mu   sync.Mutex
+	conn []net.Conn
+	down bool
+}
+
+func newFakeCluster(t testing.TB) *fakeCluster {
+	c := &fakeCluster{
+		t:       t,
+		data:    make([]byte, tSize),
+		members: make(map[uint32][]uint64),
+		leaders: make(map[uint32]uint64),
+		servers: make(map[uint64]*fakeServer),
+		frames:  make(map[transport.Op]int),
+	}
+	for cs := range uint32(tCS) {
+		m := []uint64{1 + uint64(cs)%tServers, 1 + uint64(cs+1)%tServers, 1 + uint64(cs+2)%tServers}
+		c.members[cs] = m
+		c.leaders[cs] = m[0]
+	}
+	for id := range uint64(tServers) {
+		c.addServer(id + 1)
+	}
+	c.mds = &fakeMDS{c: c, leaseMs: 3000, epoch: 5, hints: make(map[uint32]uint64)}
+	return c
+}
+
+func (c *fakeCluster) addServer(id uint64) *fakeServer {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	s := &fakeServer{id: id, addr: ln.Addr().String(), c: c}
+	s.srv = transport.NewServer(transport.ServerConfig{Logger: quietLog()}, s)
+	go s.srv.Serve(trackingListener{ln, s})
+	c.t.Cleanup(func() { s.srv.Close() })
+	c.mu.Lock()
+	c.servers[id] = s
+	c.mu.Unlock()
+	return s
+}
+
+type trackingListener struct {
+	net.Listener
+	s *fakeServer
+}
+
+func (l trackingListener) Accept() (net.Conn, error) {
+	nc, err := l.Listener.Accept()
+	if err == nil {
+		l.s.mu.Lock()
+		l.s.conn = append(l.s.conn, nc)
+		if l.s.down {
+			nc.Close()
+		}
+		l.s.mu.Unlock()
+	}
+	return nc, err
+}
+
+// setDown makes the server drop every connection (and refuse new ones) or serve again.
+func (s *fakeServer) setDown(down bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.down = down
+	if down {
+		for _, nc := range s.conn {
+			nc.Close()
+		}
+		s.conn = nil
+	}
+}
+
+func (s *fakeServer) dropConns() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, nc := range s.conn {
+		nc.Close()
+	}
+	s.conn = nil
+}
+
+func (s *fakeServer) ServeFrame(rw transport.ReplyWriter, h transport.Header, payload []byte) {
+	c := s.c
+	c.mu.Lock()
+	c.frames[h.Op]++
+	act := serve
+	if c.hook != nil {
+		act = c.hook(s.id, h)
+	}
+	c.mu.Unlock()
+	switch act {
+	case busy:
+		h.Status = api.StatusBusy
+		rw.Reply(h, nil, nil)
+		return
+	case ignore:
+		return
+	case drop:
+		s.dropConns()
+		return
+	case delayed:
+		p := append([]byte(nil), payload...)
+		time.AfterFunc(c.delay, func() { s.serve(rw, h, p) })
+		return
+	}
+	s.serve(rw, h, payload)
+}
+
+func (s *fakeServer) serve(rw transport.ReplyWriter, h transport.Header, payload []byte) {
+	c := s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	reply := func(st api.Status, hint uint64, p []byte) {
+		h.Status, h.Hint = st, hint
+		rw.Reply(h, p, nil)
+	}
+	chunk := h.Offset / tChunk
+	switch {
+	case h.Volume != tVolume:
+		reply(api.StatusNoSuchVolume, 0, nil)
+		return
+	case h.Offset+uint64(h.Length) > tSize || h.Offset%tChunk+uint64(h.Length) > tChunk:
+		c.bad = append(c.bad, fmt.Sprintf("out of range %d+%d", h.Offset, h.Length))
+		reply(api.StatusOutOfRange, 0, nil)
+		return
+	case h.Copyset != placement.CopysetOf(tVolume, chunk, tCS):
+		c.bad = append(c.bad, fmt.Sprintf("copyset %d for chunk %d", h.Copyset, chunk))
+		reply(api.StatusBadRequest, 0, nil)
+		return
+	case h.Op == transport.OpWrite && int(h.Length) != len(payload):
+		c.bad = append(c.bad, "payload length")
+		reply(api.StatusBadRequest, 0, nil)
+		return
+	}
+	member := false
+	for _, m := range c.members[h.Copyset] {
+		member = member || m == s.id
+	}
+	if !member {
+		reply(api.StatusNoSuchCopyset, 0, nil)
+		return
+	}
+	if l := c.leaders[h.Copyset]; l != s.id {
+		c.notLeader++
+		if c.noHint {
+			l = 0
+		}
+		reply(api.StatusNotLeader, l, nil)
+		return
+	}
+	if c.force != api.StatusOK {
+		reply(c.force, 0, nil)
+		return
+	}
+	if h.Epoch < c.minEpoch {
+		reply(api.StatusFenced, 0, nil)
+		return
+	}
+	c.minEpoch = max(c.minEpoch, h.Epoch)
+	region := c.data[h.Offset : h.Offset+uint64(h.Length)]
+	switch h.Op {
+	case transport.OpRead:
+		reply(api.StatusOK, 0, append([]byte(nil), region...))
+	case transport.OpWrite:
+		copy(region, payload)
+		reply(api.StatusOK, 0, nil)
+	case transport.OpTrim, transport.OpWriteZeroes:
+		clear(region)
+		reply(api.StatusOK, 0, nil)
+	default:
+		reply(api.StatusBadRequest, 0, nil)
+	}
+}
+
+func (c *fakeCluster) setHook(f func(server uint64, h transport.Header) action) {
+	c.mu.Lock()
+	c.hook = f
+	c.mu.Unlock()
+}
+
+func (c *fakeCluster) violations() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.bad...)
+}
+
+func (c *fakeCluster) open(t testing.TB, mod func(*Config)) *Volume {
+	t.Helper()
+	cfg := Config{Volume: "vol", MDSClient: c.mds, IOTimeout: time.Second, Logger: quietLog()}
+	if mod != nil {
+		mod(&cfg)
+	}
+	v, err := Open(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { v.Close() })
+	return v
+}
+
+// fakeMDS implements the part of api.MDSClient the client uses; the embedded nil
+// interface makes any other call panic.
+type fakeMDS struct {
+	api.MDSClient
+	c *fakeCluster
+
+	mu          sync.Mutex
+	leaseMs     int64
+	epoch       uint64
+	hints       map[uint32]uint64 // leader hints to give; absent: the true leader
+	renewErr    error
+	renewals    int
+	getCopysets int
+	closed      int
+}
+
+func (m *fakeMDS) copysets() ([]*api.Copyset, []*api.ChunkServer) {
+	c := m.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var css []*api.Copyset
+	for id := range uint32(tCS) {
+		hint, ok := m.hints[id]
+		if !ok {
+			hint = c.leaders[id]
+		}
+		css = append(css, &api.Copyset{PoolId: 1, Id: id, Members: append([]uint64(nil), c.members[id]...), LeaderHint: hint})
+	}
+	var servers []*api.ChunkServer
+	for id, s := range c.servers {
+		servers = append(servers, &api.ChunkServer{Id: id, Addr: s.addr, Online: true})
+	}
+	return css, servers
+}
+
+func (m *fakeMDS) OpenVolume(_ context.Context, in *api.OpenVolumeRequest, _ ...grpc.CallOption) (*api.OpenVolumeResponse, error) {
+	if in.GetName() != "vol" {
+		return nil, fmt.Errorf("no volume %q", in.GetName())
+	}
+	css, servers := m.copysets()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return &api.OpenVolumeResponse{
+		Volume:       &api.Volume{Id: tVolume, Name: "vol", Size: tSize, PoolId: 1, Epoch: m.epoch},
+		Pool:         &api.Pool{Id: 1, Name: "p", Replicas: 3, ChunkSize: tChunk, CopysetCount: tCS},
+		SessionId:    9,
+		Epoch:        m.epoch,
+		LeaseMs:      m.leaseMs,
+		Copysets:     css,
+		Chunkservers: servers,
+	}, nil
+}
+
+func (m *fakeMDS) GetCopysets(_ context.Context, in *api.GetCopysetsRequest, _ ...grpc.CallOption) (*api.GetCopysetsResponse, error) {
+	css, servers := m.copysets()
+	m.mu.Lock()
+	m.getCopysets++
+	m.mu.Unlock()
+	return &api.GetCopysetsResponse{Copysets: css, Chunkservers: servers}, nil
+}
+
+func (m *fakeMDS) RenewSession(_ context.Context, in *api.RenewSessionRequest, _ ...grpc.CallOption) (*api.RenewSessionResponse, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.renewals++
+	if m.renewErr != nil {
+		return nil, m.renewErr
+	}
+	return &api.RenewSessionResponse{LeaseMs: m.leaseMs}, nil
+}
+
+func (m *fakeMDS) CloseSession(context.Context, *api.CloseSessionRequest, ...grpc.CallOption) (*api.CloseSessionResponse, error) {
+	m.mu.Lock()
+	m.closed++
+	m.mu.Unlock()
+	return &api.CloseSessionResponse{}, nil
+}
+
+func quietLog() *slog.Logger {
+	return slog.New(slog.NewTextHandler(discard{}, &slog.HandlerOptions{Level: slog.LevelError}))
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+func (c *fakeCluster) notLeaders() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.notLeader
+}

@@ -1,0 +1,470 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/placement"
+	"github.com/basalt-storage/basalt/internal/transport"
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// Op is one kind of block IO (same numbering as internal/frontend.Op).
+type Op uint8
+
+const (
+	OpRead Op = iota + 1
+	OpWrite
+	OpFlush
+	OpTrim
+	OpWriteZeroes
+)
+
+func (o Op) String() string {
+	switch o {
+	case OpRead:
+		return "read"
+	case OpWrite:
+		return "write"
+	case OpFlush:
+		return "flush"
+	case OpTrim:
+		return "trim"
+	case OpWriteZeroes:
+		return "write-zeroes"
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+var wireOp = [...]transport.Op{
+	OpRead:        transport.OpRead,
+	OpWrite:       transport.OpWrite,
+	OpTrim:        transport.OpTrim,
+	OpWriteZeroes: transport.OpWriteZeroes,
+}
+
+// maxPieceBytes bounds one frame's IO (and so its payload) when chunks are larger.
+const maxPieceBytes = 16 << 20
+
+// Retry timing (see the package doc).
+const (
+	connRetryBase = 5 * time.Millisecond
+	roundBackoff  = 20 * time.Millisecond // after a full round of failed members, doubling
+	maxBackoff    = time.Second
+	busyBase      = time.Millisecond
+	busyMax       = 500 * time.Millisecond
+)
+
+// Submit starts one IO and calls done exactly once: with nil, an *api.Error (a
+// final chunkserver refusal, errors.Is against api.ErrFenced, ...), or one of this
+// package's errors. buf is the read destination or write source (len(buf) >=
+// length); Flush, Trim and WriteZeroes take nil. A request refused before anything
+// is sent (past the end, closed volume, expired lease) calls done before Submit
+// returns; otherwise done runs on a library goroutine and must not block.
+func (v *Volume) Submit(op Op, buf []byte, off, length int64, done func(error)) {
+	if err := v.usable(); err != nil {
+		done(err)
+		return
+	}
+	switch op {
+	case OpFlush:
+		v.flushes.flush(done)
+		return
+	case OpRead, OpWrite:
+		if int64(len(buf)) < length {
+			done(fmt.Errorf("%w: buffer of %d bytes for %d", api.ErrBadRequest, len(buf), length))
+			return
+		}
+	case OpTrim, OpWriteZeroes:
+	default:
+		done(fmt.Errorf("%w: unknown op %d", api.ErrBadRequest, op))
+		return
+	}
+	if op != OpRead && v.cfg.ReadOnly {
+		done(api.ErrReadOnly)
+		return
+	}
+	if off < 0 || length < 0 || off > v.size || length > v.size-off {
+		done(api.ErrOutOfRange)
+		return
+	}
+	if length == 0 {
+		done(nil)
+		return
+	}
+	o := &ioOp{v: v, op: op, done: done, deadline: v.now() + int64(v.cfg.OpTimeout)}
+	if op != OpRead {
+		o.gen = v.flushes.begin()
+		o.write = true
+	}
+	if !v.opStart() {
+		if o.write {
+			v.flushes.end(o.gen)
+		}
+		done(ErrClosed)
+		return
+	}
+	o.pieces = v.split(o, buf, off, length)
+	o.remaining.Store(int32(len(o.pieces)))
+	for i := range o.pieces {
+		o.pieces[i].attempt()
+	}
+}
+
+// split cuts [off, off+length) at chunk boundaries (and at maxPieceBytes) and
+// routes each piece to its copyset.
+func (v *Volume) split(o *ioOp, buf []byte, off, length int64) []piece {
+	first := off / v.maxPiece
+	last := (off + length - 1) / v.maxPiece
+	ps := make([]piece, last-first+1)
+	pos := int64(0)
+	for i := range ps {
+		p := &ps[i]
+		p.op = o
+		p.off = off + pos
+		n := min(length-pos, v.maxPiece-p.off%v.maxPiece)
+		p.n = n
+		if buf != nil {
+			p.buf = buf[pos : pos+n]
+		}
+		p.cs = placement.CopysetOf(v.id, uint64(p.off/v.chunkSize), v.csCount)
+		pos += n
+	}
+	return ps
+}
+
+// ioOp is one submitted IO: its pieces complete independently; the op completes
+// when the last one did, with the first error any of them had.
+type ioOp struct {
+	v         *Volume
+	op        Op
+	done      func(error)
+	deadline  int64 // Volume.now() nanoseconds
+	write     bool
+	gen       uint64 // flush generation of a write
+	pieces    []piece
+	remaining atomic.Int32
+	errMu     sync.Mutex
+	err       error
+}
+
+func (o *ioOp) pieceDone(err error) {
+	if err != nil {
+		o.errMu.Lock()
+		if o.err == nil {
+			o.err = err
+		}
+		o.errMu.Unlock()
+	}
+	if o.remaining.Add(-1) != 0 {
+		return
+	}
+	o.errMu.Lock()
+	err = o.err
+	o.errMu.Unlock()
+	o.done(err)
+	if o.write { // after done: a flush completes after the writes it waited for
+		o.v.flushes.end(o.gen)
+	}
+	o.v.opEnd()
+}
+
+// piece is the part of an IO inside one chunk, sent to one copyset.
+//
+// INVARIANT: at most one attempt of a piece is outstanding (its call is in flight
+// on at most one Conn, or one timer/dial/refresh callback will start the next one),
+// so the fields below are handed from attempt to attempt, never shared; each
+// attempt has its own transport.Call, so a late timer aborting an old call is a
+// no-op.
+type piece struct {
+	op     *ioOp
+	cs     uint32
+	off, n int64
+	buf    []byte
+
+	mu      sync.Mutex  // guards timer between send and replied
+	timer   *time.Timer // the current attempt's IOTimeout
+	target  uint64      // chunkserver of the current attempt; 0 = start from the cache
+	fails   int         // members failed in a row since the last refresh (conn errors, NOT_LEADER without hint)
+	rounds  int         // full rounds of failed members
+	hops    int         // NOT_LEADER redirects in a row
+	busy    int         // BUSY answers in a row
+	lastErr error
+}
+
+// attempt sends the piece once, to p.target or the copyset's cached leader.
+func (p *piece) attempt() {
+	v := p.op.v
+	if err := v.usable(); err != nil {
+		p.finish(err)
+		return
+	}
+	if v.now() >= p.op.deadline {
+		p.finish(p.timeoutErr())
+		return
+	}
+	r := v.routes.copyset(p.cs)
+	if r == nil {
+		p.lastErr = fmt.Errorf("%w: copyset %d", ErrNoRoute, p.cs)
+		p.fails++
+		p.afterRound(nil)
+		return
+	}
+	if p.target == 0 || !r.isMember(p.target) {
+		p.target = r.first()
+	}
+	v.peers.get(p.target, p.send)
+}
+
+func (p *piece) timeoutErr() error {
+	if p.lastErr == nil {
+		return ErrTimeout
+	}
+	return fmt.Errorf("%w: last error: %w", ErrTimeout, p.lastErr)
+}
+
+// send runs with the connection to p.target (or the dial error).
+func (p *piece) send(c *transport.Conn, err error) {
+	if err != nil {
+		if errors.Is(err, ErrClosed) {
+			p.finish(err)
+			return
+		}
+		p.connFailed(err)
+		return
+	}
+	v := p.op.v
+	call := &transport.Call{
+		Header: transport.Header{
+			Op:      wireOp[p.op.op],
+			Volume:  v.id,
+			Epoch:   v.epoch,
+			Offset:  uint64(p.off),
+			Length:  uint32(p.n),
+			Copyset: p.cs,
+		},
+	}
+	switch p.op.op {
+	case OpRead:
+		call.ReadBuf = p.buf
+	case OpWrite:
+		call.Payload = p.buf
+		call.Header.Flags = transport.FlagFUA
+	}
+	wait := max(min(v.cfg.IOTimeout, time.Duration(p.op.deadline-v.now())), time.Millisecond)
+	p.mu.Lock() // replied waits until the timer is set
+	c.Go(call, p.replied)
+	p.timer = time.AfterFunc(wait, func() { c.Abort(call, errAttemptTimeout) })
+	p.mu.Unlock()
+}
+
+var errAttemptTimeout = errors.New("client: attempt timed out (IOTimeout)")
+
+// replied handles the outcome of one attempt (on a transport goroutine).
+func (p *piece) replied(call *transport.Call) {
+	p.mu.Lock()
+	p.timer.Stop()
+	p.timer = nil
+	p.mu.Unlock()
+	if call.Err != nil {
+		p.connFailed(fmt.Errorf("chunkserver %d: %w", p.target, call.Err))
+		return
+	}
+	h := call.Reply
+	v := p.op.v
+	if h.Status != api.StatusBusy {
+		p.busy = 0
+	}
+	switch h.Status {
+	case api.StatusOK:
+		if r := v.routes.copyset(p.cs); r != nil && r.isMember(p.target) {
+			r.leader.Store(p.target)
+		} else {
+			v.routes.refresh(func() {}) // served by a member the client does not know of
+		}
+		if p.op.op == OpRead && int64(h.PayloadLen) != p.n {
+			p.finish(fmt.Errorf("%w: read of %d bytes answered with %d", api.ErrIO, p.n, h.PayloadLen))
+			return
+		}
+		p.finish(nil)
+	case api.StatusNotLeader, api.StatusNoSuchCopyset:
+		p.lastErr = api.StatusError(h.Status, h.Hint)
+		r := v.routes.copyset(p.cs)
+		if h.Status == api.StatusNotLeader && h.Hint != 0 && h.Hint != p.target && p.hops < 8 {
+			p.hops++
+			if r != nil && r.isMember(h.Hint) {
+				r.leader.CompareAndSwap(p.target, h.Hint)
+			}
+			p.target = h.Hint
+			p.attemptHint()
+			return
+		}
+		p.hops = 0
+		if r != nil {
+			r.leader.CompareAndSwap(p.target, 0)
+		}
+		p.fails++
+		if r != nil && p.fails < len(r.members) {
+			p.target = r.next(p.target)
+			p.attempt() // a live member that is not the leader: try the next at once
+			return
+		}
+		p.moveOn(r)
+	case api.StatusBusy:
+		p.lastErr = api.ErrBusy
+		p.busy++
+		d := min(busyBase<<min(p.busy, 20), busyMax)
+		time.AfterFunc(jitter(d), p.attempt)
+	case api.StatusFenced:
+		v.stop(api.ErrFenced)
+		p.finish(api.StatusError(h.Status, h.Hint))
+	default:
+		p.finish(api.StatusError(h.Status, h.Hint))
+	}
+}
+
+// attemptHint retries at a redirect target, which may not be in the member list
+// the client has (a membership change it has not seen): then the address must be
+// known, else the routes are refreshed first.
+func (p *piece) attemptHint() {
+	v := p.op.v
+	if err := v.usable(); err != nil {
+		p.finish(err)
+		return
+	}
+	if v.now() >= p.op.deadline {
+		p.finish(p.timeoutErr())
+		return
+	}
+	if v.routes.addr(p.target) == "" {
+		v.routes.refresh(p.attempt)
+		return
+	}
+	v.peers.get(p.target, p.send)
+}
+
+// connFailed: the target could not be reached or did not answer in time.
+func (p *piece) connFailed(err error) {
+	p.lastErr = err
+	p.hops = 0
+	v := p.op.v
+	r := v.routes.copyset(p.cs)
+	if r != nil {
+		r.leader.CompareAndSwap(p.target, 0)
+	}
+	p.fails++
+	p.moveOn(r)
+}
+
+// moveOn tries the next member after a short backoff, or, when every member
+// failed in a row, refreshes the routes from the MDS and starts a new round.
+func (p *piece) moveOn(r *copysetRoute) {
+	if r == nil || p.fails >= len(r.members) {
+		p.afterRound(r)
+		return
+	}
+	p.target = r.next(p.target)
+	time.AfterFunc(jitter(connRetryBase), p.attempt)
+}
+
+func (p *piece) afterRound(r *copysetRoute) {
+	p.fails = 0
+	p.rounds++
+	p.target = 0
+	d := jitter(min(roundBackoff<<min(p.rounds-1, 10), maxBackoff))
+	v := p.op.v
+	v.routes.refresh(func() { time.AfterFunc(d, p.attempt) })
+}
+
+// finish completes the piece.
+func (p *piece) finish(err error) {
+	p.buf = nil
+	p.op.pieceDone(err)
+}
+
+// jitter returns a duration uniformly in [d/2, d].
+func jitter(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// flushTracker lets a flush wait for the writes submitted before it. Writes are
+// counted per generation; a flush closes the current generation and waits until
+// no write of an older or equal generation is in flight.
+//
+// INVARIANT: pending holds only generations with a nonzero count; a waiter for
+// generation g is released once no key <= g is in pending.
+type flushTracker struct {
+	mu      sync.Mutex
+	gen     uint64
+	pending map[uint64]int
+	waiters []flushWaiter
+}
+
+type flushWaiter struct {
+	gen  uint64
+	done func(error)
+}
+
+func (f *flushTracker) begin() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.pending == nil {
+		f.pending = make(map[uint64]int)
+	}
+	f.pending[f.gen]++
+	return f.gen
+}
+
+func (f *flushTracker) end(gen uint64) {
+	f.mu.Lock()
+	f.pending[gen]--
+	if f.pending[gen] > 0 {
+		f.mu.Unlock()
+		return
+	}
+	delete(f.pending, gen)
+	var ready []func(error)
+	keep := f.waiters[:0]
+	for _, w := range f.waiters {
+		if f.drainedLocked(w.gen) {
+			ready = append(ready, w.done)
+		} else {
+			keep = append(keep, w)
+		}
+	}
+	clear(f.waiters[len(keep):])
+	f.waiters = keep
+	f.mu.Unlock()
+	for _, done := range ready {
+		done(nil)
+	}
+}
+
+func (f *flushTracker) drainedLocked(gen uint64) bool {
+	for g := range f.pending {
+		if g <= gen {
+			return false
+		}
+	}
+	return true
+}
+
+func (f *flushTracker) flush(done func(error)) {
+	f.mu.Lock()
+	g := f.gen
+	f.gen++
+	if f.drainedLocked(g) {
+		f.mu.Unlock()
+		done(nil)
+		return
+	}
+	f.waiters = append(f.waiters, flushWaiter{gen: g, done: done})
+	f.mu.Unlock()
+}

@@ -1,0 +1,288 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/transport"
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// minRefreshInterval rate-limits GetCopysets calls of one volume.
+const minRefreshInterval = 200 * time.Millisecond
+
+// redialInterval: after a failed dial, a chunkserver is not dialed again for this
+// long; pieces asking meanwhile get the dial error at once and try another member.
+const redialInterval = 50 * time.Millisecond
+
+// copysetRoute is what the client knows of one copyset.
+type copysetRoute struct {
+	members []uint64      // chunkserver ids, as the MDS last said; never empty for a usable copyset
+	leader  atomic.Uint64 // cached leader; 0 = unknown (try members in order)
+}
+
+// routeTable maps copyset ids to members and chunkserver ids to addresses. A
+// refresh replaces the maps wholesale; readers keep the snapshot they took.
+type routeTable struct {
+	v    *Volume
+	pool uint32
+
+	mu        sync.RWMutex
+	copysets  map[uint32]*copysetRoute
+	addrs     map[uint64]string
+	refreshed time.Time // last successful or attempted refresh
+
+	refreshMu  sync.Mutex
+	refreshing bool
+	waiters    []func()
+}
+
+func (t *routeTable) init(v *Volume, pool uint32, css []*api.Copyset, servers []*api.ChunkServer) {
+	t.v, t.pool = v, pool
+	t.install(css, servers)
+}
+
+// install replaces the tables, keeping cached leaders that are still members when
+// the MDS has no hint.
+func (t *routeTable) install(css []*api.Copyset, servers []*api.ChunkServer) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := t.copysets
+	t.copysets = make(map[uint32]*copysetRoute, len(css))
+	for _, cs := range css {
+		if cs.GetPoolId() != t.pool && cs.GetPoolId() != 0 {
+			continue
+		}
+		r := &copysetRoute{members: append([]uint64(nil), cs.GetMembers()...)}
+		leader := cs.GetLeaderHint()
+		if o := old[cs.GetId()]; leader == 0 && o != nil {
+			leader = o.leader.Load()
+		}
+		if leader != 0 && r.isMember(leader) {
+			r.leader.Store(leader)
+		}
+		t.copysets[cs.GetId()] = r
+	}
+	if t.addrs == nil {
+		t.addrs = make(map[uint64]string, len(servers))
+	}
+	for _, s := range servers {
+		t.addrs[s.GetId()] = s.GetAddr()
+	}
+}
+
+func (r *copysetRoute) isMember(id uint64) bool {
+	for _, m := range r.members {
+		if m == id {
+			return true
+		}
+	}
+	return false
+}
+
+// first is the member to try first: the cached leader, else the first member.
+func (r *copysetRoute) first() uint64 {
+	if l := r.leader.Load(); l != 0 {
+		return l
+	}
+	return r.members[0]
+}
+
+// next is the member after id (wrapping); the first member if id is not one.
+func (r *copysetRoute) next(id uint64) uint64 {
+	for i, m := range r.members {
+		if m == id {
+			return r.members[(i+1)%len(r.members)]
+		}
+	}
+	return r.members[0]
+}
+
+func (t *routeTable) copyset(id uint32) *copysetRoute {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	r := t.copysets[id]
+	if r == nil || len(r.members) == 0 {
+		return nil
+	}
+	return r
+}
+
+func (t *routeTable) addr(id uint64) string {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.addrs[id]
+}
+
+// refresh asks the MDS for the pool's copysets (one call at a time, at most one
+// per minRefreshInterval) and runs then once the tables were replaced or the call
+// failed. then runs on the refreshing goroutine or a timer's.
+func (t *routeTable) refresh(then func()) {
+	t.refreshMu.Lock()
+	t.waiters = append(t.waiters, then)
+	if t.refreshing {
+		t.refreshMu.Unlock()
+		return
+	}
+	t.refreshing = true
+	t.mu.RLock()
+	wait := minRefreshInterval - time.Since(t.refreshed)
+	t.mu.RUnlock()
+	t.refreshMu.Unlock()
+	run := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), t.v.cfg.IOTimeout)
+		resp, err := t.v.mds.GetCopysets(ctx, &api.GetCopysetsRequest{PoolId: t.pool})
+		cancel()
+		if err != nil {
+			t.v.log.Warn("client: copyset refresh failed", "pool", t.pool, "err", err)
+			t.mu.Lock()
+			t.refreshed = time.Now()
+			t.mu.Unlock()
+		} else {
+			t.install(resp.GetCopysets(), resp.GetChunkservers())
+			t.mu.Lock()
+			t.refreshed = time.Now()
+			t.mu.Unlock()
+			t.v.log.Debug("client: copysets refreshed", "pool", t.pool, "copysets", len(resp.GetCopysets()))
+		}
+		t.refreshMu.Lock()
+		ws := t.waiters
+		t.waiters = nil
+		t.refreshing = false
+		t.refreshMu.Unlock()
+		for _, w := range ws {
+			w()
+		}
+	}
+	if wait > 0 {
+		time.AfterFunc(wait, run)
+	} else {
+		go run()
+	}
+}
+
+// errNoAddress: the MDS gave no address for a chunkserver id (a redirect to a
+// server the client has not heard of yet).
+var errNoAddress = errors.New("client: chunkserver address unknown")
+
+// peer is the connection to one chunkserver, shared by all IO of the volume.
+type peer struct {
+	mu       sync.Mutex
+	conn     *transport.Conn
+	dialing  bool
+	waiters  []func(*transport.Conn, error)
+	failedAt time.Time
+	failErr  error
+}
+
+// peerSet holds the connection per chunkserver, dialed lazily and redialed after a
+// failure (a dead transport.Conn is never reused).
+type peerSet struct {
+	v      *Volume
+	mu     sync.Mutex
+	closed bool
+	peers  map[uint64]*peer
+}
+
+func (ps *peerSet) init(v *Volume) {
+	ps.v = v
+	ps.peers = make(map[uint64]*peer)
+}
+
+// get calls cb with a live connection to chunkserver id, at once if one exists,
+// else when a dial finished (on the dialing goroutine).
+func (ps *peerSet) get(id uint64, cb func(*transport.Conn, error)) {
+	ps.mu.Lock()
+	if ps.closed {
+		ps.mu.Unlock()
+		cb(nil, ErrClosed)
+		return
+	}
+	p := ps.peers[id]
+	if p == nil {
+		p = &peer{}
+		ps.peers[id] = p
+	}
+	ps.mu.Unlock()
+
+	p.mu.Lock()
+	if p.conn != nil && p.conn.Err() == nil {
+		c := p.conn
+		p.mu.Unlock()
+		cb(c, nil)
+		return
+	}
+	p.conn = nil
+	if p.dialing {
+		p.waiters = append(p.waiters, cb)
+		p.mu.Unlock()
+		return
+	}
+	if time.Since(p.failedAt) < redialInterval {
+		err := p.failErr
+		p.mu.Unlock()
+		cb(nil, err)
+		return
+	}
+	addr := ps.v.routes.addr(id)
+	if addr == "" {
+		p.mu.Unlock()
+		cb(nil, fmt.Errorf("%w: id %d", errNoAddress, id))
+		return
+	}
+	p.dialing = true
+	p.waiters = append(p.waiters, cb)
+	p.mu.Unlock()
+	go ps.dial(id, p, addr)
+}
+
+func (ps *peerSet) dial(id uint64, p *peer, addr string) {
+	ctx, cancel := context.WithTimeout(context.Background(), ps.v.cfg.IOTimeout)
+	c, err := transport.Dial(ctx, addr, transport.ConnConfig{Logger: ps.v.log})
+	cancel()
+	if err != nil {
+		err = fmt.Errorf("client: dial chunkserver %d at %s: %w", id, addr, err)
+		ps.v.log.Debug("client: dial failed", "chunkserver", id, "err", err)
+	}
+	ps.mu.Lock()
+	closed := ps.closed
+	ps.mu.Unlock()
+	if closed && c != nil {
+		c.Close()
+		c, err = nil, ErrClosed
+	}
+	p.mu.Lock()
+	p.dialing = false
+	if err != nil {
+		p.failedAt, p.failErr = time.Now(), err
+	} else {
+		p.conn = c
+	}
+	ws := p.waiters
+	p.waiters = nil
+	p.mu.Unlock()
+	for _, w := range ws {
+		w(c, err)
+	}
+}
+
+// closeAll closes every connection and refuses new ones.
+func (ps *peerSet) closeAll() {
+	ps.mu.Lock()
+	ps.closed = true
+	peers := ps.peers
+	ps.mu.Unlock()
+	for _, p := range peers {
+		p.mu.Lock()
+		c := p.conn
+		p.conn = nil
+		p.mu.Unlock()
+		if c != nil {
+			c.Close()
+		}
+	}
+}
