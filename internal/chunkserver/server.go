@@ -43,6 +43,7 @@ type Config struct {
 	// Tuning, mostly for tests. Zero values take the defaults.
 	TickInterval    time.Duration // raft tick (default 100 ms)
 	SnapshotEntries uint64        // raft entries between automatic snapshots (default 10000)
+	CatchUpEntries  uint64        // entries kept below a snapshot for slow followers (default 1000)
 	WALSegmentSize  int64         // default wal.DefaultSegmentSize
 	MaxWALSegments  int           // force snapshots of pinning groups above this (default 8)
 	PreallocChunks  int           // datastore chunk-file pool depth (default datastore.DefaultPreallocChunks; <0 = off)
@@ -93,6 +94,25 @@ type ChunkServer struct {
 	diskErr  error // first disk error that stopped a replica
 
 	stats ioStats
+	// ready is the host once Run started it (for Copysets and HostStats).
+	ready atomic.Pointer[raftstore.Host]
+}
+
+// Copysets returns the raft status of every hosted copyset (nil before Run
+// started the raft host).
+func (c *ChunkServer) Copysets() []raftstore.GroupStatus {
+	if h := c.ready.Load(); h != nil {
+		return h.Groups()
+	}
+	return nil
+}
+
+// HostStats returns the raft host's counters (zero before Run started it).
+func (c *ChunkServer) HostStats() raftstore.Stats {
+	if h := c.ready.Load(); h != nil {
+		return h.Stats()
+	}
+	return raftstore.Stats{}
 }
 
 // ioStats are the cumulative IO counters sent in heartbeats.
@@ -198,12 +218,14 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 		Workers:         c.cfg.RaftWorkers,
 		TickInterval:    c.cfg.TickInterval,
 		SnapshotEntries: c.cfg.SnapshotEntries,
+		CatchUpEntries:  c.cfg.CatchUpEntries,
 		Logger:          c.cfg.Logger.With("chunkserver", id),
 	})
 	if err != nil {
 		return err
 	}
 	c.host.Start()
+	c.ready.Store(c.host)
 	c.snaps = newSnapReceiver(id, c.log, c.host.ReceiveSnapshot)
 	c.hd = &handler{
 		log:     c.log,

@@ -1,0 +1,455 @@
+package chunkserver
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/basalt-storage/basalt/internal/placement"
+	"github.com/basalt-storage/basalt/internal/raftstore"
+	"github.com/basalt-storage/basalt/internal/transport"
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// testMDS is a minimal in-process MDS for cluster tests: one pool whose
+// copysets all have the first three registered chunkservers as members, and a
+// fixed list of volumes.
+type testMDS struct {
+	api.UnimplementedMDSServer
+	mu       sync.Mutex
+	pool     *api.Pool
+	vols     []*api.Volume
+	rev      uint64
+	nextID   uint64
+	addrs    map[uint64]string
+	hbs      map[uint64]*api.HeartbeatRequest
+	grpcAddr string
+}
+
+func startTestMDS(t *testing.T, pool *api.Pool, vols []*api.Volume) *testMDS {
+	t.Helper()
+	m := &testMDS{pool: pool, vols: vols, rev: 1, addrs: map[uint64]string{}, hbs: map[uint64]*api.HeartbeatRequest{}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	api.RegisterMDSServer(s, m)
+	go s.Serve(ln)
+	t.Cleanup(s.Stop)
+	m.grpcAddr = ln.Addr().String()
+	return m
+}
+
+func (m *testMDS) RegisterChunkServer(_ context.Context, r *api.RegisterChunkServerRequest) (*api.RegisterChunkServerResponse, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	id := r.GetId()
+	if id == 0 {
+		m.nextID++
+		id = m.nextID
+	}
+	m.addrs[id] = r.GetAddr()
+	return &api.RegisterChunkServerResponse{Id: id}, nil
+}
+
+func (m *testMDS) Heartbeat(_ context.Context, r *api.HeartbeatRequest) (*api.HeartbeatResponse, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.hbs[r.GetId()] = r
+	m.addrs[r.GetId()] = r.GetAddr()
+	resp := &api.HeartbeatResponse{VolumesRevision: m.rev}
+	if len(m.addrs) < 3 {
+		return resp, nil
+	}
+	members := []uint64{1, 2, 3}
+	for id, a := range m.addrs {
+		resp.Peers = append(resp.Peers, &api.ChunkServer{Id: id, Addr: a})
+	}
+	for c := uint32(0); c < m.pool.GetCopysetCount(); c++ {
+		resp.Copysets = append(resp.Copysets, &api.Copyset{PoolId: m.pool.GetId(), Id: c, Members: members})
+	}
+	return resp, nil
+}
+
+func (m *testMDS) ListPools(context.Context, *api.ListPoolsRequest) (*api.ListPoolsResponse, error) {
+	return &api.ListPoolsResponse{Pools: []*api.Pool{m.pool}}, nil
+}
+
+func (m *testMDS) ListVolumes(context.Context, *api.ListVolumesRequest) (*api.ListVolumesResponse, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return &api.ListVolumesResponse{Volumes: m.vols, Revision: m.rev}, nil
+}
+
+func (m *testMDS) heartbeat(id uint64) *api.HeartbeatRequest {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.hbs[id]
+}
+
+// testNode is one chunkserver of a test cluster.
+type testNode struct {
+	cs     *ChunkServer
+	cfg    Config
+	cancel context.CancelFunc
+	done   chan error
+}
+
+type testCluster struct {
+	t     *testing.T
+	mds   *testMDS
+	nodes []*testNode
+	pool  *api.Pool
+
+	mu     sync.Mutex
+	conns  map[string]*transport.Conn
+	leader map[uint32]uint64 // copyset → chunkserver id
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	if os.Getenv("BASALT_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+func newTestCluster(t *testing.T, pool *api.Pool, vols []*api.Volume, tune func(*Config)) *testCluster {
+	t.Helper()
+	tc := &testCluster{t: t, mds: startTestMDS(t, pool, vols), pool: pool,
+		conns: map[string]*transport.Conn{}, leader: map[uint32]uint64{}}
+	for i := 0; i < 3; i++ {
+		cfg := Config{
+			DataDir:           t.TempDir(),
+			MDS:               []string{tc.mds.grpcAddr},
+			Listen:            "127.0.0.1:0",
+			Zone:              "z",
+			Server:            fmt.Sprintf("s%d", i),
+			HeartbeatInterval: 50 * time.Millisecond,
+			TickInterval:      20 * time.Millisecond,
+			PreallocChunks:    -1,
+			RaftWorkers:       2,
+			Logger:            testLogger(t).With("node", i),
+		}
+		if tune != nil {
+			tune(&cfg)
+		}
+		tc.nodes = append(tc.nodes, &testNode{cfg: cfg})
+		tc.start(i)
+		// Register in order so that ids are 1, 2, 3.
+		tc.waitFor(fmt.Sprintf("node %d registered", i), func() bool { return tc.nodes[i].cs.ID() != 0 })
+	}
+	t.Cleanup(func() {
+		tc.mu.Lock()
+		for _, c := range tc.conns {
+			c.Close()
+		}
+		tc.mu.Unlock()
+		for i := range tc.nodes {
+			tc.stop(i)
+		}
+	})
+	return tc
+}
+
+func (tc *testCluster) start(i int) {
+	tc.t.Helper()
+	n := tc.nodes[i]
+	cs, err := New(n.cfg)
+	if err != nil {
+		tc.t.Fatalf("node %d: %v", i, err)
+	}
+	n.cfg.Listen = cs.Addr() // a restart keeps the address
+	ctx, cancel := context.WithCancel(context.Background())
+	n.cs, n.cancel, n.done = cs, cancel, make(chan error, 1)
+	go func() { n.done <- cs.Run(ctx) }()
+}
+
+func (tc *testCluster) stop(i int) {
+	n := tc.nodes[i]
+	if n.cancel == nil {
+		return
+	}
+	n.cancel()
+	if err := <-n.done; err != nil {
+		tc.t.Errorf("node %d Run: %v", i, err)
+	}
+	n.cancel = nil
+}
+
+func (tc *testCluster) waitFor(what string, cond func() bool) {
+	tc.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tc.t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (tc *testCluster) node(id uint64) *testNode {
+	for _, n := range tc.nodes {
+		if n.cs.ID() == id {
+			return n
+		}
+	}
+	return nil
+}
+
+func (tc *testCluster) conn(addr string) *transport.Conn {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	if c := tc.conns[addr]; c != nil && c.Err() == nil {
+		return c
+	}
+	c, err := transport.Dial(context.Background(), addr, transport.ConnConfig{})
+	if err != nil {
+		return nil
+	}
+	tc.conns[addr] = c
+	return c
+}
+
+// do sends one request to the copyset's leader, following NOT_LEADER hints and
+// retrying while there is no leader, like the client library does.
+func (tc *testCluster) do(h transport.Header, payload, readBuf []byte) (transport.Header, error) {
+	deadline := time.Now().Add(15 * time.Second)
+	try := 0
+	for time.Now().Before(deadline) {
+		tc.mu.Lock()
+		id := tc.leader[h.Copyset]
+		tc.mu.Unlock()
+		if id == 0 || tc.node(id) == nil {
+			id = uint64(try%len(tc.nodes)) + 1
+		}
+		try++
+		c := tc.conn(tc.node(id).cs.Addr())
+		if c == nil {
+			tc.mu.Lock()
+			delete(tc.leader, h.Copyset)
+			tc.mu.Unlock()
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		call := &transport.Call{Header: h, Payload: payload, ReadBuf: readBuf}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := c.Do(ctx, call)
+		cancel()
+		if err != nil {
+			tc.mu.Lock()
+			delete(tc.leader, h.Copyset)
+			tc.mu.Unlock()
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		switch call.Reply.Status {
+		case api.StatusNotLeader, api.StatusNoSuchCopyset:
+			tc.mu.Lock()
+			tc.leader[h.Copyset] = call.Reply.Hint
+			tc.mu.Unlock()
+			if call.Reply.Hint == 0 {
+				time.Sleep(20 * time.Millisecond)
+			}
+			continue
+		}
+		tc.mu.Lock()
+		tc.leader[h.Copyset] = id
+		tc.mu.Unlock()
+		return call.Reply, nil
+	}
+	return transport.Header{}, errors.New("no leader answered")
+}
+
+func (tc *testCluster) write(vol, epoch, off uint64, data []byte) api.Status {
+	tc.t.Helper()
+	cs := placement.CopysetOf(vol, off/tc.pool.GetChunkSize(), tc.pool.GetCopysetCount())
+	r, err := tc.do(transport.Header{Op: transport.OpWrite, Volume: vol, Epoch: epoch, Offset: off,
+		Length: uint32(len(data)), Copyset: cs}, data, nil)
+	if err != nil {
+		tc.t.Fatalf("write at %d: %v", off, err)
+	}
+	return r.Status
+}
+
+func (tc *testCluster) read(vol, off uint64, n int) []byte {
+	tc.t.Helper()
+	cs := placement.CopysetOf(vol, off/tc.pool.GetChunkSize(), tc.pool.GetCopysetCount())
+	buf := make([]byte, n)
+	r, err := tc.do(transport.Header{Op: transport.OpRead, Volume: vol, Offset: off, Length: uint32(n), Copyset: cs}, nil, buf)
+	if err != nil || r.Status != api.StatusOK {
+		tc.t.Fatalf("read at %d: %v %v", off, r.Status, err)
+	}
+	return buf
+}
+
+// checksums asks node i for copyset c's chunk checksums.
+func (tc *testCluster) checksums(i int, c uint32) []ChunkChecksum {
+	tc.t.Helper()
+	conn := tc.conn(tc.nodes[i].cs.Addr())
+	call := &transport.Call{Header: transport.Header{Op: transport.OpChecksum, Volume: uint64(tc.pool.GetId()), Copyset: c},
+		ReadBuf: make([]byte, 1<<20)}
+	if err := conn.Do(context.Background(), call); err != nil || call.Reply.Status != api.StatusOK {
+		tc.t.Fatalf("checksum of copyset %d on node %d: %v %v", c, i, call.Reply.Status, err)
+	}
+	sums, err := DecodeChecksums(call.ReadBuf[:call.Reply.PayloadLen])
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	return sums
+}
+
+// converged waits until every replica of every copyset applied the same index,
+// then checks that their chunk checksums are identical.
+func (tc *testCluster) converged() {
+	tc.t.Helper()
+	tc.waitFor("replicas to apply the same index", func() bool {
+		for c := uint32(0); c < tc.pool.GetCopysetCount(); c++ {
+			g := placement.GroupID(tc.pool.GetId(), c)
+			var want uint64
+			for i, n := range tc.nodes {
+				var st raftstore.GroupStatus
+				ok := false
+				for _, s := range n.cs.Copysets() {
+					if s.ID == g {
+						st, ok = s, true
+					}
+				}
+				if !ok || !st.Healthy {
+					return false
+				}
+				if i == 0 {
+					want = st.Applied
+				} else if st.Applied != want {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	for c := uint32(0); c < tc.pool.GetCopysetCount(); c++ {
+		ref := tc.checksums(0, c)
+		for i := 1; i < len(tc.nodes); i++ {
+			got := tc.checksums(i, c)
+			if fmt.Sprint(got) != fmt.Sprint(ref) {
+				tc.t.Fatalf("copyset %d: replica %d differs from replica 0:\n%v\n%v", c, i, got, ref)
+			}
+		}
+	}
+}
+
+const (
+	ctChunk   = 64 << 10
+	ctVolume  = 7
+	ctVolSize = 32 * ctChunk
+)
+
+func clusterPool(copysets uint32) *api.Pool {
+	return &api.Pool{Id: 1, Name: "default", Replicas: 3, ChunkSize: ctChunk, CopysetCount: copysets}
+}
+
+// writeRandom writes n random 4 KiB blocks and records them in model.
+func (tc *testCluster) writeRandom(rng *rand.Rand, model []byte, n int, epoch uint64) {
+	tc.t.Helper()
+	for i := 0; i < n; i++ {
+		off := uint64(rng.Intn(ctVolSize/4096)) * 4096
+		data := make([]byte, 4096)
+		rng.Read(data)
+		if st := tc.write(ctVolume, epoch, off, data); st != api.StatusOK {
+			tc.t.Fatalf("write at %d: %v", off, st)
+		}
+		copy(model[off:], data)
+	}
+}
+
+func (tc *testCluster) verify(model []byte) {
+	tc.t.Helper()
+	for off := 0; off < ctVolSize; off += ctChunk {
+		if got := tc.read(ctVolume, uint64(off), ctChunk); !bytes.Equal(got, model[off:off+ctChunk]) {
+			tc.t.Fatalf("chunk at %d reads back different data", off)
+		}
+	}
+}
+
+func TestClusterWriteReadRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test: -short")
+	}
+	tc := newTestCluster(t, clusterPool(4), []*api.Volume{{Id: ctVolume, Size: ctVolSize, PoolId: 1}}, nil)
+	rng := rand.New(rand.NewSource(2))
+	model := make([]byte, ctVolSize)
+	tc.writeRandom(rng, model, 100, 1)
+	tc.verify(model)
+	tc.converged()
+
+	// Stop one node, keep writing, restart it from its data directory: it
+	// catches up through the log.
+	tc.stop(2)
+	tc.writeRandom(rng, model, 100, 1)
+	tc.start(2)
+	tc.writeRandom(rng, model, 20, 1)
+	tc.verify(model)
+	tc.converged()
+
+	// The heartbeats reported every copyset.
+	hb := tc.mds.heartbeat(1)
+	if hb == nil || len(hb.GetCopysets()) != 4 || hb.GetState() != "ok" || hb.GetWriteOps() == 0 {
+		t.Fatalf("heartbeat: %v", hb)
+	}
+}
+
+func TestClusterSnapshotCatchUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test: -short")
+	}
+	tc := newTestCluster(t, clusterPool(2), []*api.Volume{{Id: ctVolume, Size: ctVolSize, PoolId: 1}},
+		func(c *Config) { c.SnapshotEntries = 20; c.CatchUpEntries = 5 })
+	rng := rand.New(rand.NewSource(3))
+	model := make([]byte, ctVolSize)
+	tc.writeRandom(rng, model, 40, 1)
+	tc.converged()
+	tc.stop(1)
+	tc.writeRandom(rng, model, 150, 1)
+	tc.start(1)
+	tc.converged()
+	tc.verify(model)
+	var received uint64
+	for _, n := range tc.nodes {
+		received += n.cs.HostStats().SnapshotsReceived
+	}
+	if received == 0 {
+		t.Fatal("the restarted replica caught up without a snapshot")
+	}
+}
+
+func TestClusterFencing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test: -short")
+	}
+	tc := newTestCluster(t, clusterPool(2), []*api.Volume{{Id: ctVolume, Size: ctVolSize, PoolId: 1}}, nil)
+	if st := tc.write(ctVolume, 1, 0, []byte("first")); st != api.StatusOK {
+		t.Fatal(st)
+	}
+	if st := tc.write(ctVolume, 2, 4096, []byte("second")); st != api.StatusOK {
+		t.Fatal(st)
+	}
+	// chunk 0 is in one copyset: the old writer is fenced there now.
+	if st := tc.write(ctVolume, 1, 0, []byte("stale")); st != api.StatusFenced {
+		t.Fatalf("stale writer: %v", st)
+	}
+	if got := tc.read(ctVolume, 0, 5); string(got) != "first" {
+		t.Fatalf("read %q", got)
+	}
+	tc.converged()
+}
