@@ -77,6 +77,8 @@ type Server struct {
 	// after every takeover.
 	live map[uint64]*liveCS
 
+	etcdClosing atomic.Bool // set before the embedded etcd is closed
+
 	crashed chan struct{} // closed by crash (tests): stop like kill -9
 	once    sync.Once
 }
@@ -161,7 +163,10 @@ func (s *Server) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		defer e.Close()
+		defer func() {
+			s.etcdClosing.Store(true)
+			e.Close()
+		}()
 		endpoints = []string{e.Clients[0].Addr().String()}
 	}
 	cli, err := clientv3.New(clientv3.Config{
@@ -227,7 +232,7 @@ func (s *Server) startEtcd() (*embed.Etcd, error) {
 	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{*curl}, []url.URL{*curl}
 	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{*purl}, []url.URL{*purl}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
-	ec.LogLevel = "error"
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(etcdLogger(s.log, &s.etcdClosing))
 	ec.EnableGRPCGateway = false
 	ec.AutoCompactionMode = "periodic"
 	ec.AutoCompactionRetention = "1h"

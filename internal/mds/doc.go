@@ -1,0 +1,92 @@
+// Package mds is basalt's metadata service (DESIGN §2, §6, §8): topology
+// (zones, servers, chunkservers), pools and their copysets, volumes, and
+// writer sessions with fencing epochs, all kept in etcd and served over the
+// gRPC API of pkg/api (mds.proto).
+//
+// # Processes and election
+//
+// Two or three MDS processes share one etcd: by default a single-member
+// etcd embedded in the MDS (Config.DataDir), or an external cluster
+// (Config.EtcdEndpoints). Each campaigns in an etcd election
+// (client/v3/concurrency, session TTL Config.ElectionTTL, 3 s by default).
+// The winner is the active MDS and serves every RPC; the others are
+// standbys that answer every RPC with gRPC Unavailable and the message
+// "not the active MDS; active is ADDR" (pkg/mdsclient follows it). When
+// the active MDS dies its election lease expires and a standby takes over
+// within about ElectionTTL; a clean stop resigns, so the hand-over is
+// immediate.
+//
+// INVARIANT: every write to etcd runs in a transaction that also reads this
+// MDS's election key (Server.txn). A deposed MDS — its session expired
+// while a request was in flight — therefore cannot commit: the key is
+// gone, the transaction fails with ErrNotActive. Two MDS never both write.
+//
+// All persistent state is in etcd. The only in-memory state is what
+// heartbeats report (liveness, capacity, copyset replica statuses and
+// leaders); a newly active MDS starts with none and rebuilds it from the
+// heartbeats that chunkservers send every second. Until a chunkserver's
+// first heartbeat reaches it, the chunkserver counts as offline.
+//
+// # etcd layout
+//
+// Values are JSON (readable with etcdctl). Ids are zero-padded to 20 digits
+// in keys so that keys sort by id.
+//
+//	/basalt/election/<lease hex>     election candidates; value: MDS address
+//	/basalt/ids/<kind>               last id issued; kind: chunkserver, pool, volume, session.
+//	                                 Ids start at 1 and are never reused.
+//	/basalt/chunkservers/<id>        {id, zone, server, addr, data_dir, capacity_bytes, registered_unix_ms}
+//	/basalt/pools/<id>               {id, name, replicas, chunk_size, copyset_count, created_unix_ms}
+//	/basalt/pool-names/<name>        pool id (decimal)
+//	/basalt/copysets/<pool id>       [{id, members: [chunkserver ids], epoch}, ...] — every copyset of the pool
+//	/basalt/volumes/<id>             {id, name, size, pool_id, pool_name, created_unix_ms, epoch, writer}
+//	/basalt/volume-names/<name>      volume id (decimal)
+//	/basalt/volumes-revision         its ModRevision is the volumes revision: bumped by
+//	                                 every volume create, resize and delete
+//	/basalt/sessions/<id>            {id, volume, read_only, epoch, client, lease, opened_unix_ms};
+//	                                 attached to an etcd lease of Config.SessionLease
+//
+// Every change touching more than one key (allocating an id, creating a
+// pool with its name index and copysets, opening a volume) is one etcd
+// software transaction with serializable-snapshot isolation: it retries when
+// a key it read changed, so concurrent requests never lose updates.
+//
+// # Pools and copysets
+//
+// CreatePool places the pool's copysets once with internal/placement on the
+// chunkservers online at that moment: members in distinct zones (distinct
+// servers when there are fewer zones than replicas), balanced, wide scatter
+// width. A copyset's epoch starts at 0; chunkservers bootstrap its Raft
+// group with those members. Membership changes (a later scheduler) bump it.
+//
+// # Volumes and sessions (DESIGN §6)
+//
+// A volume is one small record whatever its size; routing is computed
+// (placement.CopysetOf). OpenVolume read-write increments the volume's
+// epoch, makes the new session its writer and so supersedes the previous
+// writer: that session's RenewSession then fails with FailedPrecondition
+// "superseded by a newer writer". Read-only sessions have epoch 0 and
+// coexist with the writer. A session lives as long as its etcd lease:
+// RenewSession refreshes it; an unrenewed session disappears after
+// SessionLease and its renewals answer NotFound. A volume with a live
+// writer session cannot be deleted.
+//
+// # Health
+//
+// A chunkserver is online while its last heartbeat (or registration) is
+// younger than Config.HeartbeatTimeout. A copyset's leader hint is the
+// leader reported with the highest term by an online member. ClusterStatus
+// counts a copyset healthy when every member is online and a leader is
+// known, unavailable when no majority is online, degraded otherwise.
+//
+// # Goroutines
+//
+//   - Run's goroutine owns the etcd client and the election loop (campaign):
+//     the etcd session, becoming active and standby.
+//   - one goroutine serves gRPC; handlers run on gRPC's goroutines and share
+//     Server.live and Server.elKey under Server.mu (no other locks; never
+//     held across an etcd call).
+//   - monitor logs chunkservers going offline and updates gauges.
+//   - optional: the /metrics HTTP server (our own Prometheus registry, never
+//     the default one that the embedded etcd fills).
+package mds
