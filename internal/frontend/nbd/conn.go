@@ -42,6 +42,7 @@ type conn struct {
 	// never blocks (backend completion callbacks must not block).
 	replies    chan *request
 	writerDone chan struct{}
+	wbufs      net.Buffers // owned by the writer: the batch being written
 
 	// mu guards the fields below; cond signals slot and byte releases.
 	mu            sync.Mutex
@@ -373,8 +374,10 @@ func (c *conn) writeLoop() {
 					iov = append(iov, (*r.buf)[:r.length])
 				}
 			}
-			bufs := iov
-			if _, err := bufs.WriteTo(c.nc); err != nil {
+			// A field, not a local: WriteTo's pointer receiver would make a
+			// local escape, one allocation per batch.
+			c.wbufs = iov
+			if _, err := c.wbufs.WriteTo(c.nc); err != nil {
 				broken = true
 				c.log.Debug("nbd: writing replies failed; dropping the rest", "err", err)
 				c.nc.Close() // wakes the reader

@@ -71,40 +71,41 @@ func (m *memBackend) Submit(op frontend.Op, buf []byte, off, length int64, done 
 		m.finish(done, errors.New("memBackend: contract violation"))
 		return
 	}
-	run := func() {
-		if m.gate != nil {
-			<-m.gate
-		}
-		if m.fail != nil {
-			if err := m.fail(op, off, length); err != nil {
-				m.finish(done, err)
-				return
-			}
-		}
-		m.mu.Lock()
-		switch op {
-		case frontend.OpRead:
-			copy(buf, m.data[off:off+length])
-		case frontend.OpWrite:
-			copy(m.data[off:], buf)
-		case frontend.OpTrim, frontend.OpWriteZeroes:
-			clear(m.data[off : off+length])
-		}
-		m.mu.Unlock()
-		m.finish(done, nil)
-	}
 	var d time.Duration
 	if m.delay != nil {
 		d = m.delay(op, off, length)
 	}
 	switch {
 	case d > 0:
-		time.AfterFunc(d, run)
+		time.AfterFunc(d, func() { m.run(op, buf, off, length, done) })
 	case m.gate != nil:
-		go run()
+		go m.run(op, buf, off, length, done)
 	default:
-		run()
+		m.run(op, buf, off, length, done)
 	}
+}
+
+func (m *memBackend) run(op frontend.Op, buf []byte, off, length int64, done func(error)) {
+	if m.gate != nil {
+		<-m.gate
+	}
+	if m.fail != nil {
+		if err := m.fail(op, off, length); err != nil {
+			m.finish(done, err)
+			return
+		}
+	}
+	m.mu.Lock()
+	switch op {
+	case frontend.OpRead:
+		copy(buf, m.data[off:off+length])
+	case frontend.OpWrite:
+		copy(m.data[off:], buf)
+	case frontend.OpTrim, frontend.OpWriteZeroes:
+		clear(m.data[off : off+length])
+	}
+	m.mu.Unlock()
+	m.finish(done, nil)
 }
 
 func (m *memBackend) finish(done func(error), err error) {
