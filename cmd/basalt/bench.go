@@ -1,0 +1,61 @@
+package main
+
+import (
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/basalt-storage/basalt/internal/bench"
+)
+
+func benchCommand() *cobra.Command {
+	var (
+		cfg           bench.Config
+		size          string
+		targets, jobs string
+		runtime, ramp time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Run the fio matrix side by side on the raw disk, nbdkit, and 3- and 1-replica basalt volumes",
+		Long: `Runs one fio job matrix (4 KiB randwrite and randread at QD1 and QD32, 256 KiB
+sequential write QD8, 8 KiB 50/50 randrw QD8) against a raw preallocated file
+(libaio, direct=1, plus a fdatasync=1 QD1 write), nbdkit's file plugin on a Unix
+socket, and a 3-replica and a 1-replica basalt volume of a playground this command
+starts. Prints a markdown table and writes it to --out. Needs fio and nbdkit
+(./scripts/install-deps); bench/run builds the binary and installs them first.`,
+		Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			var err error
+			if cfg.Size, err = bench.ParseSize(size); err != nil {
+				return errors.New("--size: " + err.Error())
+			}
+			if cfg.Targets, err = bench.SelectTargets(targets); err != nil {
+				return err
+			}
+			if cfg.Jobs, err = bench.SelectJobs(jobs); err != nil {
+				return err
+			}
+			cfg.Runtime, cfg.Ramp = runtime, ramp
+			cfg.Logger = slog.Default()
+			ctx, stop := signalContext()
+			defer stop()
+			_, err = bench.Run(ctx, cfg)
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.DurationVar(&runtime, "runtime", 20*time.Second, "measured time per job (after the ramp)")
+	f.DurationVar(&ramp, "ramp", 5*time.Second, "ramp time per job, left out of the figures")
+	f.StringVar(&size, "size", "1GiB", "working set per target (file or volume size), e.g. 1GiB, 256m")
+	f.StringVar(&targets, "targets", "", "comma-separated subset of raw,nbdkit,basalt-r3,basalt-r1 (default all)")
+	f.StringVar(&jobs, "jobs", "", "comma-separated subset of randwrite-4k-qd1,randwrite-4k-qd32,randread-4k-qd1,randread-4k-qd32,write-256k-qd8,randrw-8k-qd8 (default all)")
+	f.StringVar(&cfg.Out, "out", "bench/results/latest.md", `markdown output file ("-": none)`)
+	f.StringVar(&cfg.Dir, "dir", "bench/work", "bench-owned working directory for the files and the playground (on the disk to measure)")
+	f.StringVar(&cfg.Binary, "binary", "", "basalt binary for the playground (default this executable)")
+	f.Uint32Var(&cfg.Copysets, "copysets", 0, "copysets per basalt pool (default: the MDS default)")
+	f.BoolVar(&cfg.Keep, "keep", false, "keep the data files and the playground directory")
+	return cmd
+}

@@ -1,0 +1,107 @@
+package bench
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden")
+
+func testReport() *Report {
+	st := func(iops, bs, meanUs, p99Us float64, ios uint64) Stats {
+		return Stats{IOPS: iops, BWBytes: iops * bs, MeanNs: meanUs * 1e3, P99Ns: p99Us * 1e3, TotalIOs: ios}
+	}
+	durable := st(2000, 4096, 500, 1800, 40000)
+	durable.P99Approx = true
+	return &Report{
+		Machine: Machine{
+			Date: time.Date(2026, 11, 21, 8, 0, 0, 0, time.UTC), Host: "vm", Kernel: "6.1.0", NProc: 2,
+			MemBytes: 24 << 30, Disk: "/dev/vda ext4 252G 13G 79G /", Device: "vda (virtio_blk)",
+			Fio: "fio-3.33", NBDKit: "nbdkit 1.32.5", Basalt: "b354187",
+		},
+		Size: 1 << 30, Runtime: 20 * time.Second, Ramp: 5 * time.Second,
+		// Out of order on purpose: the table sorts by job, then target.
+		Rows: []Row{
+			{Target: TargetBasaltR3, Job: JobRandWriteQD1, Stats: st(800, 4096, 1250, 3000, 16000),
+				Basalt: true, CPU: 4 * time.Second, PeakRSS: 300 << 20},
+			{Target: TargetRaw, Job: JobRandWriteQD1, Stats: st(10000, 4096, 100, 400, 200000)},
+			{Target: TargetRawSync, Job: jobDurable, Stats: durable},
+			{Target: TargetNBDKit, Job: JobRandWriteQD1, Stats: st(20000, 4096, 50, 150, 400000)},
+			{Target: TargetBasaltR3, Job: JobRandReadQD32, Stats: st(30000, 4096, 1066, 4000, 600000),
+				Basalt: true, CPU: 30 * time.Second, PeakRSS: 320 << 20},
+			{Target: TargetNBDKit, Job: JobRandReadQD32, Stats: st(45000, 4096, 711, 3000, 900000)},
+			{Target: TargetBasaltR1, Job: JobRandReadQD32, Err: "fio: exit status 1"},
+		},
+		Procs: []ProcPeak{{Name: "playground (MDS, etcd, NBD)", PID: 100, PeakRSS: 120 << 20}},
+		Notes: []string{"a note"},
+	}
+}
+
+func TestMarkdownGolden(t *testing.T) {
+	got := testReport().Markdown()
+	path := filepath.Join("testdata", "report.golden.md")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -run Golden -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("markdown differs from %s (go test -run Golden -update if intended):\n%s", path, got)
+	}
+}
+
+func TestMarkdownFigures(t *testing.T) {
+	md := testReport().Markdown()
+	for _, want := range []string{
+		// basalt-r3 QD1 write: 800/10000 IOPS, 800/20000; latency 1250/100, 1250/50;
+		// CPU 4 s over 16,000 IOs = 2.50 s per 10k; RSS 300 MiB.
+		"| basalt-r3 | randwrite-4k-qd1 | 800 | 3.1 | 1,250 | 3,000 | 0.08× | 0.04× | 12.50× | 25.00× | 2.50 | 300 |",
+		// No raw row for randread-qd32: the ratio says so; no QD1 latency ratios.
+		"| basalt-r3 | randread-4k-qd32 | 30,000 | 117.2 | 1,066 | 4,000 | — | 0.67× |  |  | 0.50 | 320 |",
+		"| raw-fdatasync | randwrite-4k-qd1 | 2,000 | 7.8 | 500 | 1,800* |",
+		"| basalt-r1 | randread-4k-qd32 | failed |",
+		// Goals: 1250/500 = 2.5 ≤ 4; p99/mean = 2.4 ≤ 3; 30000/45000 = 67 % ≥ 60 %.
+		"basalt-r3 randwrite-4k-qd1 mean ≤ 4 × raw-fdatasync mean: measured 2.50× — met",
+		"basalt-r3 randread-4k-qd32 IOPS ≥ 60 % of nbdkit's: measured 67 % — met",
+		"- playground (MDS, etcd, NBD) (pid 100): 120 MiB",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	// Rows sit side by side per job: raw, raw-fdatasync, nbdkit, basalt-r3.
+	order := []string{"| raw | randwrite-4k-qd1", "| raw-fdatasync |", "| nbdkit | randwrite-4k-qd1", "| basalt-r3 | randwrite-4k-qd1", "| nbdkit | randread-4k-qd32"}
+	last := -1
+	for _, o := range order {
+		i := strings.Index(md, o)
+		if i < last {
+			t.Errorf("%q is out of order", o)
+		}
+		last = i
+	}
+}
+
+func TestGoalMissed(t *testing.T) {
+	r := testReport()
+	r.Rows[0].Stats.MeanNs = 2500e3 // 5 × the durable 500 µs
+	md := r.Markdown()
+	if want := "measured 5.00× — MISSED by 25 %"; !strings.Contains(md, want) {
+		t.Errorf("markdown lacks %q:\n%s", want, md)
+	}
+}
+
+func TestThousands(t *testing.T) {
+	for v, want := range map[float64]string{0: "0", 999.4: "999", 1000: "1,000", 1234567.8: "1,234,568", -4500: "-4,500"} {
+		if got := thousands(v); got != want {
+			t.Errorf("thousands(%v) = %q, want %q", v, got, want)
+		}
+	}
+}

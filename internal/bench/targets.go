@@ -1,0 +1,394 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/basalt-storage/basalt/pkg/api"
+	"github.com/basalt-storage/basalt/pkg/mdsclient"
+)
+
+// target is one thing fio can drive.
+type target struct {
+	name   string
+	engine []string // fio arguments naming the engine and the file or URI
+	procs  procSet  // the basalt processes serving it; empty for raw and nbdkit
+	close  func()
+}
+
+// maxSocketPath is what fits in sockaddr_un.sun_path with its NUL.
+const maxSocketPath = 107
+
+// Volume names the bench creates on its playground.
+const (
+	volumeR3 = "bench-r3"
+	volumeR1 = "bench-r1"
+	poolR1   = "local"
+)
+
+// createFile makes path a preallocated file of size bytes (contents written later
+// by the prefill).
+func createFile(path string, size uint64) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(size)); err != nil {
+		f.Close()
+		return fmt.Errorf("fallocate %s: %w", path, err)
+	}
+	return f.Close()
+}
+
+// openRaw prepares the raw file target.
+func (r *runner) openRaw(context.Context) (*target, error) {
+	path := filepath.Join(r.cfg.Dir, "raw.img")
+	if err := createFile(path, r.cfg.Size); err != nil {
+		return nil, err
+	}
+	return &target{
+		name:   TargetRaw,
+		engine: []string{"--ioengine=libaio", "--direct=1", "--filename=" + path},
+		close:  func() { r.remove(path) },
+	}, nil
+}
+
+// openNBDKit starts nbdkit's file plugin on a Unix socket.
+func (r *runner) openNBDKit(ctx context.Context) (*target, error) {
+	if _, err := exec.LookPath("nbdkit"); err != nil {
+		return nil, fmt.Errorf("nbdkit not found (run ./scripts/install-deps): %w", err)
+	}
+	path := filepath.Join(r.cfg.Dir, "nbdkit.img")
+	sock := filepath.Join(r.cfg.Dir, "nbdkit.sock")
+	if len(sock) > maxSocketPath {
+		return nil, fmt.Errorf("socket path %s is too long for a Unix socket; use a shorter --dir", sock)
+	}
+	if err := createFile(path, r.cfg.Size); err != nil {
+		return nil, err
+	}
+	_ = os.Remove(sock)
+	logf, err := os.Create(filepath.Join(r.cfg.Dir, "nbdkit.log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command("nbdkit", "--unix", sock, "--foreground", "file", path)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("start nbdkit: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(exited) }()
+	stop := func() {
+		stopProcess(cmd.Process.Pid, exited, 10*time.Second)
+		r.remove(path)
+		_ = os.Remove(sock)
+	}
+	if err := waitSocket(ctx, sock, exited, 15*time.Second); err != nil {
+		stop()
+		return nil, fmt.Errorf("nbdkit: %w (see %s)", err, logf.Name())
+	}
+	r.log.Info("nbdkit serving", "socket", sock, "pid", cmd.Process.Pid)
+	return &target{
+		name:   TargetNBDKit,
+		engine: []string{"--ioengine=nbd", "--uri=nbd+unix:///?socket=" + sock},
+		close:  stop,
+	}, nil
+}
+
+// waitSocket waits until a Unix socket accepts connections.
+func waitSocket(ctx context.Context, sock string, exited <-chan struct{}, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		c, err := net.DialTimeout("unix", sock, time.Second)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case <-exited:
+			return errors.New("exited before it listened")
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no listener on %s after %s: %w", sock, timeout, err)
+		}
+	}
+}
+
+// stopProcess sends SIGTERM, waits up to grace for exited, then SIGKILLs.
+func stopProcess(pid int, exited <-chan struct{}, grace time.Duration) {
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(grace):
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		<-exited
+	}
+}
+
+// pgState is the part of the playground's DIR/playground.json (playground.State)
+// the bench reads. It is decoded here rather than imported so that this package
+// depends only on the file's documented format, not on the whole cluster code.
+type pgState struct {
+	PID          int    `json:"pid"`
+	MDS          string `json:"mds"`
+	NBDSocket    string `json:"nbd_socket"`
+	Volume       string `json:"volume"`
+	Chunkservers []struct {
+		Index int `json:"index"`
+		PID   int `json:"pid"`
+	} `json:"chunkservers"`
+}
+
+// playgroundProc is a `basalt playground` child process owned by the bench.
+type playgroundProc struct {
+	dir    string
+	log    string
+	cmd    *exec.Cmd
+	exited chan struct{}
+	state  pgState
+}
+
+// procs lists the playground process and every chunkserver.
+func (p *playgroundProc) procs() procSet {
+	ps := procSet{names: []string{"playground (MDS, etcd, NBD)"}, pids: []int{p.state.PID}}
+	for _, cs := range p.state.Chunkservers {
+		ps.names = append(ps.names, fmt.Sprintf("chunkserver %d", cs.Index))
+		ps.pids = append(ps.pids, cs.PID)
+	}
+	return ps
+}
+
+// playground starts the shared playground on first use.
+func (r *runner) playground(ctx context.Context) (*playgroundProc, error) {
+	if r.pg != nil {
+		return r.pg, nil
+	}
+	if r.pgErr != nil {
+		return nil, r.pgErr
+	}
+	r.pg, r.pgErr = r.startPlayground(ctx)
+	return r.pg, r.pgErr
+}
+
+func (r *runner) startPlayground(ctx context.Context) (*playgroundProc, error) {
+	dir := filepath.Join(r.cfg.Dir, "playground")
+	if b, err := os.ReadFile(filepath.Join(dir, "playground.json")); err == nil {
+		var old pgState
+		if json.Unmarshal(b, &old) == nil && old.PID > 0 && syscall.Kill(old.PID, 0) == nil {
+			return nil, fmt.Errorf("a playground (pid %d) is still running on %s; stop it first", old.PID, dir)
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	sock := filepath.Join(dir, "nbd.sock")
+	if len(sock) > maxSocketPath {
+		return nil, fmt.Errorf("socket path %s is too long for a Unix socket; use a shorter --dir", sock)
+	}
+	base, err := freePortBase(3)
+	if err != nil {
+		return nil, err
+	}
+	nbdPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"playground", "--dir", dir, "--port-base", strconv.Itoa(base),
+		"--nbd-listen", net.JoinHostPort("127.0.0.1", strconv.Itoa(nbdPort)), "--nbd-socket", sock,
+		"--size", strconv.FormatUint(r.cfg.Size, 10), "--volume", volumeR3}
+	if r.cfg.Copysets > 0 {
+		args = append(args, "--copysets", strconv.FormatUint(uint64(r.cfg.Copysets), 10))
+	}
+	p := &playgroundProc{dir: dir, log: filepath.Join(dir, "playground.log"), exited: make(chan struct{})}
+	logf, err := os.Create(p.log)
+	if err != nil {
+		return nil, err
+	}
+	p.cmd = exec.Command(r.cfg.Binary, args...)
+	p.cmd.Stdout, p.cmd.Stderr = logf, logf
+	// Its own process group: a Ctrl-C reaches the bench, which stops it in order.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	r.log.Info("starting playground", "cmd", r.cfg.Binary+" "+strings.Join(args, " "), "log", p.log)
+	if err := p.cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("start playground: %w", err)
+	}
+	go func() { _ = p.cmd.Wait(); logf.Close(); close(p.exited) }()
+
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "playground.json"))
+		if err == nil && json.Unmarshal(b, &p.state) == nil && p.state.PID > 0 {
+			break
+		}
+		select {
+		case <-p.exited:
+			return nil, fmt.Errorf("playground exited before it was ready: %s", tail(p.log, 15))
+		case <-wctx.Done():
+			r.stopPlayground(p)
+			return nil, fmt.Errorf("playground not ready: %w: %s", wctx.Err(), tail(p.log, 15))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	r.log.Info("playground ready", "mds", p.state.MDS, "nbd_socket", p.state.NBDSocket,
+		"chunkservers", len(p.state.Chunkservers))
+	return p, nil
+}
+
+// stopPlayground stops the playground (which stops its chunkservers) and, should it
+// not exit in time, kills it and the chunkservers it recorded.
+func (r *runner) stopPlayground(p *playgroundProc) {
+	if p == nil || p.cmd == nil {
+		return
+	}
+	_ = syscall.Kill(p.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(30 * time.Second):
+		r.log.Warn("playground did not stop in 30s; killing it and its chunkservers", "pid", p.cmd.Process.Pid)
+		_ = syscall.Kill(p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.exited
+		for _, cs := range p.state.Chunkservers {
+			if cs.PID > 0 {
+				_ = syscall.Kill(cs.PID, syscall.SIGKILL)
+			}
+		}
+	}
+	r.remove(p.dir)
+}
+
+// openBasaltR3 serves the playground's 3-replica volume.
+func (r *runner) openBasaltR3(ctx context.Context) (*target, error) {
+	p, err := r.playground(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return r.basaltTarget(TargetBasaltR3, p, volumeR3), nil
+}
+
+// openBasaltR1 creates the 1-replica pool and volume through the MDS API.
+func (r *runner) openBasaltR1(ctx context.Context) (*target, error) {
+	p, err := r.playground(ctx)
+	if err != nil {
+		return nil, err
+	}
+	mc, err := mdsclient.Dial([]string{p.state.MDS})
+	if err != nil {
+		return nil, err
+	}
+	defer mc.Close()
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	pool, err := mc.CreatePool(cctx, &api.CreatePoolRequest{Name: poolR1, Replicas: 1, CopysetCount: r.cfg.Copysets})
+	switch {
+	case status.Code(err) == codes.AlreadyExists:
+	case err != nil:
+		return nil, fmt.Errorf("create pool %q: %w", poolR1, err)
+	default:
+		r.log.Info("pool created", "pool", poolR1, "replicas", 1, "copysets", pool.GetPool().GetCopysetCount())
+	}
+	if _, err := mc.CreateVolume(cctx, &api.CreateVolumeRequest{Name: volumeR1, Size: r.cfg.Size, Pool: poolR1}); err != nil &&
+		status.Code(err) != codes.AlreadyExists {
+		return nil, fmt.Errorf("create volume %q: %w", volumeR1, err)
+	}
+	// The new pool's copysets need leaders before IO can go anywhere.
+	var last string
+	for {
+		cs, err := mc.ClusterStatus(cctx, &api.ClusterStatusRequest{})
+		if err == nil && len(cs.Copysets) > 0 && cs.CopysetsHealthy == uint32(len(cs.Copysets)) {
+			break
+		}
+		if err != nil {
+			last = err.Error()
+		} else {
+			last = fmt.Sprintf("%d of %d copysets healthy", cs.CopysetsHealthy, len(cs.Copysets))
+		}
+		select {
+		case <-cctx.Done():
+			return nil, fmt.Errorf("waiting for the %q pool's copysets: %s", poolR1, last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return r.basaltTarget(TargetBasaltR1, p, volumeR1), nil
+}
+
+func (r *runner) basaltTarget(name string, p *playgroundProc, volume string) *target {
+	return &target{
+		name:   name,
+		engine: []string{"--ioengine=nbd", "--uri=nbd+unix:///" + volume + "?socket=" + p.state.NBDSocket},
+		procs:  p.procs(),
+		close:  func() {}, // the playground is shared; the runner stops it at the end
+	}
+}
+
+// freePortBase finds a base port P such that the playground's ports (P, P+1, P+2,
+// P+11.., P+21..) are all free on 127.0.0.1 now.
+func freePortBase(chunkservers int) (int, error) {
+	offsets := []int{0, 1, 2}
+	for i := 1; i <= chunkservers; i++ {
+		offsets = append(offsets, 10+i, 20+i)
+	}
+	for try := 0; try < 50; try++ {
+		base := 20000 + 100*rand.IntN(300)
+		ok := true
+		for _, off := range offsets {
+			ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(base+off)))
+			if err != nil {
+				ok = false
+				break
+			}
+			ln.Close()
+		}
+		if ok {
+			return base, nil
+		}
+	}
+	return 0, errors.New("bench: no free port range for the playground")
+}
+
+// freePort returns a TCP port free on 127.0.0.1 now.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// tail returns the last n lines of a log file, for error messages.
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "(no log: " + err.Error() + ")"
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return "last lines of " + path + ":\n" + strings.Join(lines, "\n")
+}
