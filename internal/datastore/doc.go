@@ -10,8 +10,9 @@
 // fsync — because the shared WAL already made the write durable. The chunk
 // joins its copyset's dirty set. Copyset.Sync, called by the state machine's
 // Persist before the log is cut, swaps the dirty set out, fdatasyncs every
-// chunk in it exactly once (four in flight, so the device can merge the
-// flushes), and fsyncs the chunks/ directory if chunk files were created or
+// chunk in it exactly once (after starting write-back of the whole batch
+// with sync_file_range, then four fdatasyncs in flight, so the device sees
+// the batch at once), and fsyncs the chunks/ directory if chunk files were created or
 // removed. Only then may the caller record its applied index (SaveMeta) and
 // compact the log. A crash loses unsynced chunk writes; the WAL replays them.
 // Every operation (write, discard, zero, delete volume) is a blind overwrite,
