@@ -1,0 +1,156 @@
+// Package chunkserver is the chunkserver process: one data directory (one
+// disk), the copysets the MDS assigns to it, and the data plane that serves
+// their IO (DESIGN §3–§6, §8).
+//
+// # Pieces
+//
+//	 network ──▶ transport.Server ──▶ handler (validate at the edge)
+//	                                    │ write/trim/zeroes: raftstore.Host.Propose
+//	                                    │ read: [fence] → ReadBarrier → Copyset.ReadAt
+//	                                    │ OpRaft: decode batch → Host.Step
+//	                                    │ OpSnapshot: snapReceiver → Host.ReceiveSnapshot
+//	                                    ▼
+//	 raftstore.Host (workers) ──▶ stateMachine (one per copyset) ──▶ datastore.Copyset
+//	        │  └─▶ wal.WAL (one per chunkserver, group commit)
+//	        └─▶ peerTransport (one connection and sender goroutine per peer)
+//
+// A ChunkServer's Run registers with the MDS (retrying until it answers),
+// restarts the groups found in the WAL, serves the listener, and heartbeats
+// every HeartbeatInterval. Each heartbeat response lists every copyset this
+// chunkserver is a member of — a copyset with epoch 0 is bootstrapped with its
+// members (join=false), any later one is joined empty (join=true) and filled by
+// its leader — and the addresses of its peers. A changed volumes_revision
+// reloads the volume cache. When the WAL holds more than MaxWALSegments
+// segments, the groups pinning the oldest one are made to snapshot.
+//
+// # On-disk layout
+//
+//	DataDir/id     the chunkserver id, decimal + "\n"; created atomically (temp,
+//	               fsync, rename, fsync dir) after the first registration and sent
+//	               on every later one. The MDS answering another id is ErrIdentity.
+//	DataDir/wal/   the shared Raft log (internal/wal)
+//	DataDir/data/  chunk files and per-copyset meta (internal/datastore)
+//
+// # Replicated command format (Raft entry data)
+//
+// Every normal entry of a copyset's log is one command; all integers big-endian:
+//
+//	 0  uint8   version (1)
+//	 1  uint8   op: 1 write, 2 trim, 3 write-zeroes, 4 fence
+//	 2  uint16  reserved, 0
+//	 4  uint32  length: bytes of the IO (0 for fence)
+//	 8  uint64  volume id
+//	16  uint64  epoch of the writer (DESIGN §6)
+//	24  uint64  offset: byte offset in the volume
+//	32  ...     data: exactly length bytes for write, nothing otherwise
+//
+// The chunk is offset / chunkSize; a command never crosses a chunk (the
+// handler refuses such IO, and Apply answers OUT_OF_RANGE should one appear).
+// testdata/command.golden freezes the format.
+//
+// # Apply (stateMachine)
+//
+// Per volume the state machine keeps the highest epoch applied. A command with
+// a lower epoch is refused with FENCED and changes nothing; a higher one is
+// recorded first (a fence), then the write, discard or zeroing goes to the
+// chunk file with a plain pwrite (no fsync: the WAL made it durable). Commands
+// for volumes known to be deleted are refused with NO_SUCH_VOLUME. Every
+// command is a blind overwrite, so applying an entry twice (WAL replay after a
+// crash, a log replayed over a snapshot taken while writes went on) converges.
+// A rejection is a result; a disk error is not: Apply returns a non-api error,
+// raftstore stops the group, and the heartbeat state becomes "disk full" or
+// "io error".
+//
+// Capture is the epoch table: uint8 version (1), uint32 count, then count ×
+// (uint64 volume, uint64 epoch) sorted by volume. Persist(index, state) syncs
+// the copyset's dirty chunks, then saves the meta record — uint8 version (1),
+// uint64 index, epoch table — with Copyset.SaveMeta; Recover loads it.
+//
+//	INVARIANT: the meta record never names an index whose effects are not
+//	synced to the chunk files (Persist syncs before SaveMeta).
+//	INVARIANT: a volume's recorded epoch never decreases, except when a
+//	snapshot from the leader replaces the whole table.
+//
+// # Data plane (handler)
+//
+// Frames are internal/transport's. Each IO request is checked once, here, in
+// this order, and answered with the first status that applies:
+//
+//	unknown op                                   BAD_REQUEST
+//	Length 0; write payload length != Length;
+//	  payload on a read, trim or write-zeroes    BAD_REQUEST
+//	volume unknown (after one rate-limited
+//	  refresh of the volume cache) or deleted    NO_SUCH_VOLUME
+//	Offset+Length > volume size, or the IO
+//	  crosses a chunk boundary                   OUT_OF_RANGE
+//	Copyset != placement.CopysetOf(...)          BAD_REQUEST
+//	copyset not hosted here                      NO_SUCH_COPYSET
+//	write/trim/zeroes with Epoch 0               READ_ONLY
+//	replica stopped by a disk error              IO_ERROR / NO_SPACE
+//	Epoch (non-zero) < the copyset's epoch       FENCED
+//
+// Writes, trims and write-zeroes are proposed; the reply is sent from the
+// proposal's callback (NOT_LEADER carries the leader in Header.Hint). A read
+// whose epoch is newer than the copyset's first commits a fence, then waits
+// for Host.ReadBarrier (lease read, or ReadIndex) and reads the chunk file
+// into a pooled buffer that is released once the reply was written. Flush and
+// Ping answer OK (an acknowledged write is already durable). Nothing a peer
+// sends can crash the process: a malformed frame closes the connection
+// (transport), anything else gets a status.
+//
+// OpChecksum (scrub, tests): request Volume = pool id, Copyset = copyset id;
+// reply payload = uint32 count, then count × (uint64 volume, uint64 chunk
+// index, uint32 crc32c of the whole chunk), sorted by volume then index.
+// Chunks that read as all zeros are left out, so a never-written chunk and a
+// trimmed one compare equal across replicas. DecodeChecksums parses it.
+//
+// # Peer transport (raftstore.Transport)
+//
+// OpRaft frame (one-way, Hint = sender's chunkserver id): a payload of
+// records, each uint64 group id, uint32 n, n bytes of a marshalled
+// raftpb.Message. Send only encodes and queues (it never blocks); the peer's
+// sender goroutine takes everything queued and writes it as one frame (split
+// at 16 MiB), so messages to one peer from one Ready round leave together.
+// An unreachable peer's messages are dropped (raft retries) and it is redialed
+// at most every 200 ms; more than 64 MiB queued for one peer is dropped too.
+// Received messages not addressed to this chunkserver, and MsgSnap outside a
+// snapshot transfer, are dropped.
+//
+// Snapshot transfer: SendSnapshot opens a dedicated connection and sends
+// OpSnapshot frames, each answered before the next is sent:
+//
+//	Volume  transfer id (random, odd), Offset  sequence number from 0,
+//	Length  kind: 1 begin, 2 data, 3 end,      Hint    sender's id
+//	begin:  payload = one OpRaft record holding the MsgSnap
+//	data:   payload = the next ≤ 1 MiB of StateMachine.WriteSnapshot's stream
+//	end:    no payload; answered once Host.ReceiveSnapshot returned:
+//	        OK when the data is staged, IO_ERROR otherwise
+//
+// The receiver pipes data frames into Host.ReceiveSnapshot running on its own
+// goroutine; an out-of-sequence frame answers BAD_REQUEST and abandons the
+// transfer; a transfer idle for 30 s is abandoned.
+//
+// # Goroutines and ownership
+//
+//   - Run's goroutine: heartbeats, creates groups, refreshes the volume cache,
+//     forces WAL compaction. It alone adds to replicas (ChunkServer.mu).
+//   - transport.Server: a reader and a writer per connection; the reader runs
+//     ServeFrame (the handler never blocks it on the network; a snapshot data
+//     frame blocks it on the pipe, which is the transfer's flow control).
+//   - Reads run on a goroutine each after the barrier (its callback runs on a
+//     raft worker); proposal callbacks only queue replies.
+//   - raftstore workers: Apply/Capture/InstallSnapshot; a snapshot goroutine:
+//     Persist, WriteSnapshot, SendSnapshot.
+//   - peerTransport: one sender goroutine per peer owns that peer's Conn.
+//   - snapReceiver: one goroutine per incoming transfer.
+//
+// Lock order: ChunkServer.mu and volumeCache.refreshMu → volumeCache.mu;
+// stateMachine.mu and peer.mu are leaves.
+//
+// # Metrics
+//
+// With MetricsListen set, /metrics serves a registry of its own:
+// basalt_chunkserver_io_{ops_total,bytes_total,latency_seconds} per op,
+// per-copyset applied index, leader, term and health, the raft host's
+// latency histograms and counters, and the WAL's counters.
+package chunkserver
