@@ -362,6 +362,9 @@ const syncParallelism = 4
 func (c *Copyset) Sync() error {
 	c.syncMu.Lock()
 	defer c.syncMu.Unlock()
+	if c.isRemoved() {
+		return ErrClosed
+	}
 	c.dirtyMu.Lock()
 	batch := c.dirty
 	c.dirty = c.spare

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -215,6 +216,7 @@ func (p *pool) sizeDir(size int64) string {
 // run is the filler goroutine.
 func (p *pool) run() {
 	defer close(p.done)
+	var lastWarn time.Time
 	for {
 		select {
 		case <-p.quit:
@@ -222,7 +224,11 @@ func (p *pool) run() {
 		case <-p.kick:
 		}
 		if err := p.fill(); err != nil {
-			p.s.log.Warn("chunk pool fill failed", "err", err)
+			// At most one warning every 10 s: a full disk fails every kick.
+			if now := time.Now(); now.Sub(lastWarn) >= 10*time.Second {
+				p.s.log.Warn("chunk pool fill failed", "err", err)
+				lastWarn = now
+			}
 		}
 	}
 }

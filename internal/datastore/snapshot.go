@@ -344,6 +344,10 @@ func (c *Copyset) InstallStaged() error {
 		c.scanChunks()
 		return ioError("rename staged", err)
 	}
+	// The new chunks are live from here on, whatever happens next.
+	if err := c.scanChunks(); err != nil {
+		return err
+	}
 	if err := step(3); err != nil {
 		return err
 	}
@@ -355,9 +359,6 @@ func (c *Copyset) InstallStaged() error {
 	}
 	if err := os.RemoveAll(old); err != nil {
 		c.log.Warn("removing replaced chunks failed", "err", err)
-	}
-	if err := c.scanChunks(); err != nil {
-		return err
 	}
 	c.log.Info("snapshot installed", "chunks", len(c.chunks))
 	return nil
