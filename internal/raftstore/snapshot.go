@@ -1,6 +1,8 @@
 package raftstore
 
 import (
+	"slices"
+
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 )
@@ -99,7 +101,19 @@ func (g *group) outgoing(dst []Message, msgs []*raftpb.Message) []Message {
 func (g *group) sendSnapshot(m *raftpb.Message) {
 	h := g.h
 	to := m.GetTo()
-	idx := m.GetSnapshot().GetMetadata().GetIndex()
+	md := m.GetSnapshot().GetMetadata()
+	idx := md.GetIndex()
+	if !inConfState(md.GetConfState(), to) {
+		// The last snapshot predates the peer joining (a new learner): raft on the
+		// peer would refuse it. Take a new one, which includes the peer (it joined
+		// by an applied conf change), and let raft retry.
+		g.log.Info("raftstore: snapshot predates peer; taking a new one", "to", to, "index", idx)
+		g.maybeSnapshot(true)
+		if g.in.add(func(in *events) { in.snapReports = append(in.snapReports, snapReport{to: to, failed: true}) }) == nil {
+			h.sched.signal(g)
+		}
+		return
+	}
 	g.sending[to] = idx
 	g.log.Info("raftstore: streaming snapshot", "to", to, "index", idx)
 	h.goBackground(func() {
@@ -119,4 +133,13 @@ func (g *group) sendSnapshot(m *raftpb.Message) {
 			h.sched.signal(g)
 		}
 	})
+}
+
+func inConfState(cs *raftpb.ConfState, id uint64) bool {
+	for _, set := range [][]uint64{cs.GetVoters(), cs.GetLearners(), cs.GetVotersOutgoing(), cs.GetLearnersNext()} {
+		if slices.Contains(set, id) {
+			return true
+		}
+	}
+	return false
 }
