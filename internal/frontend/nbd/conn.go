@@ -30,6 +30,10 @@ type conn struct {
 	br  *bufio.Reader // owned by the reader goroutine
 	log *slog.Logger
 
+	// Counters owned by the reader goroutine.
+	nreq      int64 // requests parsed (DISC excluded)
+	nrejected int64 // answered with an error by validation or shutdown
+
 	// Set by the handshake, read-only afterwards.
 	export   string
 	backend  frontend.Backend
@@ -82,7 +86,7 @@ func (c *conn) serve() {
 	c.transmitting = true
 	c.nc.SetDeadline(time.Time{})
 	c.mu.Unlock()
-	c.log.Debug("nbd: transmission started", "size", c.size, "flags", c.tflags)
+	c.log.Info("nbd: client connected", "size", c.size, "flags", c.tflags)
 
 	c.replies = make(chan *request, c.s.cfg.MaxInFlight)
 	c.writerDone = make(chan struct{})
@@ -99,7 +103,7 @@ func (c *conn) serve() {
 	if st == endGraceful {
 		c.linger()
 	}
-	c.log.Debug("nbd: connection closed", "end", st.String(), "err", err)
+	c.log.Info("nbd: client disconnected", "end", st.String(), "requests", c.nreq, "rejected", c.nrejected, "err", err)
 }
 
 // linger half-closes the socket after the last reply and reads until the
@@ -178,6 +182,7 @@ func (c *conn) readLoop() (readEnd, error) {
 			return endGraceful, nil
 		}
 
+		c.nreq++
 		r := c.s.getRequest()
 		r.c = c
 		r.typ = typ
@@ -211,6 +216,7 @@ func (c *conn) readLoop() (readEnd, error) {
 			errno = ESHUTDOWN
 		}
 		if errno != 0 {
+			c.nrejected++
 			r.errno = errno
 			c.replies <- r
 			continue

@@ -140,14 +140,14 @@ func (s *Server) Serve(ln net.Listener) error {
 			if closing {
 				return ErrServerClosed
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-				s.log.Warn("nbd: accept failed; retrying", "err", err, "backoff", backoff)
-				time.Sleep(backoff)
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return err
 			}
-			return err
+			// EMFILE, ECONNABORTED and friends: back off and keep serving.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.log.Warn("nbd: accept failed; retrying", "err", err, "backoff", backoff)
+			time.Sleep(backoff)
+			continue
 		}
 		backoff = 0
 		if !s.track(nc) {

@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"bufio"
 	"math/rand/v2"
+	"net"
 	"testing"
 	"time"
 
@@ -400,5 +402,72 @@ func TestNewServerRejectsBadConfig(t *testing.T) {
 		if _, err := NewServer(cfg); !errors.Is(err, ErrBadConfig) {
 			t.Errorf("NewServer(%+v) = %v, want ErrBadConfig", cfg, err)
 		}
+	}
+}
+
+func TestShutdownDeadlineClosesHard(t *testing.T) {
+	disk := newMem(1 << 20)
+	disk.gate = make(chan struct{})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	c := open(t, ts.sock, "disk")
+	c.send(cmdRead, 0, 1, 0, 512, nil)
+	time.Sleep(20 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- ts.Shutdown(ctx) }()
+	c.expectEOF() // closed hard when the context ended, reply dropped
+	select {
+	case err := <-done:
+		t.Fatalf("Shutdown returned %v while the backend still held a buffer", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	disk.gate <- struct{}{}
+	if err := <-done; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Shutdown = %v, want DeadlineExceeded", err)
+	}
+}
+
+func TestServeTCP(t *testing.T) {
+	disk := newMem(1 << 20)
+	s, err := NewServer(Config{Exports: memExports{"disk": disk}, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- s.Serve(ln) }()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &client{t: t, nc: nc, br: bufio.NewReader(nc)}
+	c.greet(flagCFixedNewstyle | flagCNoZeroes)
+	if typ := c.infoGo(optGo, "disk"); typ != repAck {
+		t.Fatalf("GO over TCP: %#x", typ)
+	}
+	if errno, _ := c.do(cmdWrite, 0, 0, 3, []byte("tcp")); errno != 0 {
+		t.Fatal(errno)
+	}
+	if errno, got := c.do(cmdRead, 0, 0, 3, nil); errno != 0 || string(got) != "tcp" {
+		t.Fatalf("read %q errno %d", got, errno)
+	}
+	c.send(cmdDisc, 0, 0, 0, 0, nil)
+	c.expectEOF()
+	if err := s.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-serveErr; !errors.Is(err, ErrServerClosed) {
+		t.Fatalf("Serve = %v", err)
+	}
+	ln2, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Serve(ln2); !errors.Is(err, ErrServerClosed) {
+		t.Fatalf("Serve after Shutdown = %v, want ErrServerClosed", err)
 	}
 }
