@@ -1,11 +1,11 @@
 package nbd
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"bufio"
 	"math/rand/v2"
 	"net"
 	"testing"
