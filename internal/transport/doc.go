@@ -55,8 +55,9 @@
 // The server bounds the requests of one connection that were read but not yet
 // answered (ServerConfig.MaxInFlight, default 256). At the bound its reader stops
 // reading; TCP then pushes back to the client. One-way frames (OpRaft, OpSnapshot)
-// hold a slot only while ServeFrame runs for them. ServeFrame itself runs on the
-// reader goroutine: a handler that blocks stalls its connection (and only it).
+// take no slot: they get no reply that could free one, and ServeFrame runs on the
+// reader goroutine, so a handler that is slow with them already slows the reading.
+// Likewise a handler that blocks stalls its connection (and only it).
 //
 // # Failure
 //

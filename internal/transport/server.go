@@ -52,7 +52,7 @@ type ReplyWriter interface {
 }
 
 // OneWay reports whether frames of op get no reply (and so do not count against
-// ServerConfig.MaxInFlight once ServeFrame returned).
+// ServerConfig.MaxInFlight).
 func (o Op) OneWay() bool { return o == OpRaft || o == OpSnapshot }
 
 // Server accepts connections and hands their frames to a Handler.

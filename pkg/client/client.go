@@ -121,6 +121,7 @@ func Open(ctx context.Context, cfg Config) (*Volume, error) {
 		}
 		mds, closeMDS = mc, mc.Close
 	}
+	base := time.Now() // the lease runs from before the request, to be safe
 	resp, err := mds.OpenVolume(ctx, &api.OpenVolumeRequest{Name: cfg.Volume, ReadOnly: cfg.ReadOnly, Client: cfg.ClientName})
 	if err != nil {
 		closeMDS()
@@ -144,7 +145,7 @@ func Open(ctx context.Context, cfg Config) (*Volume, error) {
 		pool:      pool.GetId(),
 		chunkSize: int64(pool.GetChunkSize()),
 		csCount:   pool.GetCopysetCount(),
-		base:      time.Now(),
+		base:      base,
 		stopRenew: make(chan struct{}),
 		renewDone: make(chan struct{}),
 	}
@@ -157,7 +158,7 @@ func Open(ctx context.Context, cfg Config) (*Volume, error) {
 	v.peers.init(v)
 	lease := time.Duration(resp.GetLeaseMs()) * time.Millisecond
 	if lease > 0 {
-		v.leaseUntil.Store(int64(lease)) // from base, taken after the answer: conservative enough
+		v.leaseUntil.Store(int64(lease))
 		go v.renewLoop(lease)
 	} else {
 		close(v.renewDone)
