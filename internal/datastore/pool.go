@@ -217,11 +217,15 @@ func (p *pool) sizeDir(size int64) string {
 func (p *pool) run() {
 	defer close(p.done)
 	var lastWarn time.Time
+	// A periodic pass retries after a failure (a disk that was full).
+	retry := time.NewTicker(10 * time.Second)
+	defer retry.Stop()
 	for {
 		select {
 		case <-p.quit:
 			return
 		case <-p.kick:
+		case <-retry.C:
 		}
 		if err := p.fill(); err != nil {
 			// At most one warning every 10 s: a full disk fails every kick.
