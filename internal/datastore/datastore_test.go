@@ -868,3 +868,36 @@ func TestConcurrentStress(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPoolPerChunkSize: each copyset takes pool files of its own chunk size.
+func TestPoolPerChunkSize(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir, 2, Knobs{})
+	defer s.Close()
+	small := mustCopyset(t, s, 1)
+	big, err := s.Copyset(2, 2*testChunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "both pools filled", func() bool {
+		return s.pool.readyCount(testChunk) == 2 && s.pool.readyCount(2*testChunk) == 2
+	})
+	for i := range 3 {
+		for _, cs := range []*Copyset{small, big} {
+			id := ChunkID{1, uint64(i)}
+			if err := cs.WriteAt(id, []byte{1}, cs.ChunkSize()-1); err != nil {
+				t.Fatal(err)
+			}
+			st, err := os.Stat(filepath.Join(cs.chunksDir, id.fileName()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Size() != cs.ChunkSize() {
+				t.Fatalf("copyset %d got a %d-byte chunk file, chunk size %d", cs.Group(), st.Size(), cs.ChunkSize())
+			}
+		}
+	}
+	if _, err := s.Copyset(3, 1000); err == nil {
+		t.Fatal("a chunk size that is not a multiple of 512 was accepted")
+	}
+}
