@@ -514,3 +514,61 @@ func TestClose(t *testing.T) {
 		t.Fatalf("CloseSession calls: %d", c.mds.closed)
 	}
 }
+
+// TestPiecesInParallel: an IO over 4 chunks on slow servers takes about one
+// server delay, not four.
+func TestPiecesInParallel(t *testing.T) {
+	c := newFakeCluster(t)
+	c.delay = 100 * time.Millisecond
+	c.setHook(func(uint64, transport.Header) action { return delayed })
+	v := c.open(t, nil)
+	start := time.Now()
+	if _, err := v.WriteAt(make([]byte, 4*tChunk), 0); err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el > 300*time.Millisecond {
+		t.Fatalf("4 pieces took %v with a 100ms server delay: not parallel", el)
+	}
+}
+
+// TestRedirectToUnknownServer: the leader moved to a chunkserver added after Open;
+// the redirect names an id the client has no address for, so it refreshes first.
+func TestRedirectToUnknownServer(t *testing.T) {
+	c := newFakeCluster(t)
+	v := c.open(t, nil)
+	s5 := c.addServer(5)
+	c.mu.Lock()
+	for id := range uint32(tCS) {
+		c.members[id] = append(c.members[id], s5.id)
+		c.leaders[id] = s5.id
+	}
+	c.mu.Unlock()
+	if _, err := v.WriteAt([]byte("moved"), 7); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 5)
+	if _, err := v.ReadAt(got, 7); err != nil || string(got) != "moved" {
+		t.Fatalf("read back %q: %v", got, err)
+	}
+}
+
+// TestCloseWithIOInFlight: Close fails IO that would otherwise wait for a hung
+// server, and returns promptly.
+func TestCloseWithIOInFlight(t *testing.T) {
+	c := newFakeCluster(t)
+	c.setHook(func(uint64, transport.Header) action { return ignore })
+	v := c.open(t, nil)
+	errc := make(chan error, 1)
+	v.Submit(OpWrite, []byte("x"), 0, 1, func(err error) { errc <- err })
+	time.Sleep(20 * time.Millisecond)
+	start := time.Now()
+	if err := v.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; !errors.Is(err, ErrClosed) {
+		t.Fatalf("in-flight IO: %v", err)
+	}
+	if el := time.Since(start); el > 500*time.Millisecond {
+		t.Fatalf("Close took %v", el)
+	}
+}
