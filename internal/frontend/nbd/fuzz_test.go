@@ -21,6 +21,7 @@ type scriptConn struct {
 
 	mu     sync.Mutex
 	closed bool
+	out    *bytes.Buffer // if set, collects what the server wrote
 }
 
 func (c *scriptConn) Read(p []byte) (int, error) {
@@ -38,6 +39,9 @@ func (c *scriptConn) Write(p []byte) (int, error) {
 	defer c.mu.Unlock()
 	if c.closed {
 		return 0, net.ErrClosed
+	}
+	if c.out != nil {
+		c.out.Write(p)
 	}
 	return len(p), nil
 }
