@@ -451,3 +451,67 @@ func FuzzServerConn(f *testing.F) {
 		srv.Close()
 	})
 }
+
+// TestAbortRacesReplies: calls with deadlines close to the server's random delays,
+// so aborts race replies. Each Do returns either the right data or ErrAborted, and
+// once Do returned, its buffer is never written again.
+func TestAbortRacesReplies(t *testing.T) {
+	_, addr := startServer(t, ServerConfig{}, echoHandler(5, 4*time.Millisecond))
+	c := dial(t, addr)
+	const workers, perWorker = 16, 60
+	var wg sync.WaitGroup
+	var ok, aborted atomic.Int32
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 11))
+			var done [][]byte
+			for i := range perWorker {
+				buf := make([]byte, 1024)
+				off := uint64(w)<<32 | uint64(i)<<12
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(r.Int64N(int64(4*time.Millisecond))))
+				err := c.Do(ctx, &Call{Header: Header{Op: OpRead, Offset: off, Length: 1024}, ReadBuf: buf})
+				cancel()
+				switch {
+				case err == nil:
+					want := make([]byte, 1024)
+					pattern(want, off)
+					if string(buf) != string(want) {
+						errs <- errors.New("wrong data")
+						return
+					}
+					ok.Add(1)
+				case errors.Is(err, ErrAborted):
+					aborted.Add(1)
+				default:
+					errs <- err
+					return
+				}
+				clear(buf)
+				done = append(done, buf)
+			}
+			time.Sleep(10 * time.Millisecond) // late replies arrive
+			for _, b := range done {
+				for _, x := range b {
+					if x != 0 {
+						errs <- errors.New("a buffer was written after Do returned")
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if ok.Load() == 0 || aborted.Load() == 0 {
+		t.Fatalf("no race exercised: %d ok, %d aborted", ok.Load(), aborted.Load())
+	}
+	if err := c.Do(context.Background(), &Call{Header: Header{Op: OpPing}}); err != nil {
+		t.Fatalf("conn after the aborts: %v", err)
+	}
+}
