@@ -94,7 +94,17 @@
 // buffer is outstanding.
 //
 // Shutdown closes the listeners, closes connections still negotiating, and
-// sets a past read deadline on the others: their readers answer what is
-// already buffered with NBD_ESHUTDOWN, wait for in-flight requests, flush and
-// close. Close does the same without waiting for replies.
+// gives the others a read deadline shutdownGrace (100 ms) away: requests read
+// until then are answered NBD_ESHUTDOWN (write payloads skipped), requests
+// already submitted complete normally, the replies are flushed and the
+// connection ends. If Shutdown's context ends first, the rest is closed hard.
+// Close closes every socket at once; both still wait for the backend to call
+// back for every submitted request.
+//
+// A graceful end (DISC, Shutdown, oversized write) half-closes the socket and
+// reads until the client closes (at most lingerTimeout) before closing:
+// closing with unread input would make the kernel reset the connection and
+// could destroy replies the client has not read yet.
+//
+// TCP connections keep Go's default TCP_NODELAY, as the spec recommends.
 package nbd
