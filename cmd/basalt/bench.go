@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"log/slog"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -15,7 +14,7 @@ func benchCommand() *cobra.Command {
 		cfg           bench.Config
 		size          string
 		targets, jobs string
-		runtime, ramp time.Duration
+		runtime, ramp string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -38,7 +37,12 @@ starts. Prints a markdown table and writes it to --out. Needs fio and nbdkit
 			if cfg.Jobs, err = bench.SelectJobs(jobs); err != nil {
 				return err
 			}
-			cfg.Runtime, cfg.Ramp = runtime, ramp
+			if cfg.Runtime, err = bench.ParseDuration(runtime); err != nil {
+				return errors.New("--runtime: " + err.Error())
+			}
+			if cfg.Ramp, err = bench.ParseDuration(ramp); err != nil {
+				return errors.New("--ramp: " + err.Error())
+			}
 			cfg.Logger = slog.Default()
 			ctx, stop := signalContext()
 			defer stop()
@@ -47,8 +51,8 @@ starts. Prints a markdown table and writes it to --out. Needs fio and nbdkit
 		},
 	}
 	f := cmd.Flags()
-	f.DurationVar(&runtime, "runtime", 20*time.Second, "measured time per job (after the ramp)")
-	f.DurationVar(&ramp, "ramp", 5*time.Second, "ramp time per job, left out of the figures")
+	f.StringVar(&runtime, "runtime", "20s", "measured time per job after the ramp (seconds, or with a unit: 20s, 1m)")
+	f.StringVar(&ramp, "ramp", "5s", "ramp time per job, left out of the figures (seconds, or with a unit)")
 	f.StringVar(&size, "size", "1GiB", "working set per target (file or volume size), e.g. 1GiB, 256m")
 	f.StringVar(&targets, "targets", "", "comma-separated subset of raw,nbdkit,basalt-r3,basalt-r1 (default all)")
 	f.StringVar(&jobs, "jobs", "", "comma-separated subset of randwrite-4k-qd1,randwrite-4k-qd32,randread-4k-qd1,randread-4k-qd32,write-256k-qd8,randrw-8k-qd8 (default all)")

@@ -143,6 +143,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	r.rep.Notes = append(r.rep.Notes,
 		"The CPU column leaves out fio itself (the NBD client) and counts the MDS and etcd, which idle during IO.",
+		"fio's JSON output of every job is kept in "+cfg.Dir+"/fio-TARGET-JOB.json until the next run.",
 		"Reproduce: `bench/run "+strings.Join(r.reproduceArgs(), " ")+"`.")
 	for _, row := range r.rep.Rows {
 		if row.Err != "" {
@@ -152,7 +153,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	md := r.rep.Markdown()
 	fmt.Fprint(cfg.Stdout, md)
-	if cfg.Out != "-" {
+	switch {
+	case ctx.Err() != nil:
+		r.log.Warn("interrupted: the partial table is not written", "file", cfg.Out)
+	case cfg.Out != "-":
 		if err := os.MkdirAll(filepath.Dir(cfg.Out), 0o755); err != nil {
 			return r.rep, err
 		}

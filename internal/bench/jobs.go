@@ -163,6 +163,23 @@ func seconds(d time.Duration) string {
 	return strconv.FormatInt(d.Milliseconds(), 10) + "ms"
 }
 
+// ParseDuration reads a duration as fio and people write it: plain seconds
+// ("20", "1.5") or with a unit ("20s", "500ms", "1m").
+func ParseDuration(s string) (time.Duration, error) {
+	t := strings.TrimSpace(s)
+	if f, err := strconv.ParseFloat(t, 64); err == nil {
+		if f < 0 || f > 1e6 {
+			return 0, fmt.Errorf("not a duration: %q", s)
+		}
+		return time.Duration(f * float64(time.Second)), nil
+	}
+	d, err := time.ParseDuration(t)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("not a duration: %q (use e.g. 20, 20s, 500ms)", s)
+	}
+	return d, nil
+}
+
 // ParseSize reads a byte count the way fio and people write it: "1GiB", "256m",
 // "512M", "4k", "1048576". Suffixes are binary (k = 1024).
 func ParseSize(s string) (uint64, error) {

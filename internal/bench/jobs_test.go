@@ -1,6 +1,9 @@
 package bench
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 func TestParseSize(t *testing.T) {
 	for in, want := range map[string]uint64{
@@ -36,5 +39,21 @@ func TestSelect(t *testing.T) {
 	}
 	if _, err := SelectTargets("ceph"); err == nil {
 		t.Error("unknown target accepted")
+	}
+}
+
+func TestParseDuration(t *testing.T) {
+	for in, want := range map[string]time.Duration{
+		"5": 5 * time.Second, "1.5": 1500 * time.Millisecond, "20s": 20 * time.Second, "500ms": 500 * time.Millisecond, "0": 0,
+	} {
+		got, err := ParseDuration(in)
+		if err != nil || got != want {
+			t.Errorf("ParseDuration(%q) = %s, %v; want %s", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "-1", "5x", "-2s"} {
+		if _, err := ParseDuration(bad); err == nil {
+			t.Errorf("ParseDuration(%q) accepted", bad)
+		}
 	}
 }

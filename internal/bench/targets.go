@@ -187,7 +187,37 @@ func (r *runner) playground(ctx context.Context) (*playgroundProc, error) {
 		return nil, r.pgErr
 	}
 	r.pg, r.pgErr = r.startPlayground(ctx)
+	if r.pgErr == nil {
+		r.measureIdle(ctx, r.pg.procs())
+	}
 	return r.pg, r.pgErr
+}
+
+// idleWindow is how long the bench watches the basalt processes before any IO.
+const idleWindow = 3 * time.Second
+
+// measureIdle records the CPU the basalt processes burn with no IO (raft ticks,
+// heartbeats, etcd), so the CPU-per-IO column of slow jobs can be read against it.
+func (r *runner) measureIdle(ctx context.Context, ps procSet) {
+	before, err := ps.sample()
+	if err != nil {
+		return
+	}
+	start := time.Now()
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(idleWindow):
+	}
+	after, err := ps.sample()
+	if err != nil {
+		return
+	}
+	cpu, _ := usage(before, after)
+	cores := cpu.Seconds() / time.Since(start).Seconds()
+	r.log.Info("basalt processes at idle", "cpu_cores", fmt.Sprintf("%.3f", cores))
+	r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("At idle (the %s after the playground was ready, before any IO) the basalt "+
+		"processes used %.3f CPU cores: in the CPU column that baseline alone is %.3f × 10,000 / IOPS seconds.", idleWindow, cores, cores))
 }
 
 func (r *runner) startPlayground(ctx context.Context) (*playgroundProc, error) {
