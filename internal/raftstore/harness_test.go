@@ -232,7 +232,7 @@ type cluster struct {
 	seed   int64
 	net    *simNet
 	ids    []uint64
-	logs   map[uint64]*memlog.Log
+	logs   map[uint64]LogStore
 	hosts  map[uint64]*Host
 	sms    map[uint64]map[uint64]*testSM // node → group → state machine
 	groups map[uint64][]uint64           // group → members
@@ -246,10 +246,15 @@ type cluster struct {
 }
 
 func newCluster(t testing.TB, seed int64, nodes int, groups map[uint64][]uint64, tweak func(*Config)) *cluster {
+	return newClusterWith(t, seed, nodes, groups, tweak, func(uint64) LogStore { return memlog.New() })
+}
+
+// newClusterWith is newCluster with the log of each node made by newLog.
+func newClusterWith(t testing.TB, seed int64, nodes int, groups map[uint64][]uint64, tweak func(*Config), newLog func(id uint64) LogStore) *cluster {
 	c := &cluster{
 		t: t, seed: seed,
 		net:       &simNet{rng: rand.New(rand.NewSource(seed)), hosts: map[uint64]*Host{}, cut: map[[2]uint64]bool{}},
-		logs:      map[uint64]*memlog.Log{},
+		logs:      map[uint64]LogStore{},
 		hosts:     map[uint64]*Host{},
 		sms:       map[uint64]map[uint64]*testSM{},
 		groups:    groups,
@@ -262,7 +267,7 @@ func newCluster(t testing.TB, seed int64, nodes int, groups map[uint64][]uint64,
 	for i := 1; i <= nodes; i++ {
 		id := uint64(i)
 		c.ids = append(c.ids, id)
-		c.logs[id] = memlog.New()
+		c.logs[id] = newLog(id)
 		c.sms[id] = map[uint64]*testSM{}
 	}
 	for _, id := range c.ids {

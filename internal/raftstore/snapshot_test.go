@@ -41,7 +41,7 @@ func TestSnapshotCatchUp(t *testing.T) {
 		}
 	}
 	c.run(5)
-	first := c.logs[l].FirstIndex(1)
+	first, _ := c.logs[l].Storage(1).FirstIndex()
 	if first <= behind.Applied+1 {
 		t.Fatalf("leader log starts at %d; the follower at %d needs no snapshot", first, behind.Applied)
 	}
