@@ -1,0 +1,175 @@
+// Package raftstore is basalt's multi-Raft host: it runs one go.etcd.io/raft/v3
+// RawNode per copyset (Raft group) on a chunkserver and does everything the library
+// leaves to its user — storage, transport, ticking, applying, snapshots — for
+// hundreds of groups with a handful of goroutines.
+//
+// # Groups, workers and the ready-queue
+//
+// A Host keeps its groups in a map. Everything that can give a group work — a tick,
+// raft messages (Step), a proposal, a read barrier, a conf change, a leadership
+// transfer, the end of a snapshot — is appended to the group's inbox and the group
+// is signalled to the scheduler, a FIFO ready-queue. Config.Workers goroutines pop
+// batches of up to MaxBatchGroups groups and run one round over each batch.
+//
+// INVARIANT: a group is in the ready-queue at most once and held by at most one
+// worker at a time; a group signalled while held is re-queued when the round ends.
+//
+// # Goroutines and what they own
+//
+//   - Workers (Config.Workers). The worker holding a group (group.procMu) owns its
+//     RawNode and all of its host-side state: pending proposals and reads, lease,
+//     applied index, conf state, snapshot bookkeeping. Only it calls the
+//     StateMachine's Apply, Capture and InstallSnapshot, and Transport.Send.
+//   - The ticker (one per host) only appends ticks to inboxes.
+//   - Snapshot creators (one per group at most, while group.snapping): call
+//     StateMachine.Persist and LogStore.CreateSnapshot, then report to the inbox.
+//   - Snapshot senders (one per follower being streamed to): call
+//     Transport.SendSnapshot with StateMachine.WriteSnapshot, then report to the inbox.
+//   - Callers of the API (Propose, Step, ReadBarrier, ...) touch only an inbox
+//     (inbox.mu) and the scheduler (scheduler.mu). ReceiveSnapshot also calls
+//     StateMachine.ReceiveSnapshot on the caller's goroutine, concurrently with applies.
+//
+// Lock order: Host.mu → group.procMu → inbox.mu → scheduler.mu; group.statusMu is a
+// leaf. Callbacks (done) run on the worker with the group's procMu held: they must be
+// short and must not call RemoveGroup or Stop (anything else is fine).
+//
+// # The round: the one Ready handler
+//
+// Host.processBatch follows the library's synchronous storage contract (Ready /
+// Advance; AsyncStorageWrites is off). Per batch of groups:
+//
+//  0. Each group drains its inbox into raft: ticks, messages, snapshot reports,
+//     transfers, proposals, reads; then takes its Ready.
+//  1. Leaders send their messages at once, before their own log write is durable
+//     (DESIGN §3.4): the leader counts itself in the commit quorum only after its
+//     own append is acknowledged through Advance, so this is safe.
+//  2. One LogStore.Save persists the HardState, entries and received snapshot of
+//     every group of the batch: group commit, one fsync for all (the WAL also
+//     coalesces Saves of concurrent workers).
+//  3. Followers send their messages (MsgAppResp, votes) only now: nothing is
+//     promised to a peer before it is durable.
+//  4. Apply: a received snapshot first (StateMachine.InstallSnapshot), then the
+//     committed entries in index order (Apply for normal entries, ApplyConfChange
+//     for conf changes), answering their proposers; then the ReadStates.
+//  5. Advance.
+//
+// A failed Save stops every group of the batch that had something to save (the WAL
+// refuses everything after a failed fsync anyway).
+//
+// # Entry format and proposals
+//
+// A normal entry's data is an 8-byte big-endian proposal id followed by the caller's
+// bytes; the StateMachine sees only the caller's bytes. An empty normal entry is a new
+// leader's no-op and is not applied. A conf change entry is a marshalled
+// raftpb.ConfChangeV2 whose Context is the 8-byte proposal id (V1 ConfChange entries
+// come only from Bootstrap).
+//
+// The proposal ids come from a per-host counter. A proposal remembers its leader term;
+// its log index is learned from the Ready that persists it (the round's proposals are
+// the last entries of that Ready, in order). When the entry at that index applies,
+// the proposal is answered if the entry has the proposal's term and id. Since only
+// the leader of a term writes entries of that term, and a host can be leader of a
+// term only once (a restart must win a new election, the vote being durable), (index,
+// term) identifies the proposal; the id is checked as well.
+//
+// INVARIANT: every proposal's done runs exactly once: with Apply's result (nil or an
+// *api.Error), with NOT_LEADER (not leader; raft dropped it; leadership or term lost
+// before it applied — then it may still have been committed by the next leader, which
+// is harmless because every basalt operation is an idempotent blind overwrite and the
+// client retries), with IO_ERROR (the group failed), or with NO_SUCH_COPYSET /
+// NOT_LEADER when the group is removed or the host stops.
+//
+// # Reads: the leader lease
+//
+// Raft runs with CheckQuorum, PreVote and ReadOnlySafe; the host keeps its own lease
+// on top. A ReadBarrier on the leader while its lease is valid takes the current
+// commit index as the read index and completes as soon as it is applied: no network
+// round trip. Without a valid lease the barrier issues a raft ReadIndex: a heartbeat
+// round a quorum must acknowledge; its answer both serves the read (once the read
+// index is applied) and renews the lease. A leader that served reads lately renews the
+// lease in the background each tick once half of it is gone, so busy groups never
+// pay the round trip.
+//
+// Safety argument. A ReadIndex issued at host-clock time t is answered only after a
+// quorum acknowledged a heartbeat sent after t, in the leader's term. With
+// CheckQuorum, a follower that heard from the leader ignores (pre)vote requests for
+// ElectionTicks of its ticks (raft's "in lease" check); its first tick may come right
+// after the heartbeat, so it guards at least (ElectionTicks-1) tick intervals after
+// receiving the heartbeat, which is after t. A new leader needs votes from a quorum,
+// which intersects the acknowledging quorum, so no other leader can be elected before
+// t + (ElectionTicks-1)·TickInterval in real time. The lease ends at
+// t + 0.9·(ElectionTicks-1)·TickInterval: the 10% margin covers clock-rate differences
+// of up to about ±5% between leader and followers (a follower's ticker drifting fast,
+// the leader's monotonic clock slow). The leader's clock is the monotonic wall clock,
+// not its tick count (a slow ticker would stretch the lease); followers missing ticks
+// only lengthen their guard. Leadership transfers void the lease: MsgTimeoutNow lets
+// the transferee win votes at once, so no lease is granted by a ReadIndex issued
+// before a transfer was last seen. A restarted host has forgotten whom it heard from,
+// so it drops vote requests for its first ElectionTicks ticks per group (vote block).
+// Residual risks, documented rather than solved: clock-rate drift beyond the margin,
+// and a MsgTimeoutNow delayed in the network for longer than an election timeout.
+//
+// (b) of a barrier: done(nil) only once applied >= the read index, which is >= the
+// commit index known when the read arrived. A barrier still waiting when leadership
+// is lost gets NOT_LEADER. Followers never serve reads.
+//
+// # Snapshots and log compaction
+//
+// After SnapshotEntries applied entries since the last snapshot (or on Host.Snapshot),
+// the worker captures StateMachine.Capture() at the applied index S (consistent with
+// S: no apply runs meanwhile) and hands off; a background goroutine calls
+// Persist(S, state) — which syncs the dirty chunks, DESIGN §3.6 — and only then
+// LogStore.CreateSnapshot(group, {S, term(S), ConfState as of S, state}, compactTo).
+//
+// INVARIANT: the log below a snapshot index is dropped only after the state machine
+// made every effect up to that index durable (Persist returned).
+//
+// compactTo = S − CatchUpEntries, and never beyond the index of a snapshot still being
+// streamed to a follower: that follower continues from that index + 1.
+//
+// When raft wants to send a snapshot (MsgSnap), the host does not pass it to
+// Transport.Send: a goroutine calls Transport.SendSnapshot(msg,
+// StateMachine.WriteSnapshot) — the chunk data is streamed live, labelled with S,
+// which is from before the copy began, and the follower replays from S+1 (DESIGN §5)
+// — and reports SnapshotFinish or SnapshotFailure to raft. If the stored snapshot
+// predates the peer's membership (a new learner), raft on the peer would refuse it,
+// so the host reports a failure, forces a new snapshot (which includes the peer, its
+// conf change having applied) and raft retries.
+//
+// The receiving host stages the data (Host.ReceiveSnapshot →
+// StateMachine.ReceiveSnapshot) and then steps the MsgSnap. When raft accepts it, the
+// Ready carries the snapshot: step 2 persists it (the group's log restarts after S)
+// and step 4 calls StateMachine.InstallSnapshot(S, state) before any later entry.
+//
+// # Restart
+//
+// CreateGroup on a group with state in the LogStore restarts it. raft.Config.Applied
+// is the log's snapshot index; entries after it are replayed from the log, but normal
+// entries up to min(Recover index, commit) are skipped (they reached the chunks
+// durably), while conf changes among them are still applied to raft. Using
+// Recover's index directly as Applied, as one might, would skip those conf changes.
+// If the log's snapshot is newer than Recover's index, the process died between
+// persisting a received snapshot and installing it: InstallSnapshot is called again
+// (the staged data is still on disk). A new group bootstraps (join=false: every
+// initial member passes the same peers) or starts empty and waits for its leader
+// (join=true: it gets the log or a snapshot).
+//
+// # Failures
+//
+// An Apply error that is not an *api.Error is a disk failure: the group stops for
+// good (it never applies past the failed entry, never advances), GroupStatus.Healthy
+// turns false with the cause in GroupStatus.Err, it is logged with the group id, and
+// every pending and later callback gets IO_ERROR. Other groups go on.
+//
+// # Tests drive the host
+//
+// With Config.Manual the host has no goroutines: a test calls Tick and ProcessReady
+// (which also runs snapshot creation and streaming), on one goroutine, so a seeded
+// simulated network makes every run reproducible. The groups are ticked in id order.
+//
+// # Metrics
+//
+// Host.Stats returns histograms of propose→commit, Apply and LogStore.Save latency and
+// counters of rounds, groups per round (the group-commit width), reads and snapshots.
+// Nothing is registered globally; the chunkserver exports them.
+package raftstore
