@@ -127,12 +127,21 @@ func testLogger(t *testing.T) *slog.Logger {
 
 func newTestCluster(t *testing.T, pool *api.Pool, vols []*api.Volume, tune func(*Config)) *testCluster {
 	t.Helper()
-	tc := &testCluster{t: t, mds: startTestMDS(t, pool, vols), pool: pool,
-		conns: map[string]*transport.Conn{}, leader: map[uint32]uint64{}}
+	mds := startTestMDS(t, pool, vols)
+	tc := startNodes(t, mds.grpcAddr, tune)
+	tc.mds, tc.pool = mds, pool
+	return tc
+}
+
+// startNodes starts three chunkservers (servers s0, s1, s2 of one zone) that
+// register with the MDS at mdsAddr, one after the other.
+func startNodes(t *testing.T, mdsAddr string, tune func(*Config)) *testCluster {
+	t.Helper()
+	tc := &testCluster{t: t, conns: map[string]*transport.Conn{}, leader: map[uint32]uint64{}}
 	for i := 0; i < 3; i++ {
 		cfg := Config{
 			DataDir:           t.TempDir(),
-			MDS:               []string{tc.mds.grpcAddr},
+			MDS:               []string{mdsAddr},
 			Listen:            "127.0.0.1:0",
 			Zone:              "z",
 			Server:            fmt.Sprintf("s%d", i),
@@ -147,7 +156,6 @@ func newTestCluster(t *testing.T, pool *api.Pool, vols []*api.Volume, tune func(
 		}
 		tc.nodes = append(tc.nodes, &testNode{cfg: cfg})
 		tc.start(i)
-		// Register in order so that ids are 1, 2, 3.
 		tc.waitFor(fmt.Sprintf("node %d registered", i), func() bool { return tc.nodes[i].cs.ID() != 0 })
 	}
 	t.Cleanup(func() {
@@ -232,7 +240,7 @@ func (tc *testCluster) do(h transport.Header, payload, readBuf []byte) (transpor
 		id := tc.leader[h.Copyset]
 		tc.mu.Unlock()
 		if id == 0 || tc.node(id) == nil {
-			id = uint64(try%len(tc.nodes)) + 1
+			id = tc.nodes[try%len(tc.nodes)].cs.ID()
 		}
 		try++
 		c := tc.conn(tc.node(id).cs.Addr())
@@ -299,7 +307,7 @@ func (tc *testCluster) checksums(i int, c uint32) []ChunkChecksum {
 	tc.t.Helper()
 	conn := tc.conn(tc.nodes[i].cs.Addr())
 	call := &transport.Call{Header: transport.Header{Op: transport.OpChecksum, Volume: uint64(tc.pool.GetId()), Copyset: c},
-		ReadBuf: make([]byte, 1<<20)}
+		ReadBuf: make([]byte, 4<<20)}
 	if err := conn.Do(context.Background(), call); err != nil || call.Reply.Status != api.StatusOK {
 		tc.t.Fatalf("checksum of copyset %d on node %d: %v %v", c, i, call.Reply.Status, err)
 	}

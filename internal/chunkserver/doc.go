@@ -4,15 +4,15 @@
 //
 // # Pieces
 //
-//	 network ──▶ transport.Server ──▶ handler (validate at the edge)
-//	                                    │ write/trim/zeroes: raftstore.Host.Propose
-//	                                    │ read: [fence] → ReadBarrier → Copyset.ReadAt
-//	                                    │ OpRaft: decode batch → Host.Step
-//	                                    │ OpSnapshot: snapReceiver → Host.ReceiveSnapshot
-//	                                    ▼
-//	 raftstore.Host (workers) ──▶ stateMachine (one per copyset) ──▶ datastore.Copyset
-//	        │  └─▶ wal.WAL (one per chunkserver, group commit)
-//	        └─▶ peerTransport (one connection and sender goroutine per peer)
+//	network ──▶ transport.Server ──▶ handler (validate at the edge)
+//	                                   │ write/trim/zeroes: raftstore.Host.Propose
+//	                                   │ read: [fence] → ReadBarrier → Copyset.ReadAt
+//	                                   │ OpRaft: decode batch → Host.Step
+//	                                   │ OpSnapshot: snapReceiver → Host.ReceiveSnapshot
+//	                                   ▼
+//	raftstore.Host (workers) ──▶ stateMachine (one per copyset) ──▶ datastore.Copyset
+//	       │  └─▶ wal.WAL (one per chunkserver, group commit)
+//	       └─▶ peerTransport (one connection and sender goroutine per peer)
 //
 // A ChunkServer's Run registers with the MDS (retrying until it answers),
 // restarts the groups found in the WAL, serves the listener, and heartbeats

@@ -1,0 +1,152 @@
+package chunkserver
+
+import (
+	"context"
+	"math/rand"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/mds"
+	"github.com/basalt-storage/basalt/pkg/api"
+	"github.com/basalt-storage/basalt/pkg/mdsclient"
+)
+
+// The real MDS wants chunks of at least 1 MiB.
+const (
+	mChunk   = 1 << 20
+	mVolSize = 8 * mChunk
+)
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// startRealMDS runs internal/mds with embedded etcd in a temp dir.
+func startRealMDS(t *testing.T) string {
+	t.Helper()
+	s, err := mds.New(mds.Config{
+		Listen:           "127.0.0.1:0",
+		DataDir:          t.TempDir(),
+		EtcdClientURL:    "http://" + freePort(t),
+		EtcdPeerURL:      "http://" + freePort(t),
+		HeartbeatTimeout: 2 * time.Second,
+		ElectionTTL:      2 * time.Second,
+		Logger:           testLogger(t).With("component", "mds"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Error("MDS did not stop")
+		}
+	})
+	return s.Addr()
+}
+
+// TestRealMDSCluster runs three chunkservers against the real MDS: a pool and
+// a volume created through the MDS API, a writer session's epoch, IO to the
+// leaders, a restart from the data directory that keeps the id and catches up.
+func TestRealMDSCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test with etcd: -short")
+	}
+	addr := startRealMDS(t)
+	tc := startNodes(t, addr, nil)
+	cl, err := mdsclient.Dial([]string{addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var pool *api.Pool
+	tc.waitFor("pool creation", func() bool {
+		r, err := cl.CreatePool(ctx, &api.CreatePoolRequest{Name: "default", Replicas: 3, ChunkSize: mChunk, CopysetCount: 4})
+		if err != nil {
+			return false
+		}
+		pool = r.GetPool()
+		return true
+	})
+	tc.pool = pool
+	vr, err := cl.CreateVolume(ctx, &api.CreateVolumeRequest{Name: "v", Size: mVolSize, Pool: "default"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vol := vr.GetVolume().GetId()
+	open, err := cl.OpenVolume(ctx, &api.OpenVolumeRequest{Name: "v", Client: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	epoch := open.GetEpoch()
+	if epoch == 0 {
+		t.Fatal("writer session with epoch 0")
+	}
+
+	rng := rand.New(rand.NewSource(9))
+	model := make([]byte, mVolSize)
+	write := func(n int) {
+		for i := 0; i < n; i++ {
+			off := uint64(rng.Intn(mVolSize/4096)) * 4096
+			data := make([]byte, 4096)
+			rng.Read(data)
+			if st := tc.write(vol, epoch, off, data); st != api.StatusOK {
+				t.Fatalf("write at %d: %v", off, st)
+			}
+			copy(model[off:], data)
+		}
+	}
+	verify := func() {
+		for off := 0; off < mVolSize; off += mChunk {
+			got := tc.read(vol, uint64(off), mChunk)
+			for i := range got {
+				if got[i] != model[off+i] {
+					t.Fatalf("byte %d reads back %d, want %d", off+i, got[i], model[off+i])
+				}
+			}
+		}
+	}
+	write(60)
+	verify()
+	tc.converged()
+
+	id := tc.nodes[1].cs.ID()
+	tc.stop(1)
+	write(60)
+	tc.start(1)
+	if got := tc.nodes[1].cs.ID(); got != id {
+		t.Fatalf("restarted chunkserver has id %d, had %d", got, id)
+	}
+	write(10)
+	verify()
+	tc.converged()
+
+	// The MDS sees every chunkserver online, ok, with its copysets.
+	st, err := cl.ClusterStatus(ctx, &api.ClusterStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.waitFor("MDS to see healthy copysets", func() bool {
+		st, err = cl.ClusterStatus(ctx, &api.ClusterStatusRequest{})
+		return err == nil && st.GetCopysetsHealthy() == 4
+	})
+	for _, cs := range st.GetChunkservers() {
+		if !cs.GetOnline() || cs.GetState() != "ok" {
+			t.Fatalf("chunkserver %d: online=%v state=%q", cs.GetId(), cs.GetOnline(), cs.GetState())
+		}
+	}
+}
