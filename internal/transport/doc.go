@@ -11,7 +11,7 @@
 //	 0     4     Magic       0x42534c54 ("BSLT")
 //	 4     1     Version     1
 //	 5     1     Op          1 read, 2 write, 3 trim, 4 write-zeroes, 5 flush, 6 ping,
-//	                         7 checksum, 16 raft (one-way), 17 snapshot (one-way)
+//	                         7 checksum, 16 raft (one-way), 17 snapshot (peer traffic)
 //	 6     2     Flags       bit 0 FUA, bit 15 reply
 //	 8     8     ID          chosen by the sender of a request, echoed by its reply
 //	16     4     Status      api.Status; 0 in requests
@@ -54,9 +54,10 @@
 //
 // The server bounds the requests of one connection that were read but not yet
 // answered (ServerConfig.MaxInFlight, default 256). At the bound its reader stops
-// reading; TCP then pushes back to the client. One-way frames (OpRaft, OpSnapshot)
-// take no slot: they get no reply that could free one, and ServeFrame runs on the
-// reader goroutine, so a handler that is slow with them already slows the reading.
+// reading; TCP then pushes back to the client. Peer-traffic frames (OpRaft, which
+// gets no reply, and OpSnapshot, whose sender waits for each reply anyway) take no
+// slot: ServeFrame runs on the reader goroutine, so a handler that is slow with them
+// already slows the reading, and an unanswered one can never pin a slot.
 // Likewise a handler that blocks stalls its connection (and only it).
 //
 // # Failure

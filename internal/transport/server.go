@@ -32,7 +32,8 @@ type ServerConfig struct {
 type Handler interface {
 	// ServeFrame handles one request. payload is valid only until ServeFrame returns
 	// unless the handler calls rw.Retain. The handler answers (now or later, from any
-	// goroutine) with rw.Reply; one-way ops (OpRaft, OpSnapshot) get no reply.
+	// goroutine) with rw.Reply; OpRaft frames get no reply; OpSnapshot frames may
+	// be answered (the sender decides by waiting or not).
 	// ServeFrame runs on the connection's reader goroutine: while it runs, no further
 	// frame of that connection is read.
 	ServeFrame(rw ReplyWriter, h Header, payload []byte)
@@ -51,8 +52,9 @@ type ReplyWriter interface {
 	RemoteAddr() net.Addr
 }
 
-// OneWay reports whether frames of op get no reply (and so do not count against
-// ServerConfig.MaxInFlight).
+// OneWay reports whether frames of op are peer traffic that does not count
+// against ServerConfig.MaxInFlight: OpRaft (never answered) and OpSnapshot (answered
+// or not, as the snapshot protocol decides).
 func (o Op) OneWay() bool { return o == OpRaft || o == OpSnapshot }
 
 // Server accepts connections and hands their frames to a Handler.
