@@ -157,9 +157,13 @@ func TestFailover(t *testing.T) {
 	}
 
 	// A clean stop hands over at once.
+	stopAt := time.Now()
 	second.stop(t)
 	stopped[second] = true
 	third := active()
+	if d := time.Since(stopAt); d > 1500*time.Millisecond {
+		t.Errorf("clean stop: hand-over took %v; resigning should make it immediate", d)
+	}
 	if _, err := c.ListVolumes(ctx, &api.ListVolumesRequest{}); err != nil {
 		t.Fatalf("after the second handover: %v", err)
 	}

@@ -170,7 +170,8 @@ func TestPoolsAndVolumes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if hb.VolumesRevision != rev2 || len(hb.Copysets) != 100 || len(hb.Peers) != 2 {
+	if hb.VolumesRevision != rev2 || len(hb.Copysets) != 100 || len(hb.Peers) != 2 ||
+		len(hb.Pools) != 1 || hb.Pools[0].ChunkSize != 16<<20 {
 		t.Fatalf("heartbeat: rev %d (want %d), %d copysets, %d peers", hb.VolumesRevision, rev2, len(hb.Copysets), len(hb.Peers))
 	}
 	_, err = c.Heartbeat(ctx, &api.HeartbeatRequest{Id: 4242})

@@ -173,7 +173,6 @@ func (s *Server) Run(ctx context.Context) error {
 		Endpoints:   endpoints,
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
-		Context:     ctx,
 	})
 	if err != nil {
 		return fmt.Errorf("mds: etcd client %v: %w", endpoints, err)

@@ -54,10 +54,6 @@ func (h *handler) ClusterStatus(ctx context.Context, _ *api.ClusterStatusRequest
 	if err != nil {
 		return nil, err
 	}
-	pools, err := getPrefix[poolRecord](ctx, s.cli, poolPrefix)
-	if err != nil {
-		return nil, err
-	}
 	vols, err := s.cli.Get(ctx, volumePrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		return nil, err
@@ -72,8 +68,8 @@ func (h *handler) ClusterStatus(ctx context.Context, _ *api.ClusterStatusRequest
 		Volumes:               uint32(vols.Count),
 		LeadersPerChunkserver: map[uint64]uint32{},
 	}
-	for _, p := range pools {
-		resp.Pools = append(resp.Pools, p.proto())
+	for _, id := range sortedPools(t.pools) {
+		resp.Pools = append(resp.Pools, t.pools[id].proto())
 	}
 	now := time.Now()
 	s.mu.Lock()

@@ -151,6 +151,7 @@ func (h *handler) RegisterChunkServer(ctx context.Context, req *api.RegisterChun
 type topology struct {
 	chunkservers map[uint64]chunkserverRecord
 	copysets     map[uint32][]copysetRecord // by pool id
+	pools        map[uint32]poolRecord
 	volumesRev   uint64
 }
 
@@ -159,11 +160,13 @@ func (s *Server) readTopology(ctx context.Context) (*topology, error) {
 		clientv3.OpGet(chunkserverPrefix, clientv3.WithPrefix()),
 		clientv3.OpGet(copysetPrefix, clientv3.WithPrefix()),
 		clientv3.OpGet(volumesRevKey),
+		clientv3.OpGet(poolPrefix, clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
 		return nil, err
 	}
-	t := &topology{chunkservers: map[uint64]chunkserverRecord{}, copysets: map[uint32][]copysetRecord{}}
+	t := &topology{chunkservers: map[uint64]chunkserverRecord{}, copysets: map[uint32][]copysetRecord{},
+		pools: map[uint32]poolRecord{}}
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 		r, err := decode[chunkserverRecord](string(kv.Value))
 		if err != nil {
@@ -184,6 +187,13 @@ func (s *Server) readTopology(ctx context.Context) (*topology, error) {
 	}
 	if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) > 0 {
 		t.volumesRev = uint64(kvs[0].ModRevision)
+	}
+	for _, kv := range resp.Responses[3].GetResponseRange().Kvs {
+		p, err := decode[poolRecord](string(kv.Value))
+		if err != nil {
+			return nil, err
+		}
+		t.pools[p.ID] = p
 	}
 	return t, nil
 }
@@ -271,6 +281,7 @@ func (h *handler) Heartbeat(ctx context.Context, req *api.HeartbeatRequest) (*ap
 	}
 	hints := s.leaderHints(now)
 	for _, pool := range sortedPools(t.copysets) {
+		inPool := false
 		for _, c := range t.copysets[pool] {
 			member := false
 			for _, m := range c.Members {
@@ -280,11 +291,15 @@ func (h *handler) Heartbeat(ctx context.Context, req *api.HeartbeatRequest) (*ap
 				continue
 			}
 			resp.Copysets = append(resp.Copysets, copysetProto(pool, c, hints))
+			inPool = true
 			for _, m := range c.Members {
 				if m != req.Id {
 					peers[m] = true
 				}
 			}
+		}
+		if p, ok := t.pools[pool]; ok && inPool {
+			resp.Pools = append(resp.Pools, p.proto())
 		}
 	}
 	for _, id := range sortedIDs(peers) {

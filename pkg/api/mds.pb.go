@@ -517,6 +517,7 @@ type HeartbeatResponse struct {
 	Copysets        []*Copyset             `protobuf:"bytes,1,rep,name=copysets,proto3" json:"copysets,omitempty"`                                       // every copyset this chunkserver is a member of
 	Peers           []*ChunkServer         `protobuf:"bytes,2,rep,name=peers,proto3" json:"peers,omitempty"`                                             // addresses of every chunkserver it shares a copyset with
 	VolumesRevision uint64                 `protobuf:"varint,3,opt,name=volumes_revision,json=volumesRevision,proto3" json:"volumes_revision,omitempty"` // changes whenever a volume is created, resized or deleted
+	Pools           []*Pool                `protobuf:"bytes,4,rep,name=pools,proto3" json:"pools,omitempty"`                                             // the pools of those copysets (chunk size, replicas)
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -570,6 +571,13 @@ func (x *HeartbeatResponse) GetVolumesRevision() uint64 {
 		return x.VolumesRevision
 	}
 	return 0
+}
+
+func (x *HeartbeatResponse) GetPools() []*Pool {
+	if x != nil {
+		return x.Pools
+	}
+	return nil
 }
 
 type ListChunkServersRequest struct {
@@ -2175,11 +2183,12 @@ const file_mds_proto_rawDesc = "" +
 	"read_bytes\x18\t \x01(\x04R\treadBytes\x12\x1f\n" +
 	"\vwrite_bytes\x18\n" +
 	" \x01(\x04R\n" +
-	"writeBytes\"\xa4\x01\n" +
+	"writeBytes\"\xcf\x01\n" +
 	"\x11HeartbeatResponse\x122\n" +
 	"\bcopysets\x18\x01 \x03(\v2\x16.basalt.api.v1.CopysetR\bcopysets\x120\n" +
 	"\x05peers\x18\x02 \x03(\v2\x1a.basalt.api.v1.ChunkServerR\x05peers\x12)\n" +
-	"\x10volumes_revision\x18\x03 \x01(\x04R\x0fvolumesRevision\"\x19\n" +
+	"\x10volumes_revision\x18\x03 \x01(\x04R\x0fvolumesRevision\x12)\n" +
+	"\x05pools\x18\x04 \x03(\v2\x13.basalt.api.v1.PoolR\x05pools\"\x19\n" +
 	"\x17ListChunkServersRequest\"Z\n" +
 	"\x18ListChunkServersResponse\x12>\n" +
 	"\fchunkservers\x18\x01 \x03(\v2\x1a.basalt.api.v1.ChunkServerR\fchunkservers\"\x8a\x01\n" +
@@ -2358,58 +2367,59 @@ var file_mds_proto_depIdxs = []int32{
 	3,  // 0: basalt.api.v1.HeartbeatRequest.copysets:type_name -> basalt.api.v1.CopysetStatus
 	9,  // 1: basalt.api.v1.HeartbeatResponse.copysets:type_name -> basalt.api.v1.Copyset
 	0,  // 2: basalt.api.v1.HeartbeatResponse.peers:type_name -> basalt.api.v1.ChunkServer
-	0,  // 3: basalt.api.v1.ListChunkServersResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	8,  // 4: basalt.api.v1.CreatePoolResponse.pool:type_name -> basalt.api.v1.Pool
-	8,  // 5: basalt.api.v1.ListPoolsResponse.pools:type_name -> basalt.api.v1.Pool
-	9,  // 6: basalt.api.v1.GetCopysetsResponse.copysets:type_name -> basalt.api.v1.Copyset
-	0,  // 7: basalt.api.v1.GetCopysetsResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	16, // 8: basalt.api.v1.CreateVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	16, // 9: basalt.api.v1.GetVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	16, // 10: basalt.api.v1.ListVolumesResponse.volumes:type_name -> basalt.api.v1.Volume
-	16, // 11: basalt.api.v1.ResizeVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	16, // 12: basalt.api.v1.OpenVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	8,  // 13: basalt.api.v1.OpenVolumeResponse.pool:type_name -> basalt.api.v1.Pool
-	9,  // 14: basalt.api.v1.OpenVolumeResponse.copysets:type_name -> basalt.api.v1.Copyset
-	0,  // 15: basalt.api.v1.OpenVolumeResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	0,  // 16: basalt.api.v1.ClusterStatusResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	8,  // 17: basalt.api.v1.ClusterStatusResponse.pools:type_name -> basalt.api.v1.Pool
-	9,  // 18: basalt.api.v1.ClusterStatusResponse.copysets:type_name -> basalt.api.v1.Copyset
-	35, // 19: basalt.api.v1.ClusterStatusResponse.leaders_per_chunkserver:type_name -> basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
-	1,  // 20: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
-	4,  // 21: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
-	6,  // 22: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
-	10, // 23: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
-	12, // 24: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
-	14, // 25: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
-	17, // 26: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
-	19, // 27: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
-	21, // 28: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
-	23, // 29: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
-	25, // 30: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
-	27, // 31: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
-	29, // 32: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
-	31, // 33: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
-	33, // 34: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
-	2,  // 35: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
-	5,  // 36: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
-	7,  // 37: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
-	11, // 38: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
-	13, // 39: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
-	15, // 40: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
-	18, // 41: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
-	20, // 42: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
-	22, // 43: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
-	24, // 44: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
-	26, // 45: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
-	28, // 46: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
-	30, // 47: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
-	32, // 48: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
-	34, // 49: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
-	35, // [35:50] is the sub-list for method output_type
-	20, // [20:35] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	8,  // 3: basalt.api.v1.HeartbeatResponse.pools:type_name -> basalt.api.v1.Pool
+	0,  // 4: basalt.api.v1.ListChunkServersResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	8,  // 5: basalt.api.v1.CreatePoolResponse.pool:type_name -> basalt.api.v1.Pool
+	8,  // 6: basalt.api.v1.ListPoolsResponse.pools:type_name -> basalt.api.v1.Pool
+	9,  // 7: basalt.api.v1.GetCopysetsResponse.copysets:type_name -> basalt.api.v1.Copyset
+	0,  // 8: basalt.api.v1.GetCopysetsResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	16, // 9: basalt.api.v1.CreateVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	16, // 10: basalt.api.v1.GetVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	16, // 11: basalt.api.v1.ListVolumesResponse.volumes:type_name -> basalt.api.v1.Volume
+	16, // 12: basalt.api.v1.ResizeVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	16, // 13: basalt.api.v1.OpenVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	8,  // 14: basalt.api.v1.OpenVolumeResponse.pool:type_name -> basalt.api.v1.Pool
+	9,  // 15: basalt.api.v1.OpenVolumeResponse.copysets:type_name -> basalt.api.v1.Copyset
+	0,  // 16: basalt.api.v1.OpenVolumeResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	0,  // 17: basalt.api.v1.ClusterStatusResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	8,  // 18: basalt.api.v1.ClusterStatusResponse.pools:type_name -> basalt.api.v1.Pool
+	9,  // 19: basalt.api.v1.ClusterStatusResponse.copysets:type_name -> basalt.api.v1.Copyset
+	35, // 20: basalt.api.v1.ClusterStatusResponse.leaders_per_chunkserver:type_name -> basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
+	1,  // 21: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
+	4,  // 22: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
+	6,  // 23: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
+	10, // 24: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
+	12, // 25: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
+	14, // 26: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
+	17, // 27: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
+	19, // 28: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
+	21, // 29: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
+	23, // 30: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
+	25, // 31: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
+	27, // 32: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
+	29, // 33: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
+	31, // 34: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
+	33, // 35: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
+	2,  // 36: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
+	5,  // 37: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
+	7,  // 38: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
+	11, // 39: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
+	13, // 40: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
+	15, // 41: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
+	18, // 42: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
+	20, // 43: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
+	22, // 44: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
+	24, // 45: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
+	26, // 46: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
+	28, // 47: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
+	30, // 48: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
+	32, // 49: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
+	34, // 50: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
+	36, // [36:51] is the sub-list for method output_type
+	21, // [21:36] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_mds_proto_init() }
