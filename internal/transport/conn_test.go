@@ -515,3 +515,25 @@ func TestAbortRacesReplies(t *testing.T) {
 		t.Fatalf("conn after the aborts: %v", err)
 	}
 }
+
+// TestSnapshotFramesBypassBound: with the only in-flight slot held by an
+// unanswered request, answered OpSnapshot frames still flow.
+func TestSnapshotFramesBypassBound(t *testing.T) {
+	_, addr := startServer(t, ServerConfig{MaxInFlight: 1}, handlerFunc(func(rw ReplyWriter, h Header, p []byte) {
+		if h.Op == OpSnapshot {
+			h.Hint = uint64(len(p))
+			rw.Reply(h, nil, nil)
+		} // OpPing: never answered, holds the slot
+	}))
+	c := dial(t, addr)
+	c.Go(&Call{Header: Header{Op: OpPing}}, func(*Call) {})
+	for i := range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		call := &Call{Header: Header{Op: OpSnapshot, Offset: uint64(i)}, Payload: make([]byte, 100+i)}
+		err := c.Do(ctx, call)
+		cancel()
+		if err != nil || call.Reply.Hint != uint64(100+i) {
+			t.Fatalf("snapshot frame %d: %v, hint %d", i, err, call.Reply.Hint)
+		}
+	}
+}
