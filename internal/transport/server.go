@@ -96,7 +96,8 @@ func NewServer(cfg ServerConfig, h Handler) *Server {
 }
 
 // Serve accepts connections on ln until Close (then it returns ErrServerClosed) or
-// until ln fails.
+// until ln is closed by someone else; other accept errors (out of file descriptors)
+// are logged and retried with a backoff.
 func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Lock()
 	if s.closed {
@@ -119,17 +120,17 @@ func (s *Server) Serve(ln net.Listener) error {
 			if closed {
 				return ErrServerClosed
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-				s.log.Warn("transport: accept failed; retrying", "err", err, "backoff", backoff)
-				time.Sleep(backoff)
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				s.mu.Lock()
+				delete(s.lns, ln)
+				s.mu.Unlock()
+				return err
 			}
-			s.mu.Lock()
-			delete(s.lns, ln)
-			s.mu.Unlock()
-			return err
+			// EMFILE, ECONNABORTED and the like pass: keep serving the data plane.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.log.Warn("transport: accept failed; retrying", "err", err, "backoff", backoff)
+			time.Sleep(backoff)
+			continue
 		}
 		backoff = 0
 		s.ServeConn(nc)
