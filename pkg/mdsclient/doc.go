@@ -3,7 +3,8 @@
 // Several MDS processes run; one is active (elected through etcd) and the
 // others answer every RPC with gRPC Unavailable and the message "not the
 // active MDS; active is ADDR". A Client holds one gRPC connection per
-// address it was given and implements api.MDSClient: each call goes to the
+// address it was given (separately or comma-separated) and implements
+// api.MDSClient: each call goes to the
 // MDS that answered last; on Unavailable (a standby, or a dead or unreachable
 // process) it tries the active address named in the standby's message when
 // that address is one of its own, then the others in order, and remembers

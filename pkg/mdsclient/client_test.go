@@ -1,0 +1,184 @@
+package mdsclient
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// fakeMDS answers ListPools: as the active MDS (one pool named after it),
+// as a standby naming the active one, or with a fixed error.
+type fakeMDS struct {
+	api.UnimplementedMDSServer
+	name  string
+	mu    sync.Mutex
+	err   error // returned when set
+	calls atomic.Int32
+}
+
+func (f *fakeMDS) ListPools(context.Context, *api.ListPoolsRequest) (*api.ListPoolsResponse, error) {
+	f.calls.Add(1)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return nil, f.err
+	}
+	return &api.ListPoolsResponse{Pools: []*api.Pool{{Name: f.name}}}, nil
+}
+
+func (f *fakeMDS) set(err error) {
+	f.mu.Lock()
+	f.err = err
+	f.mu.Unlock()
+}
+
+func serve(t *testing.T, f *fakeMDS) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	api.RegisterMDSServer(s, f)
+	go s.Serve(ln)
+	t.Cleanup(s.Stop)
+	return ln.Addr().String()
+}
+
+// deadAddr is an address nobody listens on.
+func deadAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := ln.Addr().String()
+	ln.Close()
+	return a
+}
+
+func standby(active string) error {
+	return status.Error(codes.Unavailable, "not the active MDS; active is "+active)
+}
+
+func pool(t *testing.T, c *Client) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r, err := c.ListPools(ctx, &api.ListPoolsRequest{})
+	if err != nil {
+		return "", err
+	}
+	return r.Pools[0].Name, nil
+}
+
+func TestFollowsTheActiveMDS(t *testing.T) {
+	a, b, c3 := &fakeMDS{name: "a"}, &fakeMDS{name: "b"}, &fakeMDS{name: "c"}
+	addrA, addrB, addrC := serve(t, a), serve(t, b), serve(t, c3)
+	a.set(standby(addrC))
+	b.set(standby(addrC))
+
+	c, err := Dial([]string{addrA, deadAddr(t) + "," + addrB, addrC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	got, err := pool(t, c)
+	if err != nil || got != "c" {
+		t.Fatalf("ListPools = %q, %v; want the active MDS c", got, err)
+	}
+	if b.calls.Load() != 0 {
+		t.Errorf("b was asked although a named c as active")
+	}
+	if c.Active() != addrC {
+		t.Fatalf("Active = %s, want %s", c.Active(), addrC)
+	}
+	// The next call goes straight to c.
+	before := a.calls.Load()
+	if got, _ := pool(t, c); got != "c" || a.calls.Load() != before {
+		t.Fatalf("second call: %q, a asked again: %v", got, a.calls.Load() != before)
+	}
+
+	// Failover: c becomes a standby naming a.
+	c3.set(standby(addrA))
+	a.set(nil)
+	if got, err := pool(t, c); err != nil || got != "a" {
+		t.Fatalf("after failover: %q, %v", got, err)
+	}
+	if c.Active() != addrA {
+		t.Fatalf("Active = %s, want %s", c.Active(), addrA)
+	}
+}
+
+func TestAnswersAreNotRetried(t *testing.T) {
+	a, b := &fakeMDS{name: "a"}, &fakeMDS{name: "b"}
+	a.set(status.Error(codes.NotFound, "pool does not exist"))
+	c, err := Dial([]string{serve(t, a), serve(t, b)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = pool(t, c)
+	if status.Code(err) != codes.NotFound {
+		t.Fatalf("err %v, want NotFound from a", err)
+	}
+	if b.calls.Load() != 0 {
+		t.Fatal("a NotFound answer was retried on another MDS")
+	}
+}
+
+func TestWaitsForAnActiveMDS(t *testing.T) {
+	a := &fakeMDS{name: "a"}
+	addrA := serve(t, a)
+	a.set(status.Error(codes.Unavailable, "not the active MDS; no MDS is active yet"))
+	c, err := Dial([]string{deadAddr(t), addrA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// An election finishes after 500 ms: the call rides through it.
+	time.AfterFunc(500*time.Millisecond, func() { a.set(nil) })
+	start := time.Now()
+	got, err := pool(t, c)
+	if err != nil || got != "a" {
+		t.Fatalf("ListPools = %q, %v", got, err)
+	}
+	if d := time.Since(start); d < 400*time.Millisecond {
+		t.Fatalf("answered after %v, before any MDS was active", d)
+	}
+
+	// Nobody ever active: the caller's deadline ends the call.
+	a.set(status.Error(codes.Unavailable, "not the active MDS; no MDS is active yet"))
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err = c.ListPools(ctx, &api.ListPoolsRequest{})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("err %v, want Unavailable", err)
+	}
+}
+
+func TestDialAndClose(t *testing.T) {
+	if _, err := Dial(nil); !errors.Is(err, ErrNoAddresses) {
+		t.Fatalf("Dial(nil): %v", err)
+	}
+	if _, err := Dial([]string{" , "}); !errors.Is(err, ErrNoAddresses) {
+		t.Fatalf("Dial(blank): %v", err)
+	}
+	c, err := Dial([]string{deadAddr(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if _, err := c.ListPools(context.Background(), &api.ListPoolsRequest{}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("after Close: %v", err)
+	}
+}
