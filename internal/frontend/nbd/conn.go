@@ -58,11 +58,15 @@ type conn struct {
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
+	remote := "unknown"
+	if a := nc.RemoteAddr(); a != nil {
+		remote = a.String()
+	}
 	c := &conn{
 		s:   s,
 		nc:  nc,
 		br:  bufio.NewReaderSize(nc, 64<<10),
-		log: s.log.With("remote", nc.RemoteAddr().String()),
+		log: s.log.With("remote", remote),
 	}
 	c.cond.L = &c.mu
 	return c
