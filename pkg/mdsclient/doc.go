@@ -4,8 +4,7 @@
 // others answer every RPC with gRPC Unavailable and the message "not the
 // active MDS; active is ADDR". A Client holds one gRPC connection per
 // address it was given (separately or comma-separated) and implements
-// api.MDSClient: each call goes to the
-// MDS that answered last; on Unavailable (a standby, or a dead or unreachable
+// api.MDSClient: each call goes to the MDS that answered last; on Unavailable (a standby, or a dead or unreachable
 // process) it tries the active address named in the standby's message when
 // that address is one of its own, then the others in order, and remembers
 // the one that answered. An attempt that hangs for AttemptTimeout (5 s)
