@@ -387,6 +387,7 @@ func (c *conn) writeLoop() {
 			// A field, not a local: WriteTo's pointer receiver would make a
 			// local escape, one allocation per batch.
 			c.wbufs = iov
+			c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
 			if _, err := c.wbufs.WriteTo(c.nc); err != nil {
 				broken = true
 				c.log.Debug("nbd: writing replies failed; dropping the rest", "err", err)

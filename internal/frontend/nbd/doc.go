@@ -87,7 +87,8 @@
 //     they never block. The writer takes every reply that is ready, writes the
 //     batch with one writev (net.Buffers), and only then returns buffers to
 //     their pools and frees the slots. Replies therefore go out in completion
-//     order, not request order.
+//     order, not request order. A batch that cannot be written within
+//     Config.WriteTimeout (a client that stopped reading) ends the connection.
 //
 // INVARIANT: a request holds its slot from header read until the writer
 // released it; waitIdle (inflight == 0) therefore means no callback and no

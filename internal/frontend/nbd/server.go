@@ -32,8 +32,13 @@ type Config struct {
 	PreferredBlockSize uint32
 	// MaxPayload is the largest READ or WRITE length. Default and upper bound 32 MiB.
 	MaxPayload uint32
-	// HandshakeTimeout bounds the whole option haggling phase. Default 30 s.
+	// HandshakeTimeout bounds each option of the handshake (the timer restarts
+	// per option; at most maxOptions options). Default 30 s.
 	HandshakeTimeout time.Duration
+	// WriteTimeout bounds one batch of replies: a client that stops reading for
+	// that long is disconnected, so it cannot pin buffers and goroutines. An
+	// idle client is never timed out. Default 60 s.
+	WriteTimeout time.Duration
 	// ErrorCode, if set, maps a backend error to an NBD error value (EPERM, EIO, ...);
 	// 0 falls through to the backend's ErrorCoder and this package's sentinels.
 	ErrorCode func(err error) uint32
@@ -63,6 +68,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.HandshakeTimeout <= 0 {
 		c.HandshakeTimeout = 30 * time.Second
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = 60 * time.Second
 	}
 	pow2 := func(v uint32) bool { return v&(v-1) == 0 }
 	switch {

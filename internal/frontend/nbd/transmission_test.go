@@ -575,3 +575,26 @@ func pipeline(c *client, first int, order []int, pattern func(int) []byte, depth
 	}
 	return nil
 }
+
+func TestClientThatStopsReadingIsDisconnected(t *testing.T) {
+	disk := newMem(32 << 20)
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}, WriteTimeout: 100 * time.Millisecond})
+	c := open(t, ts.sock, "disk")
+	// 64 reads of 1 MiB: far more than the socket buffers hold; never read.
+	for i := range uint64(64) {
+		c.send(cmdRead, 0, i, (i%32)<<20, 1<<20, nil)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ts.mu.Lock()
+		n := len(ts.active)
+		ts.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a client that never reads replies kept its connection")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
