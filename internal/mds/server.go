@@ -8,7 +8,9 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,7 +33,7 @@ import (
 // Config configures an MDS. Zero fields take the documented defaults.
 type Config struct {
 	Listen        string   // gRPC, e.g. 127.0.0.1:6700 (default)
-	Advertise     string   // address other processes reach this MDS at; default: the bound Listen address
+	Advertise     string   // address other processes reach this MDS at; default: the bound Listen address (host name for 0.0.0.0)
 	DataDir       string   // embedded etcd data (when EtcdEndpoints is empty); required then
 	EtcdEndpoints []string // external etcd
 	// Embedded etcd listeners, URLs or host:port
@@ -129,7 +131,7 @@ func New(cfg Config) (*Server, error) {
 		crashed:   make(chan struct{}),
 	}
 	if s.advertise == "" {
-		s.advertise = ln.Addr().String()
+		s.advertise = defaultAdvertise(ln.Addr().(*net.TCPAddr))
 	}
 	s.log = cfg.Logger.With("mds", s.advertise)
 	s.m = metrics{
@@ -250,6 +252,17 @@ func (s *Server) startEtcd() (*embed.Etcd, error) {
 	}
 	s.log.Info("embedded etcd ready", "dir", ec.Dir, "client_url", curl.String())
 	return e, nil
+}
+
+// defaultAdvertise is the bound address, with the host name in place of an
+// unspecified IP (listening on all interfaces).
+func defaultAdvertise(a *net.TCPAddr) string {
+	if a.IP.IsUnspecified() {
+		if h, err := os.Hostname(); err == nil && h != "" {
+			return net.JoinHostPort(h, strconv.Itoa(a.Port))
+		}
+	}
+	return a.String()
 }
 
 func parseURL(s string) (*url.URL, error) {

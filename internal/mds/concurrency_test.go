@@ -1,0 +1,87 @@
+package mds
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// TestConcurrentRequests checks that concurrent requests lose no update:
+// every read-write open gets its own epoch, racing creates of one name let
+// exactly one win, and ids stay unique.
+func TestConcurrentRequests(t *testing.T) {
+	r := startMDS(t, Config{})
+	defer r.stop(t)
+	waitActive(t, r, 30*time.Second)
+	c := dial(t, r.s.Addr())
+	ctx := ctxT(t)
+	register(t, c, "z1", "h1", "a:1")
+	register(t, c, "z2", "h2", "a:2")
+	register(t, c, "z3", "h3", "a:3")
+	if _, err := c.CreatePool(ctx, &api.CreatePoolRequest{Name: "p", CopysetCount: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateVolume(ctx, &api.CreateVolumeRequest{Name: "shared", Size: 4096}); err != nil {
+		t.Fatal(err)
+	}
+
+	const n = 16
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var epochs []int
+	var created, exists int
+	ids := map[uint64]bool{}
+	for i := range n {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			o, err := c.OpenVolume(ctx, &api.OpenVolumeRequest{Name: "shared", Client: fmt.Sprint(i)})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			epochs = append(epochs, int(o.Epoch))
+			mu.Unlock()
+		}()
+		go func() {
+			defer wg.Done()
+			v, err := c.CreateVolume(ctx, &api.CreateVolumeRequest{Name: fmt.Sprintf("v%d", i%4), Size: 4096})
+			mu.Lock()
+			defer mu.Unlock()
+			switch status.Code(err) {
+			case codes.OK:
+				created++
+				if ids[v.Volume.Id] {
+					t.Errorf("volume id %d issued twice", v.Volume.Id)
+				}
+				ids[v.Volume.Id] = true
+			case codes.AlreadyExists:
+				exists++
+			default:
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	sort.Ints(epochs)
+	for i, e := range epochs {
+		if e != i+1 {
+			t.Fatalf("epochs %v: want 1..%d, each once", epochs, n)
+		}
+	}
+	if created != 4 || exists != n-4 {
+		t.Fatalf("created %d, already-exists %d; want 4 and %d", created, exists, n-4)
+	}
+	g, err := c.GetVolume(ctx, &api.GetVolumeRequest{Name: "shared"})
+	if err != nil || g.Volume.Epoch != n {
+		t.Fatalf("volume epoch %v, want %d (%v)", g.GetVolume().GetEpoch(), n, err)
+	}
+}
