@@ -230,3 +230,14 @@ func TestHandshakeViolationsClose(t *testing.T) {
 		c.expectEOF()
 	})
 }
+
+func TestTruncateKeepsValidUTF8(t *testing.T) {
+	long := strings.Repeat("é", 3000) // 6000 bytes
+	got := truncate(long)
+	if len(got) > maxStringLen || len(got) < maxStringLen-1 || !validName(got) {
+		t.Errorf("truncate: %d bytes, valid %v", len(got), validName(got))
+	}
+	if truncate("short") != "short" {
+		t.Error("short string changed")
+	}
+}

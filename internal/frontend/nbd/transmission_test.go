@@ -598,3 +598,25 @@ func TestClientThatStopsReadingIsDisconnected(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+func TestInFlightBytesAreBounded(t *testing.T) {
+	disk := newMem(1 << 20)
+	disk.gate = make(chan struct{})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}, MaxInFlightBytes: 3 * 4096})
+	c := open(t, ts.sock, "disk")
+	for i := range uint64(6) {
+		c.send(cmdRead, 0, i, i*4096, 4096, nil)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := disk.submitted.Load(); n != 3 {
+		t.Fatalf("%d reads of 4 KiB submitted with a 12 KiB budget", n)
+	}
+	for range 6 {
+		disk.gate <- struct{}{}
+	}
+	for range 6 {
+		if _, errno, _ := c.reply(func(uint64) int { return 4096 }); errno != 0 {
+			t.Fatalf("errno %d", errno)
+		}
+	}
+}
