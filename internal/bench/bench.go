@@ -151,6 +151,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 
+	r.rep.Machine.LoadEnd = LoadAvg()
 	md := r.rep.Markdown()
 	fmt.Fprint(cfg.Stdout, md)
 	switch {

@@ -26,6 +26,18 @@ type Machine struct {
 	Fio      string
 	NBDKit   string
 	Basalt   string // VCS revision the binary was built from, if known
+	// LoadStart and LoadEnd are /proc/loadavg's 1-minute figure when the run began
+	// and ended: other work on the machine skews every figure.
+	LoadStart, LoadEnd string
+}
+
+// LoadAvg returns the 1-minute load average, or "".
+func LoadAvg() string {
+	f := strings.Fields(readString("/proc/loadavg"))
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
 }
 
 // DescribeMachine gathers the header facts; what it cannot learn it leaves empty.
@@ -49,6 +61,7 @@ func DescribeMachine(ctx context.Context, dir string) Machine {
 		m.NBDKit = strings.Split(v, "\n")[0]
 	}
 	m.Basalt = buildRevision()
+	m.LoadStart = LoadAvg()
 	return m
 }
 

@@ -81,6 +81,9 @@ func (r *Report) Markdown() string {
 	fmt.Fprintf(&b, "# basalt fio benchmark, %s\n\n", m.Date.UTC().Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&b, "- machine: %s, %d CPUs (nproc), %s memory, kernel %s\n", orDash(m.Host), m.NProc, mib(m.MemBytes, "GiB"), orDash(m.Kernel))
 	fmt.Fprintf(&b, "- disk: %s; device %s\n", orDash(m.Disk), orDash(m.Device))
+	if m.LoadStart != "" || m.LoadEnd != "" {
+		fmt.Fprintf(&b, "- load average (1 min) at start %s, at end %s\n", orDash(m.LoadStart), orDash(m.LoadEnd))
+	}
 	fmt.Fprintf(&b, "- tools: %s, %s; basalt %s\n", orDash(m.Fio), orDash(m.NBDKit), orDash(m.Basalt))
 	fmt.Fprintf(&b, "- each job: one fio process, numjobs=1, %s working set (written sequentially first), %s after a %s ramp\n\n",
 		sizeString(r.Size), r.Runtime, r.Ramp)

@@ -21,7 +21,7 @@ func testReport() *Report {
 		Machine: Machine{
 			Date: time.Date(2026, 11, 21, 8, 0, 0, 0, time.UTC), Host: "vm", Kernel: "6.1.0", NProc: 2,
 			MemBytes: 24 << 30, Disk: "/dev/vda ext4 252G 13G 79G /", Device: "vda (virtio_blk)",
-			Fio: "fio-3.33", NBDKit: "nbdkit 1.32.5", Basalt: "b354187",
+			Fio: "fio-3.33", NBDKit: "nbdkit 1.32.5", Basalt: "b354187", LoadStart: "0.10", LoadEnd: "1.20",
 		},
 		Size: 1 << 30, Runtime: 20 * time.Second, Ramp: 5 * time.Second,
 		// Out of order on purpose: the table sorts by job, then target.
