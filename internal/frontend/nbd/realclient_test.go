@@ -35,6 +35,7 @@ func nbdURI(sock, export string) string {
 func run(t *testing.T, name string, args ...string) []byte {
 	t.Helper()
 	cmd := exec.Command(name, args...)
+	cmd.Dir = t.TempDir() // fio leaves verify state files in its working directory
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -147,7 +148,7 @@ func TestFioMultiConnVerify(t *testing.T) {
 		"--name=nbdverify", "--ioengine=nbd", "--uri="+nbdURI(ts.sock, "disk"),
 		"--rw=randwrite", "--bssplit=4k/70:64k/30", "--iodepth=16",
 		"--numjobs=4", "--size=8M", "--offset_increment=8M",
-		"--verify=crc32c", "--verify_fatal=1", "--randseed=42",
+		"--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0", "--randseed=42",
 		"--group_reporting", "--output-format=json",
 	)
 	var res struct {
