@@ -177,7 +177,9 @@ func TestDefaultCopysets(t *testing.T) {
 // scatter width close to the best possible.
 func TestPlaceProperties(t *testing.T) {
 	rng := rand.New(rand.NewSource(20261121))
-	for iter := range 200 {
+	worst := 1.0
+	defer func() { t.Logf("worst scatter width ratio %.2f", worst) }()
+	for iter := range 100 {
 		replicas := 1 + rng.Intn(5)
 		zones := 1 + rng.Intn(6)
 		var nodes []Node
@@ -216,18 +218,22 @@ func TestPlaceProperties(t *testing.T) {
 			}
 			domSize[k]++
 		}
-		balanceable := true
+		balanceable, crowded := true, false
 		for _, sz := range domSize {
-			if sz*replicas > len(nodes) {
-				balanceable = false
-			}
+			balanceable = balanceable && sz*replicas <= len(nodes)
+			// A domain with 1/replicas of the nodes or more is in (nearly)
+			// every copyset, which narrows everyone else's peers.
+			crowded = crowded || sz*replicas >= len(nodes)
 		}
 		if lo, hi := spread(load); balanceable && hi-lo > 1 {
 			t.Fatalf("%s: loads spread %d..%d (domains %v)", name, lo, hi, domSize)
 		}
 
 		// Scatter width: node i can have at most
-		// min(nodes outside its domain, load*(replicas-1)) peers.
+		// min(nodes outside its domain, load*(replicas-1)) peers. When a
+		// domain is crowded (not balanceable) every copyset needs one of its
+		// members and the others can reach fewer peers, so the bound is loose
+		// there and only a weaker floor is checked.
 		sw := ScatterWidth(got)
 		var sum, best float64
 		for _, n := range nodes {
@@ -238,8 +244,15 @@ func TestPlaceProperties(t *testing.T) {
 			best += float64(min(len(nodes)-domSize[k], load[n.ID]*(replicas-1)))
 			sum += float64(sw[n.ID])
 		}
-		if best > 0 && sum/best < 0.8 {
+		floor := 0.9
+		if crowded {
+			floor = 0.7
+		}
+		if best > 0 && sum/best < floor {
 			t.Fatalf("%s: total scatter width %.0f, best possible %.0f", name, sum, best)
+		}
+		if best > 0 {
+			worst = min(worst, sum/best)
 		}
 	}
 }
