@@ -80,6 +80,9 @@ func decodeCommand(b []byte) (command, error) {
 		return command{}, fmt.Errorf("%w: version %d", ErrBadCommand, b[0])
 	}
 	be := binary.BigEndian
+	if be.Uint16(b[2:]) != 0 {
+		return command{}, fmt.Errorf("%w: reserved bytes set", ErrBadCommand)
+	}
 	c := command{
 		Op:     cmdOp(b[1]),
 		Length: be.Uint32(b[4:]),

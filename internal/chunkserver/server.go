@@ -206,6 +206,9 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 	}
 	c.vols = newVolumeCache(c.mds, c.log, c.deleteVolumes)
 	if err := c.register(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before the MDS ever answered
+		}
 		return err
 	}
 	id := c.ID()
