@@ -43,6 +43,8 @@
 //	/basalt/volume-names/<name>      volume id (decimal)
 //	/basalt/volumes-revision         its ModRevision is the volumes revision: bumped by
 //	                                 every volume create, resize and delete
+//	/basalt/topology-revision        its ModRevision moves with every change to chunkservers,
+//	                                 pools or copysets (lets an MDS cache them)
 //	/basalt/sessions/<id>            {id, volume, read_only, epoch, client, lease, opened_unix_ms};
 //	                                 attached to an etcd lease of Config.SessionLease
 //
@@ -85,7 +87,8 @@
 //     the etcd session, becoming active and standby.
 //   - one goroutine serves gRPC; handlers run on gRPC's goroutines and share
 //     Server.live and Server.elKey under Server.mu (no other locks; never
-//     held across an etcd call).
+//     held across an etcd call); the cached topology (Server.topo) is under
+//     Server.topoMu, never held together with mu.
 //   - monitor logs chunkservers going offline and updates gauges.
 //   - optional: the /metrics HTTP server (our own Prometheus registry, never
 //     the default one that the embedded etcd fills).

@@ -101,6 +101,7 @@ func (h *handler) CreatePool(ctx context.Context, req *api.CreatePoolRequest) (*
 		stm.Put(poolKey(rec.ID), encode(rec))
 		stm.Put(poolNameKey(rec.Name), fmt.Sprint(rec.ID))
 		stm.Put(copysetKey(rec.ID), encode(copysets))
+		bumpTopologyRevision(stm)
 		return nil
 	})
 	if err != nil {

@@ -79,6 +79,9 @@ type Server struct {
 	// after every takeover.
 	live map[uint64]*liveCS
 
+	topoMu sync.Mutex // guards topo; never held with mu
+	topo   *topology  // last topology read (readTopology)
+
 	etcdClosing atomic.Bool // set before the embedded etcd is closed
 
 	crashed chan struct{} // closed by crash (tests): stop like kill -9

@@ -25,6 +25,7 @@ const (
 	volumePrefix      = prefix + "volumes/"
 	volumeNamePrefix  = prefix + "volume-names/"
 	volumesRevKey     = prefix + "volumes-revision"
+	topologyRevKey    = prefix + "topology-revision"
 	sessionPrefix     = prefix + "sessions/"
 )
 
@@ -151,6 +152,12 @@ func (s *Server) txn(ctx context.Context, fn func(stm concurrency.STM) error) er
 		return fn(stm)
 	}, concurrency.WithAbortContext(ctx))
 	return err
+}
+
+// bumpTopologyRevision marks a change to chunkservers, pools or copysets,
+// so that every MDS's cached topology is re-read.
+func bumpTopologyRevision(stm concurrency.STM) {
+	stm.Put(topologyRevKey, "")
 }
 
 // getPrefix reads all records under p, decoded, in key order.

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
@@ -128,6 +129,7 @@ func (h *handler) RegisterChunkServer(ctx context.Context, req *api.RegisterChun
 			old = o
 		}
 		stm.Put(chunkserverKey(rec.ID), encode(rec))
+		bumpTopologyRevision(stm)
 		return nil
 	})
 	if err != nil {
@@ -146,21 +148,65 @@ func (h *handler) RegisterChunkServer(ctx context.Context, req *api.RegisterChun
 	return &api.RegisterChunkServerResponse{Id: rec.ID}, nil
 }
 
-// topology is one consistent read of chunkservers, copysets and the
-// volumes revision.
+// topology is one consistent read of chunkservers, pools, copysets and the
+// volumes revision. A *topology is shared (cached) and never modified.
 type topology struct {
+	rev          int64 // ModRevision of topologyRevKey when read
 	chunkservers map[uint64]chunkserverRecord
 	copysets     map[uint32][]copysetRecord // by pool id
 	pools        map[uint32]poolRecord
 	volumesRev   uint64
 }
 
+// readTopology returns the current topology. Heartbeats call it every
+// second per chunkserver, so the decoded chunkservers, pools and copysets
+// are cached and re-read only when topologyRevKey moved (every write to
+// them bumps it); each call costs one small read otherwise.
 func (s *Server) readTopology(ctx context.Context) (*topology, error) {
+	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(topologyRevKey), clientv3.OpGet(volumesRevKey)).Commit()
+	if err != nil {
+		return nil, err
+	}
+	rev := modRev(resp.Responses[0].GetResponseRange().Kvs)
+	vrev := uint64(modRev(resp.Responses[1].GetResponseRange().Kvs))
+	s.topoMu.Lock()
+	cached := s.topo
+	s.topoMu.Unlock()
+	if cached != nil && cached.rev == rev {
+		if cached.volumesRev == vrev {
+			return cached, nil
+		}
+		t := *cached // the maps are shared, read-only
+		t.volumesRev = vrev
+		return &t, nil
+	}
+	t, err := s.loadTopology(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.topoMu.Lock()
+	if s.topo == nil || s.topo.rev < t.rev {
+		s.topo = t
+	}
+	s.topoMu.Unlock()
+	return t, nil
+}
+
+func modRev(kvs []*mvccpb.KeyValue) int64 {
+	if len(kvs) == 0 {
+		return 0
+	}
+	return kvs[0].ModRevision
+}
+
+// loadTopology reads the whole topology in one transaction.
+func (s *Server) loadTopology(ctx context.Context) (*topology, error) {
 	resp, err := s.cli.Txn(ctx).Then(
 		clientv3.OpGet(chunkserverPrefix, clientv3.WithPrefix()),
 		clientv3.OpGet(copysetPrefix, clientv3.WithPrefix()),
 		clientv3.OpGet(volumesRevKey),
 		clientv3.OpGet(poolPrefix, clientv3.WithPrefix()),
+		clientv3.OpGet(topologyRevKey),
 	).Commit()
 	if err != nil {
 		return nil, err
@@ -185,9 +231,7 @@ func (s *Server) readTopology(ctx context.Context) (*topology, error) {
 		}
 		t.copysets[pool] = cs
 	}
-	if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) > 0 {
-		t.volumesRev = uint64(kvs[0].ModRevision)
-	}
+	t.volumesRev = uint64(modRev(resp.Responses[2].GetResponseRange().Kvs))
 	for _, kv := range resp.Responses[3].GetResponseRange().Kvs {
 		p, err := decode[poolRecord](string(kv.Value))
 		if err != nil {
@@ -195,6 +239,7 @@ func (s *Server) readTopology(ctx context.Context) (*topology, error) {
 		}
 		t.pools[p.ID] = p
 	}
+	t.rev = modRev(resp.Responses[4].GetResponseRange().Kvs)
 	return t, nil
 }
 
