@@ -1,0 +1,160 @@
+package chunkserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/datastore"
+	"github.com/basalt-storage/basalt/internal/transport"
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+func TestIDFile(t *testing.T) {
+	dir := t.TempDir()
+	if id, err := readID(dir); id != 0 || err != nil {
+		t.Fatalf("empty dir: %d %v", id, err)
+	}
+	if err := writeID(dir, 12345); err != nil {
+		t.Fatal(err)
+	}
+	if id, err := readID(dir); id != 12345 || err != nil {
+		t.Fatalf("read back: %d %v", id, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, idFileName+".tmp")); !os.IsNotExist(err) {
+		t.Fatal("temp file left behind")
+	}
+	for _, bad := range []string{"", "0\n", "abc\n", "-1"} {
+		os.WriteFile(filepath.Join(dir, idFileName), []byte(bad), 0o644)
+		if _, err := readID(dir); !errors.Is(err, ErrIdentity) {
+			t.Errorf("id file %q: %v", bad, err)
+		}
+		if _, err := New(Config{DataDir: dir, MDS: []string{"127.0.0.1:1"}}); !errors.Is(err, ErrIdentity) {
+			t.Errorf("New with id file %q: %v", bad, err)
+		}
+	}
+}
+
+func TestNewConfig(t *testing.T) {
+	if _, err := New(Config{MDS: []string{"x"}}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("no data dir: %v", err)
+	}
+	if _, err := New(Config{DataDir: t.TempDir()}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("no MDS: %v", err)
+	}
+}
+
+// Run waits for an unreachable MDS and still stops cleanly (and releases the
+// data directory: a second chunkserver can open it afterwards).
+func TestRunStopsWithoutMDS(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{DataDir: dir, MDS: []string{freePort(t)}, Logger: testLogger(t), PreallocChunks: -1}
+	cs, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := cs.Run(ctx); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Run took %v to stop", d)
+	}
+	if err := cs.Run(context.Background()); !errors.Is(err, ErrAlreadyRan) {
+		t.Fatalf("second Run: %v", err)
+	}
+	cs2, err := New(cfg)
+	if err != nil {
+		t.Fatalf("reopen: %v", err)
+	}
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	cancel2()
+	if err := cs2.Run(ctx2); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDiskState(t *testing.T) {
+	if s := diskState(fmt.Errorf("apply: %w", datastore.ErrNoSpace)); s != "disk full" {
+		t.Fatalf("no space: %q", s)
+	}
+	if s := diskState(fmt.Errorf("apply: %w", datastore.ErrIO)); s != "io error" {
+		t.Fatalf("io: %q", s)
+	}
+	c := &ChunkServer{log: testLogger(t), replicas: map[uint64]*replica{}}
+	if c.state() != "ok" {
+		t.Fatal("fresh state")
+	}
+	c.replicaFailed(5, fmt.Errorf("x: %w", datastore.ErrNoSpace))
+	c.replicaFailed(6, fmt.Errorf("x: %w", datastore.ErrIO))
+	if c.state() != "disk full" {
+		t.Fatalf("state %q, want the first error's", c.state())
+	}
+	if st, _ := statusOf(fmt.Errorf("x: %w", datastore.ErrNoSpace)); st != api.StatusNoSpace {
+		t.Fatalf("status %v", st)
+	}
+	if st, _ := statusOf(errors.New("boom")); st != api.StatusIOError {
+		t.Fatalf("status %v", st)
+	}
+}
+
+// A running chunkserver survives garbage on its raft and snapshot ops, and
+// serves its metrics.
+func TestClusterGarbageAndMetrics(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test: -short")
+	}
+	metricsAddr := ""
+	tc := newTestCluster(t, clusterPool(2), []*api.Volume{{Id: ctVolume, Size: ctVolSize, PoolId: 1}},
+		func(c *Config) {
+			if metricsAddr == "" {
+				metricsAddr = freePort(t)
+				c.MetricsListen = metricsAddr
+			}
+		})
+	if st := tc.write(ctVolume, 1, 0, []byte("hello")); st != api.StatusOK {
+		t.Fatal(st)
+	}
+	for _, n := range tc.nodes {
+		c := tc.conn(n.cs.Addr())
+		for _, p := range [][]byte{{1, 2, 3}, make([]byte, 100), {0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff}} {
+			if err := c.Send(transport.Header{Op: transport.OpRaft, Hint: 99}, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		call := &transport.Call{Header: transport.Header{Op: transport.OpSnapshot, Length: snapData, Offset: 3}, Payload: []byte("x")}
+		if err := c.Do(context.Background(), call); err != nil || call.Reply.Status != api.StatusBadRequest {
+			t.Fatalf("snapshot garbage: %v %v", call.Reply.Status, err)
+		}
+	}
+	if got := tc.read(ctVolume, 0, 5); string(got) != "hello" {
+		t.Fatalf("read %q", got)
+	}
+	tc.converged()
+
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		"basalt_chunkserver_io_ops_total",
+		"basalt_chunkserver_copyset_applied_index",
+		"basalt_chunkserver_raft_propose_commit_seconds_bucket",
+		"basalt_chunkserver_wal_syncs_total",
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
