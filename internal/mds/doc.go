@@ -7,7 +7,11 @@
 //
 // Two or three MDS processes share one etcd: by default a single-member
 // etcd embedded in the MDS (Config.DataDir), or an external cluster
-// (Config.EtcdEndpoints). Each campaigns in an etcd election
+// (Config.EtcdEndpoints). All MDS of a cluster must use the same etcd:
+// either an external cluster, or — for a small setup — the etcd embedded in
+// the first MDS, given to the others as EtcdEndpoints (that MDS is then a
+// single point of failure for the metadata, though not for the election).
+// Each campaigns in an etcd election
 // (client/v3/concurrency, session TTL Config.ElectionTTL, 3 s by default).
 // The winner is the active MDS and serves every RPC; the others are
 // standbys that answer every RPC with gRPC Unavailable and the message

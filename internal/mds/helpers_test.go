@@ -70,7 +70,7 @@ func startMDS(t *testing.T, cfg Config) *running {
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
 	}
-	if len(cfg.EtcdEndpoints) == 0 {
+	if len(cfg.EtcdEndpoints) == 0 && cfg.DataDir == "" {
 		cfg.DataDir = t.TempDir()
 		cfg.EtcdClientURL = "http://" + freeAddr(t)
 		cfg.EtcdPeerURL = "http://" + freeAddr(t)
