@@ -39,7 +39,10 @@ func nbdCommand() *cobra.Command {
 			ClientName: fmt.Sprintf("nbd@%s/%d", host, os.Getpid()), Logger: slog.Default(),
 		})
 		defer exports.Close()
-		srv := nbd.NewServer(nbd.Config{Exports: exports, Logger: slog.Default()})
+		srv, err := nbd.NewServer(nbd.Config{Exports: exports, ErrorCode: volumes.NBDErrorCode, Logger: slog.Default()})
+		if err != nil {
+			return err
+		}
 		defer srv.Close()
 		var lns []net.Listener
 		if *listen != "" {

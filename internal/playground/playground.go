@@ -229,7 +229,10 @@ func Run(ctx context.Context, cfg Config) error {
 	// 4. The NBD front end on TCP and on a Unix socket.
 	exports := volumes.New(volumes.Config{MDS: []string{st.MDS}, Lister: mc, ClientName: "playground-nbd", Logger: log.With("component", "nbd")})
 	defer exports.Close()
-	srv := nbd.NewServer(nbd.Config{Exports: exports, Logger: log.With("component", "nbd")})
+	srv, err := nbd.NewServer(nbd.Config{Exports: exports, ErrorCode: volumes.NBDErrorCode, Logger: log.With("component", "nbd")})
+	if err != nil {
+		return err
+	}
 	tcpLn, err := net.Listen("tcp", cfg.NBDListen)
 	if err != nil {
 		return fmt.Errorf("NBD listen on %s: %w (is another playground running? use --nbd-listen)", cfg.NBDListen, err)
