@@ -77,7 +77,8 @@ func (h *handler) CreatePool(ctx context.Context, req *api.CreatePoolRequest) (*
 	}
 	members, err := placement.Place(nodes, int(rec.CopysetCount), int(rec.Replicas))
 	if errors.Is(err, placement.ErrNotEnoughDomains) {
-		return nil, fmt.Errorf("%w: pool %q: %d online chunkservers registered: %v", ErrFailedPrecondition, req.Name, len(nodes), err)
+		return nil, fmt.Errorf("%w: pool %q needs %d replicas in distinct zones (or servers); %d chunkservers online: %v",
+			ErrFailedPrecondition, req.Name, rec.Replicas, len(nodes), err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
