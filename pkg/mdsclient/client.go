@@ -144,7 +144,7 @@ func (c *Client) call(ctx context.Context, fn func(context.Context, api.MDSClien
 			}
 			lastErr = err
 			if ctx.Err() != nil {
-				return lastErr
+				return gaveUp(ctx, lastErr)
 			}
 			// Prefer the active MDS a standby named, if we know it.
 			next = -1
@@ -166,7 +166,7 @@ func (c *Client) call(ctx context.Context, fn func(context.Context, api.MDSClien
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return lastErr
+			return gaveUp(ctx, lastErr)
 		case <-t.C:
 		}
 		wait = min(wait*2, time.Second)
@@ -188,4 +188,15 @@ func (c *Client) named(err error) int {
 		}
 	}
 	return -1
+}
+
+// gaveUp is the error of a call whose context ended while no MDS answered:
+// the context's code (DeadlineExceeded or Canceled), with the last MDS
+// error in the message.
+func gaveUp(ctx context.Context, last error) error {
+	code := codes.DeadlineExceeded
+	if errors.Is(ctx.Err(), context.Canceled) {
+		code = codes.Canceled
+	}
+	return status.Errorf(code, "mdsclient: no active MDS answered in time; last error: %s", status.Convert(last).Message())
 }

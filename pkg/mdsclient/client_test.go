@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -161,8 +162,8 @@ func TestWaitsForAnActiveMDS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	_, err = c.ListPools(ctx, &api.ListPoolsRequest{})
-	if status.Code(err) != codes.Unavailable {
-		t.Fatalf("err %v, want Unavailable", err)
+	if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "no active MDS answered") {
+		t.Fatalf("err %v, want DeadlineExceeded naming the last MDS error", err)
 	}
 }
 

@@ -11,7 +11,9 @@
 // counts as unreachable. When every address fails it backs off (100 ms
 // growing to 1 s) and tries again until the call's context is done, or
 // for RetryTimeout (15 s) when the context has no deadline — long enough to
-// ride through an MDS failover.
+// ride through an MDS failover. A call that ran out of time that way fails
+// with the context's code (DeadlineExceeded or Canceled) and the last MDS
+// error in its message.
 //
 // Every other error (InvalidArgument, NotFound, ...) is the MDS's answer and
 // is returned as is. A call that failed with Unavailable after the request
