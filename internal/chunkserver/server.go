@@ -48,6 +48,9 @@ type Config struct {
 	MaxWALSegments  int           // force snapshots of pinning groups above this (default 8)
 	PreallocChunks  int           // datastore chunk-file pool depth (default datastore.DefaultPreallocChunks; <0 = off)
 	RaftWorkers     int           // default 4
+	// OrphanTimeout: a copyset the MDS stopped listing for this chunkserver,
+	// whose replica knows no leader, is deleted after this long (default 30 s).
+	OrphanTimeout time.Duration
 }
 
 // Errors of New and Run.
@@ -89,9 +92,14 @@ type ChunkServer struct {
 	srv   *transport.Server
 	hd    *handler
 
-	mu       sync.RWMutex // guards replicas, diskErr
-	replicas map[uint64]*replica
-	diskErr  error // first disk error that stopped a replica
+	mu          sync.RWMutex // guards replicas, diskErr, confPending
+	replicas    map[uint64]*replica
+	diskErr     error           // first disk error that stopped a replica
+	confPending map[uint64]bool // copysets with a membership change in flight
+
+	// unlisted: when each hosted copyset was first missing from a heartbeat
+	// response. Owned by Run's goroutine.
+	unlisted map[uint64]time.Time
 
 	stats ioStats
 	// ready is the host once Run started it (for Copysets and HostStats).
@@ -138,6 +146,9 @@ func New(cfg Config) (*ChunkServer, error) {
 	if cfg.Server == "" {
 		cfg.Server, _ = os.Hostname()
 	}
+	if cfg.OrphanTimeout <= 0 {
+		cfg.OrphanTimeout = 30 * time.Second
+	}
 	if cfg.MaxWALSegments <= 0 {
 		cfg.MaxWALSegments = 8
 	}
@@ -151,7 +162,8 @@ func New(cfg Config) (*ChunkServer, error) {
 		return nil, err
 	}
 	c := &ChunkServer{cfg: cfg, log: cfg.Logger.With("component", "chunkserver"),
-		metrics: newMetrics(), replicas: make(map[uint64]*replica)}
+		metrics: newMetrics(), replicas: make(map[uint64]*replica),
+		confPending: make(map[uint64]bool), unlisted: make(map[uint64]time.Time)}
 	id, err := readID(cfg.DataDir)
 	if err != nil {
 		return nil, err
@@ -510,6 +522,30 @@ func (c *ChunkServer) heartbeat(ctx context.Context) error {
 		join := cs.GetEpoch() != 0
 		if err := c.startGroup(g, int64(chunkSize), cs.GetMembers(), join); err != nil {
 			c.log.Error("cannot start copyset", "copyset", g, "err", err)
+		}
+	}
+	listed := make(map[uint64]bool, len(resp.GetCopysets()))
+	for _, cs := range resp.GetCopysets() {
+		g := placement.GroupID(cs.GetPoolId(), cs.GetId())
+		listed[g] = true
+		if cs.GetEpoch() != 0 {
+			c.reconcileMembers(g, cs.GetMembers())
+		}
+	}
+	now := time.Now()
+	for _, st := range c.host.Groups() {
+		if listed[st.ID] {
+			delete(c.unlisted, st.ID)
+			continue
+		}
+		since, ok := c.unlisted[st.ID]
+		if !ok {
+			since = now
+			c.unlisted[st.ID] = now
+		}
+		c.removeIfGone(st, now.Sub(since))
+		if c.replica(st.ID) == nil {
+			delete(c.unlisted, st.ID)
 		}
 	}
 	return nil
