@@ -77,6 +77,12 @@
 // SessionLease and its renewals answer NotFound. A volume with a live
 // writer session cannot be deleted.
 //
+// INVARIANT: a volume's epoch only grows (one transaction reads it, adds
+// one and names the new writer), so no two read-write opens ever share an
+// epoch, across restarts and MDS failovers alike.
+// INVARIANT: volume.writer != 0 implies the session of that id was opened
+// read-write with epoch == volume.epoch (it may have expired since).
+//
 // # Health
 //
 // A chunkserver is online while its last heartbeat (or registration) is
