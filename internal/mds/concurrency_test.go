@@ -1,12 +1,14 @@
 package mds
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"sync"
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -84,4 +86,39 @@ func TestConcurrentRequests(t *testing.T) {
 	if err != nil || g.Volume.Epoch != n {
 		t.Fatalf("volume epoch %v, want %d (%v)", g.GetVolume().GetEpoch(), n, err)
 	}
+}
+
+// TestDeposedMDSCannotWrite proves the fencing INVARIANT of doc.go: an MDS
+// that still believes it is active but whose election key is gone (its
+// session expired, another MDS took over) cannot commit a write.
+func TestDeposedMDSCannotWrite(t *testing.T) {
+	r := startMDS(t, Config{})
+	defer r.stop(t)
+	waitActive(t, r, 30*time.Second)
+	c := dial(t, r.s.Addr())
+	ctx := ctxT(t)
+
+	r.s.mu.Lock()
+	real := r.s.elKey
+	r.s.elKey = electionPrefix + "deadbeef" // a key etcd does not hold
+	r.s.mu.Unlock()
+	_, err := r.s.cli.Get(ctx, real) // the real key is still there: only our view is stale
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err = c.RegisterChunkServer(short, &api.RegisterChunkServerRequest{Zone: "z", Addr: "a:1"})
+	if status.Code(err) != codes.DeadlineExceeded && status.Code(err) != codes.Unavailable {
+		t.Fatalf("write by a deposed MDS: %v, want it refused", err)
+	}
+	list, err := r.s.cli.Get(ctx, chunkserverPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || list.Count != 0 {
+		t.Fatalf("a deposed MDS wrote %d chunkservers (%v)", list.Count, err)
+	}
+
+	r.s.mu.Lock()
+	r.s.elKey = real
+	r.s.mu.Unlock()
+	register(t, c, "z", "h", "a:1")
 }
