@@ -514,6 +514,12 @@ func (w *WAL) enqueue(encode func(b *batch) error) error {
 		}
 		return err
 	}
+	if len(b.ops) == nops {
+		// Nothing to write (a Ready with no HardState, entries or
+		// snapshot): nothing to wait for.
+		w.mu.Unlock()
+		return nil
+	}
 	b.saves++
 	res := b.res
 	w.mu.Unlock()

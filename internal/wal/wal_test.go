@@ -119,6 +119,24 @@ func TestSaveAndReopen(t *testing.T) {
 	checkHardState(t, w.Storage(7), hs(1, 2, 5))
 }
 
+func TestEmptySaveReturnsAtOnce(t *testing.T) {
+	w := openT(t, t.TempDir(), nil)
+	defer w.Close()
+	done := make(chan error, 1)
+	go func() { done <- w.Save([]Update{{Group: 1}, {Group: 2, HardState: &pb.HardState{}}}) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Save of empty updates did not return")
+	}
+	if st := w.Stats(); st.Syncs != 0 {
+		t.Fatalf("empty Save synced %d times", st.Syncs)
+	}
+}
+
 func TestTruncationAndRestart(t *testing.T) {
 	dir := t.TempDir()
 	w := openT(t, dir, nil)
