@@ -208,6 +208,12 @@ func TestRaftClusterOnWAL(t *testing.T) {
 	}
 	nodes[2].start(t, nil)
 	propose(10)
+	for range 30 { // heartbeats let the leader find out that node 3 is back
+		for _, n := range nodes {
+			n.rn.Tick()
+		}
+		run()
+	}
 	if snapsDelivered == 0 {
 		t.Fatal("node 3 caught up without a snapshot; the test lost its point")
 	}
