@@ -86,6 +86,11 @@
 // <= the group's compact index. Only the oldest segments are deleted, never
 // the active one, and the directory is fsynced after deletion.
 //
+// A checkpoint costs, per group, one hard-state record and one snapshot
+// record including the snapshot's Data; snapshot Data is therefore meant to
+// be small (the state machine's few KiB of epochs, not chunk data — that is
+// streamed separately by the Raft host).
+//
 // PinningGroups names the live groups that keep the oldest segment alive;
 // the host makes them snapshot. RemoveGroup unpins a group at once.
 //
@@ -120,8 +125,9 @@
 //
 // One committer goroutine (started by Open, stopped by Close) owns the
 // writes: it takes the pending batch, rolls over if needed, writes it with
-// one pwrite, fdatasyncs, then applies the batch to the in-memory index and
-// removes segments that are no longer needed, and wakes the batch's callers.
+// one pwrite, fdatasyncs, then applies the batch to the in-memory index,
+// detaches the segments no longer needed, wakes the batch's callers, and
+// only then unlinks the detached files (and syncs the directory).
 // Callers (Save, CreateSnapshot, RemoveGroup) validate their input and encode
 // their records into the pending batch under WAL.mu, kick the committer and
 // wait. Storage methods take WAL.mu briefly and read the disk without it.

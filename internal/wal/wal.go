@@ -678,6 +678,7 @@ func (w *WAL) commitPending() {
 		err = w.commit(b)
 	}
 
+	var doomed []*segment
 	w.mu.Lock()
 	switch {
 	case failed != nil:
@@ -688,10 +689,13 @@ func (w *WAL) commitPending() {
 		b.res.err = w.err
 	default:
 		w.applyLocked(b)
-		w.removeSegmentsLocked()
+		doomed = w.detachSegmentsLocked()
 	}
 	w.mu.Unlock()
 	close(b.res.done)
+	if doomed != nil {
+		w.deleteSegments(doomed)
+	}
 	for i := range b.ops {
 		b.ops[i] = op{} // drop references to the callers' entries
 	}
@@ -842,31 +846,43 @@ func (w *WAL) pinnersLocked(s *segment) []uint64 {
 	return ids
 }
 
-// removeSegmentsLocked deletes the oldest segments whose entries every group
-// has compacted. The active segment is never removed.
+// detachSegmentsLocked takes the oldest segments whose entries every group
+// has compacted out of w.segs and returns them for deleteSegments. The
+// active segment is never detached.
 //
 // INVARIANT: every segment starts with a checkpoint of each group's latest
 // HardState and snapshot record as of its creation, and every later change
 // is in it or a newer segment; so a segment whose entries are all compacted
 // holds nothing that replay of the newer segments needs.
-func (w *WAL) removeSegmentsLocked() {
-	removed := 0
-	for len(w.segs) > 1 && len(w.pinnersLocked(w.segs[0])) == 0 {
-		s := w.segs[0]
+func (w *WAL) detachSegmentsLocked() []*segment {
+	n := 0
+	for n < len(w.segs)-1 && len(w.pinnersLocked(w.segs[n])) == 0 {
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	doomed := slices.Clone(w.segs[:n])
+	w.segs = w.segs[n:]
+	w.stats.SegmentsRemoved += uint64(n)
+	return doomed
+}
+
+// deleteSegments unlinks detached segments, oldest first, then syncs the
+// directory. It runs without w.mu: a reader that still holds a location in
+// one of them gets a read error and finds the entry compacted. A segment
+// that cannot be unlinked is only logged: replaying it again is harmless.
+func (w *WAL) deleteSegments(doomed []*segment) {
+	for _, s := range doomed {
 		if err := os.Remove(s.path); err != nil {
 			w.log.Error("wal: remove segment", "segment", s.path, "err", err)
-			break
 		}
 		s.f.Close()
-		w.segs = w.segs[1:]
-		removed++
 	}
-	if removed > 0 {
-		w.stats.SegmentsRemoved += uint64(removed)
-		if err := syncDir(w.dir); err != nil {
-			w.log.Error("wal: sync dir after removing segments", "err", err)
-		}
+	if err := syncDir(w.dir); err != nil {
+		w.log.Error("wal: sync dir after removing segments", "err", err)
 	}
+	w.log.Debug("wal: segments removed", "count", len(doomed), "first", doomed[0].path)
 }
 
 // Groups returns the ids of the groups the WAL holds, sorted.
