@@ -65,6 +65,20 @@
 // width. A copyset's epoch starts at 0; chunkservers bootstrap its Raft
 // group with those members. Membership changes (a later scheduler) bump it.
 //
+// # Recovery scheduler (DESIGN §8)
+//
+// The active MDS re-replicates the copysets of a chunkserver that has been
+// offline longer than Config.RecoveryGrace (10 min by default; counted from
+// the takeover for a chunkserver the new active MDS never heard from). For
+// each such copyset that still has a majority online it replaces the dead
+// member in the copyset record with the least-loaded online chunkserver in a
+// zone (else on a server) no survivor uses, and bumps the copyset's epoch.
+// The chunkservers do the rest through Raft (the leader adds the new member
+// as a learner, promotes it once caught up, removes the dead one). At most
+// Config.MaxRecoveryMoves moves are in flight at a time: a copyset whose
+// leader still reports voters other than its listed members counts as one.
+// Balancing copysets and leaders across healthy chunkservers is not done yet.
+//
 // # Volumes and sessions (DESIGN §6)
 //
 // A volume is one small record whatever its size; routing is computed
@@ -100,6 +114,8 @@
 //     held across an etcd call); the cached topology (Server.topo) is under
 //     Server.topoMu, never held together with mu.
 //   - monitor logs chunkservers going offline and updates gauges.
+//   - schedule runs the recovery scheduler every Config.ScheduleInterval
+//     while this MDS is active; its writes go through Server.txn.
 //   - optional: the /metrics HTTP server (our own Prometheus registry, never
 //     the default one that the embedded etcd fills).
 package mds

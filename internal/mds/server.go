@@ -46,7 +46,15 @@ type Config struct {
 	// a standby takes over at most about this long after the active MDS
 	// died (default 3 s; etcd rounds it up to whole seconds, at least 2).
 	ElectionTTL time.Duration
-	Logger      *slog.Logger
+	// RecoveryGrace: a chunkserver offline this long has its copysets
+	// re-replicated elsewhere (default 10 min; negative: never).
+	RecoveryGrace time.Duration
+	// ScheduleInterval: how often the scheduler looks (default 5 s).
+	ScheduleInterval time.Duration
+	// MaxRecoveryMoves bounds the copyset moves in flight at once
+	// (default 4), so that recovery traffic does not swamp foreground IO.
+	MaxRecoveryMoves int
+	Logger           *slog.Logger
 }
 
 // Defaults.
@@ -78,6 +86,9 @@ type Server struct {
 	// live is the in-memory heartbeat state, rebuilt from heartbeats
 	// after every takeover.
 	live map[uint64]*liveCS
+	// activeSince: when this MDS last became active. A chunkserver not
+	// heard from since counts as offline from then on, not from the epoch.
+	activeSince time.Time
 
 	topoMu sync.Mutex // guards topo; never held with mu
 	topo   *topology  // last topology read (readTopology)
@@ -108,6 +119,15 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.ElectionTTL <= 0 {
 		cfg.ElectionTTL = DefaultElectionTTL
+	}
+	if cfg.RecoveryGrace == 0 {
+		cfg.RecoveryGrace = DefaultRecoveryGrace
+	}
+	if cfg.ScheduleInterval <= 0 {
+		cfg.ScheduleInterval = DefaultScheduleInterval
+	}
+	if cfg.MaxRecoveryMoves <= 0 {
+		cfg.MaxRecoveryMoves = DefaultMaxRecoveryMoves
 	}
 	if cfg.EtcdClientURL == "" {
 		cfg.EtcdClientURL = DefaultEtcdClientURL
@@ -202,6 +222,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.log.Info("MDS serving", "etcd", endpoints)
 
 	go s.monitor(ctx)
+	go s.schedule(ctx)
 	crashed := s.campaign(ctx)
 	if crashed {
 		s.grpc.Stop()
@@ -363,6 +384,7 @@ func (s *Server) becomeActive(key string) {
 	s.mu.Lock()
 	s.elKey = key
 	s.live = map[uint64]*liveCS{} // rebuilt from heartbeats
+	s.activeSince = time.Now()
 	s.mu.Unlock()
 	s.active.Store(true)
 	s.m.active.Set(1)
