@@ -83,6 +83,7 @@
 //	  refresh of the volume cache) or deleted    NO_SUCH_VOLUME
 //	Offset+Length > volume size, or the IO
 //	  crosses a chunk boundary                   OUT_OF_RANGE
+//	Length > 64 MiB (transport.MaxPayload)       BAD_REQUEST
 //	Copyset != placement.CopysetOf(...)          BAD_REQUEST
 //	copyset not hosted here                      NO_SUCH_COPYSET
 //	write/trim/zeroes with Epoch 0               READ_ONLY

@@ -151,6 +151,11 @@ func (hd *handler) validate(h transport.Header, payload []byte) (*replica, volum
 	if h.Offset%vi.ChunkSize+uint64(h.Length) > vi.ChunkSize {
 		return nil, vi, api.StatusOutOfRange
 	}
+	if h.Length > transport.MaxPayload {
+		// Possible with chunks over 64 MiB: the reply would not fit in one
+		// frame; the client splits such IO.
+		return nil, vi, api.StatusBadRequest
+	}
 	if h.Copyset != placement.CopysetOf(h.Volume, h.Offset/vi.ChunkSize, vi.CopysetCount) {
 		return nil, vi, api.StatusBadRequest
 	}

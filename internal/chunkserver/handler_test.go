@@ -82,6 +82,7 @@ const (
 	hEpoch     = 5
 	hDeleted   = 43
 	hOtherPool = 2
+	hBigChunks = 44 // in hOtherPool, whose chunks are 1 GiB
 )
 
 type handlerEnv struct {
@@ -105,9 +106,11 @@ func newHandlerEnv(t *testing.T) *handlerEnv {
 	}
 	t.Cleanup(func() { st.Close() })
 	mds := &fakeMDS{
-		pools: []*api.Pool{{Id: hPool, ChunkSize: hChunk, CopysetCount: hCopysets, Replicas: 3}},
-		vols:  []*api.Volume{{Id: hVolume, Size: hVolSize, PoolId: hPool}, {Id: hDeleted, Size: hVolSize, PoolId: hPool}},
-		rev:   1,
+		pools: []*api.Pool{{Id: hPool, ChunkSize: hChunk, CopysetCount: hCopysets, Replicas: 3},
+			{Id: hOtherPool, ChunkSize: 1 << 30, CopysetCount: 1, Replicas: 3}},
+		vols: []*api.Volume{{Id: hVolume, Size: hVolSize, PoolId: hPool}, {Id: hBigChunks, Size: 1 << 30, PoolId: hOtherPool},
+			{Id: hDeleted, Size: hVolSize, PoolId: hPool}},
+		rev: 1,
 	}
 	host := &directHost{replicas: map[uint64]*replica{}}
 	vc := newVolumeCache(mds, log, nil)
@@ -125,7 +128,7 @@ func newHandlerEnv(t *testing.T) *handlerEnv {
 		t.Fatal(err)
 	}
 	// hDeleted goes away.
-	mds.vols = mds.vols[:1]
+	mds.vols = mds.vols[:2]
 	mds.rev = 2
 	if err := vc.refresh(context.Background()); err != nil {
 		t.Fatal(err)
@@ -319,6 +322,7 @@ func TestHandlerBadInput(t *testing.T) {
 		{"read with payload", readPayload, []byte("abcd"), api.StatusBadRequest},
 		{"trim with payload", ioHdr(transport.OpTrim, 0, 4), []byte("abcd"), api.StatusBadRequest},
 		{"checksum of a bad pool id", badChecksum, nil, api.StatusBadRequest},
+		{"read longer than a frame", transport.Header{Op: transport.OpRead, Volume: hBigChunks, Length: transport.MaxPayload + 1}, nil, api.StatusBadRequest},
 		{"checksum of a copyset not here", noCS, nil, api.StatusNoSuchCopyset},
 	}
 	_ = stale

@@ -37,6 +37,7 @@ type snapReceiver struct {
 
 type snapSession struct {
 	id    uint64
+	owner string // remote address of the connection that began it
 	group uint64
 	next  uint64 // sequence number of the next frame
 	pw    *io.PipeWriter
@@ -53,9 +54,15 @@ func (s *snapReceiver) serve(rw transport.ReplyWriter, h transport.Header, paylo
 		h.Status = st
 		rw.Reply(h, nil, nil)
 	}
+	owner := rw.RemoteAddr().String()
 	s.mu.Lock()
 	ss := s.sessions[h.Volume]
 	s.mu.Unlock()
+	if ss != nil && ss.owner != owner {
+		// Frames of a transfer come on the connection that began it only.
+		reply(api.StatusBadRequest)
+		return
+	}
 	switch h.Length {
 	case snapBegin:
 		if ss != nil || h.Offset != 0 {
@@ -69,7 +76,7 @@ func (s *snapReceiver) serve(rw transport.ReplyWriter, h transport.Header, paylo
 			return
 		}
 		pr, pw := io.Pipe()
-		ss = &snapSession{id: h.Volume, group: msgs[0].Group, next: 1, pw: pw, res: make(chan error, 1)}
+		ss = &snapSession{id: h.Volume, owner: owner, group: msgs[0].Group, next: 1, pw: pw, res: make(chan error, 1)}
 		ss.timer = time.AfterFunc(snapIdleTimeout, func() { s.abandon(ss) })
 		s.mu.Lock()
 		s.sessions[ss.id] = ss
