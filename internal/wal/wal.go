@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -384,7 +385,7 @@ func (w *WAL) replayRecord(s *segment, b []byte, off, n int) error {
 		if d.err != nil {
 			return d.err
 		}
-		if first == 0 || count == 0 {
+		if first == 0 || count == 0 || first > math.MaxUint64/2 {
 			return fmt.Errorf("%w: entries record for group %d: first %d count %d", ErrCorrupt, id, first, count)
 		}
 		g := w.groupLocked(id)
