@@ -198,7 +198,9 @@ func Place(nodes []Node, copysets, replicas int) ([][]uint64, error) {
 		}
 		set[c] = append([]int(nil), chosen...)
 	}
-	improveScatter(set, pairs, domain)
+	if replicas > 1 {
+		improveScatter(set, pairs, domain)
+	}
 	for c, m := range set {
 		members := make([]uint64, len(m))
 		for k, i := range m {
@@ -244,7 +246,7 @@ func floorDiv(a, b int) int {
 
 // swapWindow bounds how many later copysets improveScatter pairs with each
 // copyset, keeping it O(copysets × swapWindow × replicas³) per pass.
-const swapWindow = 200
+const swapWindow = 64
 
 // improveScatter raises the number of distinct peer pairs by swapping two
 // members of the same failure domain between two copysets, when that

@@ -193,7 +193,7 @@ func TestPlaceProperties(t *testing.T) {
 				}
 			}
 		}
-		copysets := 1 + rng.Intn(DefaultCopysets(len(nodes), replicas))
+		copysets := 1 + rng.Intn(min(600, DefaultCopysets(len(nodes), replicas)))
 		name := fmt.Sprintf("iter%d/%dnodes/%dzones/r%d/c%d", iter, len(nodes), zones, replicas, copysets)
 		level, _, derr := Domains(nodes, replicas)
 		got, err := Place(nodes, copysets, replicas)
