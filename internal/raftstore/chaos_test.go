@@ -3,6 +3,7 @@ package raftstore
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"maps"
 	"slices"
 	"testing"
@@ -43,7 +44,7 @@ type chaosProp struct {
 	err   error
 }
 
-func runChaos(t *testing.T, seed int64, steps int) {
+func runChaos(t *testing.T, seed int64, steps int) string {
 	c := newCluster(t, seed, 5, chaosGroups, func(cfg *Config) {
 		cfg.SnapshotEntries = 40
 		cfg.CatchUpEntries = 10
@@ -169,12 +170,30 @@ func runChaos(t *testing.T, seed int64, steps int) {
 	for _, m := range c.leaders {
 		terms += len(m)
 	}
-	t.Logf("seed %d: %d proposals (%d ok, %d NOT_LEADER), %d reads (%d ok), %d leader terms, %d snapshots created, %d streamed",
+	summary := fmt.Sprintf("seed %d: %d proposals (%d ok, %d NOT_LEADER), %d reads (%d ok), %d leader terms, %d snapshots created, %d streamed",
 		seed, len(props), ok, notLeader, reads, leaseOK, terms, snaps, sent)
+	t.Log(summary)
 	if ok < len(props)/4 {
 		t.Fatalf("seed %d: only %d of %d proposals succeeded: the cluster made little progress", seed, ok, len(props))
 	}
 	if snaps == 0 {
 		t.Fatalf("seed %d: no snapshot was created", seed)
+	}
+	h := fnv.New64a()
+	for _, gid := range gids {
+		m := c.committed[gid]
+		for _, idx := range slices.Sorted(maps.Keys(m)) {
+			fmt.Fprintf(h, "%d/%d=%s;", gid, idx, m[idx])
+		}
+	}
+	return fmt.Sprintf("%s; committed digest %x", summary, h.Sum64())
+}
+
+// TestChaosReproducible: the same seed gives the same run, decision for decision.
+func TestChaosReproducible(t *testing.T) {
+	a := runChaos(t, 99, 600)
+	b := runChaos(t, 99, 600)
+	if a != b {
+		t.Fatalf("same seed, different runs:\n%s\n%s", a, b)
 	}
 }

@@ -30,6 +30,13 @@ type group struct {
 	// check it before touching the state machine or the log.
 	gone atomic.Bool
 
+	// persistMu serializes a background Persist+CreateSnapshot with the worker
+	// installing a received snapshot; installed is the last installed index.
+	// INVARIANT: Persist never runs with an index below an installed snapshot's, so
+	// Recover's index never goes back behind the log's snapshot.
+	persistMu sync.Mutex
+	installed atomic.Uint64
+
 	// Scheduler state, guarded by Host.sched.mu (see scheduler).
 	queued, processing, requeue bool
 
@@ -78,7 +85,8 @@ type group struct {
 	snapRetryAt uint64            // after a failed snapshot: applied index to retry at
 	sending     map[uint64]uint64 // follower → index of the snapshot streamed to it
 
-	statusDirty bool
+	statusDirty  bool
+	soloCampaign bool // campaign at once: this node is the only voter
 }
 
 type readIndexReq struct {
@@ -168,6 +176,11 @@ func newGroup(h *Host, id uint64, peers []uint64, sm StateMachine, join bool) (*
 		if err := rn.Bootstrap(ps); err != nil {
 			return nil, fmt.Errorf("raftstore: group %d: bootstrap: %w", id, err)
 		}
+	}
+	// A group of one voter (a local pool's) need not wait an election timeout: it
+	// campaigns as soon as its configuration is applied (see finishRound).
+	if ids := rn.Status().Config.Voters.IDs(); len(ids) == 1 {
+		_, g.soloCampaign = ids[h.cfg.NodeID]
 	}
 	g.rn = rn
 	g.statusDirty = true
@@ -411,7 +424,13 @@ func (g *group) applySnapshot(snap *raftpb.Snapshot) bool {
 		return true
 	}
 	md := snap.GetMetadata()
-	if err := g.sm.InstallSnapshot(md.GetIndex(), snap.GetData()); err != nil {
+	// Wait for a snapshot being persisted (rare: a follower that compacts receives
+	// a snapshot); a later one sees installed and skips.
+	g.persistMu.Lock()
+	g.installed.Store(md.GetIndex())
+	err := g.sm.InstallSnapshot(md.GetIndex(), snap.GetData())
+	g.persistMu.Unlock()
+	if err != nil {
 		g.fail(fmt.Errorf("raftstore: install snapshot %d: %w", md.GetIndex(), err))
 		return false
 	}
@@ -507,6 +526,13 @@ func (g *group) restore(p *proposal) {
 // finishRound runs after a group's round, handled or not.
 func (g *group) finishRound() {
 	if g.failed == nil && !g.removed {
+		if g.soloCampaign {
+			if g.isLeader {
+				g.soloCampaign = false
+			} else if bs := g.rn.BasicStatus(); bs.RaftState == raft.StateFollower && bs.Applied >= bs.GetCommit() {
+				_ = g.rn.Campaign()
+			}
+		}
 		g.refresh()
 		g.serveReads()
 		g.maybeSnapshot(false)

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/cryptotest"
 	"time"
 
 	"go.etcd.io/raft/v3/raftpb"
@@ -251,6 +252,11 @@ func newCluster(t testing.TB, seed int64, nodes int, groups map[uint64][]uint64,
 
 // newClusterWith is newCluster with the log of each node made by newLog.
 func newClusterWith(t testing.TB, seed int64, nodes int, groups map[uint64][]uint64, tweak func(*Config), newLog func(id uint64) LogStore) *cluster {
+	// raft draws its randomized election timeouts from crypto/rand: seed that too,
+	// so that one seed replays a run exactly.
+	if tt, ok := t.(*testing.T); ok {
+		cryptotest.SetGlobalRandom(tt, uint64(seed))
+	}
 	c := &cluster{
 		t: t, seed: seed,
 		net:       &simNet{rng: rand.New(rand.NewSource(seed)), hosts: map[uint64]*Host{}, cut: map[[2]uint64]bool{}},

@@ -49,3 +49,24 @@ func TestProposeApplyReplicate(t *testing.T) {
 		t.Fatalf("stats not recorded: %+v", s)
 	}
 }
+
+// TestSingleVoter: a one-replica group (a local pool's) elects itself at once and
+// serves writes and reads.
+func TestSingleVoter(t *testing.T) {
+	c := newCluster(t, 81, 1, map[uint64][]uint64{5: {1}}, nil)
+	defer c.stop()
+	c.hosts[1].ProcessReady()
+	if st, _ := c.hosts[1].Status(5); !st.IsLeader {
+		t.Fatalf("single voter not leader right away: %+v", st)
+	}
+	if err := c.proposeWait(1, 5, "a=1"); err != nil {
+		t.Fatal(err)
+	}
+	var rerr error
+	calls := 0
+	c.hosts[1].ReadBarrier(5, func(err error) { rerr = err; calls++ })
+	c.hosts[1].ProcessReady()
+	if calls != 1 || rerr != nil {
+		t.Fatalf("read: %d calls, %v", calls, rerr)
+	}
+}

@@ -1,11 +1,15 @@
 package raftstore
 
 import (
+	"errors"
 	"slices"
 
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 )
+
+// errSuperseded: a snapshot from the leader was installed while ours was pending.
+var errSuperseded = errors.New("raftstore: snapshot superseded by an installed one")
 
 // maybeSnapshot starts a snapshot at the applied index S when SnapshotEntries entries
 // applied since the last one (or when forced). Capture runs here, on the worker, so
@@ -56,10 +60,14 @@ func (g *group) maybeSnapshot(force bool) {
 		}
 		// Durability order: the chunks hold every effect up to S (Persist) before the
 		// log below S may go.
-		err := g.sm.Persist(s, state)
-		if err == nil {
+		g.persistMu.Lock()
+		var err error
+		if g.installed.Load() >= s {
+			err = errSuperseded
+		} else if err = g.sm.Persist(s, state); err == nil {
 			err = h.cfg.Log.CreateSnapshot(g.id, snap, compactTo)
 		}
+		g.persistMu.Unlock()
 		if g.in.add(func(in *events) { in.snapDone = append(in.snapDone, snapResult{index: s, term: term, err: err}) }) == nil {
 			h.sched.signal(g)
 		}
@@ -69,6 +77,9 @@ func (g *group) maybeSnapshot(force bool) {
 // snapshotDone runs on the worker when a snapshot started by maybeSnapshot ended.
 func (g *group) snapshotDone(r snapResult) {
 	g.snapping = false
+	if r.err == errSuperseded {
+		return
+	}
 	if r.err != nil {
 		g.h.stats.snapsFailed.Add(1)
 		g.snapRetryAt = g.applied + g.h.cfg.SnapshotEntries/4 + 1
