@@ -294,6 +294,9 @@ func (w *WAL) replaySegment(s *segment, last bool) (int64, error) {
 	}
 	off := segHeaderSize
 	for {
+		if rest := b[off:]; len(rest) < recHeaderSize && allZero(rest) {
+			break // the records filled the file up to a few zero bytes
+		}
 		n, ok := checkRecord(b[off:])
 		if ok && n == 0 {
 			// End marker: everything after must be preallocated zeros.

@@ -754,3 +754,31 @@ func TestCloseWithSavesInFlight(t *testing.T) {
 		}
 	}
 }
+
+// TestSegmentFullToTheLastBytes: a segment whose records end less than a
+// record header before its end is complete, not torn.
+func TestSegmentFullToTheLastBytes(t *testing.T) {
+	dir := t.TempDir()
+	// header 16 + one entries record of one 100-byte entry (8+21+13+100)
+	// leaves 4 zero bytes.
+	const segSize = 16 + 142 + 4
+	cfg := func(c *Config) { c.SegmentSize = segSize }
+	w := openT(t, dir, cfg)
+	a := mkEnts(1, 1, 1, 100, 1)
+	mustSave(t, w, Update{Group: 1, Entries: a})
+	w.mu.Lock()
+	off := w.writeOff
+	w.mu.Unlock()
+	if off != segSize-4 {
+		t.Fatalf("write offset %d, want %d", off, segSize-4)
+	}
+	b := mkEnts(2, 1, 1, 100, 2)
+	mustSave(t, w, Update{Group: 1, Entries: b})
+	if n := w.SegmentCount(); n != 2 {
+		t.Fatalf("SegmentCount = %d, want 2", n)
+	}
+	w.Close()
+	w = openT(t, dir, cfg)
+	defer w.Close()
+	checkLog(t, w.Storage(1), append(a, b...))
+}
