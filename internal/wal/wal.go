@@ -161,6 +161,9 @@ type WAL struct {
 	pending  *batch
 	spare    *batch
 	stats    Stats
+	// lastScratch: per group, the last index as the updates of the Save
+	// being validated leave it; empty between Saves.
+	lastScratch map[uint64]uint64
 }
 
 // Open opens (or creates) the WAL in cfg.Dir: it reads every segment in
@@ -180,16 +183,17 @@ func Open(cfg Config) (*WAL, error) {
 		return nil, fmt.Errorf("wal: %w", err)
 	}
 	w := &WAL{
-		cfg:     cfg,
-		dir:     cfg.Dir,
-		log:     cfg.Logger.With("subsystem", "wal"),
-		knobs:   cfg.Knobs,
-		kick:    make(chan struct{}, 1),
-		quit:    make(chan struct{}),
-		stopped: make(chan struct{}),
-		groups:  make(map[uint64]*group),
-		pending: &batch{res: newResult()},
-		spare:   &batch{},
+		cfg:         cfg,
+		dir:         cfg.Dir,
+		log:         cfg.Logger.With("subsystem", "wal"),
+		knobs:       cfg.Knobs,
+		kick:        make(chan struct{}, 1),
+		quit:        make(chan struct{}),
+		stopped:     make(chan struct{}),
+		groups:      make(map[uint64]*group),
+		lastScratch: make(map[uint64]uint64),
+		pending:     &batch{res: newResult()},
+		spare:       &batch{},
 	}
 	if err := w.recover(); err != nil {
 		for _, s := range w.segs {
@@ -538,9 +542,11 @@ func (w *WAL) enqueue(encode func(b *batch) error) error {
 // Save makes updates durable: every record is written and fdatasynced
 // before Save returns. Concurrent Saves share one write and one fdatasync.
 // Saves for the same group must not run concurrently (their order is the
-// log's order).
+// log's order); within one Save, updates apply in slice order. If any update
+// is invalid (ErrGap, ErrNonContiguous) nothing of the Save is written.
 func (w *WAL) Save(updates []Update) error {
 	return w.enqueue(func(b *batch) error {
+		defer clear(w.lastScratch)
 		for i := range updates {
 			if err := w.validateLocked(&updates[i]); err != nil {
 				return err
@@ -580,11 +586,21 @@ func newerSnapshot(g *group, snap *pb.Snapshot) bool {
 	return !raft.IsEmptySnap(snap) && snap.GetMetadata().GetIndex() > g.snapIndex()
 }
 
+// validateLocked checks one update against the group's log as the earlier
+// updates of the same Save leave it (w.lastScratch).
 func (w *WAL) validateLocked(u *Update) error {
 	g := w.groupLocked(u.Group)
-	last := g.lastIndex()
+	last, ok := w.lastScratch[u.Group]
+	if !ok {
+		last = g.lastIndex()
+	}
 	if newerSnapshot(g, u.Snapshot) {
 		last = u.Snapshot.GetMetadata().GetIndex()
+	}
+	if len(u.Entries) > 0 {
+		w.lastScratch[u.Group] = u.Entries[len(u.Entries)-1].GetIndex()
+	} else {
+		w.lastScratch[u.Group] = last
 	}
 	if len(u.Entries) == 0 {
 		return nil

@@ -171,7 +171,13 @@ func TestTruncationAndRestart(t *testing.T) {
 	w = openT(t, dir, nil)
 	defer w.Close()
 	check(w)
+	// Two updates of one group in one Save apply in order.
+	d1, d2 := mkEnts(9, 2, 3, 5, 5), mkEnts(10, 3, 4, 5, 6)
+	mustSave(t, w, Update{Group: 1, Entries: d1}, Update{Group: 1, Entries: d2})
+	checkLog(t, w.Storage(1), append(append(slices.Clone(want), d1[0]), d2...))
 	// Appends after a restart continue the truncated log.
+	mustSave(t, w, Update{Group: 1, Entries: mkEnts(9, 1, 5, 1, 1)})
+	want = want[:8]
 	c := mkEnts(9, 2, 2, 10, 4)
 	mustSave(t, w, Update{Group: 1, Entries: c})
 	want = append(want, c...)
