@@ -20,15 +20,15 @@ var chaosGroups = map[uint64][]uint64{
 }
 
 // TestChaos drives hosts on a network that drops, delays, reorders and partitions,
-// with leadership transfers and snapshots (log compaction) under way, and checks:
+// with crashes and restarts, leadership transfers and snapshots (log compaction) under way, and checks:
 // at most one leader per term per group (every step); every replica applies the
 // same entry at the same index, in increasing order (every apply); every callback
 // runs exactly once; a read barrier that succeeded saw every write acknowledged
 // before it was issued; after healing, every replica of a group holds the same state
 // and every acknowledged write. Reproducible from the seed printed on failure.
 func TestChaos(t *testing.T) {
-	seeds := []int64{1, 2, 3}
-	steps := 2500
+	seeds := []int64{1, 2, 3, 4, 5, 6}
+	steps := 3000
 	if testing.Short() {
 		seeds, steps = seeds[:1], 1000
 	}
@@ -71,7 +71,9 @@ func runChaos(t *testing.T, seed int64, steps int) string {
 			n.partition([]uint64{a, b})
 		case r < 12:
 			n.heal()
-		case r < 14: // hand leadership of a group to another member
+		case r < 16: // crash and restart a node: it comes back with what was durable
+			c.restart(uint64(1 + rng.Intn(5)))
+		case r < 18: // hand leadership of a group to another member
 			gid := gids[rng.Intn(len(gids))]
 			if l := c.leader(gid); l != 0 {
 				m := chaosGroups[gid]

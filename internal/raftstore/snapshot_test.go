@@ -3,6 +3,7 @@ package raftstore
 import (
 	"fmt"
 	"maps"
+	"slices"
 	"testing"
 )
 
@@ -13,8 +14,8 @@ func (c *cluster) restart(id uint64) {
 	old := c.sms[id]
 	c.sms[id] = map[uint64]*testSM{}
 	c.startHost(id)
-	for gid, sm := range old {
-		c.createGroup(id, gid, sm.restarted(), false)
+	for _, gid := range slices.Sorted(maps.Keys(old)) {
+		c.createGroup(id, gid, old[gid].restarted(), false)
 	}
 }
 

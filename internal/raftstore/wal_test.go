@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"maps"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/basalt-storage/basalt/internal/wal"
@@ -58,8 +59,8 @@ func TestOnRealWAL(t *testing.T) {
 		old := c.sms[id]
 		c.sms[id] = map[uint64]*testSM{}
 		c.startHost(id)
-		for gid, sm := range old {
-			c.createGroup(id, gid, sm.restarted(), false)
+		for _, gid := range slices.Sorted(maps.Keys(old)) {
+			c.createGroup(id, gid, old[gid].restarted(), false)
 		}
 		c.hosts[id].ProcessReady()
 		for gid, kv := range want {
