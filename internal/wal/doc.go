@@ -92,7 +92,10 @@
 // streamed separately by the Raft host).
 //
 // PinningGroups names the live groups that keep the oldest segment alive;
-// the host makes them snapshot. RemoveGroup unpins a group at once.
+// the host makes them snapshot. PinningIndexes adds the compaction index
+// each needs to reach (an idle group with a short log must compact further
+// than a keep-the-last-N-entries policy would). RemoveGroup unpins a group
+// at once.
 //
 // # Open and repair
 //

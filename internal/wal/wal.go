@@ -929,6 +929,24 @@ func (w *WAL) PinningGroups() []uint64 {
 	return w.pinnersLocked(w.segs[0])
 }
 
+// PinningIndexes returns, for each group that keeps the oldest segment
+// alive, the index it must compact to (CreateSnapshot's compactTo) to release
+// it. A host whose snapshot policy keeps a tail of entries for slow followers
+// uses this to compact an idle group far enough.
+func (w *WAL) PinningIndexes() map[uint64]uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	pins := make(map[uint64]uint64)
+	if len(w.segs) < 2 {
+		return pins
+	}
+	oldest := w.segs[0]
+	for _, id := range w.pinnersLocked(oldest) {
+		pins[id] = oldest.maxIdx[id]
+	}
+	return pins
+}
+
 // SegmentCount returns the number of segment files.
 func (w *WAL) SegmentCount() int {
 	w.mu.Lock()

@@ -468,6 +468,10 @@ func TestSegmentRolloverAndRemoval(t *testing.T) {
 	if got := w.PinningGroups(); !slices.Equal(got, []uint64{2}) {
 		t.Fatalf("PinningGroups = %v, want [2]", got)
 	}
+	pins := w.PinningIndexes()
+	if len(pins) != 1 || pins[2] == 0 || pins[2] > 72 {
+		t.Fatalf("PinningIndexes = %v, want group 2 with an index in (0, 72]", pins)
+	}
 	if err := w.CreateSnapshot(2, snap(75, "g2"), 72); err != nil {
 		t.Fatal(err)
 	}
