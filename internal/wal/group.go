@@ -163,6 +163,9 @@ func (g *group) compact(to, toTerm uint64) {
 	}
 	if to >= g.lastIndex() {
 		g.ents = g.ents[:0]
+		if cap(g.ents) > 1024 {
+			g.ents = nil
+		}
 		g.dropCache()
 	} else {
 		n := to - g.compactIndex
