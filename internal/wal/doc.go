@@ -47,7 +47,8 @@
 //	payload  = type u8 | body
 //
 // A length of 0 (with a crc of 0) marks the end of the records: the rest of
-// the file is preallocated zeros. Record types and bodies:
+// the file is preallocated zeros (so are fewer than 8 bytes left at the end
+// of a full segment). Record types and bodies:
 //
 //	1 entries      group u64 | first index u64 | count u32 |
 //	               count × (term u64 | etype u8 | dlen u32 | data[dlen])

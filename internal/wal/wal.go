@@ -280,7 +280,7 @@ func (w *WAL) recover() error {
 			return fmt.Errorf("%w: group %d: entries before %d missing", ErrCorrupt, id, g.firstIndex())
 		}
 	}
-	w.log.Info("wal opened", "dir", w.dir, "segments", len(w.segs), "groups", len(w.groups))
+	w.log.Info("wal: opened", "dir", w.dir, "segments", len(w.segs), "groups", len(w.groups))
 	return nil
 }
 
