@@ -55,7 +55,9 @@
 //	               etype: raftpb.EntryType in bits 0-6; bit 7 (0x80) set
 //	               when Data was non-nil (so empty and nil Data differ).
 //	               Indexes are first, first+1, ...; an index <= the group's
-//	               last replaces the log from there (Raft truncation).
+//	               last replaces the log from there (Raft truncation). An
+//	               Update's entries are split over several records so that
+//	               no payload exceeds 1 GiB (the replay limit).
 //	2 hard state   group u64 | term u64 | vote u64 | commit u64
 //	3 snapshot     group u64 | flags u8 | index u64 | term u64 |
 //	               compact index u64 | compact term u64 |

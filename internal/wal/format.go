@@ -20,6 +20,10 @@ const (
 	maxRecord = 1 << 30
 )
 
+// entriesRecordMax is the payload size above which Save splits an Update's
+// entries into several records (a variable so that tests can lower it).
+var entriesRecordMax = maxRecord
+
 // Record types (the first payload byte).
 const (
 	recEntries      byte = 1

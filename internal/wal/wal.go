@@ -39,6 +39,8 @@ var (
 	// ErrGap means an Update's first entry lies beyond the group's last
 	// index plus one.
 	ErrGap = errors.New("wal: entries leave a gap after the last index")
+	// ErrTooLarge means an entry does not fit in one record (1 GiB).
+	ErrTooLarge = errors.New("wal: entry too large")
 	// ErrUnknownGroup means the group has no state in this WAL.
 	ErrUnknownGroup = errors.New("wal: unknown group")
 	// ErrSnapshotBeyondLog means CreateSnapshot named an index past the
@@ -565,9 +567,16 @@ func (w *WAL) Save(updates []Update) error {
 				b.ops = append(b.ops, op{kind: recSnapshot, group: u.Group, start: len(b.buf), snap: sr})
 				b.buf = appendSnapshot(b.buf, sr)
 			}
-			if len(u.Entries) > 0 {
-				b.ops = append(b.ops, op{kind: recEntries, group: u.Group, start: len(b.buf), ents: u.Entries})
-				b.buf = appendEntries(b.buf, u.Group, u.Entries)
+			// Entries go into records of at most entriesRecordMax bytes.
+			for ents := u.Entries; len(ents) > 0; {
+				n, size := 0, entriesHeadSize
+				for n < len(ents) && (n == 0 || size+entryHeadSize+len(ents[n].Data) <= entriesRecordMax) {
+					size += entryHeadSize + len(ents[n].Data)
+					n++
+				}
+				b.ops = append(b.ops, op{kind: recEntries, group: u.Group, start: len(b.buf), ents: ents[:n]})
+				b.buf = appendEntries(b.buf, u.Group, ents[:n])
+				ents = ents[n:]
 			}
 			if !raft.IsEmptyHardState(u.HardState) {
 				hs := hardState{u.HardState.GetTerm(), u.HardState.GetVote(), u.HardState.GetCommit()}
@@ -613,6 +622,11 @@ func (w *WAL) validateLocked(u *Update) error {
 	}
 	if first == 0 || first > last+1 {
 		return fmt.Errorf("%w: group %d: first %d, last %d", ErrGap, u.Group, first, last)
+	}
+	for _, e := range u.Entries {
+		if len(e.Data) > entriesRecordMax-entriesHeadSize-entryHeadSize {
+			return fmt.Errorf("%w: group %d: entry %d has %d bytes", ErrTooLarge, u.Group, e.GetIndex(), len(e.Data))
+		}
 	}
 	return nil
 }

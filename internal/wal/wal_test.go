@@ -792,3 +792,44 @@ func TestSegmentFullToTheLastBytes(t *testing.T) {
 	defer w.Close()
 	checkLog(t, w.Storage(1), append(a, b...))
 }
+
+// TestEntriesSplitIntoRecords: an Update larger than a record is written as
+// several records and reads back whole; an entry larger than a record is
+// refused.
+func TestEntriesSplitIntoRecords(t *testing.T) {
+	defer func(old int) { entriesRecordMax = old }(entriesRecordMax)
+	entriesRecordMax = 1000
+	dir := t.TempDir()
+	w := openT(t, dir, nil)
+	ents := mkEnts(1, 20, 1, 300, 1)
+	mustSave(t, w, Update{Group: 1, Entries: ents, HardState: hs(1, 1, 20)})
+	if err := w.Save([]Update{{Group: 1, Entries: mkEnts(21, 1, 1, 1000, 2)}}); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("oversized entry: %v, want ErrTooLarge", err)
+	}
+	w.mu.Lock()
+	end := w.writeOff
+	w.mu.Unlock()
+	w.Close()
+	b, err := os.ReadFile(filepath.Join(dir, segmentName(1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	records := 0
+	for off := segHeaderSize; off < int(end); {
+		n, ok := checkRecord(b[off:])
+		if !ok || n == 0 {
+			t.Fatalf("bad record at %d", off)
+		}
+		if n > entriesRecordMax {
+			t.Fatalf("record of %d bytes, limit %d", n, entriesRecordMax)
+		}
+		records++
+		off += recHeaderSize + n
+	}
+	if records < 7 { // 20 entries of 313 bytes, 3 per record, plus the hard state
+		t.Fatalf("%d records, want at least 7", records)
+	}
+	w = openT(t, dir, nil)
+	defer w.Close()
+	checkLog(t, w.Storage(1), ents)
+}
