@@ -39,8 +39,11 @@ type testSM struct {
 	durKV    map[string]string
 	staged   map[string]string
 	failAt   uint64 // Apply at this index returns errDisk (0: never)
-	onApply  func(index uint64, data string)
-	applies  int
+	// failInstall makes InstallSnapshot fail (after Log.Save persisted the snapshot:
+	// a crash at the worst moment).
+	failInstall bool
+	onApply     func(index uint64, data string)
+	applies     int
 }
 
 func newTestSM() *testSM { return &testSM{kv: map[string]string{}, durKV: map[string]string{}} }
@@ -118,6 +121,9 @@ func (s *testSM) ReceiveSnapshot(r io.Reader) error {
 func (s *testSM) InstallSnapshot(index uint64, state []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.failInstall {
+		return errDisk
+	}
 	if s.staged == nil {
 		return errors.New("test: nothing staged")
 	}

@@ -359,6 +359,18 @@ func (h *Host) group(id uint64) *group {
 // with peers as the initial voters (every initial member must pass the same peers)
 // and join=true starts it empty, to be filled by the leader (log or snapshot).
 func (h *Host) CreateGroup(id uint64, peers []uint64, sm StateMachine, join bool) error {
+	h.mu.RLock()
+	_, exists := h.groups[id]
+	h.mu.RUnlock()
+	if exists {
+		return fmt.Errorf("%w: %d", ErrGroupExists, id)
+	}
+	// Recovery (reading the log, maybe installing a staged snapshot) runs without
+	// the host lock: ticks and messages for other groups go on meanwhile.
+	g, err := newGroup(h, id, peers, sm, join)
+	if err != nil {
+		return err
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.stopped {
@@ -366,10 +378,6 @@ func (h *Host) CreateGroup(id uint64, peers []uint64, sm StateMachine, join bool
 	}
 	if _, ok := h.groups[id]; ok {
 		return fmt.Errorf("%w: %d", ErrGroupExists, id)
-	}
-	g, err := newGroup(h, id, peers, sm, join)
-	if err != nil {
-		return err
 	}
 	h.groups[id] = g
 	h.reorder()

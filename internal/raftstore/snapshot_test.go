@@ -118,3 +118,45 @@ func TestRestartReplays(t *testing.T) {
 	}
 	c.waitConverged(300)
 }
+
+// TestCrashBeforeSnapshotInstall: the follower persisted a received snapshot in its
+// log but died before installing it. On restart the host installs the staged data
+// (the log's snapshot is newer than what the state machine recovered) and converges.
+func TestCrashBeforeSnapshotInstall(t *testing.T) {
+	c := newCluster(t, 23, 3, map[uint64][]uint64{1: {1, 2, 3}}, func(cfg *Config) {
+		cfg.SnapshotEntries = 20
+		cfg.CatchUpEntries = 5
+	})
+	defer c.stop()
+	l := c.waitLeader(1)
+	f := c.groups[1][0]
+	if f == l {
+		f = c.groups[1][1]
+	}
+	c.net.partition([]uint64{f})
+	for i := range 60 {
+		if err := c.proposeWait(l, 1, fmt.Sprintf("k%d=%d", i, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.sms[f][1].failInstall = true
+	c.net.heal()
+	for i := 0; ; i++ {
+		if st, _ := c.hosts[f].Status(1); !st.Healthy {
+			break
+		}
+		if i > 500 {
+			t.Fatal("follower never got the snapshot")
+		}
+		c.step()
+	}
+	if snap, _ := c.logs[f].Storage(1).Snapshot(); snap.GetMetadata().GetIndex() == 0 {
+		t.Fatal("the snapshot was not persisted before the install")
+	}
+	c.sms[f][1].failInstall = false
+	c.restart(f)
+	c.waitConverged(500)
+	if v, _ := c.sms[f][1].get("k59"); v != "59" {
+		t.Fatalf("restarted follower misses data: k59=%q", v)
+	}
+}
