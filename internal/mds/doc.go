@@ -102,8 +102,10 @@
 // A chunkserver is online while its last heartbeat (or registration) is
 // younger than Config.HeartbeatTimeout. A copyset's leader hint is the
 // leader reported with the highest term by an online member. ClusterStatus
-// counts a copyset healthy when every member is online and a leader is
-// known, unavailable when no majority is online, degraded otherwise.
+// counts a copyset healthy when every member is online, a leader is known
+// and its Raft voters are the listed members; unavailable when no majority
+// is online; degraded otherwise (a member down, no leader yet, a move in
+// flight).
 //
 // # Goroutines
 //

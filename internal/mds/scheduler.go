@@ -160,8 +160,8 @@ func (s *Server) changing(pool uint32, c copysetRecord, now time.Time) bool {
 			continue
 		}
 		st, ok := s.live[m].copysets[g]
-		if !ok || !st.Leader {
-			continue
+		if !ok || !st.Leader || len(st.Voters) == 0 {
+			continue // no leader's view of the configuration here
 		}
 		voters := slices.Sorted(slices.Values(st.Voters))
 		return !slices.Equal(voters, c.Members) || len(st.Learners) > 0

@@ -11,8 +11,9 @@ import (
 )
 
 // Copyset health, as ClusterStatus counts it:
-//   - healthy: every member online (and its replica healthy) and a leader
-//     known among them;
+//   - healthy: every member online (and its replica healthy), a leader
+//     known among them, and the leader's Raft configuration equal to the
+//     listed members (no move in flight);
 //   - unavailable: no majority of members online and healthy;
 //   - degraded: the rest — a majority is up but a member is down, or no
 //     leader has been reported yet.
@@ -41,7 +42,7 @@ func (s *Server) copysetHealth(pool uint32, c copysetRecord, leader uint64, now 
 	switch {
 	case up*2 <= len(c.Members):
 		return unavailable
-	case up == len(c.Members) && leaderUp:
+	case up == len(c.Members) && leaderUp && !s.changing(pool, c, now):
 		return healthy
 	}
 	return degraded

@@ -76,6 +76,25 @@ func TestHeartbeatsAndStatus(t *testing.T) {
 		}
 	}
 
+	// A leader whose Raft voters differ from the listed members (a move
+	// in flight) makes its copyset degraded.
+	moving := &api.HeartbeatRequest{Id: ids[0], CapacityBytes: 100, UsedBytes: 10, State: "ok"}
+	for cs := range uint32(4) {
+		voters := []uint64{ids[0], ids[1], ids[2]}
+		if cs == 0 {
+			voters = []uint64{ids[0], ids[1], 999}
+		}
+		moving.Copysets = append(moving.Copysets, &api.CopysetStatus{PoolId: pool.Pool.Id, CopysetId: cs,
+			Leader: true, LeaderId: ids[0], Term: 2, Healthy: true, Voters: voters})
+	}
+	if _, err := c.Heartbeat(ctx, moving); err != nil {
+		t.Fatal(err)
+	}
+	st = status()
+	if st.CopysetsHealthy != 3 || st.CopysetsDegraded != 1 {
+		t.Fatalf("one move in flight: healthy %d degraded %d", st.CopysetsHealthy, st.CopysetsDegraded)
+	}
+
 	// ids[2] stops heartbeating: degraded once the timeout passed.
 	for range 10 {
 		time.Sleep(100 * time.Millisecond)
