@@ -255,6 +255,7 @@ func (s *Server) commitMoves(ctx context.Context, moves []move) error {
 		if err != nil {
 			return err
 		}
+		s.m.moves.Add(float64(len(done)))
 		for i, m := range done {
 			s.log.Info("copyset re-replicated", "copyset", placement.GroupID(m.pool, m.copyset), "pool", m.pool,
 				"from", m.from, "to", m.to, "epoch", epochs[i])

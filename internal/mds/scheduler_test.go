@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -139,6 +141,13 @@ func TestRecoveryScheduler(t *testing.T) {
 			t.Fatalf("%d of %d copysets moved after 15 s", n, affected)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	var m dto.Metric
+	if err := r.s.m.moves.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.GetCounter().GetValue(); int(got) != affected {
+		t.Errorf("basalt_mds_copyset_moves_total = %v, want %d", got, affected)
 	}
 	// The heartbeat of a survivor now lists the copysets it gained.
 	hb, err := c.Heartbeat(ctx, &api.HeartbeatRequest{Id: ids[0]})

@@ -103,6 +103,7 @@ type metrics struct {
 	active       prometheus.Gauge
 	rpcs         *prometheus.CounterVec
 	chunkservers *prometheus.GaugeVec
+	moves        prometheus.Counter
 }
 
 // New validates cfg, binds the gRPC listener (so Addr is known) and
@@ -165,7 +166,9 @@ func New(cfg Config) (*Server, error) {
 		chunkservers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "basalt_mds_chunkservers",
 			Help: "Chunkservers seen by the active MDS, by state (online, offline)."}, []string{"state"}),
 	}
-	s.reg.MustRegister(s.m.active, s.m.rpcs, s.m.chunkservers,
+	s.m.moves = prometheus.NewCounter(prometheus.CounterOpts{Name: "basalt_mds_copyset_moves_total",
+		Help: "Copyset members replaced by the recovery scheduler."})
+	s.reg.MustRegister(s.m.active, s.m.rpcs, s.m.chunkservers, s.m.moves,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(s.intercept))
 	api.RegisterMDSServer(s.grpc, &handler{s: s})
