@@ -140,6 +140,9 @@ func newGroup(h *Host, id uint64, peers []uint64, sm StateMachine, join bool) (*
 		g.appliedTerm = snap.GetMetadata().GetTerm()
 		g.lastSnap = snapIndex
 		g.skipApplyTo = min(smIndex, hs.GetCommit())
+		// A restarted member may have acknowledged a leader's lease before it went
+		// down; it must not vote for another leader before that lease ran out.
+		g.voteBlock = h.cfg.ElectionTicks
 		if cs != nil {
 			g.confState = proto.Clone(cs).(*raftpb.ConfState)
 		}
