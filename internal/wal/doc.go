@@ -134,6 +134,13 @@
 // one pwrite, fdatasyncs, then applies the batch to the in-memory index,
 // detaches the segments no longer needed, wakes the batch's callers, and
 // only then unlinks the detached files (and syncs the directory).
+// Once the active segment is half full, the committer starts a short-lived
+// preparer goroutine that creates the next segment file under a temporary
+// name ("<name>.prep.tmp"), preallocates and fsyncs it, and hands it over
+// under WAL.mu; the rollover then only writes the header and checkpoint,
+// fdatasyncs, renames and syncs the directory (about 0.6 ms instead of 2 ms
+// here). Close waits for it and deletes an unused spare.
+//
 // Callers (Save, CreateSnapshot, RemoveGroup) validate their input and encode
 // their records into the pending batch under WAL.mu, kick the committer and
 // wait. Storage methods take WAL.mu briefly and read the disk without it.

@@ -5,17 +5,18 @@ import "time"
 // Stats are the WAL's counters since Open. They are plain values for the
 // host to export (the WAL registers no metrics itself).
 type Stats struct {
-	Saves           uint64        // Save, CreateSnapshot and RemoveGroup calls made durable
-	Syncs           uint64        // batches written, one fdatasync each
-	Entries         uint64        // entries appended
-	Bytes           uint64        // record bytes written (checkpoints excluded)
-	MaxBatchSaves   int           // the most calls that shared one fdatasync
-	SyncTime        time.Duration // total time in fdatasync (SyncDelay included)
-	MaxSyncTime     time.Duration // the slowest fdatasync
-	Rollovers       uint64        // segments created after Open
-	SegmentsRemoved uint64        // segments deleted after compaction
-	Segments        int           // segment files now
-	CachedBytes     int           // entry data held in the per-group caches now
+	Saves            uint64        // Save, CreateSnapshot and RemoveGroup calls made durable
+	Syncs            uint64        // batches written, one fdatasync each
+	Entries          uint64        // entries appended
+	Bytes            uint64        // record bytes written (checkpoints excluded)
+	MaxBatchSaves    int           // the most calls that shared one fdatasync
+	SyncTime         time.Duration // total time in fdatasync (SyncDelay included)
+	MaxSyncTime      time.Duration // the slowest fdatasync
+	Rollovers        uint64        // segments created after Open
+	PreparedSegments uint64        // of those, made from a file prepared in the background
+	SegmentsRemoved  uint64        // segments deleted after compaction
+	Segments         int           // segment files now
+	CachedBytes      int           // entry data held in the per-group caches now
 }
 
 // MeanBatchSaves is the average number of calls that shared one fdatasync.

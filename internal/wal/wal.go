@@ -163,6 +163,11 @@ type WAL struct {
 	pending  *batch
 	spare    *batch
 	stats    Stats
+	// spareFile is the prepared next segment (nil if none); preparing is
+	// set while a prepareSpare goroutine runs (prepWG counts it).
+	spareFile *spareFile
+	preparing bool
+	prepWG    sync.WaitGroup
 	// lastScratch: per group, the last index as the updates of the Save
 	// being validated leave it; empty between Saves.
 	lastScratch map[uint64]uint64
@@ -452,31 +457,66 @@ func (w *WAL) dropGroupLocked(id uint64) {
 	}
 }
 
+// spareFile is a segment file prepared ahead of need by prepareSpare:
+// created under a temporary name, preallocated and fsynced, so that a
+// rollover only writes the header and checkpoint, renames and syncs.
+type spareFile struct {
+	seq  uint64
+	path string
+	f    *os.File
+	size int64
+}
+
 // createSegment creates segment seq holding a header and ckpt, preallocated
-// to at least size bytes: written to a temporary file, synced, renamed, and
-// the directory synced, so a segment file exists only complete.
+// to at least size bytes: written under a temporary name, synced, renamed,
+// and the directory synced, so a segment file exists only complete. It uses
+// the prepared spare file when there is one for seq.
 func (w *WAL) createSegment(seq uint64, ckpt []byte, size int64) (*segment, error) {
 	size = max(size, w.cfg.SegmentSize)
 	path := filepath.Join(w.dir, segmentName(seq))
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("wal: create segment: %w", err)
+	w.mu.Lock()
+	spare := w.spareFile
+	w.spareFile = nil
+	w.mu.Unlock()
+	var f *os.File
+	var tmp string
+	prepared := false
+	if sp := spare; sp != nil {
+		if sp.seq == seq && sp.size >= size {
+			f, tmp, prepared = sp.f, sp.path, true
+		} else {
+			sp.f.Close()
+			os.Remove(sp.path)
+		}
+	}
+	if f == nil {
+		tmp = path + ".tmp"
+		var err error
+		if f, err = os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644); err != nil {
+			return nil, fmt.Errorf("wal: create segment: %w", err)
+		}
 	}
 	fail := func(err error) (*segment, error) {
 		f.Close()
 		os.Remove(tmp)
 		return nil, fmt.Errorf("wal: create segment: %w", err)
 	}
-	if err := preallocate(f, size); err != nil {
-		return fail(err)
+	if !prepared {
+		if err := preallocate(f, size); err != nil {
+			return fail(err)
+		}
 	}
 	hdr := appendSegmentHeader(make([]byte, 0, segHeaderSize+len(ckpt)), seq)
 	hdr = append(hdr, ckpt...)
 	if _, err := f.WriteAt(hdr, 0); err != nil {
 		return fail(err)
 	}
-	if err := f.Sync(); err != nil {
+	// A prepared file's size and allocation are durable already.
+	sync := f.Sync
+	if prepared {
+		sync = func() error { return unix.Fdatasync(int(f.Fd())) }
+	}
+	if err := sync(); err != nil {
 		return fail(err)
 	}
 	if err := os.Rename(tmp, path); err != nil {
@@ -486,7 +526,62 @@ func (w *WAL) createSegment(seq uint64, ckpt []byte, size int64) (*segment, erro
 		f.Close()
 		return nil, err
 	}
+	if prepared {
+		w.mu.Lock()
+		w.stats.PreparedSegments++
+		w.mu.Unlock()
+	}
 	return &segment{seq: seq, path: path, f: f, maxIdx: make(map[uint64]uint64)}, nil
+}
+
+// maybePrepareSpare starts preparing the next segment file in the
+// background once the active segment is half full. Called by the committer.
+func (w *WAL) maybePrepareSpare() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed || w.preparing || w.spareFile != nil || w.writeOff < w.cfg.SegmentSize/2 {
+		return
+	}
+	seq := w.segs[len(w.segs)-1].seq + 1
+	w.preparing = true
+	w.prepWG.Add(1)
+	go w.prepareSpare(seq)
+}
+
+// prepareSpare is the short-lived goroutine that creates the spare file for
+// segment seq. It owns the file until it hands it over under w.mu.
+func (w *WAL) prepareSpare(seq uint64) {
+	defer w.prepWG.Done()
+	path := filepath.Join(w.dir, segmentName(seq)+".prep.tmp")
+	sp, err := func() (*spareFile, error) {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+		if err != nil {
+			return nil, err
+		}
+		if err := preallocate(f, w.cfg.SegmentSize); err != nil {
+			f.Close()
+			return nil, err
+		}
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return nil, err
+		}
+		return &spareFile{seq: seq, path: path, f: f, size: w.cfg.SegmentSize}, nil
+	}()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.preparing = false
+	if err != nil {
+		os.Remove(path)
+		w.log.Warn("wal: preparing the next segment failed; will create it on demand", "err", err)
+		return
+	}
+	if w.closed || w.segs[len(w.segs)-1].seq >= seq {
+		sp.f.Close()
+		os.Remove(sp.path)
+		return
+	}
+	w.spareFile = sp
 }
 
 func syncDir(dir string) error {
@@ -729,6 +824,9 @@ func (w *WAL) commitPending() {
 	close(b.res.done)
 	if doomed != nil {
 		w.deleteSegments(doomed)
+	}
+	if err == nil {
+		w.maybePrepareSpare()
 	}
 	for i := range b.ops {
 		b.ops[i] = op{} // drop references to the callers' entries
@@ -980,8 +1078,14 @@ func (w *WAL) Close() error {
 	w.mu.Unlock()
 	close(w.quit)
 	<-w.stopped
+	w.prepWG.Wait()
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if sp := w.spareFile; sp != nil {
+		sp.f.Close()
+		os.Remove(sp.path)
+		w.spareFile = nil
+	}
 	var err error
 	for _, s := range w.segs {
 		err = errors.Join(err, s.f.Close())

@@ -833,3 +833,43 @@ func TestEntriesSplitIntoRecords(t *testing.T) {
 	defer w.Close()
 	checkLog(t, w.Storage(1), ents)
 }
+
+// TestRolloverUsesPreparedSegment: once the active segment is half full the
+// next file is prepared in the background and the rollover uses it; Close
+// leaves no temporary file behind.
+func TestRolloverUsesPreparedSegment(t *testing.T) {
+	dir := t.TempDir()
+	cfg := func(c *Config) { c.SegmentSize = 32 << 10 }
+	w := openT(t, dir, cfg)
+	var want []*pb.Entry
+	for i := uint64(1); i <= 60; i++ {
+		e := mkEnts(i, 1, 1, 2000, int64(i))
+		want = append(want, e...)
+		mustSave(t, w, Update{Group: 1, Entries: e})
+		// Let the preparer finish so that every rollover can use it.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			w.mu.Lock()
+			busy := w.preparing
+			w.mu.Unlock()
+			if !busy || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	st := w.Stats()
+	if st.Rollovers < 2 || st.PreparedSegments != st.Rollovers {
+		t.Fatalf("Rollovers %d, PreparedSegments %d: want every rollover (>= 2) prepared", st.Rollovers, st.PreparedSegments)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	tmps, _ := filepath.Glob(filepath.Join(dir, "*.tmp"))
+	if len(tmps) != 0 {
+		t.Fatalf("temporary files left after Close: %v", tmps)
+	}
+	w = openT(t, dir, cfg)
+	defer w.Close()
+	checkLog(t, w.Storage(1), want)
+}
