@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/basalt-storage/basalt/internal/raftstore/memlog"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -68,5 +69,36 @@ func TestSingleVoter(t *testing.T) {
 	c.hosts[1].ProcessReady()
 	if calls != 1 || rerr != nil {
 		t.Fatalf("read: %d calls, %v", calls, rerr)
+	}
+}
+
+// TestGroupCommit: the groups handled in one round share one LogStore.Save.
+func TestGroupCommit(t *testing.T) {
+	groups := map[uint64][]uint64{}
+	for g := uint64(1); g <= 8; g++ {
+		groups[g] = []uint64{1}
+	}
+	c := newCluster(t, 91, 1, groups, nil)
+	defer c.stop()
+	h := c.hosts[1]
+	h.ProcessReady()
+	log := c.logs[1].(*memlog.Log)
+	before, roundsBefore := log.Saves(), h.Stats().ReadyRounds
+	answered := 0
+	for g := uint64(1); g <= 8; g++ {
+		h.Propose(g, []byte("k=v"), func(err error) {
+			if err != nil {
+				t.Errorf("group %d: %v", g, err)
+			}
+			answered++
+		})
+	}
+	h.ProcessReady()
+	saves, rounds := log.Saves()-before, h.Stats().ReadyRounds-roundsBefore
+	if answered != 8 {
+		t.Fatalf("%d of 8 proposals answered", answered)
+	}
+	if saves > 2 || saves != int(rounds) {
+		t.Fatalf("8 groups' proposals took %d saves in %d rounds, want one save per round, at most 2", saves, rounds)
 	}
 }
