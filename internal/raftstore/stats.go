@@ -100,7 +100,7 @@ func (h *Histogram) snapshot() HistogramSnapshot {
 // Stats is what the host measured since it was created. The chunkserver exports it
 // to Prometheus through its own collector; the host registers nothing globally.
 type Stats struct {
-	ProposeCommit HistogramSnapshot // Propose call → its entry committed (seen in a Ready)
+	ProposeCommit HistogramSnapshot // Propose call → its entry committed and handed to Apply (leader)
 	Apply         HistogramSnapshot // one StateMachine.Apply call
 	LogSave       HistogramSnapshot // one LogStore.Save call (group commit of a round)
 	// ReadyRounds counts scheduling rounds (one LogStore.Save at most each);
