@@ -87,11 +87,13 @@
 //	Copyset != placement.CopysetOf(...)          BAD_REQUEST
 //	copyset not hosted here                      NO_SUCH_COPYSET
 //	write/trim/zeroes with Epoch 0               READ_ONLY
-//	replica stopped by a disk error              IO_ERROR / NO_SPACE
+//	replica stopped by a disk error              NOT_LEADER, Hint 0 (the
+//	                                             other members serve)
 //	Epoch (non-zero) < the copyset's epoch       FENCED
 //
 // Writes, trims and write-zeroes are proposed; the reply is sent from the
-// proposal's callback (NOT_LEADER carries the leader in Header.Hint). A read
+// proposal's callback (NOT_LEADER carries the leader in Header.Hint; a disk
+// error while applying it here answers NO_SPACE or IO_ERROR). A read
 // whose epoch is newer than the copyset's first commits a fence, then waits
 // for Host.ReadBarrier (lease read, or ReadIndex) and reads the chunk file
 // into a pooled buffer that is released once the reply was written. Flush and

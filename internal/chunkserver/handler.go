@@ -169,9 +169,11 @@ func (hd *handler) validate(h transport.Header, payload []byte) (*replica, volum
 	if h.Op != transport.OpRead && h.Epoch == 0 {
 		return nil, vi, api.StatusReadOnly
 	}
-	if err := r.sm.Failed(); err != nil {
-		st, _ := statusOf(err)
-		return nil, vi, st
+	if r.sm.Failed() != nil {
+		// This replica stopped after a disk error and serves nothing more; the
+		// other members elect a leader without it. NOT_LEADER (no hint) sends
+		// the client on to them.
+		return nil, vi, api.StatusNotLeader
 	}
 	if h.Epoch != 0 && h.Epoch < r.sm.epochOf(h.Volume) {
 		return nil, vi, api.StatusFenced

@@ -51,6 +51,15 @@ type Config struct {
 	// OrphanTimeout: a copyset the MDS stopped listing for this chunkserver,
 	// whose replica knows no leader, is deleted after this long (default 30 s).
 	OrphanTimeout time.Duration
+	// Knobs are fault-injection points for tests, handed to the WAL and the
+	// datastore (slow or failing fsync, full disk).
+	Knobs Knobs
+}
+
+// Knobs are the fault-injection points of a chunkserver (STYLE 11).
+type Knobs struct {
+	WAL       wal.Knobs
+	Datastore datastore.Knobs
 }
 
 // Errors of New and Run.
@@ -172,12 +181,13 @@ func New(cfg Config) (*ChunkServer, error) {
 	if id != 0 {
 		c.log = c.log.With("chunkserver", id)
 	}
-	c.wal, err = wal.Open(wal.Config{Dir: filepath.Join(cfg.DataDir, "wal"), SegmentSize: cfg.WALSegmentSize, Logger: cfg.Logger})
+	c.wal, err = wal.Open(wal.Config{Dir: filepath.Join(cfg.DataDir, "wal"), SegmentSize: cfg.WALSegmentSize,
+		Logger: cfg.Logger, Knobs: cfg.Knobs.WAL})
 	if err != nil {
 		return nil, err
 	}
 	c.store, err = datastore.Open(datastore.Config{Dir: filepath.Join(cfg.DataDir, "data"),
-		PreallocChunks: cfg.PreallocChunks, Logger: cfg.Logger})
+		PreallocChunks: cfg.PreallocChunks, Logger: cfg.Logger, Knobs: cfg.Knobs.Datastore})
 	if err != nil {
 		c.wal.Close()
 		return nil, err
@@ -402,6 +412,14 @@ func (c *ChunkServer) replicaFailed(g uint64, err error) {
 		c.diskErr = err
 	}
 	c.mu.Unlock()
+	// A failure in Persist leaves the raft group running (and, on a leader,
+	// holding its lease) until an entry is applied. Propose a no-op (a fence of
+	// volume 0 at epoch 0, which changes nothing anywhere) so that the group
+	// stops now and the other members elect a leader. A follower stops at the
+	// leader's next entry anyway. Off the calling (raft) goroutine.
+	if h := c.ready.Load(); h != nil {
+		go h.Propose(g, encodeCommand(command{Op: cmdFence}), func(error) {})
+	}
 }
 
 // deleteVolumes removes the chunks of deleted volumes from every copyset.

@@ -5,12 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/basalt-storage/basalt/internal/datastore"
 	"github.com/basalt-storage/basalt/internal/transport"
@@ -157,4 +161,61 @@ func TestClusterGarbageAndMetrics(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
+}
+
+// A replica whose disk fills up stops (its groups report unhealthy, the
+// chunkserver reports "disk full"); the other two keep serving and the data
+// stays intact.
+func TestClusterDiskFull(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test: -short")
+	}
+	var full atomic.Bool
+	first := true
+	tc := newTestCluster(t, clusterPool(2), []*api.Volume{{Id: ctVolume, Size: ctVolSize, PoolId: 1}},
+		func(c *Config) {
+			c.SnapshotEntries = 10
+			if first {
+				first = false
+				c.Knobs.Datastore.Fdatasync = func(fd int, name string) error {
+					if full.Load() {
+						return unix.ENOSPC
+					}
+					return unix.Fdatasync(fd)
+				}
+			}
+		})
+	rng := rand.New(rand.NewSource(11))
+	model := make([]byte, ctVolSize)
+	tc.writeRandom(rng, model, 30, 1)
+	full.Store(true)
+	for i := 0; i < 80; i++ {
+		off := uint64(rng.Intn(ctVolSize/4096)) * 4096
+		data := make([]byte, 4096)
+		rng.Read(data)
+		for attempt := 0; ; attempt++ {
+			st := tc.write(ctVolume, 1, off, data)
+			if st == api.StatusOK {
+				break
+			}
+			if attempt > 50 || (st != api.StatusIOError && st != api.StatusNoSpace) {
+				t.Fatalf("write at %d: %v", off, st)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		copy(model[off:], data)
+	}
+	tc.waitFor("node 1 to report a full disk", func() bool {
+		hb := tc.mds.heartbeat(1)
+		if hb == nil || hb.GetState() != "disk full" {
+			return false
+		}
+		for _, cs := range hb.GetCopysets() {
+			if cs.GetHealthy() {
+				return false
+			}
+		}
+		return true
+	})
+	tc.verify(model)
 }
