@@ -39,6 +39,10 @@ func mdsCommand() *cobra.Command {
 	f.StringVar(&cfg.MetricsListen, "metrics", "", "Prometheus /metrics listen address (off when empty)")
 	f.DurationVar(&cfg.HeartbeatTimeout, "heartbeat-timeout", 5*time.Second, "a chunkserver silent this long is offline")
 	f.DurationVar(&cfg.SessionLease, "session-lease", 10*time.Second, "lease of a volume session")
+	f.DurationVar(&cfg.ElectionTTL, "election-ttl", 3*time.Second, "how long a dead active MDS keeps its role before a standby takes over")
+	f.DurationVar(&cfg.RecoveryGrace, "recovery-grace", 10*time.Minute, "a chunkserver down this long has its copysets rebuilt elsewhere (negative: never)")
+	f.DurationVar(&cfg.ScheduleInterval, "schedule-interval", 5*time.Second, "how often the scheduler looks for work")
+	f.IntVar(&cfg.MaxRecoveryMoves, "max-recovery-moves", 4, "copyset moves in flight at once, cluster-wide")
 	return cmd
 }
 
