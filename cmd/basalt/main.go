@@ -51,6 +51,7 @@ func main() {
 		volumeCommand(),
 		statusCommand(),
 		benchCommand(),
+		checkCommand(),
 	)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "basalt:", err)
