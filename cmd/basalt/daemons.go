@@ -2,6 +2,9 @@ package main
 
 import (
 	"log/slog"
+	"os"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -48,7 +51,7 @@ func mdsCommand() *cobra.Command {
 
 func chunkserverCommand() *cobra.Command {
 	var cfg chunkserver.Config
-	var mdsAddrs, pidFile string
+	var mdsAddrs, pidFile, slowDisk string
 	cmd := &cobra.Command{
 		Use:   "chunkserver",
 		Short: "Run a chunkserver on one data directory (one disk)",
@@ -58,6 +61,9 @@ func chunkserverCommand() *cobra.Command {
 			cfg.Logger = slog.Default()
 			if err := writePIDFile(pidFile); err != nil {
 				return err
+			}
+			if slowDisk != "" {
+				cfg.Knobs.WAL.BeforeSync = slowDiskKnob(slowDisk)
 			}
 			cs, err := chunkserver.New(cfg)
 			if err != nil {
@@ -80,6 +86,31 @@ func chunkserverCommand() *cobra.Command {
 	f.Uint64Var(&cfg.SnapshotEntries, "snapshot-entries", 0, "raft entries between snapshots of a copyset (default 10000)")
 	f.Uint64Var(&cfg.CatchUpEntries, "catchup-entries", 0, "entries kept below a snapshot for slow followers (default 1000)")
 	f.StringVar(&pidFile, "pid-file", "", "write the process id to this file")
+	f.StringVar(&slowDisk, "fault-slow-disk-file", "", "fault injection for tests: while this file holds a duration (e.g. 50ms), every WAL fdatasync waits that much longer")
+	_ = f.MarkHidden("fault-slow-disk-file")
 	_ = cmd.MarkFlagRequired("data")
 	return cmd
+}
+
+// slowDiskKnob returns a WAL BeforeSync hook that sleeps for the duration
+// written in path (a slow disk, switched on and off at run time by tests). The
+// file is read every 100 ms; a missing or unparsable file means no delay.
+func slowDiskKnob(path string) func() error {
+	var delay atomic.Int64
+	go func() {
+		for {
+			var d time.Duration
+			if b, err := os.ReadFile(path); err == nil {
+				d, _ = time.ParseDuration(strings.TrimSpace(string(b)))
+			}
+			delay.Store(int64(d))
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	return func() error {
+		if d := time.Duration(delay.Load()); d > 0 {
+			time.Sleep(d)
+		}
+		return nil
+	}
 }
