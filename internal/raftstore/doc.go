@@ -125,7 +125,11 @@
 // made every effect up to that index durable (Persist returned).
 //
 // compactTo = S − CatchUpEntries, and never beyond the index of a snapshot still being
-// streamed to a follower: that follower continues from that index + 1.
+// streamed to a follower: that follower continues from that index + 1. Host.Snapshot
+// (for groups that keep old WAL segments alive) compacts to S itself; if the group
+// applied nothing since its last snapshot, its leader first appends an empty entry
+// so that a newer snapshot index exists (a follower waits for the leader's next
+// entry: the WAL ignores a snapshot not newer than its current one).
 //
 // When raft wants to send a snapshot (MsgSnap), the host does not pass it to
 // Transport.Send: a goroutine calls Transport.SendSnapshot(msg,

@@ -84,6 +84,10 @@ type group struct {
 	snapping    bool              // a snapshot is being created off the worker
 	snapRetryAt uint64            // after a failed snapshot: applied index to retry at
 	sending     map[uint64]uint64 // follower → index of the snapshot streamed to it
+	// releasePending: Host.Snapshot asked for a snapshot that compacts the whole
+	// applied log (to free WAL segments); noopProposed: this leader proposed an
+	// empty entry for it, the group having applied nothing since its last snapshot.
+	releasePending, noopProposed bool
 
 	statusDirty  bool
 	soloCampaign bool // campaign at once: this node is the only voter
@@ -230,6 +234,13 @@ func (g *group) prepare() (raft.Ready, bool) {
 			g.rn.TransferLeader(to)
 		}
 	}
+	if ev.forceSnap {
+		// Before this round's proposals: a no-op proposed here must not come after
+		// them in the log (see indexProposals).
+		g.releasePending = true
+		g.noopProposed = false
+		g.maybeSnapshot(snapRelease)
+	}
 	for _, p := range ev.props {
 		g.propose(p)
 	}
@@ -239,9 +250,6 @@ func (g *group) prepare() (raft.Ready, bool) {
 	if ev.ticks > 0 {
 		g.statusDirty = true
 		g.maybeRenewLease()
-	}
-	if ev.forceSnap {
-		g.maybeSnapshot(true)
 	}
 	if !g.rn.HasReady() {
 		return raft.Ready{}, false
@@ -538,7 +546,11 @@ func (g *group) finishRound() {
 		}
 		g.refresh()
 		g.serveReads()
-		g.maybeSnapshot(false)
+		if g.releasePending {
+			g.maybeSnapshot(snapRelease)
+		} else {
+			g.maybeSnapshot(snapAuto)
+		}
 		if g.rn.HasReady() {
 			g.h.sched.signal(g)
 		}

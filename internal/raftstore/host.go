@@ -453,9 +453,10 @@ func (h *Host) TransferLeader(id, to uint64) {
 	h.post(id, func(in *events) { in.transfers = append(in.transfers, to) })
 }
 
-// Snapshot makes group id take a snapshot and compact its log now (if it applied
-// anything since the last one). The chunkserver calls it for groups that keep old
-// WAL segments alive.
+// Snapshot makes group id take a snapshot now and compact its whole applied log
+// (not keeping CatchUpEntries; followers behind get a snapshot). The chunkserver
+// calls it for groups that keep old WAL segments alive. An idle group's leader first
+// appends an empty entry, so that there is a newer index to snapshot at.
 func (h *Host) Snapshot(id uint64) {
 	h.post(id, func(in *events) { in.forceSnap = true })
 }

@@ -11,16 +11,34 @@ import (
 // errSuperseded: a snapshot from the leader was installed while ours was pending.
 var errSuperseded = errors.New("raftstore: snapshot superseded by an installed one")
 
+// snapMode says why a snapshot is taken and how far it compacts.
+type snapMode int
+
+const (
+	snapAuto    snapMode = iota // SnapshotEntries applied since the last: keep CatchUpEntries
+	snapForPeer                 // a peer needs a snapshot that includes it: keep CatchUpEntries
+	snapRelease                 // Host.Snapshot: compact every applied entry (free WAL segments)
+)
+
 // maybeSnapshot starts a snapshot at the applied index S when SnapshotEntries entries
-// applied since the last one (or when forced). Capture runs here, on the worker, so
-// the state is exactly as of S; Persist (the chunk syncs) and the log compaction run
-// off the worker while applies go on.
-func (g *group) maybeSnapshot(force bool) {
+// applied since the last one, or when mode asks for one. Capture runs here, on the
+// worker, so the state is exactly as of S; Persist (the chunk syncs) and the log
+// compaction run off the worker while applies go on.
+func (g *group) maybeSnapshot(mode snapMode) {
 	h := g.h
-	if g.snapping || g.applied <= g.lastSnap || g.failed != nil || g.removed {
+	if g.snapping || g.failed != nil || g.removed {
 		return
 	}
-	if !force && (g.applied-g.lastSnap < h.cfg.SnapshotEntries || g.applied < g.snapRetryAt) {
+	if g.applied <= g.lastSnap {
+		// Nothing applied since the last snapshot, whose compaction kept
+		// CatchUpEntries: a release needs a newer index. The leader makes one
+		// with an empty entry (a follower waits for the leader's next entry).
+		if mode == snapRelease && g.isLeader && !g.noopProposed {
+			g.noopProposed = g.rn.Propose(nil) == nil
+		}
+		return
+	}
+	if mode == snapAuto && (g.applied-g.lastSnap < h.cfg.SnapshotEntries || g.applied < g.snapRetryAt) {
 		return
 	}
 	s, term := g.applied, g.appliedTerm
@@ -37,7 +55,11 @@ func (g *group) maybeSnapshot(force bool) {
 	// Keep CatchUpEntries below S for slow followers, and everything after a
 	// snapshot still being streamed: its receiver continues from its index + 1.
 	var compactTo uint64
-	if s > h.cfg.CatchUpEntries {
+	switch {
+	case mode == snapRelease:
+		compactTo = s
+		g.releasePending = false
+	case s > h.cfg.CatchUpEntries:
 		compactTo = s - h.cfg.CatchUpEntries
 	}
 	for _, idx := range g.sending {
@@ -81,6 +103,7 @@ func (g *group) snapshotDone(r snapResult) {
 		return
 	}
 	if r.err != nil {
+		g.releasePending = false // no retry loop on a failing disk; the caller asks again
 		g.h.stats.snapsFailed.Add(1)
 		g.snapRetryAt = g.applied + g.h.cfg.SnapshotEntries/4 + 1
 		g.log.Warn("raftstore: snapshot failed; will retry", "index", r.index, "err", r.err)
@@ -119,7 +142,7 @@ func (g *group) sendSnapshot(m *raftpb.Message) {
 		// peer would refuse it. Take a new one, which includes the peer (it joined
 		// by an applied conf change), and let raft retry.
 		g.log.Info("raftstore: snapshot predates peer; taking a new one", "to", to, "index", idx)
-		g.maybeSnapshot(true)
+		g.maybeSnapshot(snapForPeer)
 		if g.in.add(func(in *events) { in.snapReports = append(in.snapReports, snapReport{to: to, failed: true}) }) == nil {
 			h.sched.signal(g)
 		}

@@ -160,3 +160,43 @@ func TestCrashBeforeSnapshotInstall(t *testing.T) {
 		t.Fatalf("restarted follower misses data: k59=%q", v)
 	}
 }
+
+// TestSnapshotRelease: Host.Snapshot (the chunkserver's answer to a group pinning
+// old WAL segments) compacts the whole applied log, even of an idle group.
+func TestSnapshotRelease(t *testing.T) {
+	c := newCluster(t, 25, 3, map[uint64][]uint64{1: {1, 2, 3}}, nil)
+	defer c.stop()
+	l := c.waitLeader(1)
+	for i := range 30 {
+		if err := c.proposeWait(l, 1, fmt.Sprintf("k%d=%d", i, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.waitConverged(100)
+	for _, id := range c.ids {
+		if first, _ := c.logs[id].Storage(1).FirstIndex(); first != 1 {
+			t.Fatalf("node %d compacted to %d before any snapshot was due", id, first)
+		}
+	}
+	for _, id := range c.ids {
+		c.hosts[id].Snapshot(1)
+	}
+	c.run(3)
+	for _, id := range c.ids {
+		st, _ := c.hosts[id].Status(1)
+		if first, _ := c.logs[id].Storage(1).FirstIndex(); first != st.Snapshot+1 || st.Snapshot < 30 {
+			t.Fatalf("node %d: first index %d, snapshot %d: the applied log was not released", id, first, st.Snapshot)
+		}
+	}
+	// Idle since: the leader adds an empty entry so that a newer snapshot exists.
+	before, _ := c.hosts[l].Status(1)
+	c.hosts[l].Snapshot(1)
+	c.run(5)
+	after, _ := c.hosts[l].Status(1)
+	if after.Snapshot <= before.Snapshot {
+		t.Fatalf("idle leader: snapshot %d -> %d", before.Snapshot, after.Snapshot)
+	}
+	if v, _ := c.sms[l][1].get("k29"); v != "29" {
+		t.Fatal("state lost")
+	}
+}
