@@ -78,6 +78,7 @@ type group struct {
 	leaseUntil time.Duration // host clock; reads before it are served locally
 	renewAt    time.Duration // start of the lease renewal in flight (0: none)
 	lastReadAt time.Duration
+	readSeen   bool          // lastReadAt is set
 	transferAt time.Duration // last time a leadership transfer was seen
 
 	lastSnap    uint64            // index of the last snapshot created or installed

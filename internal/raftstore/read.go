@@ -16,7 +16,7 @@ func (g *group) read(reads []*readReq) {
 		return
 	}
 	now := g.h.now()
-	g.lastReadAt = now
+	g.lastReadAt, g.readSeen = now, true
 	if now < g.leaseUntil {
 		// Lease read: no other leader can exist before leaseUntil, so everything
 		// committed anywhere is committed here; wait for it to be applied.
@@ -50,7 +50,7 @@ func (g *group) maybeRenewLease() {
 	}
 	now := g.h.now()
 	d := g.h.leaseDur
-	if g.lastReadAt == 0 || now-g.lastReadAt > 2*d {
+	if !g.readSeen || now-g.lastReadAt > 2*d {
 		return
 	}
 	if g.renewAt != 0 && now-g.renewAt < d {
