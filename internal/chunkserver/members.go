@@ -84,6 +84,26 @@ func (c *ChunkServer) proposeConf(g uint64, typ raftpb.ConfChangeType, node uint
 	})
 }
 
+// handOver makes a leader the MDS no longer lists as a member give up
+// leadership to the most caught-up other voter: only a listed member's leader
+// learns the new member list and carries out the change (including this
+// replica's removal).
+func (c *ChunkServer) handOver(st raftstore.GroupStatus) {
+	if !st.IsLeader || !st.Healthy {
+		return
+	}
+	var to, best uint64
+	for _, v := range st.Voters {
+		if v != c.ID() && (to == 0 || st.Progress[v] > best) {
+			to, best = v, st.Progress[v]
+		}
+	}
+	if to != 0 {
+		c.log.Info("copyset leadership handed over: no longer listed as a member", "copyset", st.ID, "to", to)
+		c.host.TransferLeader(st.ID, to)
+	}
+}
+
 // removeIfGone handles a copyset the MDS no longer lists for this
 // chunkserver. It stops hosting it and deletes its data once the group's own
 // configuration no longer includes this chunkserver (the removal reached this

@@ -561,6 +561,7 @@ func (c *ChunkServer) heartbeat(ctx context.Context) error {
 			since = now
 			c.unlisted[st.ID] = now
 		}
+		c.handOver(st)
 		c.removeIfGone(st, now.Sub(since))
 		if c.replica(st.ID) == nil {
 			delete(c.unlisted, st.ID)
