@@ -125,3 +125,33 @@ func TestReadBarrier(t *testing.T) {
 		t.Fatalf("old leader x=%q after healing", v)
 	}
 }
+
+// TestLeaseRenewal: a leader that keeps serving reads renews its lease in the
+// background, so after the first ReadIndex every read is a local lease read.
+func TestLeaseRenewal(t *testing.T) {
+	c := newCluster(t, 13, 3, map[uint64][]uint64{1: {1, 2, 3}}, nil)
+	defer c.stop()
+	l := c.waitLeader(1)
+	if err := c.proposeWait(l, 1, "x=1"); err != nil {
+		t.Fatal(err)
+	}
+	ok := 0
+	var warm Stats
+	for i := range 200 { // 100 ticks: ten election timeouts
+		if i == 10 {
+			warm = c.hosts[l].Stats() // the first ReadIndex has confirmed the lease
+		}
+		c.hosts[l].ReadBarrier(1, func(err error) {
+			if err != nil {
+				t.Errorf("read: %v", err)
+			}
+			ok++
+		})
+		c.step()
+	}
+	s := c.hosts[l].Stats()
+	if ok != 200 || s.ReadIndexReads != warm.ReadIndexReads || s.LeaseReads-warm.LeaseReads != 190 {
+		t.Fatalf("%d reads ok; after warm-up %d ReadIndex, %d lease reads; want 200, 0, 190",
+			ok, s.ReadIndexReads-warm.ReadIndexReads, s.LeaseReads-warm.LeaseReads)
+	}
+}
