@@ -23,6 +23,19 @@
 // reloads the volume cache. When the WAL holds more than MaxWALSegments
 // segments, the groups pinning the oldest one are made to snapshot.
 //
+// # Membership
+//
+// The MDS changes a copyset's members by editing its member list and bumping
+// its epoch; the chunkservers carry the change out through Raft, one step per
+// heartbeat, on the copyset's leader: a listed member missing from the group
+// joins as a learner; a listed learner within 64 entries of the leader's
+// applied index is promoted; a member no longer listed is removed. A leader
+// that is itself no longer listed hands leadership to its most caught-up
+// voter (the MDS only tells members about a copyset). A replica that is not
+// listed deletes its copy once its own configuration excludes it, or once it
+// was unlisted for OrphanTimeout without knowing a leader (removed while it
+// was down, it never hears of the removal).
+//
 // # On-disk layout
 //
 //	DataDir/id     the chunkserver id, decimal + "\n"; created atomically (temp,
@@ -146,6 +159,9 @@
 //     Persist, WriteSnapshot, SendSnapshot.
 //   - peerTransport: one sender goroutine per peer owns that peer's Conn.
 //   - snapReceiver: one goroutine per incoming transfer.
+//
+// Fault injection: Config.Knobs hands wal.Knobs and datastore.Knobs down
+// (slow or failing fsync, full disk).
 //
 // Lock order: ChunkServer.mu and volumeCache.refreshMu → volumeCache.mu;
 // stateMachine.mu and peer.mu are leaves.

@@ -251,6 +251,7 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 	}
 	c.host.Start()
 	c.ready.Store(c.host)
+	c.metrics.reg.MustRegister(newHostCollector(c))
 	c.snaps = newSnapReceiver(id, c.log, c.host.ReceiveSnapshot)
 	c.hd = &handler{
 		log:     c.log,
@@ -384,7 +385,7 @@ func (c *ChunkServer) startGroup(g uint64, chunkSize int64, peers []uint64, join
 	c.replicas[g] = &replica{group: g, chunkSize: chunkSize, sm: sm, store: cs}
 	c.mu.Unlock()
 	pool, id := placement.SplitGroupID(g)
-	c.log.Info("copyset started", "copyset", g, "pool", pool, "id", id, "join", join, "peers", peers)
+	c.log.Debug("copyset started", "copyset", g, "pool", pool, "id", id, "join", join, "peers", peers)
 	return nil
 }
 
@@ -596,7 +597,6 @@ func (c *ChunkServer) serveMetrics() (*http.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.metrics.reg.MustRegister(newHostCollector(c))
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(c.metrics.reg, promhttp.HandlerOpts{}))
 	s := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
