@@ -498,6 +498,22 @@ func TestClusterFencing(t *testing.T) {
 	if got := tc.read(ctVolume, 0, 5); string(got) != "first" {
 		t.Fatalf("read %q", got)
 	}
+	// A newer writer's first IO on the other chunk's copyset is a read: it
+	// fences through raft before reading; the epoch-2 writer is then refused there.
+	off := uint64(ctChunk) // chunk 1: another copyset than chunk 0
+	cs := placement.CopysetOf(ctVolume, 1, tc.pool.GetCopysetCount())
+	buf := make([]byte, 6)
+	r, err := tc.do(transport.Header{Op: transport.OpRead, Volume: ctVolume, Epoch: 3, Offset: off, Length: 6, Copyset: cs}, nil, buf)
+	if err != nil || r.Status != api.StatusOK {
+		t.Fatalf("fencing read: %v %v", r.Status, err)
+	}
+	if st := tc.write(ctVolume, 2, off, []byte("late!!")); st != api.StatusFenced {
+		t.Fatalf("write after a newer reader fenced: %v", st)
+	}
+	r, err = tc.do(transport.Header{Op: transport.OpRead, Volume: ctVolume, Epoch: 2, Offset: off, Length: 6, Copyset: cs}, nil, buf)
+	if err != nil || r.Status != api.StatusFenced {
+		t.Fatalf("stale read: %v %v", r.Status, err)
+	}
 	tc.converged()
 }
 
