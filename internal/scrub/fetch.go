@@ -1,0 +1,122 @@
+package scrub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/basalt-storage/basalt/internal/chunkserver"
+	"github.com/basalt-storage/basalt/internal/transport"
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// Fetcher asks one replica for the checksums of its copy of a copyset.
+// *Dialer implements it over the data-plane transport; tests may stub it.
+type Fetcher interface {
+	Checksums(ctx context.Context, addr string, pool, copyset uint32) ([]chunkserver.ChunkChecksum, error)
+}
+
+// minReplyBuf is the first reply buffer for a copyset never asked before
+// (room for 3276 chunks); a larger reply is asked for again with the size the
+// replica announced.
+const minReplyBuf = 64 << 10
+
+// Dialer is the default Fetcher: one transport connection per chunkserver
+// address, kept open across requests and redialled once it died.
+type Dialer struct {
+	log *slog.Logger
+
+	mu    sync.Mutex                 // guards conns, sizes
+	conns map[string]*transport.Conn // by address
+	sizes map[uint64]int             // last reply size per copyset (pool<<32|id)
+}
+
+// NewDialer returns a Dialer; Close it to drop its connections.
+func NewDialer(log *slog.Logger) *Dialer {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Dialer{log: log, conns: map[string]*transport.Conn{}, sizes: map[uint64]int{}}
+}
+
+// Checksums implements Fetcher. A transport failure or a non-OK status is
+// returned wrapped in ErrUnreachable.
+func (d *Dialer) Checksums(ctx context.Context, addr string, pool, copyset uint32) ([]chunkserver.ChunkChecksum, error) {
+	if addr == "" {
+		return nil, fmt.Errorf("%w: no address known", ErrUnreachable)
+	}
+	key := uint64(pool)<<32 | uint64(copyset)
+	d.mu.Lock()
+	size := max(d.sizes[key], minReplyBuf)
+	d.mu.Unlock()
+	for attempt := 0; ; attempt++ {
+		conn, err := d.conn(ctx, addr)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, addr, err)
+		}
+		call := &transport.Call{
+			Header:  transport.Header{Op: transport.OpChecksum, Volume: uint64(pool), Copyset: copyset},
+			ReadBuf: make([]byte, size),
+		}
+		err = conn.Do(ctx, call)
+		if errors.Is(err, transport.ErrShortBuffer) && attempt == 0 {
+			// The replica announced its reply size: ask again with room for it.
+			size = int(call.Reply.PayloadLen)
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, addr, err)
+		}
+		if err := api.StatusError(call.Reply.Status, call.Reply.Hint); err != nil {
+			return nil, fmt.Errorf("%w: %s answered %v", ErrUnreachable, addr, err)
+		}
+		n := int(call.Reply.PayloadLen)
+		sums, err := chunkserver.DecodeChecksums(call.ReadBuf[:n])
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, addr, err)
+		}
+		d.mu.Lock()
+		d.sizes[key] = n + n/4
+		d.mu.Unlock()
+		return sums, nil
+	}
+}
+
+// conn returns a live connection to addr, dialling one if needed.
+func (d *Dialer) conn(ctx context.Context, addr string) (*transport.Conn, error) {
+	d.mu.Lock()
+	c := d.conns[addr]
+	d.mu.Unlock()
+	if c != nil && c.Err() == nil {
+		return c, nil
+	}
+	nc, err := transport.Dial(ctx, addr, transport.ConnConfig{Logger: d.log})
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if old := d.conns[addr]; old != nil && old != c && old.Err() == nil {
+		// Another goroutine dialled meanwhile: use its connection.
+		_ = nc.Close()
+		return old, nil
+	}
+	if c != nil {
+		_ = c.Close()
+	}
+	d.conns[addr] = nc
+	return nc, nil
+}
+
+// Close closes every connection.
+func (d *Dialer) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for addr, c := range d.conns {
+		_ = c.Close()
+		delete(d.conns, addr)
+	}
+	return nil
+}
