@@ -29,8 +29,11 @@ var chaosGroups = map[uint64][]uint64{
 func TestChaos(t *testing.T) {
 	seeds := []int64{1, 2, 3, 4, 5, 6}
 	steps := 3000
-	if testing.Short() {
+	switch {
+	case testing.Short():
 		seeds, steps = seeds[:1], 1000
+	case raceEnabled:
+		seeds = seeds[:3]
 	}
 	for _, seed := range seeds {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) { runChaos(t, seed, steps) })

@@ -1,0 +1,5 @@
+//go:build !race
+
+package raftstore
+
+const raceEnabled = false
