@@ -462,10 +462,15 @@ func (h *Host) Snapshot(id uint64) {
 }
 
 // Step delivers raft messages from the transport. Unknown groups are ignored.
-func (h *Host) Step(msgs []Message) {
+//
+// MsgSnap is dropped here: a snapshot message is only valid together with its data,
+// through ReceiveSnapshot (raft retries after the sender reports the failure).
+func (h *Host) Step(msgs []Message) { h.step(msgs, false) }
+
+func (h *Host) step(msgs []Message, snapOK bool) {
 	var last *group
 	for _, m := range msgs {
-		if m.Msg == nil {
+		if m.Msg == nil || (!snapOK && m.Msg.GetType() == raftpb.MsgSnap) {
 			continue
 		}
 		g := last
@@ -501,7 +506,7 @@ func (h *Host) ReceiveSnapshot(m Message, r io.Reader) error {
 		return err
 	}
 	h.stats.snapsReceived.Add(1)
-	h.Step([]Message{m})
+	h.step([]Message{m}, true)
 	return nil
 }
 
