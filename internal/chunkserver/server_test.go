@@ -219,3 +219,50 @@ func TestClusterDiskFull(t *testing.T) {
 	})
 	tc.verify(model)
 }
+
+// With automatic snapshots far away, the WAL would grow without bound; the
+// chunkserver makes the groups that pin old segments snapshot instead.
+func TestClusterWALCompaction(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test: -short")
+	}
+	const maxSegs = 3
+	tc := newTestCluster(t, clusterPool(2), []*api.Volume{{Id: ctVolume, Size: ctVolSize, PoolId: 1}},
+		func(c *Config) {
+			c.WALSegmentSize = 256 << 10
+			c.MaxWALSegments = maxSegs
+			c.SnapshotEntries = 1 << 40
+			c.CatchUpEntries = 1
+		})
+	rng := rand.New(rand.NewSource(13))
+	model := make([]byte, ctVolSize)
+	peak := 0
+	for round := 0; round < 20; round++ {
+		tc.writeRandom(rng, model, 30, 1) // ~120 KiB of entries per round
+		for _, n := range tc.nodes {
+			peak = max(peak, n.cs.wal.SegmentCount())
+		}
+	}
+	tc.waitFor("old WAL segments to be removed", func() bool {
+		for _, n := range tc.nodes {
+			if n.cs.wal.SegmentCount() > maxSegs+1 {
+				return false
+			}
+		}
+		return true
+	})
+	var created uint64
+	for _, n := range tc.nodes {
+		created += n.cs.HostStats().SnapshotsCreated
+	}
+	if created == 0 {
+		t.Fatal("no snapshot was forced")
+	}
+	t.Logf("peak WAL segments %d, snapshots forced %d", peak, created)
+	tc.verify(model)
+	// A restart replays from the forced snapshots.
+	tc.stop(0)
+	tc.start(0)
+	tc.converged()
+	tc.verify(model)
+}
