@@ -60,7 +60,9 @@ func DescribeMachine(ctx context.Context, dir string) Machine {
 	if v := commandLine(ctx, "nbdkit", "--version"); v != "" {
 		m.NBDKit = strings.Split(v, "\n")[0]
 	}
-	m.Basalt = buildRevision()
+	if m.Basalt = buildRevision(); m.Basalt == "" {
+		m.Basalt = checkoutRevision(ctx)
+	}
 	m.LoadStart = LoadAvg()
 	return m
 }
@@ -142,4 +144,18 @@ func buildRevision() string {
 		return ""
 	}
 	return rev + modified
+}
+
+// checkoutRevision names the commit of the git checkout in the working directory,
+// for binaries built with -buildvcs=false (bench/run builds from that checkout).
+func checkoutRevision(ctx context.Context) string {
+	rev := commandLine(ctx, "git", "rev-parse", "--short=12", "HEAD")
+	if rev == "" {
+		return ""
+	}
+	rev += " (checkout)"
+	if commandLine(ctx, "git", "status", "--porcelain", "--untracked-files=no") != "" {
+		rev += " with uncommitted changes in the tree"
+	}
+	return rev
 }
