@@ -169,7 +169,7 @@ type Host struct {
 
 	stopc   chan struct{}
 	workers sync.WaitGroup // workers and the ticker
-	bg      sync.WaitGroup // snapshot creation and streaming goroutines
+	bg      sync.WaitGroup // snapshot creation and streaming goroutines (Stop waits)
 
 	// tasks holds background work in manual mode, run at the end of ProcessReady.
 	tasksMu sync.Mutex
@@ -217,7 +217,9 @@ func (h *Host) Start() {
 }
 
 // Stop stops ticking and the workers, fails every outstanding callback with
-// NOT_LEADER, and waits for snapshot creation to end. Groups stay in the LogStore.
+// NOT_LEADER, and waits for snapshot creation and streaming in progress to end (so
+// the state machines are not used after Stop; the Transport must bound
+// SendSnapshot). Groups stay in the LogStore.
 func (h *Host) Stop() {
 	h.mu.Lock()
 	if h.stopped {
