@@ -328,7 +328,7 @@ func (g *group) fail(err error) {
 	if g.failed != nil {
 		return
 	}
-	g.failed = err
+	g.failed = fmt.Errorf("%w: %w", ErrGroupFailed, err)
 	g.statusDirty = true
 	g.log.Error("raftstore: group stopped", "err", err)
 	ioErr := &api.Error{Status: api.StatusIOError}

@@ -195,7 +195,7 @@ func TestApplyFailureStopsGroup(t *testing.T) {
 		}
 	}
 	st, _ = c.hosts[l].Status(1)
-	if st.Healthy || st.Err == nil || !errors.Is(st.Err, errDisk) {
+	if st.Healthy || !errors.Is(st.Err, ErrGroupFailed) || !errors.Is(st.Err, errDisk) {
 		t.Fatalf("failed group status %+v", st)
 	}
 	var late error
