@@ -16,6 +16,10 @@ import (
 // snapIdleTimeout ends a snapshot transfer whose sender went silent.
 const snapIdleTimeout = 30 * time.Second
 
+// errReceiverDone is what a data frame's write sees when the receiver
+// returned before the end frame (it read less than was sent).
+var errReceiverDone = errors.New("chunkserver: snapshot receiver already returned")
+
 // errSnapshotAbandoned ends a receive whose sender went silent or disconnected.
 var errSnapshotAbandoned = errors.New("chunkserver: snapshot transfer abandoned by sender")
 
@@ -85,11 +89,14 @@ func (s *snapReceiver) serve(rw transport.ReplyWriter, h transport.Header, paylo
 		go func() {
 			defer s.wg.Done()
 			err := s.receive(msgs[0], pr)
-			if err == nil {
-				err = io.ErrClosedPipe // stops a sender that goes on writing
+			// Unblock a data frame still writing: the receiver is done with
+			// the stream, for better or worse.
+			if err != nil {
+				pr.CloseWithError(err)
+			} else {
+				pr.CloseWithError(errReceiverDone)
 			}
-			pr.CloseWithError(err)
-			ss.res <- s.result(err)
+			ss.res <- err
 		}()
 		reply(api.StatusOK)
 	case snapData, snapEnd:
@@ -113,7 +120,6 @@ func (s *snapReceiver) serve(rw transport.ReplyWriter, h transport.Header, paylo
 		}
 		_ = ss.pw.Close()
 		err := <-ss.res
-		ss.res <- err // for abandon's reader, if any
 		s.drop(ss)
 		if err != nil {
 			s.log.Warn("snapshot receive failed", "copyset", ss.group, "err", err)
@@ -124,14 +130,6 @@ func (s *snapReceiver) serve(rw transport.ReplyWriter, h transport.Header, paylo
 	default:
 		reply(api.StatusBadRequest)
 	}
-}
-
-// result maps the receive goroutine's error to the transfer's outcome.
-func (s *snapReceiver) result(err error) error {
-	if errors.Is(err, io.ErrClosedPipe) {
-		return nil
-	}
-	return err
 }
 
 func (s *snapReceiver) drop(ss *snapSession) {
