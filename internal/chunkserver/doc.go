@@ -40,7 +40,9 @@
 //
 //	DataDir/id     the chunkserver id, decimal + "\n"; created atomically (temp,
 //	               fsync, rename, fsync dir) after the first registration and sent
-//	               on every later one. The MDS answering another id is ErrIdentity.
+//	               on every later one. The MDS answering another id, or not
+//	               knowing the id, is ErrIdentity (Run fails; it never retries
+//	               that). A heartbeat answered NotFound registers again.
 //	DataDir/wal/   the shared Raft log (internal/wal)
 //	DataDir/data/  chunk files and per-copyset meta (internal/datastore)
 //

@@ -2,6 +2,7 @@ package chunkserver
 
 import (
 	"context"
+	"errors"
 	"math/rand"
 	"net"
 	"testing"
@@ -148,5 +149,27 @@ func TestRealMDSCluster(t *testing.T) {
 		if !cs.GetOnline() || cs.GetState() != "ok" {
 			t.Fatalf("chunkserver %d: online=%v state=%q", cs.GetId(), cs.GetOnline(), cs.GetState())
 		}
+	}
+}
+
+// A data directory whose id the MDS does not know (another cluster's, or the
+// MDS's metadata was lost) is refused instead of retried forever.
+func TestRealMDSUnknownID(t *testing.T) {
+	if testing.Short() {
+		t.Skip("etcd: -short")
+	}
+	addr := startRealMDS(t)
+	dir := t.TempDir()
+	if err := writeID(dir, 4242); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := New(Config{DataDir: dir, MDS: []string{addr}, Logger: testLogger(t), PreallocChunks: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := cs.Run(ctx); !errors.Is(err, ErrIdentity) {
+		t.Fatalf("Run with an unknown id: %v", err)
 	}
 }

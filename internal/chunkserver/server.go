@@ -19,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/basalt-storage/basalt/internal/datastore"
 	"github.com/basalt-storage/basalt/internal/placement"
@@ -343,6 +345,12 @@ func (c *ChunkServer) register(ctx context.Context) error {
 			c.log.Info("registered with the MDS", "id", got, "addr", c.addr)
 			return nil
 		}
+		switch status.Code(err) {
+		case codes.NotFound:
+			return fmt.Errorf("%w: the MDS does not know id %d: %w", ErrIdentity, req.Id, err)
+		case codes.InvalidArgument, codes.AlreadyExists:
+			return err
+		}
 		c.log.Warn("MDS unreachable; retrying", "err", err, "in", backoff)
 		select {
 		case <-ctx.Done():
@@ -510,6 +518,12 @@ func (c *ChunkServer) heartbeat(ctx context.Context) error {
 	hctx, cancel := context.WithTimeout(ctx, max(c.cfg.HeartbeatInterval, time.Second))
 	defer cancel()
 	resp, err := c.mds.Heartbeat(hctx, req)
+	if status.Code(err) == codes.NotFound {
+		// The MDS does not know this chunkserver (its metadata was reset):
+		// register again, with the id this data directory holds.
+		c.log.Warn("MDS forgot this chunkserver; registering again", "err", err)
+		return c.register(ctx)
+	}
 	if err != nil {
 		return err
 	}
