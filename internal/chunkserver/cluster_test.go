@@ -604,3 +604,48 @@ func TestClusterMembershipChange(t *testing.T) {
 		t.Fatal("the new node hosts a copyset it is not a member of")
 	}
 }
+
+// setVolumes replaces the volume list and bumps its revision.
+func (m *testMDS) setVolumes(vols []*api.Volume) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.vols = vols
+	m.rev++
+}
+
+// Resizes and deletions reach the chunkservers through the heartbeat's
+// volumes_revision: a grown volume takes IO past its old end; a deleted one
+// is refused and its chunks are removed from every replica.
+func TestClusterVolumeResizeDelete(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test: -short")
+	}
+	tc := newTestCluster(t, clusterPool(2), []*api.Volume{{Id: ctVolume, Size: ctChunk, PoolId: 1}, {Id: 8, Size: ctChunk, PoolId: 1}}, nil)
+	if st := tc.write(ctVolume, 1, ctChunk, []byte("x")); st != api.StatusOutOfRange {
+		t.Fatalf("write past the end: %v", st)
+	}
+	if st := tc.write(8, 1, 0, []byte("doomed")); st != api.StatusOK {
+		t.Fatal(st)
+	}
+	tc.mds.setVolumes([]*api.Volume{{Id: ctVolume, Size: 2 * ctChunk, PoolId: 1}})
+	tc.waitFor("the resize to arrive", func() bool {
+		return tc.write(ctVolume, 1, ctChunk, []byte("x")) == api.StatusOK
+	})
+	cs := placement.CopysetOf(8, 0, 2)
+	tc.waitFor("the deleted volume's chunks to go", func() bool {
+		for i := range tc.nodes {
+			for _, s := range tc.checksums(i, cs) {
+				if s.Volume == 8 {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	if st := tc.write(8, 1, 0, []byte("again")); st != api.StatusNoSuchVolume {
+		t.Fatalf("write to a deleted volume: %v", st)
+	}
+	if got := tc.read(ctVolume, ctChunk, 1); string(got) != "x" {
+		t.Fatalf("read %q", got)
+	}
+}
