@@ -49,7 +49,7 @@ func (m *testMDS) setMembers(c uint32, members []uint64) {
 	m.epochs[c]++
 }
 
-func startTestMDS(t *testing.T, pool *api.Pool, vols []*api.Volume) *testMDS {
+func startTestMDS(t testing.TB, pool *api.Pool, vols []*api.Volume) *testMDS {
 	t.Helper()
 	m := &testMDS{pool: pool, vols: vols, rev: 1, addrs: map[uint64]string{}, hbs: map[uint64]*api.HeartbeatRequest{},
 		members: map[uint32][]uint64{}, epochs: map[uint32]uint64{}}
@@ -129,7 +129,7 @@ type testNode struct {
 }
 
 type testCluster struct {
-	t     *testing.T
+	t     testing.TB
 	mds   *testMDS
 	nodes []*testNode
 	pool  *api.Pool
@@ -141,14 +141,14 @@ type testCluster struct {
 	leader map[uint32]uint64 // copyset → chunkserver id
 }
 
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	if os.Getenv("BASALT_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-func newTestCluster(t *testing.T, pool *api.Pool, vols []*api.Volume, tune func(*Config)) *testCluster {
+func newTestCluster(t testing.TB, pool *api.Pool, vols []*api.Volume, tune func(*Config)) *testCluster {
 	t.Helper()
 	mds := startTestMDS(t, pool, vols)
 	tc := startNodes(t, mds.grpcAddr, tune)
@@ -158,7 +158,7 @@ func newTestCluster(t *testing.T, pool *api.Pool, vols []*api.Volume, tune func(
 
 // startNodes starts three chunkservers (servers s0, s1, s2 of one zone) that
 // register with the MDS at mdsAddr, one after the other.
-func startNodes(t *testing.T, mdsAddr string, tune func(*Config)) *testCluster {
+func startNodes(t testing.TB, mdsAddr string, tune func(*Config)) *testCluster {
 	t.Helper()
 	tc := &testCluster{t: t, conns: map[string]*transport.Conn{}, leader: map[uint32]uint64{}}
 	tc.tune = tune
