@@ -150,13 +150,16 @@
 //
 // # Goroutines and ownership
 //
-//   - Run's goroutine: heartbeats, creates groups, refreshes the volume cache,
-//     forces WAL compaction. It alone adds to replicas (ChunkServer.mu).
+//   - Run's goroutine: heartbeats, creates and removes groups, drives
+//     membership changes, refreshes the volume cache, forces WAL compaction.
+//     It alone adds to and removes from replicas (under ChunkServer.mu) and
+//     owns the unlisted map.
 //   - transport.Server: a reader and a writer per connection; the reader runs
 //     ServeFrame (the handler never blocks it on the network; a snapshot data
 //     frame blocks it on the pipe, which is the transfer's flow control).
 //   - Reads run on a goroutine each after the barrier (its callback runs on a
-//     raft worker); proposal callbacks only queue replies.
+//     raft worker); proposal callbacks only queue replies. A request for an
+//     unknown volume waits for the cache refresh on a goroutine of its own.
 //   - raftstore workers: Apply/Capture/InstallSnapshot; a snapshot goroutine:
 //     Persist, WriteSnapshot, SendSnapshot.
 //   - peerTransport: one sender goroutine per peer owns that peer's Conn.
@@ -165,8 +168,10 @@
 // Fault injection: Config.Knobs hands wal.Knobs and datastore.Knobs down
 // (slow or failing fsync, full disk).
 //
-// Lock order: ChunkServer.mu and volumeCache.refreshMu → volumeCache.mu;
-// stateMachine.mu and peer.mu are leaves.
+// Lock order: volumeCache.refreshMu (held across the MDS calls of a refresh)
+// → volumeCache.mu, and → ChunkServer.mu (deleting a volume's chunks).
+// ChunkServer.mu, volumeCache.mu, stateMachine.mu, peer.mu and snapReceiver.mu
+// are leaves: nothing else is locked while one is held.
 //
 // # Metrics
 //
