@@ -306,8 +306,8 @@ func (r *checkResult) table(w io.Writer) {
 		fmt.Fprintln(w, "MEMBER\tADDRESS\tCOPYSETS\tERROR")
 		for _, u := range r.Unreachable {
 			cs := strings.Join(u.Copysets, ",")
-			if len(u.Copysets) > 8 {
-				cs = strings.Join(u.Copysets[:8], ",") + fmt.Sprintf(",… (%d)", len(u.Copysets))
+			if n := len(u.Copysets); n > 4 {
+				cs = fmt.Sprintf("%d: %s,…", n, strings.Join(u.Copysets[:3], ","))
 			}
 			fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", u.Member, u.Addr, cs, u.Err)
 		}
