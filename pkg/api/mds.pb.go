@@ -518,6 +518,9 @@ type HeartbeatResponse struct {
 	Peers           []*ChunkServer         `protobuf:"bytes,2,rep,name=peers,proto3" json:"peers,omitempty"`                                             // addresses of every chunkserver it shares a copyset with
 	VolumesRevision uint64                 `protobuf:"varint,3,opt,name=volumes_revision,json=volumesRevision,proto3" json:"volumes_revision,omitempty"` // changes whenever a volume is created, resized or deleted
 	Pools           []*Pool                `protobuf:"bytes,4,rep,name=pools,proto3" json:"pools,omitempty"`                                             // the pools of those copysets (chunk size, replicas)
+	// Copysets this chunkserver leads that should be led by another member
+	// (leader balancing): the leader calls raft's leader transfer.
+	TransferLeaders []*LeaderTransfer `protobuf:"bytes,5,rep,name=transfer_leaders,json=transferLeaders,proto3" json:"transfer_leaders,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -580,6 +583,73 @@ func (x *HeartbeatResponse) GetPools() []*Pool {
 	return nil
 }
 
+func (x *HeartbeatResponse) GetTransferLeaders() []*LeaderTransfer {
+	if x != nil {
+		return x.TransferLeaders
+	}
+	return nil
+}
+
+type LeaderTransfer struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PoolId        uint32                 `protobuf:"varint,1,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	CopysetId     uint32                 `protobuf:"varint,2,opt,name=copyset_id,json=copysetId,proto3" json:"copyset_id,omitempty"`
+	To            uint64                 `protobuf:"varint,3,opt,name=to,proto3" json:"to,omitempty"` // the member to hand leadership to
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaderTransfer) Reset() {
+	*x = LeaderTransfer{}
+	mi := &file_mds_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaderTransfer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaderTransfer) ProtoMessage() {}
+
+func (x *LeaderTransfer) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaderTransfer.ProtoReflect.Descriptor instead.
+func (*LeaderTransfer) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *LeaderTransfer) GetPoolId() uint32 {
+	if x != nil {
+		return x.PoolId
+	}
+	return 0
+}
+
+func (x *LeaderTransfer) GetCopysetId() uint32 {
+	if x != nil {
+		return x.CopysetId
+	}
+	return 0
+}
+
+func (x *LeaderTransfer) GetTo() uint64 {
+	if x != nil {
+		return x.To
+	}
+	return 0
+}
+
 type ListChunkServersRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -588,7 +658,7 @@ type ListChunkServersRequest struct {
 
 func (x *ListChunkServersRequest) Reset() {
 	*x = ListChunkServersRequest{}
-	mi := &file_mds_proto_msgTypes[6]
+	mi := &file_mds_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -600,7 +670,7 @@ func (x *ListChunkServersRequest) String() string {
 func (*ListChunkServersRequest) ProtoMessage() {}
 
 func (x *ListChunkServersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[6]
+	mi := &file_mds_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -613,7 +683,7 @@ func (x *ListChunkServersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListChunkServersRequest.ProtoReflect.Descriptor instead.
 func (*ListChunkServersRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{6}
+	return file_mds_proto_rawDescGZIP(), []int{7}
 }
 
 type ListChunkServersResponse struct {
@@ -625,7 +695,7 @@ type ListChunkServersResponse struct {
 
 func (x *ListChunkServersResponse) Reset() {
 	*x = ListChunkServersResponse{}
-	mi := &file_mds_proto_msgTypes[7]
+	mi := &file_mds_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -637,7 +707,7 @@ func (x *ListChunkServersResponse) String() string {
 func (*ListChunkServersResponse) ProtoMessage() {}
 
 func (x *ListChunkServersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[7]
+	mi := &file_mds_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -650,7 +720,7 @@ func (x *ListChunkServersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListChunkServersResponse.ProtoReflect.Descriptor instead.
 func (*ListChunkServersResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{7}
+	return file_mds_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListChunkServersResponse) GetChunkservers() []*ChunkServer {
@@ -673,7 +743,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_mds_proto_msgTypes[8]
+	mi := &file_mds_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -685,7 +755,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[8]
+	mi := &file_mds_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -698,7 +768,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{8}
+	return file_mds_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Pool) GetId() uint32 {
@@ -743,13 +813,14 @@ type Copyset struct {
 	Members       []uint64               `protobuf:"varint,3,rep,packed,name=members,proto3" json:"members,omitempty"`                  // chunkserver ids (also the raft node ids)
 	LeaderHint    uint64                 `protobuf:"varint,4,opt,name=leader_hint,json=leaderHint,proto3" json:"leader_hint,omitempty"` // last leader reported by heartbeats; 0 if unknown
 	Epoch         uint64                 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`                             // bumped whenever members change
+	Move          *CopysetMove           `protobuf:"bytes,6,opt,name=move,proto3" json:"move,omitempty"`                                // the member change in flight, if any
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Copyset) Reset() {
 	*x = Copyset{}
-	mi := &file_mds_proto_msgTypes[9]
+	mi := &file_mds_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -761,7 +832,7 @@ func (x *Copyset) String() string {
 func (*Copyset) ProtoMessage() {}
 
 func (x *Copyset) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[9]
+	mi := &file_mds_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -774,7 +845,7 @@ func (x *Copyset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Copyset.ProtoReflect.Descriptor instead.
 func (*Copyset) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{9}
+	return file_mds_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Copyset) GetPoolId() uint32 {
@@ -812,6 +883,83 @@ func (x *Copyset) GetEpoch() uint64 {
 	return 0
 }
 
+func (x *Copyset) GetMove() *CopysetMove {
+	if x != nil {
+		return x.Move
+	}
+	return nil
+}
+
+// A member replacement the scheduler started and the copyset's leader is
+// carrying out (learner, catch up, promote, remove).
+type CopysetMove struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          uint64                 `protobuf:"varint,1,opt,name=from,proto3" json:"from,omitempty"`
+	To            uint64                 `protobuf:"varint,2,opt,name=to,proto3" json:"to,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"` // "dead", "disk", "balance"
+	StartedUnixMs int64                  `protobuf:"varint,4,opt,name=started_unix_ms,json=startedUnixMs,proto3" json:"started_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopysetMove) Reset() {
+	*x = CopysetMove{}
+	mi := &file_mds_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopysetMove) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopysetMove) ProtoMessage() {}
+
+func (x *CopysetMove) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopysetMove.ProtoReflect.Descriptor instead.
+func (*CopysetMove) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *CopysetMove) GetFrom() uint64 {
+	if x != nil {
+		return x.From
+	}
+	return 0
+}
+
+func (x *CopysetMove) GetTo() uint64 {
+	if x != nil {
+		return x.To
+	}
+	return 0
+}
+
+func (x *CopysetMove) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *CopysetMove) GetStartedUnixMs() int64 {
+	if x != nil {
+		return x.StartedUnixMs
+	}
+	return 0
+}
+
 type CreatePoolRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -824,7 +972,7 @@ type CreatePoolRequest struct {
 
 func (x *CreatePoolRequest) Reset() {
 	*x = CreatePoolRequest{}
-	mi := &file_mds_proto_msgTypes[10]
+	mi := &file_mds_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +984,7 @@ func (x *CreatePoolRequest) String() string {
 func (*CreatePoolRequest) ProtoMessage() {}
 
 func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[10]
+	mi := &file_mds_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +997,7 @@ func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{10}
+	return file_mds_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CreatePoolRequest) GetName() string {
@@ -889,7 +1037,7 @@ type CreatePoolResponse struct {
 
 func (x *CreatePoolResponse) Reset() {
 	*x = CreatePoolResponse{}
-	mi := &file_mds_proto_msgTypes[11]
+	mi := &file_mds_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -901,7 +1049,7 @@ func (x *CreatePoolResponse) String() string {
 func (*CreatePoolResponse) ProtoMessage() {}
 
 func (x *CreatePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[11]
+	mi := &file_mds_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -914,7 +1062,7 @@ func (x *CreatePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolResponse.ProtoReflect.Descriptor instead.
 func (*CreatePoolResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{11}
+	return file_mds_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CreatePoolResponse) GetPool() *Pool {
@@ -932,7 +1080,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_mds_proto_msgTypes[12]
+	mi := &file_mds_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -944,7 +1092,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[12]
+	mi := &file_mds_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -957,7 +1105,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{12}
+	return file_mds_proto_rawDescGZIP(), []int{14}
 }
 
 type ListPoolsResponse struct {
@@ -969,7 +1117,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_mds_proto_msgTypes[13]
+	mi := &file_mds_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -981,7 +1129,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[13]
+	mi := &file_mds_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -994,7 +1142,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{13}
+	return file_mds_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListPoolsResponse) GetPools() []*Pool {
@@ -1013,7 +1161,7 @@ type GetCopysetsRequest struct {
 
 func (x *GetCopysetsRequest) Reset() {
 	*x = GetCopysetsRequest{}
-	mi := &file_mds_proto_msgTypes[14]
+	mi := &file_mds_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1025,7 +1173,7 @@ func (x *GetCopysetsRequest) String() string {
 func (*GetCopysetsRequest) ProtoMessage() {}
 
 func (x *GetCopysetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[14]
+	mi := &file_mds_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1038,7 +1186,7 @@ func (x *GetCopysetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCopysetsRequest.ProtoReflect.Descriptor instead.
 func (*GetCopysetsRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{14}
+	return file_mds_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetCopysetsRequest) GetPoolId() uint32 {
@@ -1058,7 +1206,7 @@ type GetCopysetsResponse struct {
 
 func (x *GetCopysetsResponse) Reset() {
 	*x = GetCopysetsResponse{}
-	mi := &file_mds_proto_msgTypes[15]
+	mi := &file_mds_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1070,7 +1218,7 @@ func (x *GetCopysetsResponse) String() string {
 func (*GetCopysetsResponse) ProtoMessage() {}
 
 func (x *GetCopysetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[15]
+	mi := &file_mds_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1083,7 +1231,7 @@ func (x *GetCopysetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCopysetsResponse.ProtoReflect.Descriptor instead.
 func (*GetCopysetsResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{15}
+	return file_mds_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetCopysetsResponse) GetCopysets() []*Copyset {
@@ -1115,7 +1263,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_mds_proto_msgTypes[16]
+	mi := &file_mds_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1127,7 +1275,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[16]
+	mi := &file_mds_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1140,7 +1288,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{16}
+	return file_mds_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Volume) GetId() uint64 {
@@ -1203,7 +1351,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_mds_proto_msgTypes[17]
+	mi := &file_mds_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1215,7 +1363,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[17]
+	mi := &file_mds_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1228,7 +1376,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{17}
+	return file_mds_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CreateVolumeRequest) GetName() string {
@@ -1261,7 +1409,7 @@ type CreateVolumeResponse struct {
 
 func (x *CreateVolumeResponse) Reset() {
 	*x = CreateVolumeResponse{}
-	mi := &file_mds_proto_msgTypes[18]
+	mi := &file_mds_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1273,7 +1421,7 @@ func (x *CreateVolumeResponse) String() string {
 func (*CreateVolumeResponse) ProtoMessage() {}
 
 func (x *CreateVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[18]
+	mi := &file_mds_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1286,7 +1434,7 @@ func (x *CreateVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeResponse.ProtoReflect.Descriptor instead.
 func (*CreateVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{18}
+	return file_mds_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CreateVolumeResponse) GetVolume() *Volume {
@@ -1306,7 +1454,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_mds_proto_msgTypes[19]
+	mi := &file_mds_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1318,7 +1466,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[19]
+	mi := &file_mds_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1331,7 +1479,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{19}
+	return file_mds_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetVolumeRequest) GetName() string {
@@ -1357,7 +1505,7 @@ type GetVolumeResponse struct {
 
 func (x *GetVolumeResponse) Reset() {
 	*x = GetVolumeResponse{}
-	mi := &file_mds_proto_msgTypes[20]
+	mi := &file_mds_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1369,7 +1517,7 @@ func (x *GetVolumeResponse) String() string {
 func (*GetVolumeResponse) ProtoMessage() {}
 
 func (x *GetVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[20]
+	mi := &file_mds_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1382,7 +1530,7 @@ func (x *GetVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeResponse.ProtoReflect.Descriptor instead.
 func (*GetVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{20}
+	return file_mds_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetVolumeResponse) GetVolume() *Volume {
@@ -1400,7 +1548,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_mds_proto_msgTypes[21]
+	mi := &file_mds_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1412,7 +1560,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[21]
+	mi := &file_mds_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1425,7 +1573,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{21}
+	return file_mds_proto_rawDescGZIP(), []int{23}
 }
 
 type ListVolumesResponse struct {
@@ -1438,7 +1586,7 @@ type ListVolumesResponse struct {
 
 func (x *ListVolumesResponse) Reset() {
 	*x = ListVolumesResponse{}
-	mi := &file_mds_proto_msgTypes[22]
+	mi := &file_mds_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1598,7 @@ func (x *ListVolumesResponse) String() string {
 func (*ListVolumesResponse) ProtoMessage() {}
 
 func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[22]
+	mi := &file_mds_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1611,7 @@ func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{22}
+	return file_mds_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListVolumesResponse) GetVolumes() []*Volume {
@@ -1490,7 +1638,7 @@ type ResizeVolumeRequest struct {
 
 func (x *ResizeVolumeRequest) Reset() {
 	*x = ResizeVolumeRequest{}
-	mi := &file_mds_proto_msgTypes[23]
+	mi := &file_mds_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1502,7 +1650,7 @@ func (x *ResizeVolumeRequest) String() string {
 func (*ResizeVolumeRequest) ProtoMessage() {}
 
 func (x *ResizeVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[23]
+	mi := &file_mds_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1515,7 +1663,7 @@ func (x *ResizeVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ResizeVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{23}
+	return file_mds_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ResizeVolumeRequest) GetName() string {
@@ -1541,7 +1689,7 @@ type ResizeVolumeResponse struct {
 
 func (x *ResizeVolumeResponse) Reset() {
 	*x = ResizeVolumeResponse{}
-	mi := &file_mds_proto_msgTypes[24]
+	mi := &file_mds_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1553,7 +1701,7 @@ func (x *ResizeVolumeResponse) String() string {
 func (*ResizeVolumeResponse) ProtoMessage() {}
 
 func (x *ResizeVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[24]
+	mi := &file_mds_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1566,7 +1714,7 @@ func (x *ResizeVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ResizeVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{24}
+	return file_mds_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResizeVolumeResponse) GetVolume() *Volume {
@@ -1585,7 +1733,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_mds_proto_msgTypes[25]
+	mi := &file_mds_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1597,7 +1745,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[25]
+	mi := &file_mds_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1610,7 +1758,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{25}
+	return file_mds_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DeleteVolumeRequest) GetName() string {
@@ -1628,7 +1776,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_mds_proto_msgTypes[26]
+	mi := &file_mds_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1640,7 +1788,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[26]
+	mi := &file_mds_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1653,7 +1801,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{26}
+	return file_mds_proto_rawDescGZIP(), []int{28}
 }
 
 type OpenVolumeRequest struct {
@@ -1667,7 +1815,7 @@ type OpenVolumeRequest struct {
 
 func (x *OpenVolumeRequest) Reset() {
 	*x = OpenVolumeRequest{}
-	mi := &file_mds_proto_msgTypes[27]
+	mi := &file_mds_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1679,7 +1827,7 @@ func (x *OpenVolumeRequest) String() string {
 func (*OpenVolumeRequest) ProtoMessage() {}
 
 func (x *OpenVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[27]
+	mi := &file_mds_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1692,7 +1840,7 @@ func (x *OpenVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenVolumeRequest.ProtoReflect.Descriptor instead.
 func (*OpenVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{27}
+	return file_mds_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *OpenVolumeRequest) GetName() string {
@@ -1731,7 +1879,7 @@ type OpenVolumeResponse struct {
 
 func (x *OpenVolumeResponse) Reset() {
 	*x = OpenVolumeResponse{}
-	mi := &file_mds_proto_msgTypes[28]
+	mi := &file_mds_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1743,7 +1891,7 @@ func (x *OpenVolumeResponse) String() string {
 func (*OpenVolumeResponse) ProtoMessage() {}
 
 func (x *OpenVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[28]
+	mi := &file_mds_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1756,7 +1904,7 @@ func (x *OpenVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenVolumeResponse.ProtoReflect.Descriptor instead.
 func (*OpenVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{28}
+	return file_mds_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *OpenVolumeResponse) GetVolume() *Volume {
@@ -1817,7 +1965,7 @@ type RenewSessionRequest struct {
 
 func (x *RenewSessionRequest) Reset() {
 	*x = RenewSessionRequest{}
-	mi := &file_mds_proto_msgTypes[29]
+	mi := &file_mds_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1829,7 +1977,7 @@ func (x *RenewSessionRequest) String() string {
 func (*RenewSessionRequest) ProtoMessage() {}
 
 func (x *RenewSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[29]
+	mi := &file_mds_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1842,7 +1990,7 @@ func (x *RenewSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSessionRequest.ProtoReflect.Descriptor instead.
 func (*RenewSessionRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{29}
+	return file_mds_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RenewSessionRequest) GetSessionId() uint64 {
@@ -1861,7 +2009,7 @@ type RenewSessionResponse struct {
 
 func (x *RenewSessionResponse) Reset() {
 	*x = RenewSessionResponse{}
-	mi := &file_mds_proto_msgTypes[30]
+	mi := &file_mds_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1873,7 +2021,7 @@ func (x *RenewSessionResponse) String() string {
 func (*RenewSessionResponse) ProtoMessage() {}
 
 func (x *RenewSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[30]
+	mi := &file_mds_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1886,7 +2034,7 @@ func (x *RenewSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSessionResponse.ProtoReflect.Descriptor instead.
 func (*RenewSessionResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{30}
+	return file_mds_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RenewSessionResponse) GetLeaseMs() int64 {
@@ -1905,7 +2053,7 @@ type CloseSessionRequest struct {
 
 func (x *CloseSessionRequest) Reset() {
 	*x = CloseSessionRequest{}
-	mi := &file_mds_proto_msgTypes[31]
+	mi := &file_mds_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1917,7 +2065,7 @@ func (x *CloseSessionRequest) String() string {
 func (*CloseSessionRequest) ProtoMessage() {}
 
 func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[31]
+	mi := &file_mds_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1930,7 +2078,7 @@ func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
 func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{31}
+	return file_mds_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CloseSessionRequest) GetSessionId() uint64 {
@@ -1948,7 +2096,7 @@ type CloseSessionResponse struct {
 
 func (x *CloseSessionResponse) Reset() {
 	*x = CloseSessionResponse{}
-	mi := &file_mds_proto_msgTypes[32]
+	mi := &file_mds_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1960,7 +2108,7 @@ func (x *CloseSessionResponse) String() string {
 func (*CloseSessionResponse) ProtoMessage() {}
 
 func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[32]
+	mi := &file_mds_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1973,7 +2121,7 @@ func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionResponse.ProtoReflect.Descriptor instead.
 func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{32}
+	return file_mds_proto_rawDescGZIP(), []int{34}
 }
 
 type ClusterStatusRequest struct {
@@ -1984,7 +2132,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_mds_proto_msgTypes[33]
+	mi := &file_mds_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1996,7 +2144,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[33]
+	mi := &file_mds_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2009,7 +2157,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{33}
+	return file_mds_proto_rawDescGZIP(), []int{35}
 }
 
 type ClusterStatusResponse struct {
@@ -2024,13 +2172,14 @@ type ClusterStatusResponse struct {
 	CopysetsUnavailable   uint32                 `protobuf:"varint,8,opt,name=copysets_unavailable,json=copysetsUnavailable,proto3" json:"copysets_unavailable,omitempty"`
 	LeadersPerChunkserver map[uint64]uint32      `protobuf:"bytes,9,rep,name=leaders_per_chunkserver,json=leadersPerChunkserver,proto3" json:"leaders_per_chunkserver,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	Volumes               uint32                 `protobuf:"varint,10,opt,name=volumes,proto3" json:"volumes,omitempty"`
+	MovesInFlight         uint32                 `protobuf:"varint,11,opt,name=moves_in_flight,json=movesInFlight,proto3" json:"moves_in_flight,omitempty"` // copysets with a member change in flight
 	unknownFields         protoimpl.UnknownFields
 	sizeCache             protoimpl.SizeCache
 }
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_mds_proto_msgTypes[34]
+	mi := &file_mds_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2042,7 +2191,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[34]
+	mi := &file_mds_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2055,7 +2204,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{34}
+	return file_mds_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ClusterStatusResponse) GetActiveMds() string {
@@ -2128,6 +2277,13 @@ func (x *ClusterStatusResponse) GetVolumes() uint32 {
 	return 0
 }
 
+func (x *ClusterStatusResponse) GetMovesInFlight() uint32 {
+	if x != nil {
+		return x.MovesInFlight
+	}
+	return 0
+}
+
 var File_mds_proto protoreflect.FileDescriptor
 
 const file_mds_proto_rawDesc = "" +
@@ -2183,12 +2339,18 @@ const file_mds_proto_rawDesc = "" +
 	"read_bytes\x18\t \x01(\x04R\treadBytes\x12\x1f\n" +
 	"\vwrite_bytes\x18\n" +
 	" \x01(\x04R\n" +
-	"writeBytes\"\xcf\x01\n" +
+	"writeBytes\"\x99\x02\n" +
 	"\x11HeartbeatResponse\x122\n" +
 	"\bcopysets\x18\x01 \x03(\v2\x16.basalt.api.v1.CopysetR\bcopysets\x120\n" +
 	"\x05peers\x18\x02 \x03(\v2\x1a.basalt.api.v1.ChunkServerR\x05peers\x12)\n" +
 	"\x10volumes_revision\x18\x03 \x01(\x04R\x0fvolumesRevision\x12)\n" +
-	"\x05pools\x18\x04 \x03(\v2\x13.basalt.api.v1.PoolR\x05pools\"\x19\n" +
+	"\x05pools\x18\x04 \x03(\v2\x13.basalt.api.v1.PoolR\x05pools\x12H\n" +
+	"\x10transfer_leaders\x18\x05 \x03(\v2\x1d.basalt.api.v1.LeaderTransferR\x0ftransferLeaders\"X\n" +
+	"\x0eLeaderTransfer\x12\x17\n" +
+	"\apool_id\x18\x01 \x01(\rR\x06poolId\x12\x1d\n" +
+	"\n" +
+	"copyset_id\x18\x02 \x01(\rR\tcopysetId\x12\x0e\n" +
+	"\x02to\x18\x03 \x01(\x04R\x02to\"\x19\n" +
 	"\x17ListChunkServersRequest\"Z\n" +
 	"\x18ListChunkServersResponse\x12>\n" +
 	"\fchunkservers\x18\x01 \x03(\v2\x1a.basalt.api.v1.ChunkServerR\fchunkservers\"\x8a\x01\n" +
@@ -2198,14 +2360,20 @@ const file_mds_proto_rawDesc = "" +
 	"\breplicas\x18\x03 \x01(\rR\breplicas\x12\x1d\n" +
 	"\n" +
 	"chunk_size\x18\x04 \x01(\x04R\tchunkSize\x12#\n" +
-	"\rcopyset_count\x18\x05 \x01(\rR\fcopysetCount\"\x83\x01\n" +
+	"\rcopyset_count\x18\x05 \x01(\rR\fcopysetCount\"\xb3\x01\n" +
 	"\aCopyset\x12\x17\n" +
 	"\apool_id\x18\x01 \x01(\rR\x06poolId\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\rR\x02id\x12\x18\n" +
 	"\amembers\x18\x03 \x03(\x04R\amembers\x12\x1f\n" +
 	"\vleader_hint\x18\x04 \x01(\x04R\n" +
 	"leaderHint\x12\x14\n" +
-	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\"\x87\x01\n" +
+	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x12.\n" +
+	"\x04move\x18\x06 \x01(\v2\x1a.basalt.api.v1.CopysetMoveR\x04move\"q\n" +
+	"\vCopysetMove\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\x04R\x04from\x12\x0e\n" +
+	"\x02to\x18\x02 \x01(\x04R\x02to\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12&\n" +
+	"\x0fstarted_unix_ms\x18\x04 \x01(\x03R\rstartedUnixMs\"\x87\x01\n" +
 	"\x11CreatePoolRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\breplicas\x18\x02 \x01(\rR\breplicas\x12\x1d\n" +
@@ -2275,7 +2443,7 @@ const file_mds_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\"\x16\n" +
 	"\x14CloseSessionResponse\"\x16\n" +
-	"\x14ClusterStatusRequest\"\xcf\x04\n" +
+	"\x14ClusterStatusRequest\"\xf7\x04\n" +
 	"\x15ClusterStatusResponse\x12\x1d\n" +
 	"\n" +
 	"active_mds\x18\x01 \x01(\tR\tactiveMds\x12\x10\n" +
@@ -2288,7 +2456,8 @@ const file_mds_proto_rawDesc = "" +
 	"\x14copysets_unavailable\x18\b \x01(\rR\x13copysetsUnavailable\x12w\n" +
 	"\x17leaders_per_chunkserver\x18\t \x03(\v2?.basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntryR\x15leadersPerChunkserver\x12\x18\n" +
 	"\avolumes\x18\n" +
-	" \x01(\rR\avolumes\x1aH\n" +
+	" \x01(\rR\avolumes\x12&\n" +
+	"\x0fmoves_in_flight\x18\v \x01(\rR\rmovesInFlight\x1aH\n" +
 	"\x1aLeadersPerChunkserverEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x012\xb3\n" +
@@ -2324,7 +2493,7 @@ func file_mds_proto_rawDescGZIP() []byte {
 	return file_mds_proto_rawDescData
 }
 
-var file_mds_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_mds_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_mds_proto_goTypes = []any{
 	(*ChunkServer)(nil),                 // 0: basalt.api.v1.ChunkServer
 	(*RegisterChunkServerRequest)(nil),  // 1: basalt.api.v1.RegisterChunkServerRequest
@@ -2332,94 +2501,98 @@ var file_mds_proto_goTypes = []any{
 	(*CopysetStatus)(nil),               // 3: basalt.api.v1.CopysetStatus
 	(*HeartbeatRequest)(nil),            // 4: basalt.api.v1.HeartbeatRequest
 	(*HeartbeatResponse)(nil),           // 5: basalt.api.v1.HeartbeatResponse
-	(*ListChunkServersRequest)(nil),     // 6: basalt.api.v1.ListChunkServersRequest
-	(*ListChunkServersResponse)(nil),    // 7: basalt.api.v1.ListChunkServersResponse
-	(*Pool)(nil),                        // 8: basalt.api.v1.Pool
-	(*Copyset)(nil),                     // 9: basalt.api.v1.Copyset
-	(*CreatePoolRequest)(nil),           // 10: basalt.api.v1.CreatePoolRequest
-	(*CreatePoolResponse)(nil),          // 11: basalt.api.v1.CreatePoolResponse
-	(*ListPoolsRequest)(nil),            // 12: basalt.api.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),           // 13: basalt.api.v1.ListPoolsResponse
-	(*GetCopysetsRequest)(nil),          // 14: basalt.api.v1.GetCopysetsRequest
-	(*GetCopysetsResponse)(nil),         // 15: basalt.api.v1.GetCopysetsResponse
-	(*Volume)(nil),                      // 16: basalt.api.v1.Volume
-	(*CreateVolumeRequest)(nil),         // 17: basalt.api.v1.CreateVolumeRequest
-	(*CreateVolumeResponse)(nil),        // 18: basalt.api.v1.CreateVolumeResponse
-	(*GetVolumeRequest)(nil),            // 19: basalt.api.v1.GetVolumeRequest
-	(*GetVolumeResponse)(nil),           // 20: basalt.api.v1.GetVolumeResponse
-	(*ListVolumesRequest)(nil),          // 21: basalt.api.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),         // 22: basalt.api.v1.ListVolumesResponse
-	(*ResizeVolumeRequest)(nil),         // 23: basalt.api.v1.ResizeVolumeRequest
-	(*ResizeVolumeResponse)(nil),        // 24: basalt.api.v1.ResizeVolumeResponse
-	(*DeleteVolumeRequest)(nil),         // 25: basalt.api.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),        // 26: basalt.api.v1.DeleteVolumeResponse
-	(*OpenVolumeRequest)(nil),           // 27: basalt.api.v1.OpenVolumeRequest
-	(*OpenVolumeResponse)(nil),          // 28: basalt.api.v1.OpenVolumeResponse
-	(*RenewSessionRequest)(nil),         // 29: basalt.api.v1.RenewSessionRequest
-	(*RenewSessionResponse)(nil),        // 30: basalt.api.v1.RenewSessionResponse
-	(*CloseSessionRequest)(nil),         // 31: basalt.api.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),        // 32: basalt.api.v1.CloseSessionResponse
-	(*ClusterStatusRequest)(nil),        // 33: basalt.api.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),       // 34: basalt.api.v1.ClusterStatusResponse
-	nil,                                 // 35: basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
+	(*LeaderTransfer)(nil),              // 6: basalt.api.v1.LeaderTransfer
+	(*ListChunkServersRequest)(nil),     // 7: basalt.api.v1.ListChunkServersRequest
+	(*ListChunkServersResponse)(nil),    // 8: basalt.api.v1.ListChunkServersResponse
+	(*Pool)(nil),                        // 9: basalt.api.v1.Pool
+	(*Copyset)(nil),                     // 10: basalt.api.v1.Copyset
+	(*CopysetMove)(nil),                 // 11: basalt.api.v1.CopysetMove
+	(*CreatePoolRequest)(nil),           // 12: basalt.api.v1.CreatePoolRequest
+	(*CreatePoolResponse)(nil),          // 13: basalt.api.v1.CreatePoolResponse
+	(*ListPoolsRequest)(nil),            // 14: basalt.api.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),           // 15: basalt.api.v1.ListPoolsResponse
+	(*GetCopysetsRequest)(nil),          // 16: basalt.api.v1.GetCopysetsRequest
+	(*GetCopysetsResponse)(nil),         // 17: basalt.api.v1.GetCopysetsResponse
+	(*Volume)(nil),                      // 18: basalt.api.v1.Volume
+	(*CreateVolumeRequest)(nil),         // 19: basalt.api.v1.CreateVolumeRequest
+	(*CreateVolumeResponse)(nil),        // 20: basalt.api.v1.CreateVolumeResponse
+	(*GetVolumeRequest)(nil),            // 21: basalt.api.v1.GetVolumeRequest
+	(*GetVolumeResponse)(nil),           // 22: basalt.api.v1.GetVolumeResponse
+	(*ListVolumesRequest)(nil),          // 23: basalt.api.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),         // 24: basalt.api.v1.ListVolumesResponse
+	(*ResizeVolumeRequest)(nil),         // 25: basalt.api.v1.ResizeVolumeRequest
+	(*ResizeVolumeResponse)(nil),        // 26: basalt.api.v1.ResizeVolumeResponse
+	(*DeleteVolumeRequest)(nil),         // 27: basalt.api.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),        // 28: basalt.api.v1.DeleteVolumeResponse
+	(*OpenVolumeRequest)(nil),           // 29: basalt.api.v1.OpenVolumeRequest
+	(*OpenVolumeResponse)(nil),          // 30: basalt.api.v1.OpenVolumeResponse
+	(*RenewSessionRequest)(nil),         // 31: basalt.api.v1.RenewSessionRequest
+	(*RenewSessionResponse)(nil),        // 32: basalt.api.v1.RenewSessionResponse
+	(*CloseSessionRequest)(nil),         // 33: basalt.api.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),        // 34: basalt.api.v1.CloseSessionResponse
+	(*ClusterStatusRequest)(nil),        // 35: basalt.api.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),       // 36: basalt.api.v1.ClusterStatusResponse
+	nil,                                 // 37: basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
 }
 var file_mds_proto_depIdxs = []int32{
 	3,  // 0: basalt.api.v1.HeartbeatRequest.copysets:type_name -> basalt.api.v1.CopysetStatus
-	9,  // 1: basalt.api.v1.HeartbeatResponse.copysets:type_name -> basalt.api.v1.Copyset
+	10, // 1: basalt.api.v1.HeartbeatResponse.copysets:type_name -> basalt.api.v1.Copyset
 	0,  // 2: basalt.api.v1.HeartbeatResponse.peers:type_name -> basalt.api.v1.ChunkServer
-	8,  // 3: basalt.api.v1.HeartbeatResponse.pools:type_name -> basalt.api.v1.Pool
-	0,  // 4: basalt.api.v1.ListChunkServersResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	8,  // 5: basalt.api.v1.CreatePoolResponse.pool:type_name -> basalt.api.v1.Pool
-	8,  // 6: basalt.api.v1.ListPoolsResponse.pools:type_name -> basalt.api.v1.Pool
-	9,  // 7: basalt.api.v1.GetCopysetsResponse.copysets:type_name -> basalt.api.v1.Copyset
-	0,  // 8: basalt.api.v1.GetCopysetsResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	16, // 9: basalt.api.v1.CreateVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	16, // 10: basalt.api.v1.GetVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	16, // 11: basalt.api.v1.ListVolumesResponse.volumes:type_name -> basalt.api.v1.Volume
-	16, // 12: basalt.api.v1.ResizeVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	16, // 13: basalt.api.v1.OpenVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	8,  // 14: basalt.api.v1.OpenVolumeResponse.pool:type_name -> basalt.api.v1.Pool
-	9,  // 15: basalt.api.v1.OpenVolumeResponse.copysets:type_name -> basalt.api.v1.Copyset
-	0,  // 16: basalt.api.v1.OpenVolumeResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	0,  // 17: basalt.api.v1.ClusterStatusResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	8,  // 18: basalt.api.v1.ClusterStatusResponse.pools:type_name -> basalt.api.v1.Pool
-	9,  // 19: basalt.api.v1.ClusterStatusResponse.copysets:type_name -> basalt.api.v1.Copyset
-	35, // 20: basalt.api.v1.ClusterStatusResponse.leaders_per_chunkserver:type_name -> basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
-	1,  // 21: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
-	4,  // 22: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
-	6,  // 23: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
-	10, // 24: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
-	12, // 25: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
-	14, // 26: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
-	17, // 27: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
-	19, // 28: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
-	21, // 29: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
-	23, // 30: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
-	25, // 31: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
-	27, // 32: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
-	29, // 33: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
-	31, // 34: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
-	33, // 35: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
-	2,  // 36: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
-	5,  // 37: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
-	7,  // 38: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
-	11, // 39: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
-	13, // 40: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
-	15, // 41: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
-	18, // 42: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
-	20, // 43: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
-	22, // 44: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
-	24, // 45: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
-	26, // 46: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
-	28, // 47: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
-	30, // 48: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
-	32, // 49: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
-	34, // 50: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
-	36, // [36:51] is the sub-list for method output_type
-	21, // [21:36] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	9,  // 3: basalt.api.v1.HeartbeatResponse.pools:type_name -> basalt.api.v1.Pool
+	6,  // 4: basalt.api.v1.HeartbeatResponse.transfer_leaders:type_name -> basalt.api.v1.LeaderTransfer
+	0,  // 5: basalt.api.v1.ListChunkServersResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	11, // 6: basalt.api.v1.Copyset.move:type_name -> basalt.api.v1.CopysetMove
+	9,  // 7: basalt.api.v1.CreatePoolResponse.pool:type_name -> basalt.api.v1.Pool
+	9,  // 8: basalt.api.v1.ListPoolsResponse.pools:type_name -> basalt.api.v1.Pool
+	10, // 9: basalt.api.v1.GetCopysetsResponse.copysets:type_name -> basalt.api.v1.Copyset
+	0,  // 10: basalt.api.v1.GetCopysetsResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	18, // 11: basalt.api.v1.CreateVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	18, // 12: basalt.api.v1.GetVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	18, // 13: basalt.api.v1.ListVolumesResponse.volumes:type_name -> basalt.api.v1.Volume
+	18, // 14: basalt.api.v1.ResizeVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	18, // 15: basalt.api.v1.OpenVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	9,  // 16: basalt.api.v1.OpenVolumeResponse.pool:type_name -> basalt.api.v1.Pool
+	10, // 17: basalt.api.v1.OpenVolumeResponse.copysets:type_name -> basalt.api.v1.Copyset
+	0,  // 18: basalt.api.v1.OpenVolumeResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	0,  // 19: basalt.api.v1.ClusterStatusResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	9,  // 20: basalt.api.v1.ClusterStatusResponse.pools:type_name -> basalt.api.v1.Pool
+	10, // 21: basalt.api.v1.ClusterStatusResponse.copysets:type_name -> basalt.api.v1.Copyset
+	37, // 22: basalt.api.v1.ClusterStatusResponse.leaders_per_chunkserver:type_name -> basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
+	1,  // 23: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
+	4,  // 24: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
+	7,  // 25: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
+	12, // 26: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
+	14, // 27: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
+	16, // 28: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
+	19, // 29: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
+	21, // 30: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
+	23, // 31: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
+	25, // 32: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
+	27, // 33: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
+	29, // 34: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
+	31, // 35: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
+	33, // 36: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
+	35, // 37: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
+	2,  // 38: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
+	5,  // 39: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
+	8,  // 40: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
+	13, // 41: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
+	15, // 42: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
+	17, // 43: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
+	20, // 44: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
+	22, // 45: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
+	24, // 46: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
+	26, // 47: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
+	28, // 48: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
+	30, // 49: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
+	32, // 50: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
+	34, // 51: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
+	36, // 52: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
+	38, // [38:53] is the sub-list for method output_type
+	23, // [23:38] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_mds_proto_init() }
@@ -2433,7 +2606,7 @@ func file_mds_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mds_proto_rawDesc), len(file_mds_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   36,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
