@@ -86,6 +86,7 @@ const idFileName = "id"
 type ChunkServer struct {
 	cfg     Config
 	log     *slog.Logger
+	lock    *os.File // DataDir/LOCK, held for the process's life
 	ln      net.Listener
 	addr    string
 	wal     *wal.WAL
@@ -172,9 +173,19 @@ func New(cfg Config) (*ChunkServer, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, err
 	}
+	lock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
 	c := &ChunkServer{cfg: cfg, log: cfg.Logger.With("component", "chunkserver"),
 		metrics: newMetrics(), replicas: make(map[uint64]*replica),
-		confPending: make(map[uint64]bool), unlisted: make(map[uint64]time.Time)}
+		confPending: make(map[uint64]bool), unlisted: make(map[uint64]time.Time), lock: lock}
+	ok := false
+	defer func() {
+		if !ok {
+			lock.Close()
+		}
+	}()
 	id, err := readID(cfg.DataDir)
 	if err != nil {
 		return nil, err
@@ -204,6 +215,7 @@ func New(cfg Config) (*ChunkServer, error) {
 	if c.addr == "" {
 		c.addr = c.ln.Addr().String()
 	}
+	ok = true
 	return c, nil
 }
 
@@ -315,6 +327,7 @@ func (c *ChunkServer) shutdown() {
 	if err := c.store.Close(); err != nil {
 		c.log.Warn("closing the datastore", "err", err)
 	}
+	_ = c.lock.Close()
 	if c.mds != nil {
 		_ = c.mds.Close()
 	}
