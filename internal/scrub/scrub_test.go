@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
@@ -461,11 +463,59 @@ func TestScrubberFindsMismatch(t *testing.T) {
 			t.Fatalf("asked %v", f.asked)
 		}
 	})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(s.Collector("basalt_chunkserver_"))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var exported float64 = -1
+	for _, mf := range mfs {
+		if mf.GetName() == "basalt_chunkserver_scrub_mismatches_total" {
+			exported = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	if len(mfs) != 7 || exported != float64(st.Mismatches) {
+		t.Fatalf("metrics: %d families, mismatches %v; want 7 and %d", len(mfs), exported, st.Mismatches)
+	}
 	mu.Lock()
 	out := logs.String()
 	mu.Unlock()
 	if !strings.Contains(out, `level=WARN msg="replicas differ" component=scrub pool=2 copyset=9 group=8589934601 volume=7 chunk=1 differ=[1]`) {
 		t.Fatalf("no Warn with ids in the log:\n%s", out)
+	}
+}
+
+// A Scrubber that finds nothing to scrub (no leader yet) looks again after
+// Interval, not after PassInterval.
+func TestScrubberWaitsForTargets(t *testing.T) {
+	rs := newReplicas(t, 2, someChunks(1))
+	var calls sync.Mutex
+	n := 0
+	s := NewScrubber(ScrubberConfig{
+		Targets: func() []Target {
+			calls.Lock()
+			defer calls.Unlock()
+			if n++; n < 3 {
+				return nil
+			}
+			return []Target{target(rs)}
+		},
+		Interval:     5 * time.Millisecond,
+		PassInterval: time.Hour,
+		Logger:       slog.New(slog.DiscardHandler),
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Stats().Passes < 1 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if st := s.Stats(); st.Passes != 1 || st.CopysetsScrubbed != 1 || st.ChunksCompared != 1 {
+		t.Fatalf("stats %+v: want one pass over the target that appeared", st)
 	}
 }
 

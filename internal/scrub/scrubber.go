@@ -99,22 +99,25 @@ func (s *Scrubber) Run(ctx context.Context) {
 		"interval", s.cfg.Interval, "pass_interval", s.cfg.PassInterval)
 	for ctx.Err() == nil {
 		start := time.Now()
-		s.pass(ctx)
-		if ctx.Err() != nil {
-			break
+		wait := s.cfg.PassInterval
+		if s.pass(ctx) == 0 {
+			// Nothing to scrub (no leader elected yet after a start, or
+			// this chunkserver leads nothing): look again soon.
+			wait = s.cfg.Interval
+		} else if ctx.Err() == nil {
+			s.passes.Add(1)
 		}
-		s.passes.Add(1)
-		if sleepCtx(ctx, s.cfg.PassInterval-time.Since(start)) != nil {
+		if sleepCtx(ctx, wait-time.Since(start)) != nil {
 			break
 		}
 	}
 	s.log.Info("background scrub stopped", "copysets", s.copysets.Load(), "mismatches", s.mismatches.Load())
 }
 
-// pass scrubs every target once. The target list is re-read before each
-// copyset and walked by key, so copysets gained or lost meanwhile are picked
-// up or skipped.
-func (s *Scrubber) pass(ctx context.Context) {
+// pass scrubs every target once and returns how many it scrubbed. The target
+// list is re-read before each copyset and walked by key, so copysets gained
+// or lost meanwhile are picked up or skipped.
+func (s *Scrubber) pass(ctx context.Context) int {
 	var (
 		next     uint64 // key of the next copyset to scrub: pool<<32 | copyset
 		scrubbed int
@@ -129,7 +132,7 @@ func (s *Scrubber) pass(ctx context.Context) {
 		next = key + 1
 		rep := s.chk.Check(ctx, t)
 		if ctx.Err() != nil {
-			return // a check cut short proves nothing
+			return scrubbed // a check cut short proves nothing
 		}
 		s.record(&rep)
 		scrubbed++
@@ -138,9 +141,10 @@ func (s *Scrubber) pass(ctx context.Context) {
 			break
 		}
 	}
-	if ctx.Err() == nil {
+	if ctx.Err() == nil && scrubbed > 0 {
 		s.log.Info("scrub pass done", "copysets", scrubbed, "mismatches", found)
 	}
+	return scrubbed
 }
 
 // record counts a report and logs what it found.
