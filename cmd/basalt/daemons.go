@@ -16,12 +16,14 @@ import (
 func mdsCommand() *cobra.Command {
 	var cfg mds.Config
 	var etcd string
+	var balance bool
 	cmd := &cobra.Command{
 		Use:   "mds",
 		Short: "Run the metadata service (embedded etcd unless --etcd-endpoints is given)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.EtcdEndpoints = splitList(etcd)
+			cfg.DisableBalance = !balance
 			cfg.Logger = slog.Default()
 			s, err := mds.New(cfg)
 			if err != nil {
@@ -45,7 +47,10 @@ func mdsCommand() *cobra.Command {
 	f.DurationVar(&cfg.ElectionTTL, "election-ttl", 3*time.Second, "how long a dead active MDS keeps its role before a standby takes over")
 	f.DurationVar(&cfg.RecoveryGrace, "recovery-grace", 10*time.Minute, "a chunkserver down this long has its copysets rebuilt elsewhere (negative: never)")
 	f.DurationVar(&cfg.ScheduleInterval, "schedule-interval", 5*time.Second, "how often the scheduler looks for work")
-	f.IntVar(&cfg.MaxRecoveryMoves, "max-recovery-moves", 4, "copyset moves in flight at once, cluster-wide")
+	f.IntVar(&cfg.MaxRecoveryMoves, "max-recovery-moves", 4, "copyset moves (repairs and balancing) in flight at once, cluster-wide")
+	f.IntVar(&cfg.MaxMovesPerChunkserver, "max-moves-per-chunkserver", 2, "copyset moves in flight at once that one chunkserver receives or leads")
+	f.IntVar(&cfg.MaxLeaderTransfers, "max-leader-transfers", 2, "leader transfers (leader balancing) in flight at once")
+	f.BoolVar(&balance, "balance", true, "even out copyset counts and leaders across chunkservers")
 	return cmd
 }
 
@@ -59,14 +64,14 @@ func chunkserverCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.MDS = splitList(mdsAddrs)
 			cfg.Logger = slog.Default()
-			if err := writePIDFile(pidFile); err != nil {
-				return err
-			}
 			if slowDisk != "" {
 				cfg.Knobs.WAL.BeforeSync = slowDiskKnob(slowDisk)
 			}
-			cs, err := chunkserver.New(cfg)
+			cs, err := chunkserver.New(cfg) // takes the data directory's lock
 			if err != nil {
+				return err
+			}
+			if err := writePIDFile(pidFile); err != nil {
 				return err
 			}
 			ctx, stop := signalContext()

@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -328,7 +329,8 @@ func ReadState(dir string) (*State, error) {
 // supervisor starts the chunkserver children and stops them (and any chunkserver
 // restarted by hand on the same directory, found through its pid file) at the end.
 type supervisor struct {
-	log *slog.Logger
+	log      *slog.Logger
+	stopping atomic.Bool // set by stopAll: exits are expected from then on
 
 	mu    sync.Mutex
 	procs []*exec.Cmd
@@ -353,6 +355,9 @@ func (s *supervisor) start(cs ChunkserverState) (int, error) {
 	s.mu.Unlock()
 	go func() {
 		err := cmd.Wait()
+		if s.stopping.Load() {
+			return
+		}
 		s.log.Warn("chunkserver exited; restart it with the restart_cmd in playground.json",
 			"chunkserver", cs.Index, "pid", cmd.Process.Pid, "status", fmt.Sprint(err))
 	}()
@@ -361,6 +366,7 @@ func (s *supervisor) start(cs ChunkserverState) (int, error) {
 
 // stopAll sends SIGTERM to every chunkserver, waits a while, then SIGKILLs.
 func (s *supervisor) stopAll() {
+	s.stopping.Store(true)
 	s.mu.Lock()
 	dirs := append([]string(nil), s.dirs...)
 	s.mu.Unlock()

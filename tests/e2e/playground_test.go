@@ -152,7 +152,8 @@ func run(t *testing.T, timeout time.Duration, name string, args ...string) strin
 // fio runs one fio job against uri and fails the test on any IO or verify error.
 func fio(t *testing.T, uri string, args ...string) string {
 	t.Helper()
-	base := []string{"--ioengine=nbd", "--uri=" + uri, "--output-format=normal"}
+	// No verify state files: they would land in the working directory.
+	base := []string{"--ioengine=nbd", "--uri=" + uri, "--output-format=normal", "--verify_state_save=0"}
 	out := run(t, 10*time.Minute, "fio", append(base, args...)...)
 	if strings.Contains(out, "verify: bad") || strings.Contains(out, "err=") && !strings.Contains(out, "err= 0") {
 		t.Fatalf("fio reported errors:\n%s", out)
