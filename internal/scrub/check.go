@@ -9,8 +9,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/basalt-storage/basalt/internal/chunkserver"
 )
 
 // Errors of this package.
@@ -25,6 +23,9 @@ var (
 	// ErrIncomplete: a check could not compare everything it was asked to (a
 	// replica unreachable, or a chunk that kept changing while it was re-checked).
 	ErrIncomplete = errors.New("scrub: check incomplete")
+	// ErrBadReply: an OpChecksum reply payload is malformed (reported as the
+	// replica being unreachable).
+	ErrBadReply = errors.New("scrub: malformed checksum reply")
 )
 
 // Member is one replica of a copyset: the chunkserver id and its data-plane address.
@@ -286,7 +287,7 @@ func (c *Checker) round(ctx context.Context, t Target, members *[]Member, rep *R
 		return nil
 	}
 	type answer struct {
-		sums []chunkserver.ChunkChecksum
+		sums []ChunkSum
 		err  error
 	}
 	answers := make([]answer, len(*members))

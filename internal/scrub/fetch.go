@@ -2,12 +2,12 @@ package scrub
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 
-	"github.com/basalt-storage/basalt/internal/chunkserver"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -15,7 +15,34 @@ import (
 // Fetcher asks one replica for the checksums of its copy of a copyset.
 // *Dialer implements it over the data-plane transport; tests may stub it.
 type Fetcher interface {
-	Checksums(ctx context.Context, addr string, pool, copyset uint32) ([]chunkserver.ChunkChecksum, error)
+	Checksums(ctx context.Context, addr string, pool, copyset uint32) ([]ChunkSum, error)
+}
+
+// ChunkSum is one entry of an OpChecksum reply.
+type ChunkSum struct {
+	Volume, Index uint64
+	CRC32C        uint32
+}
+
+// DecodeChecksums parses an OpChecksum reply payload: uint32 n, then n ×
+// (uint64 volume, uint64 chunk index, uint32 crc32c), big-endian — the format
+// internal/chunkserver's doc.go specifies. It is decoded here, not with
+// chunkserver.DecodeChecksums, because the chunkserver runs a Scrubber and so
+// imports this package; a test checks that both decoders agree.
+func DecodeChecksums(b []byte) ([]ChunkSum, error) {
+	if len(b) < 4 {
+		return nil, ErrBadReply
+	}
+	n := binary.BigEndian.Uint32(b)
+	b = b[4:]
+	if uint64(len(b)) != 20*uint64(n) {
+		return nil, ErrBadReply
+	}
+	out := make([]ChunkSum, 0, n)
+	for ; len(b) > 0; b = b[20:] {
+		out = append(out, ChunkSum{binary.BigEndian.Uint64(b), binary.BigEndian.Uint64(b[8:]), binary.BigEndian.Uint32(b[16:])})
+	}
+	return out, nil
 }
 
 // minReplyBuf is the first reply buffer for a copyset never asked before
@@ -43,7 +70,7 @@ func NewDialer(log *slog.Logger) *Dialer {
 
 // Checksums implements Fetcher. A transport failure or a non-OK status is
 // returned wrapped in ErrUnreachable.
-func (d *Dialer) Checksums(ctx context.Context, addr string, pool, copyset uint32) ([]chunkserver.ChunkChecksum, error) {
+func (d *Dialer) Checksums(ctx context.Context, addr string, pool, copyset uint32) ([]ChunkSum, error) {
 	if addr == "" {
 		return nil, fmt.Errorf("%w: no address known", ErrUnreachable)
 	}
@@ -73,7 +100,7 @@ func (d *Dialer) Checksums(ctx context.Context, addr string, pool, copyset uint3
 			return nil, fmt.Errorf("%w: %s answered %v", ErrUnreachable, addr, err)
 		}
 		n := int(call.Reply.PayloadLen)
-		sums, err := chunkserver.DecodeChecksums(call.ReadBuf[:n])
+		sums, err := DecodeChecksums(call.ReadBuf[:n])
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, addr, err)
 		}
