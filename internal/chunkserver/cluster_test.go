@@ -38,6 +38,8 @@ type testMDS struct {
 	// members and epochs override the copysets' default members [1 2 3], epoch 0.
 	members map[uint32][]uint64
 	epochs  map[uint32]uint64
+	// transfers go to every heartbeat answer (the leader acts on them).
+	transfers []*api.LeaderTransfer
 }
 
 // setMembers changes a copyset's members (and bumps its epoch), as the
@@ -82,7 +84,7 @@ func (m *testMDS) Heartbeat(_ context.Context, r *api.HeartbeatRequest) (*api.He
 	defer m.mu.Unlock()
 	m.hbs[r.GetId()] = r
 	m.addrs[r.GetId()] = r.GetAddr()
-	resp := &api.HeartbeatResponse{VolumesRevision: m.rev}
+	resp := &api.HeartbeatResponse{VolumesRevision: m.rev, TransferLeaders: m.transfers}
 	if len(m.addrs) < 3 {
 		return resp, nil
 	}
@@ -646,6 +648,38 @@ func TestClusterVolumeResizeDelete(t *testing.T) {
 		t.Fatalf("write to a deleted volume: %v", st)
 	}
 	if got := tc.read(ctVolume, ctChunk, 1); string(got) != "x" {
+		t.Fatalf("read %q", got)
+	}
+}
+
+// Leader balancing: the MDS names a copyset's new leader in heartbeat answers
+// and the current leader hands over.
+func TestClusterLeaderTransfer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test: -short")
+	}
+	tc := newTestCluster(t, clusterPool(1), []*api.Volume{{Id: ctVolume, Size: ctVolSize, PoolId: 1}}, nil)
+	if st := tc.write(ctVolume, 1, 0, []byte("before")); st != api.StatusOK {
+		t.Fatal(st)
+	}
+	var leader int
+	for i := range tc.nodes {
+		if st, ok := tc.groupStatus(i, 0); ok && st.IsLeader {
+			leader = i
+		}
+	}
+	to := tc.nodes[(leader+1)%3].cs.ID()
+	tc.mds.mu.Lock()
+	tc.mds.transfers = []*api.LeaderTransfer{{PoolId: 1, CopysetId: 0, To: to}}
+	tc.mds.mu.Unlock()
+	tc.waitFor("the named member to lead", func() bool {
+		st, ok := tc.groupStatus((leader+1)%3, 0)
+		return ok && st.IsLeader
+	})
+	if st := tc.write(ctVolume, 1, 0, []byte("after!")); st != api.StatusOK {
+		t.Fatal(st)
+	}
+	if got := tc.read(ctVolume, 0, 6); string(got) != "after!" {
 		t.Fatalf("read %q", got)
 	}
 }

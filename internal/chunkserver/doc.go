@@ -34,7 +34,9 @@
 // voter (the MDS only tells members about a copyset). A replica that is not
 // listed deletes its copy once its own configuration excludes it, or once it
 // was unlisted for OrphanTimeout without knowing a leader (removed while it
-// was down, it never hears of the removal).
+// was down, it never hears of the removal). A heartbeat answer's
+// transfer_leaders make the named copysets' leaders hand over (balancing);
+// its pools give the chunk sizes of new copysets.
 //
 // # On-disk layout
 //

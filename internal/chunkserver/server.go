@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -545,6 +546,7 @@ func (c *ChunkServer) heartbeat(ctx context.Context) error {
 		addrs[p.GetId()] = p.GetAddr()
 	}
 	c.peers.setPeers(addrs)
+	c.vols.addPools(resp.GetPools())
 	if c.vols.stale(resp.GetVolumesRevision()) {
 		if err := c.vols.refresh(ctx); err != nil {
 			c.log.Warn("volume list refresh failed", "err", err)
@@ -576,6 +578,14 @@ func (c *ChunkServer) heartbeat(ctx context.Context) error {
 		listed[g] = true
 		if cs.GetEpoch() != 0 {
 			c.reconcileMembers(g, cs.GetMembers())
+		}
+	}
+	// Leader balancing: hand leadership to the member the MDS names.
+	for _, tl := range resp.GetTransferLeaders() {
+		g := placement.GroupID(tl.GetPoolId(), tl.GetCopysetId())
+		if st, ok := c.host.Status(g); ok && st.IsLeader && tl.GetTo() != c.ID() &&
+			slices.Contains(st.Voters, tl.GetTo()) {
+			c.host.TransferLeader(g, tl.GetTo())
 		}
 	}
 	now := time.Now()

@@ -63,6 +63,23 @@ func (vc *volumeCache) lookup(id uint64) (volumeInfo, bool) {
 	return v, ok
 }
 
+// addPools records the chunk sizes of pools a heartbeat response names.
+func (vc *volumeCache) addPools(pools []*api.Pool) {
+	if len(pools) == 0 {
+		return
+	}
+	vc.mu.Lock()
+	defer vc.mu.Unlock()
+	if vc.pools == nil {
+		vc.pools = make(map[uint32]uint64)
+	}
+	for _, p := range pools {
+		if p.GetChunkSize() > 0 {
+			vc.pools[p.GetId()] = p.GetChunkSize()
+		}
+	}
+}
+
 // poolChunkSize returns the chunk size of a pool.
 func (vc *volumeCache) poolChunkSize(pool uint32) (uint64, bool) {
 	vc.mu.RLock()
