@@ -7,18 +7,29 @@ import (
 )
 
 // raftLogger adapts slog to raft.Logger, tagging every line with the group id.
+// raft's Info lines (every vote, every term change) go out at Debug: with a
+// hundred groups per chunkserver they would flood the log on each election;
+// `basalt status` shows leaders and terms instead.
 type raftLogger struct{ l *slog.Logger }
+
+func (r raftLogger) enabled(level slog.Level) bool { return r.l.Enabled(context.Background(), level) }
 
 func (r raftLogger) out(level slog.Level, msg string) {
 	r.l.Log(context.Background(), level, "raft: "+msg)
 }
 
-func (r raftLogger) Debug(v ...any) { r.out(slog.LevelDebug, fmt.Sprint(v...)) }
-func (r raftLogger) Debugf(format string, v ...any) {
-	r.out(slog.LevelDebug, fmt.Sprintf(format, v...))
+func (r raftLogger) Debug(v ...any) {
+	if r.enabled(slog.LevelDebug) {
+		r.out(slog.LevelDebug, fmt.Sprint(v...))
+	}
 }
-func (r raftLogger) Info(v ...any)                 { r.out(slog.LevelInfo, fmt.Sprint(v...)) }
-func (r raftLogger) Infof(format string, v ...any) { r.out(slog.LevelInfo, fmt.Sprintf(format, v...)) }
+func (r raftLogger) Debugf(format string, v ...any) {
+	if r.enabled(slog.LevelDebug) {
+		r.out(slog.LevelDebug, fmt.Sprintf(format, v...))
+	}
+}
+func (r raftLogger) Info(v ...any)                 { r.Debug(v...) }
+func (r raftLogger) Infof(format string, v ...any) { r.Debugf(format, v...) }
 func (r raftLogger) Warning(v ...any)              { r.out(slog.LevelWarn, fmt.Sprint(v...)) }
 func (r raftLogger) Warningf(format string, v ...any) {
 	r.out(slog.LevelWarn, fmt.Sprintf(format, v...))
