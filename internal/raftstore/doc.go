@@ -45,7 +45,11 @@
 //     own append is acknowledged through Advance, so this is safe.
 //  2. One LogStore.Save persists the HardState, entries and received snapshot of
 //     every group of the batch: group commit, one fsync for all (the WAL also
-//     coalesces Saves of concurrent workers).
+//     coalesces Saves of concurrent workers). A group whose Ready only moves the
+//     commit index (no entries, snapshot, term or vote: raft.MustSync is false)
+//     marks its update wal.Update.NoSync; a round of nothing else is written
+//     without an fdatasync, so a leader applies (and answers) a commit as soon as
+//     the quorum's MsgAppResp arrives instead of after one more fsync.
 //  3. Followers send their messages (MsgAppResp, votes) only now: nothing is
 //     promised to a peer before it is durable.
 //  4. Apply: a received snapshot first (StateMachine.InstallSnapshot), then the

@@ -52,9 +52,13 @@ type group struct {
 	failed  error // non-nil: the group stopped (disk failure); it never runs again
 	removed bool
 
-	confState   *raftpb.ConfState
-	applied     uint64
-	appliedTerm uint64
+	confState *raftpb.ConfState
+	// savedTerm, savedVote: the HardState's term and vote as last saved; a Ready
+	// whose HardState changes neither (and has no entries or snapshot) only moves
+	// the commit index and is saved without an fdatasync (wal.Update.NoSync).
+	savedTerm, savedVote uint64
+	applied              uint64
+	appliedTerm          uint64
 	// skipApplyTo: after a restart, entries up to here already reached the state
 	// machine durably (Recover); they are replayed for their conf changes only.
 	skipApplyTo uint64
@@ -130,6 +134,7 @@ func newGroup(h *Host, id uint64, peers []uint64, sm StateMachine, join bool) (*
 		return nil, fmt.Errorf("raftstore: group %d: recover: %w", id, err)
 	}
 	snapIndex := snap.GetMetadata().GetIndex()
+	g.savedTerm, g.savedVote = hs.GetTerm(), hs.GetVote()
 	existing := !raft.IsEmptyHardState(hs) || last > 0 || snapIndex > 0
 	if existing {
 		if snapIndex > smIndex {

@@ -589,7 +589,12 @@ func (h *Host) processBatch(batch []*group) {
 			early = g.outgoing(early, rd.Messages)
 		}
 		if !raft.IsEmptyHardState(rd.HardState) || len(rd.Entries) > 0 || !raft.IsEmptySnap(rd.Snapshot) {
-			updates = append(updates, wal.Update{Group: g.id, HardState: rd.HardState, Entries: rd.Entries, Snapshot: rd.Snapshot})
+			// raft.MustSync: only entries, a snapshot or a new term or vote must be
+			// durable before we go on; a commit-index change is written unsynced.
+			noSync := len(rd.Entries) == 0 && raft.IsEmptySnap(rd.Snapshot) &&
+				rd.HardState.GetTerm() == g.savedTerm && rd.HardState.GetVote() == g.savedVote
+			updates = append(updates, wal.Update{Group: g.id, HardState: rd.HardState, Entries: rd.Entries,
+				Snapshot: rd.Snapshot, NoSync: noSync})
 			w.saved = true
 		}
 		works = append(works, w)
@@ -621,6 +626,9 @@ func (h *Host) processBatch(batch []*group) {
 		if saveErr != nil && w.saved {
 			w.g.fail(fmt.Errorf("raftstore: log save: %w", saveErr))
 			continue
+		}
+		if w.saved && !raft.IsEmptyHardState(w.rd.HardState) {
+			w.g.savedTerm, w.g.savedVote = w.rd.HardState.GetTerm(), w.rd.HardState.GetVote()
 		}
 		if !w.leader {
 			late = w.g.outgoing(late, w.rd.Messages)

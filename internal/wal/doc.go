@@ -148,7 +148,17 @@
 //
 // INVARIANT: the in-memory index reflects exactly the batches that were
 // durably written, in write order; a batch is applied after its fdatasync,
-// never before, so raft cannot read back anything that is not durable.
+// never before, so raft cannot read back anything that is not durable. The
+// one exception is a batch of nothing but Update.NoSync records (HardStates
+// whose only change is the commit index, raft.MustSync false): it is written
+// without an fdatasync and applied at once, and becomes durable with the next
+// synced batch (or the old segment is fdatasynced before a rollover, so a torn
+// record can only be in the last segment). Losing it in a crash only lowers the
+// commit index recovered, which raft tolerates. This takes one fdatasync off
+// the leader's path from commit to apply.
+//
+// Config.OnCommit reports each batch's write and fdatasync time (for latency
+// histograms); Stats counts synced batches and UnsyncedWrites.
 //
 // INVARIANT: after a write or fdatasync error the WAL accepts nothing more
 // (ErrFailed): what reached the disk is unknown until Open re-reads it.

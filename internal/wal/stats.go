@@ -7,6 +7,7 @@ import "time"
 type Stats struct {
 	Saves            uint64        // Save, CreateSnapshot and RemoveGroup calls made durable
 	Syncs            uint64        // batches written, one fdatasync each
+	UnsyncedWrites   uint64        // batches of NoSync updates only, written without fdatasync
 	Entries          uint64        // entries appended
 	Bytes            uint64        // record bytes written (checkpoints excluded)
 	MaxBatchSaves    int           // the most calls that shared one fdatasync

@@ -85,6 +85,10 @@ type Config struct {
 	CacheBytes int
 	Logger     *slog.Logger
 	Knobs      Knobs
+	// OnCommit, if set, is called by the committer after each batch with the
+	// time its write took, its fdatasync took (0: a NoSync batch) and its
+	// size: the hook for latency histograms. It must be quick.
+	OnCommit func(write, sync time.Duration, bytes int)
 }
 
 // Update is what one Raft group hands to Save from one Ready.
@@ -99,6 +103,13 @@ type Update struct {
 	// leader: the group's log restarts after its index. It is applied
 	// before Entries.
 	Snapshot *pb.Snapshot
+	// NoSync: the update need not be durable when Save returns (raft.MustSync
+	// is false: no entries, no snapshot, only the commit index of HardState
+	// changed). It is written, and becomes durable with the next synced batch
+	// or segment checkpoint; a batch of nothing but NoSync updates skips the
+	// fdatasync. A crash may lose it: the commit index then restarts lower,
+	// which raft tolerates (etcd does the same).
+	NoSync bool
 }
 
 // segment is one log file. seq, path and f are immutable; maxIdx is guarded
@@ -129,6 +140,7 @@ type batch struct {
 	buf   []byte
 	ops   []op
 	saves int
+	sync  bool    // some record of the batch must be durable before its waiters return
 	res   *result // fresh for every batch: waiters keep it after buf is reused
 }
 
@@ -151,6 +163,9 @@ type WAL struct {
 	kick    chan struct{} // wakes the committer (cap 1)
 	quit    chan struct{} // closed by Close
 	stopped chan struct{} // closed when the committer exits
+	// unsynced: the active segment holds a NoSync batch not yet covered by
+	// an fdatasync. Owned by the committer.
+	unsynced bool
 
 	// mu guards everything below. The committer does its write and sync
 	// without it. Lock order: mu is a leaf lock.
@@ -651,6 +666,9 @@ func (w *WAL) Save(updates []Update) error {
 		}
 		for i := range updates {
 			u := &updates[i]
+			if !u.NoSync || len(u.Entries) > 0 || !raft.IsEmptySnap(u.Snapshot) {
+				b.sync = true
+			}
 			if newerSnapshot(w.groupLocked(u.Group), u.Snapshot) {
 				md := u.Snapshot.GetMetadata()
 				sr := &snapRecord{
@@ -755,6 +773,7 @@ func (w *WAL) CreateSnapshot(group uint64, snap *pb.Snapshot, compactTo uint64) 
 		}
 		b.ops = append(b.ops, op{kind: recSnapshot, group: group, start: len(b.buf), snap: sr})
 		b.buf = appendSnapshot(b.buf, sr)
+		b.sync = true
 		return nil
 	})
 }
@@ -765,6 +784,7 @@ func (w *WAL) RemoveGroup(group uint64) error {
 	return w.enqueue(func(b *batch) error {
 		b.ops = append(b.ops, op{kind: recGroupRemoved, group: group, start: len(b.buf)})
 		b.buf = appendGroupRemoved(b.buf, group)
+		b.sync = true
 		return nil
 	})
 }
@@ -796,7 +816,7 @@ func (w *WAL) commitPending() {
 		return
 	}
 	next := w.spare
-	next.buf, next.ops, next.saves = next.buf[:0], next.ops[:0], 0
+	next.buf, next.ops, next.saves, next.sync = next.buf[:0], next.ops[:0], 0, false
 	next.res = newResult()
 	w.pending = next
 	failed := w.err
@@ -854,16 +874,40 @@ func (w *WAL) commit(b *batch) error {
 	off := w.writeOff
 	w.mu.Unlock()
 	if off+int64(len(b.buf)) > w.cfg.SegmentSize && off > segHeaderSize {
+		if w.unsynced {
+			// A segment is complete and durable before the next one exists:
+			// recovery reads a torn tail only in the last segment.
+			if err := unix.Fdatasync(int(active.f.Fd())); err != nil {
+				return err
+			}
+			w.unsynced = false
+		}
 		var err error
 		if active, off, err = w.rollover(active, int64(len(b.buf))); err != nil {
 			return err
 		}
 	}
+	wstart := time.Now()
 	if _, err := active.f.WriteAt(b.buf, off); err != nil {
 		return err
 	}
+	wdone := time.Now()
 	if w.knobs.AfterWrite != nil {
 		w.knobs.AfterWrite()
+	}
+	if !b.sync {
+		// Only NoSync updates (commit-index HardStates): written, not synced.
+		if w.cfg.OnCommit != nil {
+			w.cfg.OnCommit(wdone.Sub(wstart), 0, len(b.buf))
+		}
+		w.unsynced = true
+		w.mu.Lock()
+		w.writeOff = off + int64(len(b.buf))
+		w.stats.UnsyncedWrites++
+		w.stats.Saves += uint64(b.saves)
+		w.stats.Bytes += uint64(len(b.buf))
+		w.mu.Unlock()
+		return nil
 	}
 	if w.knobs.BeforeSync != nil {
 		if err := w.knobs.BeforeSync(); err != nil {
@@ -878,8 +922,12 @@ func (w *WAL) commit(b *batch) error {
 		return err
 	}
 	lat := time.Since(start)
+	w.unsynced = false
 	if w.knobs.AfterSync != nil {
 		w.knobs.AfterSync()
+	}
+	if w.cfg.OnCommit != nil {
+		w.cfg.OnCommit(wdone.Sub(wstart), lat, len(b.buf))
 	}
 	w.mu.Lock()
 	w.writeOff = off + int64(len(b.buf))
