@@ -8,9 +8,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/basalt-storage/basalt/internal/debughttp"
 	"github.com/basalt-storage/basalt/internal/frontend/nbd"
 	"github.com/basalt-storage/basalt/internal/frontend/volumes"
 	"github.com/basalt-storage/basalt/internal/playground"
+	"github.com/basalt-storage/basalt/pkg/client"
 	"github.com/basalt-storage/basalt/pkg/mdsclient"
 )
 
@@ -24,6 +26,7 @@ func nbdCommand() *cobra.Command {
 	listen := cmd.Flags().String("listen", "127.0.0.1:10809", "TCP listen address (empty: none)")
 	socket := cmd.Flags().String("socket", "", "Unix socket path (empty: none)")
 	readOnly := cmd.Flags().Bool("read-only", false, "open volumes read-only (alongside another writer)")
+	metrics := cmd.Flags().String("metrics", "", "serve Prometheus /metrics and /debug/pprof/ on this address (empty: none)")
 	cmd.RunE = func(*cobra.Command, []string) error {
 		if *listen == "" && *socket == "" {
 			return fmt.Errorf("nothing to serve on: give --listen or --socket")
@@ -33,13 +36,25 @@ func nbdCommand() *cobra.Command {
 			return err
 		}
 		defer mc.Close()
+		var cm *client.Metrics
+		var nm *nbd.Metrics
+		if *metrics != "" {
+			reg := debughttp.NewRegistry()
+			cm, nm = client.NewMetrics(reg), nbd.NewMetrics(reg)
+			hs, a, err := debughttp.Serve(*metrics, reg)
+			if err != nil {
+				return fmt.Errorf("--metrics: %w", err)
+			}
+			defer hs.Close()
+			slog.Info("serving metrics", "addr", a.String())
+		}
 		host, _ := os.Hostname()
 		exports := volumes.New(volumes.Config{
 			MDS: splitList(*mdsAddrs), ReadOnly: *readOnly, Lister: mc,
-			ClientName: fmt.Sprintf("nbd@%s/%d", host, os.Getpid()), Logger: slog.Default(),
+			ClientName: fmt.Sprintf("nbd@%s/%d", host, os.Getpid()), Logger: slog.Default(), Metrics: cm,
 		})
 		defer exports.Close()
-		srv, err := nbd.NewServer(nbd.Config{Exports: exports, ErrorCode: volumes.NBDErrorCode, Logger: slog.Default()})
+		srv, err := nbd.NewServer(nbd.Config{Exports: exports, ErrorCode: volumes.NBDErrorCode, Logger: slog.Default(), Metrics: nm})
 		if err != nil {
 			return err
 		}
@@ -99,5 +114,6 @@ func playgroundCommand() *cobra.Command {
 	f.StringVar(&cfg.NBDSocket, "nbd-socket", "", "NBD Unix socket (default DIR/nbd.sock)")
 	f.IntVar(&cfg.PortBase, "port-base", 6700, "first port: MDS, then etcd (+1, +2), chunkservers (+11..), metrics (+21..)")
 	f.Uint32Var(&cfg.Copysets, "copysets", 0, "copysets in the pool (default: the MDS default)")
+	f.StringVar(&cfg.Metrics, "metrics", "", "serve the NBD front end's and client's Prometheus /metrics and /debug/pprof/ on this address (empty: none)")
 	return cmd
 }

@@ -26,10 +26,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/debughttp"
 	"github.com/basalt-storage/basalt/internal/frontend/nbd"
 	"github.com/basalt-storage/basalt/internal/frontend/volumes"
 	"github.com/basalt-storage/basalt/internal/mds"
 	"github.com/basalt-storage/basalt/pkg/api"
+	"github.com/basalt-storage/basalt/pkg/client"
 	"github.com/basalt-storage/basalt/pkg/mdsclient"
 )
 
@@ -44,6 +46,9 @@ type Config struct {
 	Chunkservers int    // default 3
 	Copysets     uint32 // copysets of the pool; 0 = the MDS default
 	Binary       string // the basalt binary to start chunkservers with; default this executable
+	// Metrics: where this process serves /metrics (NBD front end, client library,
+	// Go runtime) and /debug/pprof/; "" = nowhere.
+	Metrics string
 	Logger       *slog.Logger
 	Out          io.Writer // where the welcome text goes; default os.Stdout
 }
@@ -69,6 +74,7 @@ type State struct {
 	NBDSocket    string             `json:"nbd_socket"`
 	NBDURI       string             `json:"nbd_uri"`
 	NBDUnixURI   string             `json:"nbd_unix_uri"`
+	Metrics      string             `json:"metrics,omitempty"` // this process's /metrics and /debug/pprof/
 	Volume       string             `json:"volume"`
 	Size         uint64             `json:"size"`
 	Chunkservers []ChunkserverState `json:"chunkservers"`
@@ -227,10 +233,24 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 
-	// 4. The NBD front end on TCP and on a Unix socket.
-	exports := volumes.New(volumes.Config{MDS: []string{st.MDS}, Lister: mc, ClientName: "playground-nbd", Logger: log.With("component", "nbd")})
+	// 4. The NBD front end on TCP and on a Unix socket, and its metrics.
+	var cm *client.Metrics
+	var nm *nbd.Metrics
+	if cfg.Metrics != "" {
+		reg := debughttp.NewRegistry()
+		cm, nm = client.NewMetrics(reg), nbd.NewMetrics(reg)
+		hs, a, err := debughttp.Serve(cfg.Metrics, reg)
+		if err != nil {
+			return fmt.Errorf("metrics listen on %s: %w", cfg.Metrics, err)
+		}
+		defer hs.Close()
+		st.Metrics = a.String()
+	}
+	exports := volumes.New(volumes.Config{MDS: []string{st.MDS}, Lister: mc, ClientName: "playground-nbd",
+		Logger: log.With("component", "nbd"), Metrics: cm})
 	defer exports.Close()
-	srv, err := nbd.NewServer(nbd.Config{Exports: exports, ErrorCode: volumes.NBDErrorCode, Logger: log.With("component", "nbd")})
+	srv, err := nbd.NewServer(nbd.Config{Exports: exports, ErrorCode: volumes.NBDErrorCode,
+		Logger: log.With("component", "nbd"), Metrics: nm})
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 	"github.com/basalt-storage/basalt/pkg/mdsclient"
 )
@@ -53,6 +54,33 @@ type Config struct {
 	// MDSClient, if set, is used instead of dialing MDS (tests, processes that
 	// already hold one). The Volume does not close it.
 	MDSClient api.MDSClient
+	// Metrics, if set, records latency and counters (NewMetrics); one Metrics
+	// may serve many volumes.
+	Metrics *Metrics
+	// Local, if set, is the local fast path (DESIGN §7): a piece whose target is
+	// the chunkserver Local.LocalID() is handed to Local.Go in process instead of
+	// being sent over a connection. A chunkserver that embeds a front end sets it.
+	Local Local
+}
+
+// Local is an in-process short cut to one chunkserver: the local fast path. The
+// chunkserver implements it; the client uses it for every attempt whose target
+// is LocalID, exactly as it would use a connection to that chunkserver (the same
+// request header, the same reply statuses and retries).
+//
+// Go serves one request: call.Header is the request (op, volume, epoch, offset,
+// length, copyset); call.Payload is a write's data, which stays untouched until
+// done (the callee copies what it keeps); call.ReadBuf is a read's destination,
+// filled in place — no socket and no copy through a reply frame. done is called
+// exactly once, on any goroutine, with call.Reply set (Status, Hint, PayloadLen)
+// or call.Err set; it must not block. Go itself must not block on IO.
+//
+// No per-attempt timer guards a local call: the chunkserver answers every request
+// it accepted (a raft proposal is failed with NOT_LEADER when leadership is lost,
+// and every request fails when the chunkserver stops).
+type Local interface {
+	LocalID() uint64 // the chunkserver served in process; 0 = not known yet
+	Go(call *transport.Call, done func(*transport.Call))
 }
 
 // Volume is an open volume. All methods are safe for concurrent use.
@@ -78,6 +106,7 @@ type Volume struct {
 
 	routes routeTable
 	peers  peerSet
+	m      *volumeMetrics // nil: no metrics
 
 	// base anchors monotonic times kept as nanoseconds in atomics.
 	base       time.Time
@@ -150,6 +179,7 @@ func Open(ctx context.Context, cfg Config) (*Volume, error) {
 		renewDone: make(chan struct{}),
 	}
 	v.opIdle = sync.NewCond(&v.opMu)
+	v.m = cfg.Metrics.forVolume(vol.GetName())
 	if cfg.ReadOnly {
 		v.epoch = 0
 	}

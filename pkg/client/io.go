@@ -96,7 +96,10 @@ func (v *Volume) Submit(op Op, buf []byte, off, length int64, done func(error)) 
 		done(nil)
 		return
 	}
-	o := &ioOp{v: v, op: op, done: done, deadline: v.now() + int64(v.cfg.OpTimeout)}
+	o := &ioOp{v: v, op: op, done: done, deadline: v.now() + int64(v.cfg.OpTimeout), length: length}
+	if v.m != nil {
+		o.start = time.Now()
+	}
 	if op != OpRead {
 		o.gen = v.flushes.begin()
 		o.write = true
@@ -143,7 +146,9 @@ type ioOp struct {
 	v         *Volume
 	op        Op
 	done      func(error)
-	deadline  int64 // Volume.now() nanoseconds
+	deadline  int64     // Volume.now() nanoseconds
+	start     time.Time // for metrics only (zero without)
+	length    int64
 	write     bool
 	gen       uint64 // flush generation of a write
 	pieces    []piece
@@ -166,6 +171,7 @@ func (o *ioOp) pieceDone(err error) {
 	o.errMu.Lock()
 	err = o.err
 	o.errMu.Unlock()
+	o.v.m.ioDone(o.op, o.length, o.start, err)
 	o.done(err)
 	if o.write { // after done: a flush completes after the writes it waited for
 		o.v.flushes.end(o.gen)
@@ -188,6 +194,7 @@ type piece struct {
 
 	mu      sync.Mutex  // guards timer between send and replied
 	timer   *time.Timer // the current attempt's IOTimeout
+	sent    time.Time   // the current attempt's start (metrics only)
 	target  uint64      // chunkserver of the current attempt; 0 = start from the cache
 	fails   int         // members failed in a row since the last refresh (conn errors, NOT_LEADER without hint)
 	rounds  int         // full rounds of failed members
@@ -217,7 +224,52 @@ func (p *piece) attempt() {
 	if p.target == 0 || !r.isMember(p.target) {
 		p.target = r.first()
 	}
+	p.dispatch()
+}
+
+// dispatch sends the attempt to p.target: in process when it is the Local
+// chunkserver, else over the connection to it.
+func (p *piece) dispatch() {
+	v := p.op.v
+	if l := v.cfg.Local; l != nil && p.target == l.LocalID() {
+		p.sendLocal(l)
+		return
+	}
 	v.peers.get(p.target, p.send)
+}
+
+// sendLocal is send for the local fast path: no connection, no timer.
+func (p *piece) sendLocal(l Local) {
+	v := p.op.v
+	call := p.newCall()
+	if v.m != nil {
+		p.sent = time.Now()
+		v.m.m.local.Inc()
+	}
+	l.Go(call, p.replied)
+}
+
+// newCall is the request of one attempt.
+func (p *piece) newCall() *transport.Call {
+	v := p.op.v
+	call := &transport.Call{
+		Header: transport.Header{
+			Op:      wireOp[p.op.op],
+			Volume:  v.id,
+			Epoch:   v.epoch,
+			Offset:  uint64(p.off),
+			Length:  uint32(p.n),
+			Copyset: p.cs,
+		},
+	}
+	switch p.op.op {
+	case OpRead:
+		call.ReadBuf = p.buf
+	case OpWrite:
+		call.Payload = p.buf
+		call.Header.Flags = transport.FlagFUA
+	}
+	return call
 }
 
 func (p *piece) timeoutErr() error {
@@ -238,24 +290,11 @@ func (p *piece) send(c *transport.Conn, err error) {
 		return
 	}
 	v := p.op.v
-	call := &transport.Call{
-		Header: transport.Header{
-			Op:      wireOp[p.op.op],
-			Volume:  v.id,
-			Epoch:   v.epoch,
-			Offset:  uint64(p.off),
-			Length:  uint32(p.n),
-			Copyset: p.cs,
-		},
-	}
-	switch p.op.op {
-	case OpRead:
-		call.ReadBuf = p.buf
-	case OpWrite:
-		call.Payload = p.buf
-		call.Header.Flags = transport.FlagFUA
-	}
+	call := p.newCall()
 	wait := max(min(v.cfg.IOTimeout, time.Duration(p.op.deadline-v.now())), time.Millisecond)
+	if v.m != nil {
+		p.sent = time.Now()
+	}
 	p.mu.Lock() // replied waits until the timer is set
 	c.Go(call, p.replied)
 	p.timer = time.AfterFunc(wait, func() { c.Abort(call, errAttemptTimeout) })
@@ -267,15 +306,19 @@ var errAttemptTimeout = errors.New("client: attempt timed out (IOTimeout)")
 // replied handles the outcome of one attempt (on a transport goroutine).
 func (p *piece) replied(call *transport.Call) {
 	p.mu.Lock()
-	p.timer.Stop()
-	p.timer = nil
+	if p.timer != nil { // nil: a local call
+		p.timer.Stop()
+		p.timer = nil
+	}
 	p.mu.Unlock()
+	v := p.op.v
+	v.m.attemptDone(p.op.op, p.sent)
 	if call.Err != nil {
+		v.m.retry(v.m.conn())
 		p.connFailed(fmt.Errorf("chunkserver %d: %w", p.target, call.Err))
 		return
 	}
 	h := call.Reply
-	v := p.op.v
 	if h.Status != api.StatusBusy {
 		p.busy = 0
 	}
@@ -292,6 +335,7 @@ func (p *piece) replied(call *transport.Call) {
 		}
 		p.finish(nil)
 	case api.StatusNotLeader, api.StatusNoSuchCopyset:
+		v.m.retry(v.m.notLeader())
 		p.lastErr = api.StatusError(h.Status, h.Hint)
 		r := v.routes.copyset(p.cs)
 		if h.Status == api.StatusNotLeader && h.Hint != 0 && h.Hint != p.target && p.hops < 8 {
@@ -315,6 +359,7 @@ func (p *piece) replied(call *transport.Call) {
 		}
 		p.moveOn(r)
 	case api.StatusBusy:
+		v.m.retry(v.m.busy())
 		p.lastErr = api.ErrBusy
 		p.busy++
 		d := min(busyBase<<min(p.busy, 20), busyMax)
@@ -344,7 +389,7 @@ func (p *piece) attemptHint() {
 		v.routes.refresh(p.attempt)
 		return
 	}
-	v.peers.get(p.target, p.send)
+	p.dispatch()
 }
 
 // connFailed: the target could not be reached or did not answer in time.

@@ -189,6 +189,9 @@ func (c *conn) readLoop() (readEnd, error) {
 		c.nreq++
 		r := c.s.getRequest()
 		r.c = c
+		if c.s.cfg.Metrics != nil {
+			r.start = time.Now()
+		}
 		r.typ = typ
 		r.length = length
 		copy(r.cookie[:], hdr[8:16])
@@ -227,6 +230,9 @@ func (c *conn) readLoop() (readEnd, error) {
 		}
 
 		b := c.backend
+		if c.s.cfg.Metrics != nil {
+			r.submitted = time.Now()
+		}
 		switch typ {
 		case cmdRead:
 			c.acquireBytes(r, int64(length))
@@ -393,6 +399,9 @@ func (c *conn) writeLoop() {
 				c.log.Debug("nbd: writing replies failed; dropping the rest", "err", err)
 				c.nc.Close() // wakes the reader
 			}
+			if c.s.cfg.Metrics != nil {
+				c.s.cfg.Metrics.replied(batch, time.Now())
+			}
 		}
 		for _, r := range batch {
 			c.release(r)
@@ -411,11 +420,17 @@ type request struct {
 	errno  uint32
 	buf    *[]byte // read destination or write source; nil for other commands
 	bytes  int64   // payload bytes accounted in c.inflightBytes
+	// Metrics only (zero without Config.Metrics): header parsed, handed to the
+	// backend, backend done.
+	start, submitted, finished time.Time
 }
 
 // complete is the backend's done callback: it may run on any goroutine.
 func (r *request) complete(err error) {
 	c := r.c
+	if c.s.cfg.Metrics != nil {
+		r.finished = time.Now()
+	}
 	if err != nil {
 		r.errno = c.s.errorCode(c.backend, err)
 		c.log.Debug("nbd: backend error", "cmd", r.typ, "err", err, "errno", r.errno)

@@ -42,6 +42,8 @@ type Config struct {
 	// ErrorCode, if set, maps a backend error to an NBD error value (EPERM, EIO, ...);
 	// 0 falls through to the backend's ErrorCoder and this package's sentinels.
 	ErrorCode func(err error) uint32
+	// Metrics, if set, records per-request latencies (NewMetrics).
+	Metrics *Metrics
 }
 
 func (c *Config) setDefaults() error {

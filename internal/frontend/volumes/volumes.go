@@ -29,6 +29,11 @@ type Config struct {
 	Logger     *slog.Logger
 	// Lister lists volume names for NBD_OPT_LIST; usually the MDS client.
 	Lister api.MDSClient
+	// Metrics, if set, is given to every volume's client (client.NewMetrics).
+	Metrics *client.Metrics
+	// Local, if set, is the in-process short cut to a chunkserver hosting
+	// this front end (client.Config.Local, the local fast path).
+	Local client.Local
 }
 
 // Exports opens volumes by name, one shared client per volume.
@@ -62,6 +67,8 @@ func (e *Exports) Open(name string) (frontend.Backend, error) {
 		ReadOnly:   e.cfg.ReadOnly,
 		ClientName: e.cfg.ClientName,
 		Logger:     e.cfg.Logger,
+		Metrics:    e.cfg.Metrics,
+		Local:      e.cfg.Local,
 	})
 	if err != nil {
 		if isNotFound(err) {
