@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,6 +28,20 @@ type Options struct {
 	ChunkSize    uint64 // default 4 MiB
 	// Extra flags for every chunkserver, e.g. "--snapshot-entries=200".
 	ChunkserverFlags []string
+	// Extra flags for every MDS, e.g. "--recovery-grace=5s".
+	MDSFlags []string
+	// MDSCount MDS processes share EtcdEndpoints (an external etcd, see
+	// StartEtcd); with no endpoints the one MDS embeds etcd. Default 1.
+	MDSCount      int
+	EtcdEndpoints []string
+	// Net, when set, runs every process in its own network namespace of Net
+	// (named "mds1".., "cs1"..), which must exist; see InNetns.
+	Net *Net
+	// PrepareChunkserver, when set, runs before chunkserver i (from 0) first
+	// starts, with its data directory (e.g. to mount a small file system there).
+	PrepareChunkserver func(i int, dir string)
+	// SlowDiskKnob gives every chunkserver a --fault-slow-disk-file; see SetSlowDisk.
+	SlowDiskKnob bool
 }
 
 // Proc is one basalt process of the cluster.
@@ -35,6 +50,8 @@ type Proc struct {
 	Args    []string
 	DataDir string
 	LogPath string
+	NetNS   string // network namespace to run in ("" = this one)
+	Addr    string // listen address (host:port)
 
 	mu  sync.Mutex
 	cmd *exec.Cmd
@@ -45,11 +62,14 @@ type Cluster struct {
 	t       testing.TB
 	Dir     string
 	Binary  string
-	MDSAddr string
-	MDS     *Proc
+	MDSAddr string  // every MDS address, comma-separated
+	MDS     *Proc   // the first MDS
+	MDSs    []*Proc // every MDS
 	CS      []*Proc
 	API     *mdsclient.Client
 	Pool    *api.Pool
+	// IOTimeout and OpTimeout are given to volumes Open opens (0: the defaults).
+	IOTimeout, OpTimeout time.Duration
 }
 
 var (
@@ -107,31 +127,84 @@ func Start(t testing.TB, opts Options) *Cluster {
 	if opts.ChunkSize == 0 {
 		opts.ChunkSize = 4 << 20
 	}
+	if opts.MDSCount == 0 {
+		opts.MDSCount = 1
+	}
+	if opts.MDSCount > 1 && len(opts.EtcdEndpoints) == 0 {
+		t.Fatal("testcluster: several MDS need Options.EtcdEndpoints")
+	}
 	c := &Cluster{t: t, Dir: t.TempDir(), Binary: Binary(t)}
 	t.Cleanup(c.stopAll)
 
-	mdsPort, etcdC, etcdP := FreePort(t), FreePort(t), FreePort(t)
-	c.MDSAddr = "127.0.0.1:" + strconv.Itoa(mdsPort)
-	c.MDS = c.newProc("mds", filepath.Join(c.Dir, "mds"), "mds",
-		"--listen", c.MDSAddr, "--data-dir", filepath.Join(c.Dir, "mds"),
-		"--etcd-client-url", fmt.Sprintf("http://127.0.0.1:%d", etcdC),
-		"--etcd-peer-url", fmt.Sprintf("http://127.0.0.1:%d", etcdP),
-		"--heartbeat-timeout", "3s", "--session-lease", "6s")
-	c.Start(c.MDS)
+	// addr gives the listen address of a process: its namespace's address with
+	// a fixed port, or a free loopback port.
+	addr := func(ns string, port int) string {
+		if opts.Net != nil {
+			return fmt.Sprintf("%s:%d", opts.Net.IP(ns), port)
+		}
+		return "127.0.0.1:" + strconv.Itoa(FreePort(t))
+	}
+	var mdsAddrs []string
+	for i := 0; i < opts.MDSCount; i++ {
+		name := fmt.Sprintf("mds%d", i+1)
+		if opts.MDSCount == 1 {
+			name = "mds"
+		}
+		dir := filepath.Join(c.Dir, name)
+		ns := fmt.Sprintf("mds%d", i+1)
+		a := addr(ns, 6700)
+		args := []string{"mds", "--listen", a, "--data-dir", dir,
+			"--heartbeat-timeout", "3s", "--session-lease", "6s"}
+		if len(opts.EtcdEndpoints) > 0 {
+			args = append(args, "--etcd-endpoints", strings.Join(opts.EtcdEndpoints, ","))
+		} else {
+			etcdC, etcdP := FreePort(t), FreePort(t)
+			if opts.Net != nil {
+				etcdC, etcdP = 2379, 2380
+			}
+			args = append(args, "--etcd-client-url", fmt.Sprintf("http://127.0.0.1:%d", etcdC),
+				"--etcd-peer-url", fmt.Sprintf("http://127.0.0.1:%d", etcdP))
+		}
+		args = append(args, opts.MDSFlags...)
+		p := c.newProc(name, dir, args...)
+		p.Addr = a
+		if opts.Net != nil {
+			p.NetNS = opts.Net.NS(ns)
+		}
+		c.MDSs = append(c.MDSs, p)
+		mdsAddrs = append(mdsAddrs, a)
+	}
+	c.MDS = c.MDSs[0]
+	c.MDSAddr = strings.Join(mdsAddrs, ",")
+	for _, p := range c.MDSs {
+		c.Start(p)
+	}
 
 	for i := 0; i < opts.Chunkservers; i++ {
-		dir := filepath.Join(c.Dir, fmt.Sprintf("cs%d", i+1))
+		name := fmt.Sprintf("cs%d", i+1)
+		dir := filepath.Join(c.Dir, name)
+		a := addr(name, 7000)
 		args := []string{"chunkserver", "--data", dir, "--mds", c.MDSAddr,
-			"--listen", "127.0.0.1:" + strconv.Itoa(FreePort(t)),
+			"--listen", a,
 			"--zone", fmt.Sprintf("zone%d", i+1), "--server", fmt.Sprintf("host%d", i+1)}
+		if opts.SlowDiskKnob {
+			args = append(args, "--fault-slow-disk-file", filepath.Join(c.Dir, name+".slow"))
+		}
 		args = append(args, opts.ChunkserverFlags...)
-		p := c.newProc(fmt.Sprintf("cs%d", i+1), dir, args...)
+		p := c.newProc(name, dir, args...)
+		p.Addr = a
+		if opts.Net != nil {
+			p.NetNS = opts.Net.NS(name)
+		}
+		if opts.PrepareChunkserver != nil {
+			opts.PrepareChunkserver(i, dir)
+		}
 		c.CS = append(c.CS, p)
 		c.Start(p)
 	}
 
 	var err error
-	c.API, err = mdsclient.Dial([]string{c.MDSAddr})
+	c.API, err = mdsclient.Dial(mdsAddrs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,6 +251,9 @@ func (c *Cluster) Start(p *Proc) {
 		c.t.Fatal(err)
 	}
 	cmd := exec.Command(c.Binary, p.Args...)
+	if p.NetNS != "" {
+		cmd = exec.Command("ip", append([]string{"netns", "exec", p.NetNS, c.Binary}, p.Args...)...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -196,8 +272,16 @@ func (c *Cluster) Kill(p *Proc) { c.signalAndWait(p, syscall.SIGKILL) }
 func (c *Cluster) Stop(p *Proc) { c.signalAndWait(p, syscall.SIGTERM) }
 
 // Pause stops p with SIGSTOP (a gray failure); Resume continues it.
-func (c *Cluster) Pause(p *Proc)  { _ = syscall.Kill(p.PID(), syscall.SIGSTOP) }
-func (c *Cluster) Resume(p *Proc) { _ = syscall.Kill(p.PID(), syscall.SIGCONT) }
+func (c *Cluster) Pause(p *Proc) {
+	if pid := p.PID(); pid > 0 {
+		_ = syscall.Kill(pid, syscall.SIGSTOP)
+	}
+}
+func (c *Cluster) Resume(p *Proc) {
+	if pid := p.PID(); pid > 0 {
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+	}
+}
 
 // PID of the running process (0 if none).
 func (p *Proc) PID() int {
@@ -243,10 +327,12 @@ func (c *Cluster) stopAll() {
 		c.API.Close()
 	}
 	for _, p := range c.CS {
+		c.Resume(p) // a paused process ignores SIGTERM until continued
 		c.Stop(p)
 	}
-	if c.MDS != nil {
-		c.Stop(c.MDS)
+	for _, p := range c.MDSs {
+		c.Resume(p)
+		c.Stop(p)
 	}
 	if c.t.Failed() {
 		c.DumpLogs()
@@ -255,7 +341,7 @@ func (c *Cluster) stopAll() {
 
 // DumpLogs prints the tail of every process log into the test output.
 func (c *Cluster) DumpLogs() {
-	for _, p := range append([]*Proc{c.MDS}, c.CS...) {
+	for _, p := range append(slices.Clone(c.MDSs), c.CS...) {
 		b, _ := os.ReadFile(p.LogPath)
 		if len(b) > 6000 {
 			b = b[len(b)-6000:]
@@ -315,7 +401,8 @@ func (c *Cluster) Open(name string, readOnly bool) *client.Volume {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	v, err := client.Open(ctx, client.Config{MDS: []string{c.MDSAddr}, Volume: name, ReadOnly: readOnly, ClientName: c.t.Name()})
+	v, err := client.Open(ctx, client.Config{MDS: []string{c.MDSAddr}, Volume: name, ReadOnly: readOnly, ClientName: c.t.Name(),
+		IOTimeout: c.IOTimeout, OpTimeout: c.OpTimeout})
 	if err != nil {
 		c.t.Fatalf("open volume %s: %v", name, err)
 	}

@@ -1,0 +1,449 @@
+package faults
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/placement"
+	"github.com/basalt-storage/basalt/internal/testcluster"
+	"github.com/basalt-storage/basalt/pkg/api"
+	"github.com/basalt-storage/basalt/pkg/client"
+)
+
+const (
+	volSize   = 64 << 20 // 16 chunks of 4 MiB over 8 copysets
+	chunkSize = 4 << 20
+	warmUp    = 3 * time.Second // the "before" phase
+	cooldown  = 3 * time.Second // the "after" phase
+)
+
+// fc is one fault case: a cluster, a volume and a workload on it.
+type fc struct {
+	t *testing.T
+	c *testcluster.Cluster
+	v *client.Volume
+	w *testcluster.Workload
+}
+
+func start(t *testing.T, opts testcluster.Options) *fc {
+	if testing.Short() {
+		t.Skip("fault-injection case with real processes: -short")
+	}
+	opts.ChunkSize = chunkSize
+	c := testcluster.Start(t, opts)
+	c.CreateVolume("vol", volSize)
+	return &fc{t: t, c: c, v: c.Open("vol", false)}
+}
+
+// run starts the workload and lets it run for the "before" phase.
+func (f *fc) run(wopts testcluster.WorkloadOptions) {
+	f.w = testcluster.StartWorkload(f.t, f.v, wopts)
+	f.t.Cleanup(f.w.Stop) // a failing test still stops its writers before the cluster goes
+	time.Sleep(warmUp)
+}
+
+// fault marks the fault's moment.
+func (f *fc) fault(format string, args ...any) {
+	f.w.Mark("fault")
+	f.t.Logf("FAULT: "+format, args...)
+}
+
+// healed marks the moment the cluster is whole again.
+func (f *fc) healed() {
+	f.w.Mark("healed")
+	f.t.Logf("HEALED")
+}
+
+// progress fails the test unless the workload completes another IO within d
+// (a liveness bound, generous on purpose).
+func (f *fc) progress(d time.Duration, what string) {
+	f.t.Helper()
+	n := f.w.Acked()
+	deadline := time.Now().Add(d)
+	for f.w.Acked() <= n+10 {
+		if time.Now().After(deadline) {
+			f.t.Fatalf("no IO completed within %s %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// reopenIfLapsed reopens the volume when the workload's session lease lapsed
+// (the client stops issuing IO by itself then, DESIGN §6), as an application
+// would, and says whether it did.
+func (f *fc) reopenIfLapsed() bool {
+	if !errors.Is(f.w.LastErr(), client.ErrLeaseExpired) {
+		return false
+	}
+	f.v = f.c.Open("vol", false)
+	f.w.Reopen(f.v)
+	return true
+}
+
+// finish runs the "after" phase, stops the workload, checks every acknowledged
+// write and the replicas, and reports the figures.
+func (f *fc) finish(note string) testcluster.Figures {
+	f.t.Helper()
+	time.Sleep(cooldown)
+	f.w.Stop()
+	fig := f.w.Figures(f.t.Name())
+	fig.Note = note
+	fig.Report(f.t)
+	f.w.Verify(f.v)
+	f.c.CompareReplicas(90 * time.Second)
+	if os.Getenv("BASALT_FAULTS_DUMP") != "" {
+		f.c.DumpLogs()
+	}
+	return fig
+}
+
+// chunksNotLedBy returns the chunks of the volume whose copysets p does not lead.
+func (f *fc) chunksNotLedBy(p *testcluster.Proc) []int64 {
+	led := f.c.CopysetsLedBy(f.c.IDOf(p))
+	var out []int64
+	for i := int64(0); i < volSize/chunkSize; i++ {
+		if !led[placement.CopysetOf(f.v.ID(), uint64(i), f.c.Pool.CopysetCount)] {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// 1. kill -9 a follower: IO must not stall. The workload touches only chunks
+// whose copysets the victim does not lead (with three chunkservers every one is
+// a member of every copyset, and each usually leads some).
+func TestKillFollower(t *testing.T) {
+	f := start(t, testcluster.Options{})
+	victim := f.c.FewestLeaders()
+	n := f.c.Leaders()[victim]
+	chunks := f.chunksNotLedBy(victim)
+	if len(chunks) == 0 {
+		t.Fatalf("%s leads every copyset", victim)
+	}
+	f.run(testcluster.WorkloadOptions{ChunkSize: chunkSize, Chunks: chunks, Seed: 1})
+	f.c.Kill(victim)
+	f.fault("kill -9 %s, a follower of the %d chunks in use", victim, len(chunks))
+	f.progress(10*time.Second, "after a follower died")
+	time.Sleep(5 * time.Second)
+	f.c.Start(victim)
+	f.c.WaitHealthy(60 * time.Second)
+	f.healed()
+	f.finish(fmt.Sprintf("victim led %d of 8 copysets; the workload used the %d chunks of the others", n, len(chunks)))
+}
+
+// 2. kill -9 the chunkserver that leads the most copysets.
+func TestKillLeader(t *testing.T) {
+	f := start(t, testcluster.Options{})
+	victim := f.c.MostLeaders()
+	n := f.c.Leaders()[victim]
+	f.run(testcluster.WorkloadOptions{Seed: 2})
+	f.c.Kill(victim)
+	f.fault("kill -9 %s, leader of %d copysets", victim, n)
+	f.progress(20*time.Second, "after a leader died")
+	time.Sleep(5 * time.Second)
+	f.c.Start(victim)
+	f.c.WaitHealthy(60 * time.Second)
+	f.healed()
+	f.finish(fmt.Sprintf("victim led %d of 8 copysets", n))
+}
+
+// 3. SIGSTOP the busiest leader for 10 s, then SIGCONT: a gray failure (its
+// sockets stay open, nothing is refused).
+func TestPauseLeader(t *testing.T) {
+	f := start(t, testcluster.Options{})
+	victim := f.c.MostLeaders()
+	n := f.c.Leaders()[victim]
+	f.run(testcluster.WorkloadOptions{Seed: 3})
+	f.c.Pause(victim)
+	f.fault("SIGSTOP %s, leader of %d copysets, for 10 s", victim, n)
+	f.progress(20*time.Second, "while a leader is paused")
+	time.Sleep(10 * time.Second)
+	f.c.Resume(victim)
+	t.Logf("SIGCONT %s", victim)
+	f.c.WaitHealthy(60 * time.Second)
+	f.healed()
+	f.finish(fmt.Sprintf("victim led %d of 8 copysets; paused 10 s", n))
+}
+
+// 4. Partition the busiest leader from its followers (it still reaches the MDS
+// and the client). With CheckQuorum it steps down; the others elect a leader.
+func TestPartitionLeader(t *testing.T) {
+	net := testcluster.InNetns(t, testcluster.NetNodes(1, 3)...)
+	if net == nil {
+		return
+	}
+	f := start(t, testcluster.Options{Net: net})
+	victim := f.c.MostLeaders()
+	n := f.c.Leaders()[victim]
+	f.run(testcluster.WorkloadOptions{Seed: 4})
+	for _, p := range f.c.CS {
+		if p != victim {
+			net.Partition(t, victim.Name, p.Name)
+		}
+	}
+	f.fault("%s, leader of %d copysets, cut off from the other chunkservers for 10 s", victim, n)
+	f.progress(20*time.Second, "while a leader is partitioned from its followers")
+	time.Sleep(10 * time.Second)
+	net.Heal(t)
+	f.c.WaitHealthy(60 * time.Second)
+	f.healed()
+	f.finish(fmt.Sprintf("victim led %d of 8 copysets; partitioned 10 s", n))
+}
+
+// 5. Partition the client from the busiest leader (the leader still reaches its
+// followers and the MDS, so nothing elects a new leader).
+func TestPartitionClient(t *testing.T) {
+	net := testcluster.InNetns(t, testcluster.NetNodes(1, 3)...)
+	if net == nil {
+		return
+	}
+	f := start(t, testcluster.Options{Net: net})
+	victim := f.c.MostLeaders()
+	n := f.c.Leaders()[victim]
+	f.run(testcluster.WorkloadOptions{Seed: 5})
+	net.Partition(t, "ctl", victim.Name)
+	f.fault("client cut off from %s, leader of %d copysets, for 10 s", victim, n)
+	time.Sleep(10 * time.Second)
+	stalled := f.w.Acked()
+	net.Heal(t)
+	f.progress(30*time.Second, "after the client's partition healed")
+	f.c.WaitHealthy(60 * time.Second)
+	f.healed()
+	f.finish(fmt.Sprintf("victim led %d of 8 copysets; partitioned 10 s; %d IOs acknowledged by the end of the partition",
+		n, stalled))
+}
+
+// 6. Power loss: kill -9 every process at once, restart them all.
+func TestPowerLoss(t *testing.T) {
+	f := start(t, testcluster.Options{})
+	f.run(testcluster.WorkloadOptions{Seed: 6})
+	procs := append([]*testcluster.Proc{f.c.MDS}, f.c.CS...)
+	var wg sync.WaitGroup
+	for _, p := range procs {
+		wg.Add(1)
+		go func() { defer wg.Done(); f.c.Kill(p) }()
+	}
+	wg.Wait()
+	f.fault("kill -9 the MDS and every chunkserver at once")
+	time.Sleep(time.Second)
+	for _, p := range procs {
+		f.c.Start(p)
+	}
+	f.c.WaitHealthy(60 * time.Second)
+	note := "all processes down for 1 s"
+	if f.reopenIfLapsed() {
+		note += "; the client's 6 s session lease lapsed while the MDS restarted, the volume was reopened"
+	}
+	f.progress(60*time.Second, "after every process restarted")
+	f.healed()
+	f.finish(note)
+}
+
+// 7. A slow disk: every WAL fdatasync of the busiest leader takes 50 ms longer
+// for 10 s.
+func TestSlowDisk(t *testing.T) {
+	f := start(t, testcluster.Options{SlowDiskKnob: true})
+	victim := f.c.MostLeaders()
+	n := f.c.Leaders()[victim]
+	f.run(testcluster.WorkloadOptions{Seed: 7})
+	f.c.SetSlowDisk(victim, 50*time.Millisecond)
+	f.fault("+50 ms on every WAL fdatasync of %s, leader of %d copysets, for 10 s", victim, n)
+	f.progress(20*time.Second, "with a slow disk")
+	time.Sleep(10 * time.Second)
+	f.c.SetSlowDisk(victim, 0)
+	f.healed()
+	after := f.c.Leaders()[victim]
+	f.finish(fmt.Sprintf("victim led %d of 8 copysets before, %d after the slow phase", n, after))
+}
+
+// 8. A full disk: one chunkserver's data directory is a 160 MiB tmpfs; the
+// workload fills it. The other two replicas go on; the full one reports
+// "disk full". Healing: the tmpfs grows and the chunkserver restarts.
+func TestFullDisk(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a tmpfs")
+	}
+	var fullDir string
+	f := start(t, testcluster.Options{
+		ChunkserverFlags: []string{"--snapshot-entries=500"},
+		PrepareChunkserver: func(i int, dir string) {
+			if i != 0 {
+				return
+			}
+			if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=160m", "basalt-full", dir).CombinedOutput(); err != nil {
+				t.Skipf("cannot mount a tmpfs: %v: %s", err, out)
+			}
+			fullDir = dir
+			t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
+		}})
+	victim := f.c.CS[0]
+	f.run(testcluster.WorkloadOptions{Seed: 8, MaxBlocks: 64})
+	f.fault("%s's data directory is a 160 MiB tmpfs; writing until it is full", victim)
+	var state, df string
+	reported := false
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline) && !reported; time.Sleep(500 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		r, err := f.c.API.ListChunkServers(ctx, &api.ListChunkServersRequest{})
+		cancel()
+		if err != nil {
+			continue
+		}
+		for _, cs := range r.Chunkservers {
+			if cs.Addr == victim.Addr {
+				state = cs.State
+				reported = cs.State != "ok" && cs.State != ""
+			}
+		}
+	}
+	out, _ := exec.Command("df", "-h", "--output=used,avail", fullDir).Output()
+	df = strings.Join(strings.Fields(string(out)), " ")
+	errsFull := f.w.Errors()
+	if !reported {
+		t.Errorf("%s never reported its full disk: state %q after 60 s (df: %s); the client saw %v", victim, state, df, errsFull)
+	} else {
+		t.Logf("%s reports %q (df: %s)", victim, state, df)
+	}
+	f.progress(20*time.Second, "with one replica's disk full")
+	time.Sleep(3 * time.Second)
+	st := f.c.Status()
+	t.Logf("with the disk full: %d copysets healthy, %d degraded, %d unavailable",
+		st.CopysetsHealthy, st.CopysetsDegraded, st.CopysetsUnavailable)
+	if out, err := exec.Command("mount", "-o", "remount,size=1g", fullDir).CombinedOutput(); err != nil {
+		t.Fatalf("grow the tmpfs: %v: %s", err, out)
+	}
+	f.c.Stop(victim)
+	f.c.Start(victim)
+	f.c.WaitHealthy(90 * time.Second)
+	f.healed()
+	f.finish(fmt.Sprintf("the full replica's state: %q; client errors while full: %v; healed by growing the tmpfs and restarting it",
+		state, errsFull))
+}
+
+// 9. kill -9 the active MDS of three, on an external three-member etcd: a
+// standby takes over and IO never waits for it.
+func TestKillActiveMDS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	etcd := testcluster.StartEtcd(t, 3)
+	f := start(t, testcluster.Options{MDSCount: 3, EtcdEndpoints: etcd.Endpoints})
+	active := f.c.Status().ActiveMds
+	var victim *testcluster.Proc
+	for _, p := range f.c.MDSs {
+		if p.Addr == active {
+			victim = p
+		}
+	}
+	if victim == nil {
+		t.Fatalf("active MDS %q is none of %s", active, f.c.MDSAddr)
+	}
+	f.run(testcluster.WorkloadOptions{Seed: 9})
+	killed := time.Now()
+	f.c.Kill(victim)
+	f.fault("kill -9 the active MDS %s", victim)
+	var takeover time.Duration
+	f.c.Eventually(60*time.Second, "a standby MDS to take over", func(ctx context.Context) error {
+		st, err := f.c.API.ClusterStatus(ctx, &api.ClusterStatusRequest{})
+		if err != nil {
+			return err
+		}
+		if st.ActiveMds == victim.Addr || st.ActiveMds == "" {
+			return fmt.Errorf("active is still %q", st.ActiveMds)
+		}
+		takeover = time.Since(killed)
+		t.Logf("%s took over after %s", st.ActiveMds, takeover.Round(time.Millisecond))
+		return nil
+	})
+	// The new active MDS serves the control plane: a new volume opens, and the
+	// workload's session lease (6 s) is renewed past its end.
+	f.c.CreateVolume("after-failover", 16<<20)
+	v2 := f.c.Open("after-failover", false)
+	if _, err := v2.WriteAt(make([]byte, 4096), 0); err != nil {
+		t.Fatalf("write through a session opened after the failover: %v", err)
+	}
+	time.Sleep(8 * time.Second) // past the workload's 6 s session lease
+	note := fmt.Sprintf("standby active after %s", takeover.Round(time.Millisecond))
+	if f.reopenIfLapsed() {
+		t.Errorf("IO stopped: the workload's session lease (6 s) lapsed during the MDS failover (standby active after %s); "+
+			"last error %v", takeover.Round(time.Millisecond), f.w.LastErr())
+		note += "; FAILED: the client's session lease lapsed, IO stopped until the volume was reopened"
+	}
+	f.progress(10*time.Second, "after the MDS failover")
+	f.c.Start(victim)
+	f.c.WaitHealthy(60 * time.Second)
+	f.healed()
+	f.finish(note)
+}
+
+// 10. A chunkserver lost for good (kill -9, directory deleted) with a spare:
+// after --recovery-grace its copysets are rebuilt on the others.
+func TestLostChunkserver(t *testing.T) {
+	f := start(t, testcluster.Options{Chunkservers: 4,
+		MDSFlags: []string{"--recovery-grace=3s", "--schedule-interval=1s"}})
+	f.run(testcluster.WorkloadOptions{Seed: 10, Prefill: true})
+	victim := f.c.MostLeaders()
+	id := f.c.IDOf(victim)
+	lost := 0
+	for _, cs := range f.c.Status().Copysets {
+		for _, m := range cs.Members {
+			if m == id {
+				lost++
+			}
+		}
+	}
+	var chunks int64
+	for i := uint64(0); i < volSize/chunkSize; i++ {
+		cs := placement.CopysetOf(f.v.ID(), i, f.c.Pool.CopysetCount)
+		for _, c := range f.c.Status().Copysets {
+			if c.Id == cs && containsID(c.Members, id) {
+				chunks++
+			}
+		}
+	}
+	f.c.Kill(victim)
+	if err := os.RemoveAll(victim.DataDir); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	f.fault("kill -9 %s (member of %d copysets, holding %d written chunks) and delete its directory", victim, lost, chunks)
+	f.progress(20*time.Second, "after a chunkserver was lost")
+	f.c.Eventually(240*time.Second, "every copyset rebuilt without the lost chunkserver", func(ctx context.Context) error {
+		st, err := f.c.API.ClusterStatus(ctx, &api.ClusterStatusRequest{})
+		if err != nil {
+			return err
+		}
+		left := 0
+		for _, cs := range st.Copysets {
+			if containsID(cs.Members, id) {
+				left++
+			}
+		}
+		if left > 0 || st.CopysetsHealthy != uint32(len(st.Copysets)) {
+			return fmt.Errorf("%d copysets still list chunkserver %d; %d/%d healthy", left, id, st.CopysetsHealthy, len(st.Copysets))
+		}
+		return nil
+	})
+	rebuild := time.Since(killed)
+	f.healed()
+	mib := float64(chunks*chunkSize) / (1 << 20)
+	t.Logf("REBUILD: %d copysets (%.0f MiB of chunks) re-replicated %s after the loss (grace 3 s): %.1f MiB/s overall",
+		lost, mib, rebuild.Round(time.Millisecond), mib/rebuild.Seconds())
+	f.finish(fmt.Sprintf("rebuilt %d copysets, %.0f MiB, in %s incl. 3 s grace: %.1f MiB/s (%.1f MiB/s after the grace)",
+		lost, mib, rebuild.Round(100*time.Millisecond), mib/rebuild.Seconds(), mib/(rebuild-3*time.Second).Seconds()))
+}
+
+func containsID(ids []uint64, id uint64) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
