@@ -73,7 +73,7 @@ func (c *Cluster) Leaders() map[*Proc]int {
 
 // MostLeaders returns the running chunkserver that leads the most copysets, and
 // FewestLeaders the one that leads the fewest.
-func (c *Cluster) MostLeaders() *Proc  { return c.pickByLeaders(func(a, b int) bool { return a > b }) }
+func (c *Cluster) MostLeaders() *Proc   { return c.pickByLeaders(func(a, b int) bool { return a > b }) }
 func (c *Cluster) FewestLeaders() *Proc { return c.pickByLeaders(func(a, b int) bool { return a < b }) }
 
 func (c *Cluster) pickByLeaders(better func(a, b int) bool) *Proc {
