@@ -42,7 +42,9 @@
 //	/basalt/chunkservers/<id>        {id, zone, server, addr, data_dir, capacity_bytes, registered_unix_ms}
 //	/basalt/pools/<id>               {id, name, replicas, chunk_size, copyset_count, created_unix_ms}
 //	/basalt/pool-names/<name>        pool id (decimal)
-//	/basalt/copysets/<pool id>       [{id, members: [chunkserver ids], epoch}, ...] — every copyset of the pool
+//	/basalt/copysets/<pool id>       [{id, members: [chunkserver ids], epoch, move?}, ...] — every
+//	                                 copyset of the pool; move = {from, to, reason, started_unix_ms},
+//	                                 present while a member change is in flight (Scheduler)
 //	/basalt/volumes/<id>             {id, name, size, pool_id, pool_name, created_unix_ms, epoch, writer}
 //	/basalt/volume-names/<name>      volume id (decimal)
 //	/basalt/volumes-revision         its ModRevision is the volumes revision: bumped by
@@ -63,21 +65,67 @@
 // chunkservers online at that moment: members in distinct zones (distinct
 // servers when there are fewer zones than replicas), balanced, wide scatter
 // width. A copyset's epoch starts at 0; chunkservers bootstrap its Raft
-// group with those members. Membership changes (a later scheduler) bump it.
+// group with those members. Member moves of the scheduler bump it.
 //
-// # Recovery scheduler (DESIGN §8)
+// # Scheduler (DESIGN §8)
 //
-// The active MDS re-replicates the copysets of a chunkserver that has been
-// offline longer than Config.RecoveryGrace (10 min by default; counted from
-// the takeover for a chunkserver the new active MDS never heard from). For
-// each such copyset that still has a majority online it replaces the dead
-// member in the copyset record with the least-loaded online chunkserver in a
-// zone (else on a server) no survivor uses, and bumps the copyset's epoch.
-// The chunkservers do the rest through Raft (the leader adds the new member
-// as a learner, promotes it once caught up, removes the dead one). At most
-// Config.MaxRecoveryMoves moves are in flight at a time: a copyset whose
-// leader still reports voters other than its listed members counts as one.
-// Balancing copysets and leaders across healthy chunkservers is not done yet.
+// Every Config.ScheduleInterval the active MDS runs one scheduler round
+// (scheduler.go). The decisions are pure functions of internal/placement
+// (Repairs, Balance, LeaderTransfers, Budget); the MDS feeds them the
+// topology from etcd and the heartbeat state, and carries the results out.
+//
+// Chunkservers, as a round sees them: dead — offline longer than
+// Config.RecoveryGrace (10 min by default; counted from the takeover for a
+// chunkserver the new active MDS never heard from; never with a negative
+// grace); sick — online, but its heartbeat state is not "ok" ("disk full",
+// "io error": a replica stopped on a disk error); target — online, state
+// "ok" and its disk less than 95% full: only targets receive replicas.
+//
+// A member move replaces one member of a copyset in its record, bumps the
+// copyset's epoch and records the move ("move": from, to, reason,
+// started). The chunkservers do the rest through Raft: the copyset's leader
+// adds the new member as a learner, which catches up (InstallSnapshot, then
+// the log), promotes it once caught up, and removes the old member
+// (internal/chunkserver members.go). A move is in flight until the leader's
+// heartbeat reports exactly the listed members as voters and no learners;
+// the next round then clears the record ("copyset move done", with how long
+// it took). A move whose target went bad (dead, sick, or its replica
+// stopped) is a failed move: it stops counting and the copyset is repaired
+// again, to another target.
+//
+// Each round, in order:
+//
+//  1. Repairs. Members that are sick or whose replica reports itself
+//     stopped (reason "disk") are replaced at once, without the grace
+//     period, then dead members (reason "dead"); one move per copyset at a
+//     time, only while the copyset has a leader among its online members.
+//     The replacement is a target in a failure domain (zone, or server when
+//     the cluster has fewer zones than replicas — the level placement.Place
+//     uses) none of the remaining members uses, the least loaded, then the
+//     one sharing fewest copysets with the remaining members.
+//  2. Copyset balancing, only when every member of every copyset is a
+//     target (nothing to repair, nobody down even within the grace): per
+//     pool, the most loaded target gives a copyset to the least loaded one
+//     that can take it while their counts differ by two or more (reason
+//     "balance"). A chunkserver that joins thus receives copysets until
+//     counts are even.
+//  3. Leader balancing, only when calm as in 2 and no move is in flight:
+//     leader transfers (at most Config.MaxLeaderTransfers in flight, each
+//     forgotten after max(10 s, 3 rounds)) from the chunkserver leading the
+//     most copysets to the member of one of them that leads the fewest. The
+//     transfer rides in the heartbeat answers to the current leader
+//     (HeartbeatResponse.transfer_leaders), which asks Raft to transfer.
+//
+// Rate limits: moves of every kind share one budget: at most
+// Config.MaxRecoveryMoves in flight cluster-wide (default 4) and at most
+// Config.MaxMovesPerChunkserver (default 2) involving one chunkserver, as
+// the receiver of the new replica or as the copyset's leader, which streams
+// the snapshot. Foreground IO is further protected on the chunkservers,
+// whose snapshot streams are bandwidth-limited. Config.DisableBalance turns
+// steps 2 and 3 off. Every move started and done is logged with the
+// copyset, from, to and reason; basalt_mds_copyset_moves_total,
+// basalt_mds_copyset_moves_in_flight and basalt_mds_leader_transfers_total
+// count them, and ClusterStatus reports moves_in_flight.
 //
 // # Volumes and sessions (DESIGN §6)
 //
@@ -116,8 +164,9 @@
 //     held across an etcd call); the cached topology (Server.topo) is under
 //     Server.topoMu, never held together with mu.
 //   - monitor logs chunkservers going offline and updates gauges.
-//   - schedule runs the recovery scheduler every Config.ScheduleInterval
-//     while this MDS is active; its writes go through Server.txn.
+//   - schedule runs the scheduler every Config.ScheduleInterval while this
+//     MDS is active; its writes go through Server.txn; the leader transfers
+//     it arms (Server.transfers) are under Server.mu and read by Heartbeat.
 //   - optional: the /metrics HTTP server (our own Prometheus registry, never
 //     the default one that the embedded etcd fills).
 package mds

@@ -9,29 +9,75 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/basalt-storage/basalt/internal/placement"
+	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // Scheduler defaults.
 const (
-	DefaultRecoveryGrace    = 10 * time.Minute
-	DefaultScheduleInterval = 5 * time.Second
-	DefaultMaxRecoveryMoves = 4
+	DefaultRecoveryGrace          = 10 * time.Minute
+	DefaultScheduleInterval       = 5 * time.Second
+	DefaultMaxRecoveryMoves       = 4
+	DefaultMaxMovesPerChunkserver = 2
+	DefaultMaxLeaderTransfers     = 2
 )
 
-// move replaces one member of one copyset.
+// fullPercent: a chunkserver whose disk is at least this full receives no
+// new replicas.
+const fullPercent = 95
+
+// Why a member moves (the copyset record's move.reason, and logs).
+const (
+	reasonDead    = "dead"    // offline longer than RecoveryGrace
+	reasonDisk    = "disk"    // its replica stopped on a disk error, or its disk is full / failing
+	reasonBalance = "balance" // evening out copyset counts
+)
+
+// moveRecord is a member change in flight, kept in the copyset record until
+// the copyset's leader reports the new configuration.
+type moveRecord struct {
+	From      uint64 `json:"from"`
+	To        uint64 `json:"to"`
+	Reason    string `json:"reason"`
+	StartedMs int64  `json:"started_unix_ms"`
+}
+
+func (m *moveRecord) proto() *api.CopysetMove {
+	if m == nil {
+		return nil
+	}
+	return &api.CopysetMove{From: m.From, To: m.To, Reason: m.Reason, StartedUnixMs: m.StartedMs}
+}
+
+// move replaces one member of one copyset (started), or records that a
+// move finished (done).
 type move struct {
 	pool     uint32
 	copyset  uint32
 	from, to uint64
+	reason   string
+	leader   uint64
+	failed   uint64 // the target of an earlier move this one replaces (it went bad)
 }
 
-// schedule runs the recovery scheduler while Run runs: every
-// ScheduleInterval, on the active MDS, it re-replicates the copysets of
-// chunkservers that have been offline longer than RecoveryGrace.
+// pendingTransfer is a leader transfer the heartbeat answers carry to the
+// copyset's leader until it took effect or timed out. In Server.transfers,
+// under Server.mu.
+type pendingTransfer struct {
+	from, to uint64
+	until    time.Time
+}
+
+// plan is one scheduler round's decisions.
+type plan struct {
+	start     []move
+	done      []move // moves whose new configuration the leader reports
+	transfers map[uint64]placement.Transfer
+	inFlight  int
+}
+
+// schedule runs the scheduler while Run runs: every ScheduleInterval, on
+// the active MDS, one round (scheduleOnce).
 func (s *Server) schedule(ctx context.Context) {
-	if s.cfg.RecoveryGrace < 0 {
-		return
-	}
 	t := time.NewTicker(s.cfg.ScheduleInterval)
 	defer t.Stop()
 	for {
@@ -45,109 +91,229 @@ func (s *Server) schedule(ctx context.Context) {
 		if !s.active.Load() {
 			continue
 		}
-		if err := s.recoverOnce(ctx); err != nil && ctx.Err() == nil {
-			s.log.Warn("recovery round failed", "err", err)
+		if err := s.scheduleOnce(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("scheduler round failed", "err", err)
 		}
 	}
 }
 
-// recoverOnce plans and commits at most MaxRecoveryMoves member
-// replacements (fewer while earlier moves are still in flight: a copyset
-// whose leader reports voters other than its listed members).
-//
-// A copyset is repaired only while a majority of its members is online:
-// the leader adds the new member as a learner, lets it catch up, promotes
-// it and removes the dead one (the chunkservers' side of the protocol).
-// The replacement is the least-loaded online chunkserver in a zone (else
-// on a server) none of the surviving members uses; ties go to the one
-// sharing the fewest copysets with the survivors (scatter width).
-func (s *Server) recoverOnce(ctx context.Context) error {
+// scheduleOnce plans one round from the topology and the heartbeats
+// (planRound), commits its member moves to etcd and arms its leader
+// transfers. See doc.go, "Scheduler".
+func (s *Server) scheduleOnce(ctx context.Context) error {
 	t, err := s.readTopology(ctx)
 	if err != nil {
 		return err
 	}
 	now := time.Now()
-	dead := map[uint64]bool{}
-	online := map[uint64]bool{}
-	pending := 0
 	s.mu.Lock()
-	for id := range t.chunkservers {
+	p := s.planRound(t, now)
+	for g, tr := range p.transfers {
+		s.transfers[g] = pendingTransfer{from: tr.From, to: tr.To, until: now.Add(leaderTransferTimeout(s.cfg))}
+	}
+	s.mu.Unlock()
+	s.m.movesInFlight.Set(float64(p.inFlight + len(p.start) - len(p.done)))
+	for g, tr := range p.transfers {
+		pool, id := placement.SplitGroupID(g)
+		s.m.transfers.Inc()
+		s.log.Info("copyset leader transfer", "copyset", g, "pool", pool, "id", id,
+			"from", tr.From, "to", tr.To, "reason", reasonBalance)
+	}
+	if len(p.start) == 0 && len(p.done) == 0 {
+		return nil
+	}
+	return s.commitMoves(ctx, p.start, p.done)
+}
+
+// leaderTransferTimeout: a transfer not done after this is forgotten (and
+// may be planned again).
+func leaderTransferTimeout(cfg Config) time.Duration {
+	return max(10*time.Second, 3*cfg.ScheduleInterval)
+}
+
+// planRound decides one round. Caller holds s.mu.
+//
+//  1. Chunkservers: online, sick (online, disk state not "ok"), dead
+//     (offline longer than RecoveryGrace; never with a negative grace),
+//     target (online, disk "ok" and below fullPercent used).
+//  2. Copysets: a move in flight is one with a move record whose leader
+//     does not report the listed members as its voters yet (or, without a
+//     record, a leader reporting other voters); once reported it is done.
+//     A move whose target went bad failed: it is no longer in flight and
+//     its copyset is repaired again. Moves in flight fill the Budget
+//     (MaxRecoveryMoves in all, MaxMovesPerChunkserver per target and per
+//     leader).
+//  3. Repairs: members that are sick or whose replica reports itself
+//     unhealthy (reason "disk"), then dead members (reason "dead").
+//  4. Balance, only when every member of every copyset is a target and
+//     nothing needs repair: copyset counts per pool, then — with no move in
+//     flight or planned — leaders (MaxLeaderTransfers in flight).
+func (s *Server) planRound(t *topology, now time.Time) plan {
+	online := map[uint64]bool{}
+	sick := map[uint64]bool{}
+	dead := map[uint64]bool{}
+	targets := map[uint64]bool{}
+	var nodes []placement.Node
+	for id, r := range t.chunkservers {
+		nodes = append(nodes, placement.Node{ID: id, Zone: r.Zone, Server: r.Server})
+		l := s.live[id]
 		if s.isOnline(id, now) {
 			online[id] = true
+			okDisk := l.state == "" || l.state == "ok"
+			sick[id] = !okDisk
+			full := l.capacity > 0 && l.used*100 >= l.capacity*fullPercent
+			targets[id] = okDisk && !full
 			continue
 		}
 		since := s.activeSince
-		if l := s.live[id]; l != nil && l.last.After(since) {
+		if l != nil && l.last.After(since) {
 			since = l.last
 		}
-		if now.Sub(since) > s.cfg.RecoveryGrace {
+		if s.cfg.RecoveryGrace >= 0 && now.Sub(since) > s.cfg.RecoveryGrace {
 			dead[id] = true
 		}
 	}
-	for _, pool := range sortedPools(t.copysets) {
-		for _, c := range t.copysets[pool] {
-			if c.Epoch > 0 && s.changing(pool, c, now) {
-				pending++
-			}
+	hints := s.leaderHints(now)
+	for g, tr := range s.transfers {
+		if hints[g] == tr.to || now.After(tr.until) {
+			delete(s.transfers, g)
 		}
 	}
-	s.mu.Unlock()
-	budget := s.cfg.MaxRecoveryMoves - pending
-	if len(dead) == 0 || budget <= 0 {
-		return nil
-	}
 
+	var out plan
+	budget := placement.NewBudget(s.cfg.MaxRecoveryMoves, s.cfg.MaxMovesPerChunkserver)
 	load := map[uint64]int{}
-	pairs := map[[2]uint64]int{}
 	for _, cs := range t.copysets {
 		for _, c := range cs {
 			for _, m := range c.Members {
 				load[m]++
-				for _, o := range c.Members {
-					pairs[[2]uint64{m, o}]++
-				}
 			}
 		}
 	}
-	var moves []move
+	calm := true
+	type key struct {
+		pool uint32
+		id   uint32
+	}
+	reasons := map[key]map[uint64]string{}
+	failed := map[key]uint64{}
+	pools := map[uint32]*placement.Pool{}
+	var all []placement.Copyset
 	for _, pool := range sortedPools(t.copysets) {
+		replicas := len(t.copysets[pool][0].Members)
+		if pr, ok := t.pools[pool]; ok {
+			replicas = int(pr.Replicas)
+		}
+		pp := &placement.Pool{Replicas: replicas, Nodes: nodes, Targets: targets, Load: load}
+		pools[pool] = pp
 		for _, c := range t.copysets[pool] {
-			if budget == 0 {
-				break
+			g := placement.GroupID(pool, c.ID)
+			k := key{pool, c.ID}
+			leader := hints[g]
+			if !slices.Contains(c.Members, leader) || !online[leader] {
+				leader = 0
 			}
-			var from uint64
-			up := 0
+			pc := placement.Copyset{ID: uint64(c.ID), Members: c.Members, Leader: leader}
+			why := map[uint64]string{}
 			for _, m := range c.Members {
-				if dead[m] && from == 0 {
-					from = m
-				}
-				if online[m] {
-					up++
-				}
-			}
-			if from == 0 || up*2 <= len(c.Members) {
-				continue
-			}
-			to := pickReplacement(t, c.Members, from, online, load, pairs)
-			if to == 0 {
-				continue
-			}
-			moves = append(moves, move{pool: pool, copyset: c.ID, from: from, to: to})
-			load[to]++
-			load[from]--
-			for _, o := range c.Members {
-				if o != from {
-					pairs[[2]uint64{to, o}]++
-					pairs[[2]uint64{o, to}]++
+				st := s.replicaStatus(m, g)
+				if sick[m] || (st != nil && !st.Healthy) {
+					pc.Bad = append(pc.Bad, m)
+					why[m] = reasonDisk
 				}
 			}
-			budget--
+			for _, m := range c.Members {
+				if dead[m] {
+					pc.Bad = append(pc.Bad, m)
+					why[m] = reasonDead
+				}
+				if !targets[m] {
+					calm = false
+				}
+			}
+			reasons[k] = why
+			converged := s.converged(g, c.Members, leader)
+			switch {
+			case c.Move != nil && converged:
+				out.done = append(out.done, move{pool: pool, copyset: c.ID, from: c.Move.From, to: c.Move.To,
+					reason: c.Move.Reason, leader: leader})
+			case c.Move != nil && why[c.Move.To] != "":
+				failed[k] = c.Move.To // target went bad: repair anew
+			case c.Move != nil || (c.Epoch > 0 && s.changing(pool, c, now)):
+				pc.Busy = true
+				to := uint64(0)
+				if c.Move != nil {
+					to = c.Move.To
+				}
+				budget.Use(to, leader)
+				out.inFlight++
+			}
+			if len(pc.Bad) > 0 {
+				calm = false
+			}
+			pp.Copysets = append(pp.Copysets, pc)
+			all = append(all, placement.Copyset{ID: g, Members: c.Members, Leader: leader,
+				Busy: pc.Busy || s.transfers[g].to != 0})
 		}
 	}
-	if len(moves) == 0 {
+	for _, pool := range sortedPools(pools) {
+		for _, m := range placement.Repairs(*pools[pool], budget) {
+			k := key{pool, uint32(m.Copyset)}
+			out.start = append(out.start, move{pool: pool, copyset: uint32(m.Copyset), from: m.From, to: m.To,
+				reason: reasons[k][m.From], leader: leaderOf(pools[pool], m.Copyset), failed: failed[k]})
+		}
+	}
+	if !calm || s.cfg.DisableBalance {
+		return out
+	}
+	for _, pool := range sortedPools(pools) {
+		for _, m := range placement.Balance(*pools[pool], budget) {
+			out.start = append(out.start, move{pool: pool, copyset: uint32(m.Copyset), from: m.From, to: m.To,
+				reason: reasonBalance, leader: leaderOf(pools[pool], m.Copyset)})
+		}
+	}
+	if out.inFlight > 0 || len(out.start) > 0 {
+		return out
+	}
+	room := s.cfg.MaxLeaderTransfers - len(s.transfers)
+	if room > 0 {
+		out.transfers = map[uint64]placement.Transfer{}
+		for _, tr := range placement.LeaderTransfers(all, targets, room) {
+			out.transfers[tr.Copyset] = tr
+		}
+	}
+	return out
+}
+
+func leaderOf(p *placement.Pool, id uint64) uint64 {
+	for _, c := range p.Copysets {
+		if c.ID == id {
+			return c.Leader
+		}
+	}
+	return 0
+}
+
+// replicaStatus is the status chunkserver m last reported for group g, if
+// it is online. Caller holds s.mu.
+func (s *Server) replicaStatus(m, g uint64) *api.CopysetStatus {
+	if !s.isOnline(m, time.Now()) {
 		return nil
 	}
-	return s.commitMoves(ctx, moves)
+	return s.live[m].copysets[g]
+}
+
+// converged reports whether the copyset's leader reports exactly members as
+// its voters and no learners. Caller holds s.mu.
+func (s *Server) converged(g uint64, members []uint64, leader uint64) bool {
+	if leader == 0 {
+		return false
+	}
+	st := s.live[leader].copysets[g]
+	if st == nil || !st.Leader || len(st.Learners) > 0 {
+		return false
+	}
+	return slices.Equal(slices.Sorted(slices.Values(st.Voters)), members)
 }
 
 // changing reports whether a copyset's leader (as heartbeats tell) has a
@@ -169,59 +335,28 @@ func (s *Server) changing(pool uint32, c copysetRecord, now time.Time) bool {
 	return false
 }
 
-// pickReplacement chooses the chunkserver that takes from's place in a
-// copyset with members, or 0 if none fits.
-func pickReplacement(t *topology, members []uint64, from uint64, online map[uint64]bool,
-	load map[uint64]int, pairs map[[2]uint64]int) uint64 {
-	for _, level := range []placement.DomainLevel{placement.DomainZone, placement.DomainServer} {
-		used := map[string]bool{}
-		for _, m := range members {
-			if m != from {
-				used[domainOf(t.chunkservers[m], level)] = true
-			}
-		}
-		var best uint64
-		bestShared := 0
-		for _, id := range sortedIDs(online) {
-			if slices.Contains(members, id) || used[domainOf(t.chunkservers[id], level)] {
-				continue
-			}
-			shared := 0
-			for _, m := range members {
-				if m != from {
-					shared += pairs[[2]uint64{id, m}]
-				}
-			}
-			if best == 0 || load[id] < load[best] || (load[id] == load[best] && shared < bestShared) {
-				best, bestShared = id, shared
-			}
-		}
-		if best != 0 {
-			return best
-		}
-	}
-	return 0
-}
-
-func domainOf(r chunkserverRecord, level placement.DomainLevel) string {
-	if level == placement.DomainZone {
-		return r.Zone
-	}
-	return r.Zone + "\x00" + r.Server
-}
-
-// commitMoves writes the moves, one transaction per pool: the copyset's
-// member is replaced (if it is still there), its epoch bumped.
-func (s *Server) commitMoves(ctx context.Context, moves []move) error {
+// commitMoves writes a round's moves, one transaction per pool: a started
+// move replaces its member (if still there), records the move and bumps the
+// epoch; a finished move's record is cleared (if it is still that move).
+func (s *Server) commitMoves(ctx context.Context, start, done []move) error {
 	byPool := map[uint32][]move{}
-	for _, m := range moves {
+	for _, m := range start {
 		byPool[m.pool] = append(byPool[m.pool], m)
 	}
+	finished := map[uint32][]move{}
+	for _, m := range done {
+		finished[m.pool] = append(finished[m.pool], m)
+		if byPool[m.pool] == nil {
+			byPool[m.pool] = nil
+		}
+	}
+	nowMs := time.Now().UnixMilli()
 	for _, pool := range sortedPools(byPool) {
-		var done []move
+		var started, cleared []move
 		var epochs []uint64
+		var took []time.Duration
 		err := s.txn(ctx, func(stm concurrency.STM) error {
-			done, epochs = done[:0], epochs[:0]
+			started, cleared, epochs, took = started[:0], cleared[:0], epochs[:0], took[:0]
 			v := stm.Get(copysetKey(pool))
 			if v == "" {
 				return nil // pool gone
@@ -230,11 +365,28 @@ func (s *Server) commitMoves(ctx context.Context, moves []move) error {
 			if err != nil {
 				return err
 			}
-			for _, m := range byPool[pool] {
-				if int(m.copyset) >= len(cs) || cs[m.copyset].ID != m.copyset {
-					return fmt.Errorf("mds: copyset %d of pool %d is not at its index", m.copyset, pool)
+			at := func(id uint32) (*copysetRecord, error) {
+				if int(id) >= len(cs) || cs[id].ID != id {
+					return nil, fmt.Errorf("mds: copyset %d of pool %d is not at its index", id, pool)
 				}
-				c := &cs[m.copyset]
+				return &cs[id], nil
+			}
+			for _, m := range finished[pool] {
+				c, err := at(m.copyset)
+				if err != nil {
+					return err
+				}
+				if c.Move != nil && c.Move.From == m.from && c.Move.To == m.to {
+					took = append(took, time.Duration(nowMs-c.Move.StartedMs)*time.Millisecond)
+					c.Move = nil
+					cleared = append(cleared, m)
+				}
+			}
+			for _, m := range byPool[pool] {
+				c, err := at(m.copyset)
+				if err != nil {
+					return err
+				}
 				i := slices.Index(c.Members, m.from)
 				if i < 0 || slices.Contains(c.Members, m.to) {
 					continue // changed meanwhile
@@ -243,10 +395,11 @@ func (s *Server) commitMoves(ctx context.Context, moves []move) error {
 				c.Members[i] = m.to
 				slices.Sort(c.Members)
 				c.Epoch++
-				done = append(done, m)
+				c.Move = &moveRecord{From: m.from, To: m.to, Reason: m.reason, StartedMs: nowMs}
+				started = append(started, m)
 				epochs = append(epochs, c.Epoch)
 			}
-			if len(done) > 0 {
+			if len(started) > 0 || len(cleared) > 0 {
 				stm.Put(copysetKey(pool), encode(cs))
 				bumpTopologyRevision(stm)
 			}
@@ -255,10 +408,18 @@ func (s *Server) commitMoves(ctx context.Context, moves []move) error {
 		if err != nil {
 			return err
 		}
-		s.m.moves.Add(float64(len(done)))
-		for i, m := range done {
-			s.log.Info("copyset re-replicated", "copyset", placement.GroupID(m.pool, m.copyset), "pool", m.pool,
-				"from", m.from, "to", m.to, "epoch", epochs[i])
+		s.m.moves.Add(float64(len(started)))
+		for i, m := range cleared {
+			s.log.Info("copyset move done", "copyset", placement.GroupID(m.pool, m.copyset), "pool", m.pool,
+				"id", m.copyset, "from", m.from, "to", m.to, "reason", m.reason, "took", took[i].Round(time.Millisecond))
+		}
+		for i, m := range started {
+			args := []any{"copyset", placement.GroupID(m.pool, m.copyset), "pool", m.pool, "id", m.copyset,
+				"from", m.from, "to", m.to, "reason", m.reason, "leader", m.leader, "epoch", epochs[i]}
+			if m.failed != 0 {
+				args = append(args, "replaces_failed_target", m.failed)
+			}
+			s.log.Info("copyset move started", args...)
 		}
 	}
 	return nil

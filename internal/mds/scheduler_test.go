@@ -1,6 +1,7 @@
 package mds
 
 import (
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -142,13 +143,17 @@ func TestRecoveryScheduler(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	var m dto.Metric
-	if err := r.s.m.moves.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	if got := m.GetCounter().GetValue(); int(got) != affected {
-		t.Errorf("basalt_mds_copyset_moves_total = %v, want %d", got, affected)
-	}
+	// The counter moves just after the transaction committed.
+	waitFor(t, 5*time.Second, "basalt_mds_copyset_moves_total", func() error {
+		var m dto.Metric
+		if err := r.s.m.moves.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		if got := m.GetCounter().GetValue(); int(got) != affected {
+			return fmt.Errorf("basalt_mds_copyset_moves_total = %v, want %d", got, affected)
+		}
+		return nil
+	})
 	// The heartbeat of a survivor now lists the copysets it gained.
 	hb, err := c.Heartbeat(ctx, &api.HeartbeatRequest{Id: ids[0]})
 	if err != nil {

@@ -51,10 +51,19 @@ type Config struct {
 	RecoveryGrace time.Duration
 	// ScheduleInterval: how often the scheduler looks (default 5 s).
 	ScheduleInterval time.Duration
-	// MaxRecoveryMoves bounds the copyset moves in flight at once
-	// (default 4), so that recovery traffic does not swamp foreground IO.
+	// MaxRecoveryMoves bounds the copyset moves (repairs and balancing) in
+	// flight at once, cluster-wide (default 4), so that rebuild traffic does
+	// not swamp foreground IO.
 	MaxRecoveryMoves int
-	Logger           *slog.Logger
+	// MaxMovesPerChunkserver bounds the moves in flight that involve one
+	// chunkserver, as the receiver of the new replica or as the leader that
+	// streams it (default 2).
+	MaxMovesPerChunkserver int
+	// MaxLeaderTransfers bounds the leader transfers in flight (default 2).
+	MaxLeaderTransfers int
+	// DisableBalance turns copyset and leader balancing off (repairs go on).
+	DisableBalance bool
+	Logger         *slog.Logger
 }
 
 // Defaults.
@@ -89,6 +98,9 @@ type Server struct {
 	// activeSince: when this MDS last became active. A chunkserver not
 	// heard from since counts as offline from then on, not from the epoch.
 	activeSince time.Time
+	// transfers: leader transfers the scheduler armed, by group id; the
+	// leader's heartbeat answers carry them until done or timed out.
+	transfers map[uint64]pendingTransfer
 
 	topoMu sync.Mutex // guards topo; never held with mu
 	topo   *topology  // last topology read (readTopology)
@@ -100,10 +112,12 @@ type Server struct {
 }
 
 type metrics struct {
-	active       prometheus.Gauge
-	rpcs         *prometheus.CounterVec
-	chunkservers *prometheus.GaugeVec
-	moves        prometheus.Counter
+	active        prometheus.Gauge
+	rpcs          *prometheus.CounterVec
+	chunkservers  *prometheus.GaugeVec
+	moves         prometheus.Counter
+	movesInFlight prometheus.Gauge
+	transfers     prometheus.Counter
 }
 
 // New validates cfg, binds the gRPC listener (so Addr is known) and
@@ -130,6 +144,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxRecoveryMoves <= 0 {
 		cfg.MaxRecoveryMoves = DefaultMaxRecoveryMoves
 	}
+	if cfg.MaxMovesPerChunkserver <= 0 {
+		cfg.MaxMovesPerChunkserver = DefaultMaxMovesPerChunkserver
+	}
+	if cfg.MaxLeaderTransfers <= 0 {
+		cfg.MaxLeaderTransfers = DefaultMaxLeaderTransfers
+	}
 	if cfg.EtcdClientURL == "" {
 		cfg.EtcdClientURL = DefaultEtcdClientURL
 	}
@@ -152,6 +172,7 @@ func New(cfg Config) (*Server, error) {
 		advertise: cfg.Advertise,
 		reg:       prometheus.NewRegistry(),
 		live:      map[uint64]*liveCS{},
+		transfers: map[uint64]pendingTransfer{},
 		crashed:   make(chan struct{}),
 	}
 	if s.advertise == "" {
@@ -167,8 +188,12 @@ func New(cfg Config) (*Server, error) {
 			Help: "Chunkservers seen by the active MDS, by state (online, offline)."}, []string{"state"}),
 	}
 	s.m.moves = prometheus.NewCounter(prometheus.CounterOpts{Name: "basalt_mds_copyset_moves_total",
-		Help: "Copyset members replaced by the recovery scheduler."})
-	s.reg.MustRegister(s.m.active, s.m.rpcs, s.m.chunkservers, s.m.moves,
+		Help: "Copyset member moves started by the scheduler (repairs and balancing)."})
+	s.m.movesInFlight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "basalt_mds_copyset_moves_in_flight",
+		Help: "Copyset member moves started and not yet reported done by the copyset's leader."})
+	s.m.transfers = prometheus.NewCounter(prometheus.CounterOpts{Name: "basalt_mds_leader_transfers_total",
+		Help: "Leader transfers requested by the scheduler (leader balancing)."})
+	s.reg.MustRegister(s.m.active, s.m.rpcs, s.m.chunkservers, s.m.moves, s.m.movesInFlight, s.m.transfers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(s.intercept))
 	api.RegisterMDSServer(s.grpc, &handler{s: s})
@@ -387,6 +412,7 @@ func (s *Server) becomeActive(key string) {
 	s.mu.Lock()
 	s.elKey = key
 	s.live = map[uint64]*liveCS{} // rebuilt from heartbeats
+	s.transfers = map[uint64]pendingTransfer{}
 	s.activeSince = time.Now()
 	s.mu.Unlock()
 	s.active.Store(true)

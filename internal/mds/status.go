@@ -96,6 +96,9 @@ func (h *handler) ClusterStatus(ctx context.Context, _ *api.ClusterStatusRequest
 			default:
 				resp.CopysetsUnavailable++
 			}
+			if c.Move != nil {
+				resp.MovesInFlight++
+			}
 			if cp.LeaderHint != 0 {
 				resp.LeadersPerChunkserver[cp.LeaderHint]++
 			}

@@ -72,9 +72,10 @@ type poolRecord struct {
 
 // copysetRecord is one element of the array at /basalt/copysets/<pool>.
 type copysetRecord struct {
-	ID      uint32   `json:"id"`
-	Members []uint64 `json:"members"`
-	Epoch   uint64   `json:"epoch"`
+	ID      uint32      `json:"id"`
+	Members []uint64    `json:"members"`
+	Epoch   uint64      `json:"epoch"`
+	Move    *moveRecord `json:"move,omitempty"` // member change in flight (scheduler)
 }
 
 // volumeRecord is the value at /basalt/volumes/<id>.

@@ -276,7 +276,7 @@ func (s *Server) leaderHints(now time.Time) map[uint64]uint64 {
 // copysetProto builds the wire form of a copyset with its leader hint.
 func copysetProto(pool uint32, c copysetRecord, hints map[uint64]uint64) *api.Copyset {
 	return &api.Copyset{PoolId: pool, Id: c.ID, Members: append([]uint64(nil), c.Members...),
-		LeaderHint: hints[placement.GroupID(pool, c.ID)], Epoch: c.Epoch}
+		LeaderHint: hints[placement.GroupID(pool, c.ID)], Epoch: c.Epoch, Move: c.Move.proto()}
 }
 
 // chunkserverProto builds the wire form of a chunkserver with its liveness.
@@ -350,6 +350,12 @@ func (h *handler) Heartbeat(ctx context.Context, req *api.HeartbeatRequest) (*ap
 	for _, id := range sortedIDs(peers) {
 		if r, ok := t.chunkservers[id]; ok {
 			resp.Peers = append(resp.Peers, s.chunkserverProto(r, now))
+		}
+	}
+	for g, tr := range s.transfers {
+		if tr.from == req.Id {
+			pool, id := placement.SplitGroupID(g)
+			resp.TransferLeaders = append(resp.TransferLeaders, &api.LeaderTransfer{PoolId: pool, CopysetId: id, To: tr.to})
 		}
 	}
 	return resp, nil
