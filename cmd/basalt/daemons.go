@@ -5,9 +5,11 @@ import (
 	"os"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/basalt-storage/basalt/internal/chunkserver"
 	"github.com/basalt-storage/basalt/internal/mds"
@@ -56,7 +58,7 @@ func mdsCommand() *cobra.Command {
 
 func chunkserverCommand() *cobra.Command {
 	var cfg chunkserver.Config
-	var mdsAddrs, pidFile, slowDisk string
+	var mdsAddrs, pidFile, slowDisk, diskErr string
 	cmd := &cobra.Command{
 		Use:   "chunkserver",
 		Short: "Run a chunkserver on one data directory (one disk)",
@@ -66,6 +68,9 @@ func chunkserverCommand() *cobra.Command {
 			cfg.Logger = slog.Default()
 			if slowDisk != "" {
 				cfg.Knobs.WAL.BeforeSync = slowDiskKnob(slowDisk)
+			}
+			if diskErr != "" {
+				cfg.Knobs.Datastore.Fdatasync = diskErrorKnob(diskErr)
 			}
 			cs, err := chunkserver.New(cfg) // takes the data directory's lock
 			if err != nil {
@@ -93,8 +98,21 @@ func chunkserverCommand() *cobra.Command {
 	f.StringVar(&pidFile, "pid-file", "", "write the process id to this file")
 	f.StringVar(&slowDisk, "fault-slow-disk-file", "", "fault injection for tests: while this file holds a duration (e.g. 50ms), every WAL fdatasync waits that much longer")
 	_ = f.MarkHidden("fault-slow-disk-file")
+	f.StringVar(&diskErr, "fault-disk-error-file", "", "fault injection for tests: while this file exists, every chunk-file fdatasync fails with EIO (a failing disk)")
+	_ = f.MarkHidden("fault-disk-error-file")
 	_ = cmd.MarkFlagRequired("data")
 	return cmd
+}
+
+// diskErrorKnob returns a datastore Fdatasync hook that fails with EIO while
+// path exists (checked on every call) and syncs normally otherwise.
+func diskErrorKnob(path string) func(fd int, name string) error {
+	return func(fd int, _ string) error {
+		if _, err := os.Stat(path); err == nil {
+			return syscall.EIO
+		}
+		return unix.Fdatasync(fd)
+	}
 }
 
 // slowDiskKnob returns a WAL BeforeSync hook that sleeps for the duration
