@@ -430,6 +430,9 @@ func TestScrubberFindsMismatch(t *testing.T) {
 	b[0].with(func(f *fakeReplica) { f.set(7, 1, 0xbad) })
 	ta, tb := target(a), target(b)
 	tb.Copyset = 9
+	// A member with no address in both: warned about once per pass.
+	ta.Members = append(ta.Members, Member{ID: 4})
+	tb.Members = append(tb.Members, Member{ID: 4})
 	var logs bytes.Buffer
 	var mu sync.Mutex
 	log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))
@@ -483,6 +486,9 @@ func TestScrubberFindsMismatch(t *testing.T) {
 	mu.Unlock()
 	if !strings.Contains(out, `level=WARN msg="replicas differ" component=scrub pool=2 copyset=9 group=8589934601 volume=7 chunk=1 differ=[1]`) {
 		t.Fatalf("no Warn with ids in the log:\n%s", out)
+	}
+	if n := strings.Count(out, `level=WARN msg="replica could not be scrubbed"`); n == 0 || uint64(2*n) > st.CopysetsScrubbed+1 {
+		t.Fatalf("%d Warns about the unreachable member over %d copyset checks: want one per pass", n, st.CopysetsScrubbed)
 	}
 }
 

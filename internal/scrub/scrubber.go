@@ -122,6 +122,7 @@ func (s *Scrubber) pass(ctx context.Context) int {
 		next     uint64 // key of the next copyset to scrub: pool<<32 | copyset
 		scrubbed int
 		found    int
+		warned   = map[uint64]bool{} // members reported unreachable this pass
 	)
 	for ctx.Err() == nil {
 		t, ok := nextTarget(s.cfg.Targets(), next)
@@ -134,7 +135,7 @@ func (s *Scrubber) pass(ctx context.Context) int {
 		if ctx.Err() != nil {
 			return scrubbed // a check cut short proves nothing
 		}
-		s.record(&rep)
+		s.record(&rep, warned)
 		scrubbed++
 		found += len(rep.Mismatches)
 		if key == ^uint64(0) || sleepCtx(ctx, s.cfg.Interval) != nil {
@@ -147,8 +148,9 @@ func (s *Scrubber) pass(ctx context.Context) int {
 	return scrubbed
 }
 
-// record counts a report and logs what it found.
-func (s *Scrubber) record(rep *Report) {
+// record counts a report and logs what it found. An unreachable member is
+// logged at Warn once per pass (warned), then at Debug.
+func (s *Scrubber) record(rep *Report, warned map[uint64]bool) {
 	s.copysets.Add(1)
 	s.chunks.Add(uint64(rep.Chunks))
 	s.mismatches.Add(uint64(len(rep.Mismatches)))
@@ -161,7 +163,12 @@ func (s *Scrubber) record(rep *Report) {
 			"differ", d.Differ, "replicas", crcList(d.Replicas))
 	}
 	for _, u := range rep.Unreachable {
-		s.log.Warn("replica could not be scrubbed", "pool", rep.Pool, "copyset", rep.Copyset,
+		level := slog.LevelWarn
+		if warned[u.Member] {
+			level = slog.LevelDebug
+		}
+		warned[u.Member] = true
+		s.log.Log(context.Background(), level, "replica could not be scrubbed", "pool", rep.Pool, "copyset", rep.Copyset,
 			"group", placement.GroupID(rep.Pool, rep.Copyset), "chunkserver", u.Member, "addr", u.Addr, "err", u.Err)
 	}
 	if n := len(rep.Unsettled); n > 0 {
