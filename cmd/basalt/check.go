@@ -39,6 +39,7 @@ the volume is quiet). Every member reads all of its chunk data; --rate bounds th
 	rate := cmd.Flags().String("rate", "256MiB", "chunk data checksummed per second, summed over all replicas; 0 = unlimited")
 	parallel := cmd.Flags().Int("parallel", 4, "copysets checked at once")
 	rechecks := cmd.Flags().Int("rechecks", scrub.DefaultRechecks, "re-checks of a differing chunk before it is reported (0 = none)")
+	timeout := cmd.Flags().Duration("timeout", scrub.DefaultTimeout, "one replica's answer for one copyset (it reads every chunk of it)")
 	cmd.RunE = func(*cobra.Command, []string) error {
 		if *af.output != "table" && *af.output != "json" {
 			return fmt.Errorf("--output must be table or json, not %q", *af.output)
@@ -64,7 +65,7 @@ the volume is quiet). Every member reads all of its chunk data; --rate bounds th
 		defer c.Close()
 		ctx, cancel := signalContext()
 		defer cancel()
-		res, err := runCheck(ctx, c, checkOptions{pool: *pool, rate: int64(bps), parallel: *parallel, rechecks: rc})
+		res, err := runCheck(ctx, c, checkOptions{pool: *pool, rate: int64(bps), parallel: *parallel, rechecks: rc, timeout: *timeout})
 		if err != nil {
 			return err
 		}
@@ -81,6 +82,7 @@ type checkOptions struct {
 	rate     int64
 	parallel int
 	rechecks int
+	timeout  time.Duration
 }
 
 // checkResult is what `basalt check` prints.
@@ -192,7 +194,7 @@ func runCheck(ctx context.Context, c api.MDSClient, o checkOptions) (*checkResul
 	if o.rate > 0 {
 		lim = scrub.NewLimiter(o.rate, 0)
 	}
-	chk := scrub.NewChecker(scrub.Config{Limiter: lim, Rechecks: o.rechecks})
+	chk := scrub.NewChecker(scrub.Config{Limiter: lim, Rechecks: o.rechecks, Timeout: o.timeout})
 	defer chk.Close()
 	reports := make([]*scrub.Report, len(jobs))
 	var (

@@ -132,7 +132,7 @@ type Config struct {
 const (
 	DefaultRechecks     = 4
 	DefaultRecheckDelay = 250 * time.Millisecond // then 500 ms, 1 s, 2 s: 3.75 s in all
-	DefaultTimeout      = 2 * time.Minute
+	DefaultTimeout      = 10 * time.Minute
 )
 
 // Checker compares the replicas of copysets. Check may be called

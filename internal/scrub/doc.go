@@ -37,7 +37,9 @@
 //     explains. If some CRC changed between the last two rounds the chunk is
 //     being written, and it is reported as Unsettled — not judged, not an
 //     alarm; the background scrub looks at it again next pass, `basalt check`
-//     counts it as not checked (re-run when the volume is quiet).
+//     counts it as not checked (re-run when the volume is quiet). A chunk
+//     that is written without pause is never judged this way; the
+//     applied-index change below would judge it.
 //  4. A replica that cannot be asked (ErrUnreachable) is reported and left
 //     out; if one drops out during the re-checks, what was pending is
 //     Unsettled (fewer replicas cannot judge it).
@@ -47,18 +49,34 @@
 // whose voters' logs are within MaxFollowerLag entries of the commit index and
 // that have no learner (LeaderTargets); `basalt check` is meant to be run on a
 // healthy cluster and names both CRCs, so a lagging replica is easy to re-check.
+// The opposite error — missing a real difference — needs the corrupted chunk
+// to agree with the others in some round, which a chunk that differs on disk
+// only does if a write overwrote the damaged range (and then it is repaired).
 //
-// What would make the comparison exact (a chunkserver change, not made here):
-// OpChecksum's reply could carry the replica's applied index when its scan
-// began and when it ended (reply Header.Hint and Header.Offset, unused on this
-// op), and its request an optional payload listing the chunks to checksum
-// (uint32 n, n × (uint64 volume, uint64 index); none = all). The checker then
-// re-reads only the differing chunks — one chunk costs milliseconds to read, so
-// a re-check no longer costs the whole copyset and rarely straddles an apply —
-// and counts a round as evidence only when the replicas' [begin, end] ranges
-// are equal and begin == end (nothing was applied while either replica read,
-// so both CRCs describe the same log position). A trailing replica (its end
-// below another's begin) is then recognised as lag and simply asked again.
+// # What OpChecksum would need (chunkserver changes, proposed, not made here)
+//
+// Two limits of today's op, and the change that removes each:
+//
+//   - Exactness. The reply could carry the replica's applied index when its
+//     scan began and when it ended (reply Header.Hint and Header.Offset, unused
+//     in an OK reply of this op). A round then counts as evidence only when all
+//     replicas report begin == end == the same index: nothing was applied while
+//     any of them read, so all CRCs describe the same log position and any
+//     difference is real. A replica whose end is below another's begin is
+//     trailing: ask it again, never report it. (Alternatively, CockroachDB's
+//     way: propose a checksum command through Raft so every replica computes
+//     it at the same log position — exact, but it needs a state-machine
+//     command and blocks that copyset's apply while the chunks are read.)
+//   - Cost and burstiness. A request reads the whole copyset at full disk
+//     speed; the token bucket only spaces requests out, so the average is
+//     bounded but a large copyset is read in one burst, and a re-check of one
+//     chunk re-reads everything. Two request modes would fix it: list only
+//     (a flag bit: the chunk keys from a readdir, no reads) and a subset
+//     (payload uint32 n, n × (uint64 volume, uint64 index): checksum exactly
+//     these). The checker would list every member, walk the union of keys in
+//     batches of at most the bucket's burst, and re-check a differing chunk
+//     with a request for that chunk alone — milliseconds, so it rarely
+//     straddles an apply either.
 //
 // # Rate limiting
 //
@@ -86,6 +104,12 @@
 // copyset, so leadership moving during a pass is followed. Mismatches are
 // logged at Warn with pool, copyset, group, volume and chunk ids and every
 // replica's CRC; Stats holds cumulative counts for metrics.
+//
+// # Wire
+//
+// The reply is decoded here (DecodeChecksums), not with the chunkserver's
+// decoder, because the chunkserver imports this package to run its Scrubber;
+// a test checks that both decoders agree.
 //
 // # Goroutines
 //
