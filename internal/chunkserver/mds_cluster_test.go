@@ -1,10 +1,12 @@
 package chunkserver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"math/rand"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -31,8 +33,12 @@ func freePort(t *testing.T) string {
 
 // startRealMDS runs internal/mds with embedded etcd in a temp dir.
 func startRealMDS(t *testing.T) string {
+	return startRealMDSWith(t, func(*mds.Config) {})
+}
+
+func startRealMDSWith(t *testing.T, tune func(*mds.Config)) string {
 	t.Helper()
-	s, err := mds.New(mds.Config{
+	cfg := mds.Config{
 		Listen:           "127.0.0.1:0",
 		DataDir:          t.TempDir(),
 		EtcdClientURL:    "http://" + freePort(t),
@@ -40,7 +46,9 @@ func startRealMDS(t *testing.T) string {
 		HeartbeatTimeout: 2 * time.Second,
 		ElectionTTL:      2 * time.Second,
 		Logger:           testLogger(t).With("component", "mds"),
-	})
+	}
+	tune(&cfg)
+	s, err := mds.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,5 +179,102 @@ func TestRealMDSUnknownID(t *testing.T) {
 	defer cancel()
 	if err := cs.Run(ctx); !errors.Is(err, ErrIdentity) {
 		t.Fatalf("Run with an unknown id: %v", err)
+	}
+}
+
+// The real MDS's recovery scheduler replaces a chunkserver that stays down:
+// the chunkservers carry the moves out (learner, catch up, promote, remove)
+// and every copyset ends with three identical, healthy replicas again.
+func TestRealMDSRecovery(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test with etcd: -short")
+	}
+	addr := startRealMDSWith(t, func(c *mds.Config) {
+		c.HeartbeatTimeout = time.Second
+		c.RecoveryGrace = time.Second
+		c.ScheduleInterval = 200 * time.Millisecond
+		c.MaxRecoveryMoves = 8
+	})
+	tc := startNodes(t, addr, nil)
+	tc.addNode(addr) // a fourth chunkserver to move replicas to
+	cl, err := mdsclient.Dial([]string{addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pr, err := cl.CreatePool(ctx, &api.CreatePoolRequest{Name: "default", Replicas: 3, ChunkSize: mChunk, CopysetCount: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.pool = pr.GetPool()
+	vr, err := cl.CreateVolume(ctx, &api.CreateVolumeRequest{Name: "v", Size: mVolSize, Pool: "default"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vol := vr.GetVolume().GetId()
+	open, err := cl.OpenVolume(ctx, &api.OpenVolumeRequest{Name: "v", Client: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewSource(21))
+	model := make([]byte, mVolSize)
+	write := func(n int) {
+		for i := 0; i < n; i++ {
+			off := uint64(rng.Intn(mVolSize/4096)) * 4096
+			data := make([]byte, 4096)
+			rng.Read(data)
+			if st := tc.write(vol, open.GetEpoch(), off, data); st != api.StatusOK {
+				t.Fatalf("write at %d: %v", off, st)
+			}
+			copy(model[off:], data)
+		}
+	}
+	write(80)
+	// Stop the chunkserver that holds the most copysets.
+	var victim int
+	most := -1
+	for i := 0; i < 4; i++ {
+		if n := len(tc.nodes[i].cs.Copysets()); n > most {
+			victim, most = i, n
+		}
+	}
+	gone := tc.nodes[victim].cs.ID()
+	tc.stop(victim)
+	write(40)
+	tc.waitFor("the scheduler to re-replicate every copyset", func() bool {
+		st, err := cl.ClusterStatus(ctx, &api.ClusterStatusRequest{})
+		if err != nil || st.GetCopysetsHealthy() != 4 {
+			return false
+		}
+		for _, c := range st.GetCopysets() {
+			if slices.Contains(c.GetMembers(), gone) || c.GetMove() != nil {
+				return false
+			}
+		}
+		return true
+	})
+	write(20)
+	for off := 0; off < mVolSize; off += mChunk {
+		if got := tc.read(vol, uint64(off), mChunk); !bytes.Equal(got, model[off:off+mChunk]) {
+			t.Fatalf("chunk at %d differs after recovery", off)
+		}
+	}
+	// Every copyset's three replicas are identical.
+	st, err := cl.ClusterStatus(ctx, &api.ClusterStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := map[uint64]int{}
+	for i, n := range tc.nodes {
+		idx[n.cs.ID()] = i
+	}
+	for _, c := range st.GetCopysets() {
+		var nodes []int
+		for _, m := range c.GetMembers() {
+			nodes = append(nodes, idx[m])
+		}
+		tc.convergedOn(c.GetId(), nodes)
 	}
 }

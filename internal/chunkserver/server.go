@@ -76,6 +76,10 @@ var (
 	ErrAlreadyRan = errors.New("chunkserver: Run called twice")
 )
 
+// transferBackoff is the least time between two leader transfers of one
+// copyset started on the MDS's request.
+const transferBackoff = 5 * time.Second
+
 // idFileName is the file in DataDir that holds the chunkserver id (decimal, "\n").
 const idFileName = "id"
 
@@ -113,6 +117,9 @@ type ChunkServer struct {
 	// unlisted: when each hosted copyset was first missing from a heartbeat
 	// response. Owned by Run's goroutine.
 	unlisted map[uint64]time.Time
+	// transferAt: when this chunkserver last started a leader transfer the
+	// MDS asked for, per copyset. Owned by Run's goroutine.
+	transferAt map[uint64]time.Time
 
 	stats ioStats
 	// ready is the host once Run started it (for Copysets and HostStats).
@@ -180,7 +187,8 @@ func New(cfg Config) (*ChunkServer, error) {
 	}
 	c := &ChunkServer{cfg: cfg, log: cfg.Logger.With("component", "chunkserver"),
 		metrics: newMetrics(), replicas: make(map[uint64]*replica),
-		confPending: make(map[uint64]bool), unlisted: make(map[uint64]time.Time), lock: lock}
+		confPending: make(map[uint64]bool), unlisted: make(map[uint64]time.Time), lock: lock,
+		transferAt: make(map[uint64]time.Time)}
 	ok := false
 	defer func() {
 		if !ok {
@@ -572,6 +580,7 @@ func (c *ChunkServer) heartbeat(ctx context.Context) error {
 			c.log.Error("cannot start copyset", "copyset", g, "err", err)
 		}
 	}
+	now := time.Now()
 	listed := make(map[uint64]bool, len(resp.GetCopysets()))
 	for _, cs := range resp.GetCopysets() {
 		g := placement.GroupID(cs.GetPoolId(), cs.GetId())
@@ -580,15 +589,24 @@ func (c *ChunkServer) heartbeat(ctx context.Context) error {
 			c.reconcileMembers(g, cs.GetMembers())
 		}
 	}
-	// Leader balancing: hand leadership to the member the MDS names.
-	for _, tl := range resp.GetTransferLeaders() {
-		g := placement.GroupID(tl.GetPoolId(), tl.GetCopysetId())
-		if st, ok := c.host.Status(g); ok && st.IsLeader && tl.GetTo() != c.ID() &&
-			slices.Contains(st.Voters, tl.GetTo()) {
-			c.host.TransferLeader(g, tl.GetTo())
-		}
+	// Leader balancing: hand leadership to the member the MDS names, if it is
+	// a listed member and a voter here. Raft refuses every proposal while a
+	// transfer runs (until it succeeds or times out after an election
+	// timeout), so a transfer is started at most once per transferBackoff.
+	members := make(map[uint64][]uint64, len(resp.GetCopysets()))
+	for _, cs := range resp.GetCopysets() {
+		members[placement.GroupID(cs.GetPoolId(), cs.GetId())] = cs.GetMembers()
 	}
-	now := time.Now()
+	for _, tl := range resp.GetTransferLeaders() {
+		g, to := placement.GroupID(tl.GetPoolId(), tl.GetCopysetId()), tl.GetTo()
+		st, ok := c.host.Status(g)
+		if !ok || !st.IsLeader || to == c.ID() || !slices.Contains(st.Voters, to) ||
+			!slices.Contains(members[g], to) || now.Sub(c.transferAt[g]) < transferBackoff {
+			continue
+		}
+		c.transferAt[g] = now
+		c.host.TransferLeader(g, to)
+	}
 	for _, st := range c.host.Groups() {
 		if listed[st.ID] {
 			delete(c.unlisted, st.ID)
