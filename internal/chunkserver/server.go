@@ -590,7 +590,8 @@ func (c *ChunkServer) heartbeat(ctx context.Context) error {
 		}
 	}
 	// Leader balancing: hand leadership to the member the MDS names, if it is
-	// a listed member and a voter here. Raft refuses every proposal while a
+	// a listed member and a voter here that is caught up (a dead one soon is
+	// not). Raft refuses every proposal while a
 	// transfer runs (until it succeeds or times out after an election
 	// timeout), so a transfer is started at most once per transferBackoff.
 	members := make(map[uint64][]uint64, len(resp.GetCopysets()))
@@ -601,7 +602,8 @@ func (c *ChunkServer) heartbeat(ctx context.Context) error {
 		g, to := placement.GroupID(tl.GetPoolId(), tl.GetCopysetId()), tl.GetTo()
 		st, ok := c.host.Status(g)
 		if !ok || !st.IsLeader || to == c.ID() || !slices.Contains(st.Voters, to) ||
-			!slices.Contains(members[g], to) || now.Sub(c.transferAt[g]) < transferBackoff {
+			!slices.Contains(members[g], to) || st.Progress[to]+learnerCatchUp < st.Applied ||
+			now.Sub(c.transferAt[g]) < transferBackoff {
 			continue
 		}
 		c.transferAt[g] = now
