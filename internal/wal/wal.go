@@ -1026,6 +1026,17 @@ func (w *WAL) pinnersLocked(s *segment) []uint64 {
 	return ids
 }
 
+// pinnedLocked is len(pinnersLocked(s)) > 0 without the allocation and sort:
+// the committer asks it after every batch.
+func (w *WAL) pinnedLocked(s *segment) bool {
+	for id, maxIdx := range s.maxIdx {
+		if g := w.groups[id]; g != nil && g.compactIndex < maxIdx {
+			return true
+		}
+	}
+	return false
+}
+
 // detachSegmentsLocked takes the oldest segments whose entries every group
 // has compacted out of w.segs and returns them for deleteSegments. The
 // active segment is never detached.
@@ -1036,7 +1047,7 @@ func (w *WAL) pinnersLocked(s *segment) []uint64 {
 // holds nothing that replay of the newer segments needs.
 func (w *WAL) detachSegmentsLocked() []*segment {
 	n := 0
-	for n < len(w.segs)-1 && len(w.pinnersLocked(w.segs[n])) == 0 {
+	for n < len(w.segs)-1 && !w.pinnedLocked(w.segs[n]) {
 		n++
 	}
 	if n == 0 {
