@@ -230,7 +230,11 @@ func (v *Volume) usable() error {
 	return nil
 }
 
-// renewLoop renews the session every lease/3. A renewal extends the lease from the
+// renewRetry is the pause before retrying a failed lease renewal.
+const renewRetry = 200 * time.Millisecond
+
+// renewLoop renews the session every lease/3, and renewRetry after a renewal
+// that failed. A renewal extends the lease from the
 // moment it was sent. Renewals that keep failing let the lease lapse; the MDS saying
 // the session was superseded stops the volume at once.
 func (v *Volume) renewLoop(lease time.Duration) {
@@ -266,6 +270,12 @@ func (v *Volume) renewLoop(lease time.Duration) {
 		default:
 			v.log.Warn("client: lease renewal failed", "err", err,
 				"lease_left", time.Duration(v.leaseUntil.Load()-v.now()))
+			// Try again soon, not a whole interval later: an MDS failover
+			// takes seconds (the election TTL), and a renewal that failed
+			// near its end would otherwise leave the next one after the
+			// lease ran out, stopping IO although a standby had taken over.
+			t.Reset(min(interval, renewRetry))
+			continue
 		}
 		t.Reset(interval)
 	}
