@@ -19,7 +19,7 @@ type Copyset struct {
 	Members []uint64 // chunkserver ids, as listed in the copyset record
 	Leader  uint64   // current leader as heartbeats report it; 0 = unknown
 	// Busy: a move or leader transfer of this copyset is in flight; it is
-	// left alone (a repair of a Busy copyset only replaces a Bad member).
+	// left alone.
 	Busy bool
 	// Bad lists the members to replace, most urgent first: dead past the
 	// grace period, a replica stopped by a disk error, a chunkserver whose
@@ -241,8 +241,9 @@ func (p *Pool) apply(c *Copyset, m Move, pairs map[[2]uint64]int, load map[uint6
 // has room: one move per copyset at a time, only where a leader is known
 // (the leader carries the change out: add a learner on the target, catch it
 // up, promote it, remove the bad member), the target chosen by the rules of
-// replacement among p.Targets. A Busy copyset is repaired only when one of
-// its Bad members is the target of the move in flight (that move failed).
+// replacement among p.Targets. Busy copysets are skipped (a caller whose
+// move in flight failed — its target went bad — passes the copyset as not
+// Busy, with that target among Bad).
 // Every planned move is added to b (target and leader), and applied to
 // p.Copysets (members replaced, Busy set) and p.Load, so that a following
 // Balance over the same Pool sees it.
@@ -257,7 +258,7 @@ func Repairs(p Pool, b *Budget) []Move {
 			break
 		}
 		c := &p.Copysets[i]
-		if len(c.Bad) == 0 || c.Leader == 0 {
+		if len(c.Bad) == 0 || c.Leader == 0 || c.Busy {
 			continue
 		}
 		for _, from := range c.Bad {
