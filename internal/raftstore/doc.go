@@ -117,6 +117,16 @@
 // commit index known when the read arrived. A barrier still waiting when leadership
 // is lost gets NOT_LEADER. Followers never serve reads.
 //
+// Fast path: at the end of each round a leader whose lease is valid and that has
+// applied everything it knows committed publishes its lease end in an atomic
+// (group.fastLease); a ReadBarrier arriving before that time completes at once on the
+// caller's goroutine, with no hand-off to a worker. It is as safe as the lease read:
+// no other leader exists before the lease ends, and every write acknowledged to a
+// client was applied before its acknowledgement, so a read that starts after that
+// acknowledgement sees it. A transfer, a lost leadership, a failure or a removal clear
+// the atomic before anything else happens (in particular before a MsgTimeoutNow is
+// sent). Fast reads count as reads for lease renewal.
+//
 // # Snapshots and log compaction
 //
 // After SnapshotEntries applied entries since the last snapshot (or on Host.Snapshot),

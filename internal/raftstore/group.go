@@ -85,6 +85,16 @@ type group struct {
 	readSeen   bool          // lastReadAt is set
 	transferAt time.Duration // last time a leadership transfer was seen
 
+	// fastLease (host clock, nanoseconds; 0 = none) lets ReadBarrier complete a read
+	// on the caller's goroutine, without a round on a worker: published at the end
+	// of a round by a leader whose lease is valid and that has applied everything it
+	// knows committed, cleared before anything can hand leadership away (a transfer)
+	// or when leadership is lost. fastReadAt is the host time of the last such read
+	// (for lease renewal). Both are atomics: ReadBarrier runs on any goroutine.
+	// INVARIANT: fastLease <= leaseUntil whenever it is nonzero.
+	fastLease  atomic.Int64
+	fastReadAt atomic.Int64
+
 	lastSnap    uint64            // index of the last snapshot created or installed
 	snapping    bool              // a snapshot is being created off the worker
 	snapRetryAt uint64            // after a failed snapshot: applied index to retry at
@@ -236,7 +246,7 @@ func (g *group) prepare() (raft.Ready, bool) {
 	for _, to := range ev.transfers {
 		if g.isLeader && to != g.h.cfg.NodeID {
 			g.transferAt = g.h.now()
-			g.leaseUntil = 0
+			g.dropLease()
 			g.rn.TransferLeader(to)
 		}
 	}
@@ -282,7 +292,7 @@ func (g *group) refresh() {
 	g.leader, g.term, g.isLeader = bs.Lead, term, isLeader
 	if bs.LeadTransferee != raft.None {
 		g.transferAt = g.h.now()
-		g.leaseUntil = 0
+		g.dropLease()
 	}
 }
 
@@ -300,8 +310,25 @@ func (g *group) loseLeadership(newLeader uint64) {
 		hint = 0
 	}
 	g.failAll(&api.Error{Status: api.StatusNotLeader, Hint: hint})
-	g.leaseUntil = 0
+	g.dropLease()
 	g.renewAt = 0
+}
+
+// dropLease ends the leader lease, and with it the fast read path, at once.
+func (g *group) dropLease() {
+	g.leaseUntil = 0
+	g.fastLease.Store(0)
+}
+
+// publishFastLease lets ReadBarrier serve reads without a round while this leader's
+// lease is valid and nothing committed is left to apply.
+func (g *group) publishFastLease() {
+	if g.failed == nil && !g.removed && g.isLeader && g.leaseUntil > g.h.now() &&
+		g.applied >= g.rn.BasicStatus().GetCommit() {
+		g.fastLease.Store(int64(g.leaseUntil))
+		return
+	}
+	g.fastLease.Store(0)
 }
 
 // failAll ends every pending proposal and read with err.
@@ -334,6 +361,7 @@ func (g *group) fail(err error) {
 		return
 	}
 	g.failed = fmt.Errorf("%w: %w", ErrGroupFailed, err)
+	g.dropLease()
 	g.statusDirty = true
 	g.log.Error("raftstore: group stopped", "err", err)
 	ioErr := &api.Error{Status: api.StatusIOError}
@@ -348,6 +376,7 @@ func (g *group) shutdown(err error) {
 	defer g.procMu.Unlock()
 	g.gone.Store(true)
 	g.removed = true
+	g.dropLease()
 	ev := g.in.close(err)
 	failEvents(ev, err)
 	g.failAll(err)
@@ -560,6 +589,9 @@ func (g *group) finishRound() {
 		if g.rn.HasReady() {
 			g.h.sched.signal(g)
 		}
+	}
+	if g.rn != nil {
+		g.publishFastLease()
 	}
 	g.publish()
 }

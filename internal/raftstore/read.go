@@ -2,6 +2,7 @@ package raftstore
 
 import (
 	"encoding/binary"
+	"time"
 
 	"go.etcd.io/raft/v3"
 )
@@ -50,6 +51,9 @@ func (g *group) maybeRenewLease() {
 	}
 	now := g.h.now()
 	d := g.h.leaseDur
+	if fr := time.Duration(g.fastReadAt.Load()); fr != 0 && (!g.readSeen || fr > g.lastReadAt) {
+		g.lastReadAt, g.readSeen = fr, true // reads served by ReadBarrier's fast path
+	}
 	if !g.readSeen || now-g.lastReadAt > 2*d {
 		return
 	}
