@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 	"google.golang.org/grpc/codes"
@@ -263,8 +264,12 @@ func TestFinalStatuses(t *testing.T) {
 	v := c.open(t, nil)
 	for _, st := range []api.Status{api.StatusIOError, api.StatusNoSpace, api.StatusNoSuchVolume,
 		api.StatusReadOnly, api.StatusBadRequest, api.StatusOutOfRange} {
+		disk := st == api.StatusIOError || st == api.StatusNoSpace
 		c.mu.Lock()
-		c.force = st
+		c.force, c.forceAll = st, api.StatusOK
+		if disk {
+			c.force, c.forceAll = api.StatusOK, st // final once every member answered it
+		}
 		before := c.frames[transport.OpWrite]
 		c.mu.Unlock()
 		_, err := v.WriteAt([]byte("x"), 0)
@@ -275,8 +280,41 @@ func TestFinalStatuses(t *testing.T) {
 		c.mu.Lock()
 		sent := c.frames[transport.OpWrite] - before
 		c.mu.Unlock()
-		if sent != 1 {
-			t.Fatalf("status %v: %d attempts, want 1 (final)", st, sent)
+		want := 1
+		if disk {
+			want = 3
+		}
+		if sent != want {
+			t.Fatalf("status %v: %d attempts, want %d (final)", st, sent, want)
+		}
+	}
+}
+
+// TestDiskErrorTriesOtherMembers: the leader's disk fills (it answers
+// NO_SPACE or IO_ERROR) and, a moment later, another member becomes leader;
+// the client keeps trying the members and the write succeeds there. It is
+// not final while some member has not answered with a disk error.
+func TestDiskErrorTriesOtherMembers(t *testing.T) {
+	for _, st := range []api.Status{api.StatusNoSpace, api.StatusIOError} {
+		c := newFakeCluster(t)
+		v := c.open(t, nil)
+		cs := placement.CopysetOf(tVolume, 0, tCS)
+		c.mu.Lock()
+		c.force = st
+		c.mu.Unlock()
+		time.AfterFunc(150*time.Millisecond, func() {
+			c.mu.Lock()
+			c.force = api.StatusOK
+			for _, m := range c.members[cs] {
+				if m != c.leaders[cs] {
+					c.leaders[cs] = m
+					break
+				}
+			}
+			c.mu.Unlock()
+		})
+		if _, err := v.WriteAt([]byte("x"), 0); err != nil {
+			t.Fatalf("status %v from the old leader: %v", st, err)
 		}
 	}
 }

@@ -47,7 +47,10 @@
 //	BUSY                      same member after exponential backoff with jitter
 //	                          (1 ms doubling to 500 ms, uniform in [d/2, d])
 //	FENCED                    final, and the volume stops
-//	OUT_OF_RANGE, NO_SUCH_VOLUME, READ_ONLY, BAD_REQUEST, NO_SPACE, IO_ERROR
+//	NO_SPACE, IO_ERROR        that member's disk is in trouble: next member after ~5 ms;
+//	                          final (returned as *api.Error) once every member of a
+//	                          round answered one of them
+//	OUT_OF_RANGE, NO_SUCH_VOLUME, READ_ONLY, BAD_REQUEST
 //	                          final: returned as *api.Error (errors.Is works)
 //
 // Writes are idempotent overwrites, so retrying one whose first attempt may have

@@ -47,6 +47,7 @@ type fakeCluster struct {
 	noHint    bool       // NOT_LEADER without a hint
 	minEpoch  uint64     // requests below get FENCED
 	force     api.Status // nonzero: the leader answers every valid request with it
+	forceAll  api.Status // nonzero: every member answers every valid request with it
 	delay     time.Duration
 	hook      func(server uint64, h transport.Header) action
 	servers   map[uint64]*fakeServer
@@ -200,6 +201,10 @@ func (s *fakeServer) serve(rw transport.ReplyWriter, h transport.Header, payload
 	}
 	if !member {
 		reply(api.StatusNoSuchCopyset, 0, nil)
+		return
+	}
+	if c.forceAll != api.StatusOK {
+		reply(c.forceAll, 0, nil)
 		return
 	}
 	if l := c.leaders[h.Copyset]; l != s.id {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -197,6 +198,7 @@ type piece struct {
 	sent    time.Time   // the current attempt's start (metrics only)
 	target  uint64      // chunkserver of the current attempt; 0 = start from the cache
 	fails   int         // members failed in a row since the last refresh (conn errors, NOT_LEADER without hint)
+	diskErr []uint64    // members that answered NO_SPACE or IO_ERROR since the last refresh
 	rounds  int         // full rounds of failed members
 	hops    int         // NOT_LEADER redirects in a row
 	busy    int         // BUSY answers in a row
@@ -364,6 +366,26 @@ func (p *piece) replied(call *transport.Call) {
 		p.busy++
 		d := min(busyBase<<min(p.busy, 20), busyMax)
 		time.AfterFunc(jitter(d), p.attempt)
+	case api.StatusNoSpace, api.StatusIOError:
+		// This replica's disk cannot take it; another member's may (the
+		// copyset elects a leader elsewhere). Only when every member of a
+		// round answered so is it the copyset's answer.
+		v.m.retry(v.m.notLeader())
+		p.lastErr = api.StatusError(h.Status, h.Hint)
+		p.hops = 0
+		r := v.routes.copyset(p.cs)
+		if r != nil {
+			r.leader.CompareAndSwap(p.target, 0)
+		}
+		p.fails++
+		if !slices.Contains(p.diskErr, p.target) {
+			p.diskErr = append(p.diskErr, p.target)
+		}
+		if r == nil || len(p.diskErr) >= len(r.members) {
+			p.finish(p.lastErr)
+			return
+		}
+		p.moveOn(r)
 	case api.StatusFenced:
 		v.stop(api.ErrFenced)
 		p.finish(api.StatusError(h.Status, h.Hint))
@@ -417,7 +439,7 @@ func (p *piece) moveOn(r *copysetRoute) {
 }
 
 func (p *piece) afterRound(r *copysetRoute) {
-	p.fails = 0
+	p.fails, p.diskErr = 0, p.diskErr[:0]
 	p.rounds++
 	p.target = 0
 	d := jitter(min(roundBackoff<<min(p.rounds-1, 10), maxBackoff))
