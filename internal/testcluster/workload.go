@@ -49,6 +49,7 @@ type Workload struct {
 	wg   sync.WaitGroup
 
 	acked, failed, reads atomic.Int64
+	timeouts            atomic.Int64 // failed IOs that ran into the client's deadline
 
 	mu      sync.Mutex // guards the fields below
 	data    []byte     // the model: every acknowledged write
@@ -161,6 +162,10 @@ func (w *Workload) Mark(name string) {
 // Acked is the number of acknowledged IOs so far.
 func (w *Workload) Acked() int64 { return w.acked.Load() }
 
+// Timeouts is the number of IOs that failed because the client's deadline
+// passed (an IO that hung), rather than with an answer.
+func (w *Workload) Timeouts() int64 { return w.timeouts.Load() }
+
 // LastErr is the error of the last IO that failed (nil if none did).
 func (w *Workload) LastErr() error {
 	w.mu.Lock()
@@ -196,6 +201,9 @@ func (w *Workload) record(start time.Duration, err error) {
 		w.acked.Add(1)
 	} else {
 		w.failed.Add(1)
+		if errors.Is(err, client.ErrTimeout) {
+			w.timeouts.Add(1)
+		}
 	}
 }
 
@@ -357,8 +365,10 @@ type Figures struct {
 	P99Before time.Duration `json:"p99_before"`
 	P99During time.Duration `json:"p99_during"`
 	P99After  time.Duration `json:"p99_after"`
-	// MaxLatency is the slowest IO that completed from the fault on.
-	MaxLatency time.Duration `json:"max_latency"`
+	// MaxLatency is the slowest IO that completed from the fault on, and
+	// MaxFailLatency the slowest that failed.
+	MaxLatency     time.Duration `json:"max_latency"`
+	MaxFailLatency time.Duration `json:"max_fail_latency,omitempty"`
 	// IOPS in the same phases.
 	IOPSBefore float64       `json:"iops_before"`
 	IOPSDuring float64       `json:"iops_during"`
@@ -387,6 +397,9 @@ func (w *Workload) Figures(name string) Figures {
 	var before, during, after []time.Duration
 	prev := time.Duration(-1)
 	for _, r := range recs {
+		if !r.ok && r.end >= fault {
+			f.MaxFailLatency = max(f.MaxFailLatency, r.end-r.start)
+		}
 		if !r.ok || r.end > end {
 			continue
 		}
@@ -443,6 +456,9 @@ func (f Figures) String() string {
 		"slowest IO %s; p99 before/during/after %s/%s/%s; IOPS %.0f/%.0f/%.0f; healed after %s; %d IOs, %d failed",
 		f.Case, ms(f.MaxGap), ms(f.GapStart), ms(f.BaselineGap), ms(f.MaxLatency), ms(f.P99Before), ms(f.P99During), ms(f.P99After),
 		f.IOPSBefore, f.IOPSDuring, f.IOPSAfter, ms(f.Healed), f.IOs, f.Failed)
+	if f.Failed > 0 {
+		s += fmt.Sprintf(" (slowest failure %s)", ms(f.MaxFailLatency))
+	}
 	if f.Note != "" {
 		s += "; " + f.Note
 	}

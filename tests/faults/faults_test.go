@@ -38,6 +38,15 @@ func start(t *testing.T, opts testcluster.Options) *fc {
 	}
 	opts.ChunkSize = chunkSize
 	c := testcluster.Start(t, opts)
+	// BASALT_FAULTS_IO_TIMEOUT sets the client's per-attempt timeout (default
+	// client.DefaultIOTimeout), to see how it bounds the stall of a hung leader.
+	if s := os.Getenv("BASALT_FAULTS_IO_TIMEOUT"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatalf("BASALT_FAULTS_IO_TIMEOUT: %v", err)
+		}
+		c.IOTimeout = d
+	}
 	c.CreateVolume("vol", volSize)
 	return &fc{t: t, c: c, v: c.Open("vol", false)}
 }
@@ -284,11 +293,11 @@ func TestFullDisk(t *testing.T) {
 			t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
 		}})
 	victim := f.c.CS[0]
-	f.run(testcluster.WorkloadOptions{Seed: 8, MaxBlocks: 64})
+	f.run(testcluster.WorkloadOptions{Seed: 8, MaxBlocks: 16})
 	f.fault("%s's data directory is a 160 MiB tmpfs; writing until it is full", victim)
 	var state, df string
 	reported := false
-	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline) && !reported; time.Sleep(500 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && !reported; time.Sleep(500 * time.Millisecond) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		r, err := f.c.API.ListChunkServers(ctx, &api.ListChunkServersRequest{})
 		cancel()
@@ -306,7 +315,7 @@ func TestFullDisk(t *testing.T) {
 	df = strings.Join(strings.Fields(string(out)), " ")
 	errsFull := f.w.Errors()
 	if !reported {
-		t.Errorf("%s never reported its full disk: state %q after 60 s (df: %s); the client saw %v", victim, state, df, errsFull)
+		t.Errorf("%s never reported its full disk: state %q after 30 s (df: %s); the client saw %v", victim, state, df, errsFull)
 	} else {
 		t.Logf("%s reports %q (df: %s)", victim, state, df)
 	}
@@ -324,6 +333,55 @@ func TestFullDisk(t *testing.T) {
 	f.healed()
 	f.finish(fmt.Sprintf("the full replica's state: %q; client errors while full: %v; healed by growing the tmpfs and restarting it",
 		state, errsFull))
+}
+
+// 8b. Every replica's disk fills up (three 160 MiB tmpfs): the client must get
+// an error, not a hang, and after the disks grow and the chunkservers restart,
+// every acknowledged write is there.
+func TestFullDiskEverywhere(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a tmpfs")
+	}
+	var dirs []string
+	f := start(t, testcluster.Options{
+		ChunkserverFlags: []string{"--snapshot-entries=500"},
+		PrepareChunkserver: func(i int, dir string) {
+			if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=160m", "basalt-full", dir).CombinedOutput(); err != nil {
+				t.Skipf("cannot mount a tmpfs: %v: %s", err, out)
+			}
+			dirs = append(dirs, dir)
+			t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
+		}})
+	f.run(testcluster.WorkloadOptions{Seed: 11, MaxBlocks: 16})
+	f.fault("every chunkserver's data directory is a 160 MiB tmpfs; writing until they are full")
+	// Full: the first IO failed (give up after 90 s); then 5 s to see how IO fails.
+	deadline := time.Now().Add(90 * time.Second)
+	for f.w.LastErr() == nil && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	before := f.w.Acked()
+	time.Sleep(5 * time.Second)
+	t.Logf("in the 5 s after the first failure, %d IOs completed", f.w.Acked()-before)
+	errsFull := f.w.Errors()
+	t.Logf("disks full: the client saw %v, %d of them timeouts", errsFull, f.w.Timeouts())
+	if f.w.Timeouts() > 0 {
+		t.Errorf("%d IOs hung until the client's deadline instead of failing with an error", f.w.Timeouts())
+	}
+	if len(errsFull) == 0 {
+		t.Errorf("no IO failed in 90 s of writing onto three 160 MiB disks")
+	}
+	for _, d := range dirs {
+		if out, err := exec.Command("mount", "-o", "remount,size=1g", d).CombinedOutput(); err != nil {
+			t.Fatalf("grow the tmpfs: %v: %s", err, out)
+		}
+	}
+	for _, p := range f.c.CS {
+		f.c.Stop(p)
+		f.c.Start(p)
+	}
+	f.c.WaitHealthy(90 * time.Second)
+	f.healed()
+	f.finish(fmt.Sprintf("client errors while full: %v; healed by growing the tmpfs and restarting every chunkserver", errsFull))
 }
 
 // 9. kill -9 the active MDS of three, on an external three-member etcd: a
