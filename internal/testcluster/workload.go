@@ -49,7 +49,7 @@ type Workload struct {
 	wg   sync.WaitGroup
 
 	acked, failed, reads atomic.Int64
-	timeouts            atomic.Int64 // failed IOs that ran into the client's deadline
+	timeouts             atomic.Int64 // failed IOs that ran into the client's deadline
 
 	mu      sync.Mutex // guards the fields below
 	data    []byte     // the model: every acknowledged write
