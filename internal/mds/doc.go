@@ -74,10 +74,10 @@
 // (Repairs, Balance, LeaderTransfers, Budget); the MDS feeds them the
 // topology from etcd and the heartbeat state, and carries the results out.
 //
-// Chunkservers, as a round sees them: dead — offline longer than
-// Config.RecoveryGrace (10 min by default; counted from the takeover for a
-// chunkserver the new active MDS never heard from; never with a negative
-// grace); sick — online, but its heartbeat state is not "ok" ("disk full",
+// Chunkservers, as a round sees them: dead — offline, its last heartbeat
+// older than Config.RecoveryGrace (10 min by default; counted from the
+// takeover for a chunkserver the new active MDS never heard from; never with
+// a negative grace); sick — online, but its heartbeat state is not "ok" ("disk full",
 // "io error": a replica stopped on a disk error); target — online, state
 // "ok" and its disk less than 95% full: only targets receive replicas.
 //
@@ -120,7 +120,8 @@
 // Config.MaxRecoveryMoves in flight cluster-wide (default 4) and at most
 // Config.MaxMovesPerChunkserver (default 2) involving one chunkserver, as
 // the receiver of the new replica or as the copyset's leader, which streams
-// the snapshot. Foreground IO is further protected on the chunkservers,
+// the snapshot (the leader when the move is planned: leadership may move
+// later, by an election or a hand-over). Foreground IO is further protected on the chunkservers,
 // whose snapshot streams are bandwidth-limited. Config.DisableBalance turns
 // steps 2 and 3 off. Every move started and done is logged with the
 // copyset, from, to and reason; basalt_mds_copyset_moves_total,
