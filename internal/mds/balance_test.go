@@ -317,3 +317,69 @@ func TestSchedulerDiskTrouble(t *testing.T) {
 	})
 	t.Logf("moved off the troubled disk in %v", time.Since(start).Round(time.Millisecond))
 }
+
+// TestSchedulerFailedMove: a move whose target goes bad before the leader
+// reports it done is re-planned to another target; the bad target leaves the
+// member list and the move record names the new one.
+func TestSchedulerFailedMove(t *testing.T) {
+	r := startMDS(t, Config{HeartbeatTimeout: 500 * time.Millisecond, RecoveryGrace: 800 * time.Millisecond,
+		ScheduleInterval: 100 * time.Millisecond, MaxRecoveryMoves: 1, MaxMovesPerChunkserver: 1, DisableBalance: true})
+	defer r.stop(t)
+	waitActive(t, r, 30*time.Second)
+	c := dial(t, r.s.Addr())
+	ctx := ctxT(t)
+	var ids []uint64
+	for _, z := range []string{"z1", "z2", "z3", "z4", "z5"} {
+		ids = append(ids, register(t, c, z, "h"+z, "cs-"+z+":1"))
+	}
+	// Three copysets on five chunkservers: each has two spares.
+	pool, err := c.CreatePool(ctx, &api.CreatePoolRequest{Name: "p", CopysetCount: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSim(t, r, pool.Pool.Id, time.Hour, ids) // moves never converge
+	time.Sleep(300 * time.Millisecond)
+	var victim uint64
+	s.with(func() {
+		victim = s.cur[0].Members[0]
+		s.cs[victim].down = true
+	})
+	var first *api.CopysetMove
+	var moved uint32
+	waitFor(t, 10*time.Second, "a move of the dead member", func() error {
+		var err error = fmt.Errorf("no move yet")
+		s.with(func() {
+			for _, cs := range s.cur {
+				if cs.Move != nil {
+					first, moved, err = cs.Move, cs.Id, nil
+				}
+			}
+		})
+		return err
+	})
+	if first.From != victim || first.Reason != reasonDead {
+		t.Fatalf("move %v, want one from %d for reason %q", first, victim, reasonDead)
+	}
+	// Only one move at a time (MaxRecoveryMoves 1), though the victim is in
+	// every copyset it was placed in.
+	time.Sleep(500 * time.Millisecond)
+	if _, _, moving := s.counts(); moving != 1 {
+		t.Fatalf("%d moves in flight, limit 1", moving)
+	}
+	s.with(func() { s.cs[first.To].state = "io error" })
+	waitFor(t, 10*time.Second, "the failed move re-planned", func() error {
+		var err error
+		s.with(func() {
+			cs := s.cur[moved]
+			switch {
+			case cs.Move == nil || cs.Move.To == first.To:
+				err = fmt.Errorf("copyset %d move %v", cs.Id, cs.Move)
+			case slices.Contains(cs.Members, first.To) || slices.Contains(cs.Members, victim):
+				err = fmt.Errorf("copyset %d members %v still list %d or %d", cs.Id, cs.Members, first.To, victim)
+			case cs.Move.Reason != reasonDisk || cs.Move.From != first.To:
+				err = fmt.Errorf("copyset %d move %v, want from %d for reason %q", cs.Id, cs.Move, first.To, reasonDisk)
+			}
+		})
+		return err
+	})
+}
