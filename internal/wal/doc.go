@@ -123,9 +123,10 @@
 // compaction point (index and term, which answers Term(FirstIndex-1)), and
 // one entryLoc (term, type, segment, offset, length) per retained entry.
 // The newest entries themselves are cached (Config.CacheBytes per group,
-// 4 MiB by default) so that raft's reads of just-appended entries (MsgApp to
-// followers, CommittedEntries) do not touch the disk; older ones are read
-// back with pread.
+// 1 MiB by default: a hundred groups cost at most 100 MiB, and the entries
+// between durable and applied are far fewer) so that raft's reads of
+// just-appended entries (MsgApp to followers, CommittedEntries) do not touch
+// the disk; older ones are read back with pread.
 //
 // # Goroutines and locks
 //

@@ -52,7 +52,7 @@ var (
 )
 
 // maxKeptBuffer bounds the batch buffer capacity kept for reuse.
-const maxKeptBuffer = 16 << 20
+const maxKeptBuffer = 4 << 20
 
 // errIgnore tells enqueue that there is nothing to write and nothing wrong.
 var errIgnore = errors.New("wal: nothing to do")
@@ -60,7 +60,7 @@ var errIgnore = errors.New("wal: nothing to do")
 // Defaults for Config.
 const (
 	DefaultSegmentSize = 64 << 20
-	DefaultCacheBytes  = 4 << 20
+	DefaultCacheBytes  = 1 << 20
 )
 
 // Knobs are fault-injection points for tests. Nil hooks do nothing.
