@@ -240,11 +240,26 @@ func (s clusterStatus) table(w io.Writer) {
 	fmt.Fprintf(w, "active mds:\t%s\n", s.ActiveMds)
 	fmt.Fprintf(w, "chunkservers:\t%d up, %d down\n", up, len(s.Chunkservers)-up)
 	fmt.Fprintf(w, "copysets:\t%d healthy, %d degraded, %d unavailable\n", s.CopysetsHealthy, s.CopysetsDegraded, s.CopysetsUnavailable)
+	members := map[uint64]int{}
+	for _, c := range s.Copysets {
+		for _, m := range c.Members {
+			members[m]++
+		}
+	}
+	if s.MovesInFlight > 0 {
+		fmt.Fprintf(w, "moves:\t%d in flight\n", s.MovesInFlight)
+		for _, c := range s.Copysets {
+			if m := c.Move; m != nil {
+				fmt.Fprintf(w, "\tpool %d copyset %d: %d -> %d (%s, %s)\n", c.PoolId, c.Id, m.From, m.To, m.Reason,
+					time.Since(time.UnixMilli(m.StartedUnixMs)).Round(time.Second))
+			}
+		}
+	}
 	fmt.Fprintf(w, "pools:\t%d\nvolumes:\t%d\n\n", len(s.Pools), s.Volumes)
-	fmt.Fprintln(w, "ID\tADDRESS\tZONE\tSERVER\tSTATE\tONLINE\tLEADERS\tUSED\tCAPACITY")
+	fmt.Fprintln(w, "ID\tADDRESS\tZONE\tSERVER\tSTATE\tONLINE\tCOPYSETS\tLEADERS\tUSED\tCAPACITY")
 	for _, c := range s.Chunkservers {
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%v\t%d\t%s\t%s\n", c.Id, c.Addr, c.Zone, c.Server, c.State, c.Online,
-			s.LeadersPerChunkserver[c.Id], formatBytes(c.UsedBytes), formatBytes(c.CapacityBytes))
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%v\t%d\t%d\t%s\t%s\n", c.Id, c.Addr, c.Zone, c.Server, c.State, c.Online,
+			members[c.Id], s.LeadersPerChunkserver[c.Id], formatBytes(c.UsedBytes), formatBytes(c.CapacityBytes))
 	}
 }
 
