@@ -105,7 +105,8 @@
 //     one sharing fewest copysets with the remaining members.
 //  2. Copyset balancing, only when every member of every copyset is a
 //     target (nothing to repair, nobody down even within the grace): per
-//     pool, the most loaded target gives a copyset to the least loaded one
+//     replicated pool (a pool of one replica is placed by fit, DESIGN §9,
+//     and not balanced by count), the most loaded target gives a copyset to the least loaded one
 //     that can take it while their counts differ by two or more (reason
 //     "balance"). A chunkserver that joins thus receives copysets until
 //     counts are even.

@@ -146,7 +146,8 @@ func leaderTransferTimeout(cfg Config) time.Duration {
 //  3. Repairs: members that are sick or whose replica reports itself
 //     unhealthy (reason "disk"), then dead members (reason "dead").
 //  4. Balance, only when every member of every copyset is a target and
-//     nothing needs repair: copyset counts per pool, then — with no move in
+//     nothing needs repair: copyset counts per replicated pool (a pool of
+//     one replica is placed by fit, DESIGN §9), then — with no move in
 //     flight or planned — leaders (MaxLeaderTransfers in flight).
 func (s *Server) planRound(t *topology, now time.Time) plan {
 	online := map[uint64]bool{}
@@ -267,6 +268,9 @@ func (s *Server) planRound(t *topology, now time.Time) plan {
 		return out
 	}
 	for _, pool := range sortedPools(pools) {
+		if pools[pool].Replicas < 2 {
+			continue // a local pool (DESIGN §9) is placed by fit, not count
+		}
 		for _, m := range placement.Balance(*pools[pool], budget) {
 			out.start = append(out.start, move{pool: pool, copyset: uint32(m.Copyset), from: m.From, to: m.To,
 				reason: reasonBalance, leader: leaderOf(pools[pool], m.Copyset)})
