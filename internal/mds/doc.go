@@ -93,6 +93,11 @@
 // stopped) is a failed move: it stops counting and the copyset is repaired
 // again, to another target.
 //
+// INVARIANT: a copyset record with a move lists move.to among its members
+// and not move.from, and its epoch was bumped by the same transaction that
+// wrote the move. A copyset has at most one move record; a new move (only
+// after a failed one) replaces it.
+//
 // Each round, in order:
 //
 //  1. Repairs. Members that are sick or whose replica reports itself
