@@ -32,7 +32,9 @@ type fc struct {
 	w *testcluster.Workload
 }
 
-func start(t *testing.T, opts testcluster.Options) *fc {
+func start(t *testing.T, opts testcluster.Options) *fc { return startSized(t, opts, volSize) }
+
+func startSized(t *testing.T, opts testcluster.Options, size uint64) *fc {
 	if testing.Short() {
 		t.Skip("fault-injection case with real processes: -short")
 	}
@@ -47,7 +49,7 @@ func start(t *testing.T, opts testcluster.Options) *fc {
 		}
 		c.IOTimeout = d
 	}
-	c.CreateVolume("vol", volSize)
+	c.CreateVolume("vol", size)
 	return &fc{t: t, c: c, v: c.Open("vol", false)}
 }
 
@@ -443,8 +445,9 @@ func TestKillActiveMDS(t *testing.T) {
 // 10. A chunkserver lost for good (kill -9, directory deleted) with a spare:
 // after --recovery-grace its copysets are rebuilt on the others.
 func TestLostChunkserver(t *testing.T) {
-	f := start(t, testcluster.Options{Chunkservers: 4,
-		MDSFlags: []string{"--recovery-grace=3s", "--schedule-interval=1s"}})
+	const size = 256 << 20 // enough data for a rebuild rate
+	f := startSized(t, testcluster.Options{Chunkservers: 4,
+		MDSFlags: []string{"--recovery-grace=3s", "--schedule-interval=1s"}}, size)
 	f.run(testcluster.WorkloadOptions{Seed: 10, Prefill: true})
 	victim := f.c.MostLeaders()
 	id := f.c.IDOf(victim)
@@ -457,7 +460,7 @@ func TestLostChunkserver(t *testing.T) {
 		}
 	}
 	var chunks int64
-	for i := uint64(0); i < volSize/chunkSize; i++ {
+	for i := uint64(0); i < size/chunkSize; i++ {
 		cs := placement.CopysetOf(f.v.ID(), i, f.c.Pool.CopysetCount)
 		for _, c := range f.c.Status().Copysets {
 			if c.Id == cs && containsID(c.Members, id) {
