@@ -3,6 +3,7 @@ package main
 import (
 	"log/slog"
 	"os"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -59,11 +60,13 @@ func mdsCommand() *cobra.Command {
 func chunkserverCommand() *cobra.Command {
 	var cfg chunkserver.Config
 	var mdsAddrs, pidFile, slowDisk, diskErr string
+	var procs int
 	cmd := &cobra.Command{
 		Use:   "chunkserver",
 		Short: "Run a chunkserver on one data directory (one disk)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			setProcs(procs)
 			cfg.MDS = splitList(mdsAddrs)
 			cfg.Logger = slog.Default()
 			if slowDisk != "" {
@@ -96,6 +99,7 @@ func chunkserverCommand() *cobra.Command {
 	f.Uint64Var(&cfg.SnapshotEntries, "snapshot-entries", 0, "raft entries between snapshots of a copyset (default 10000)")
 	f.Uint64Var(&cfg.CatchUpEntries, "catchup-entries", 0, "entries kept below a snapshot for slow followers (default 1000)")
 	f.StringVar(&pidFile, "pid-file", "", "write the process id to this file")
+	procsFlag(cmd, &procs)
 	f.StringVar(&slowDisk, "fault-slow-disk-file", "", "fault injection for tests: while this file holds a duration (e.g. 50ms), every WAL fdatasync waits that much longer")
 	_ = f.MarkHidden("fault-slow-disk-file")
 	f.StringVar(&diskErr, "fault-disk-error-file", "", "fault injection for tests: while this file exists, every chunk-file fdatasync fails with EIO (a failing disk)")
@@ -135,5 +139,20 @@ func slowDiskKnob(path string) func() error {
 			time.Sleep(d)
 		}
 		return nil
+	}
+}
+
+// procsFlag adds --gomaxprocs: several basalt processes sharing a few cores (the
+// playground: three chunkservers and the MDS/NBD process on one machine) run
+// better with a share of the CPUs each than with all of them (fewer idle-P
+// wake-ups and work steals per IO hand-off; see docs/performance.md).
+func procsFlag(cmd *cobra.Command, procs *int) {
+	cmd.Flags().IntVar(procs, "gomaxprocs", 0, "Go scheduler threads (GOMAXPROCS); 0: the GOMAXPROCS environment variable or all CPUs")
+}
+
+// setProcs applies --gomaxprocs.
+func setProcs(n int) {
+	if n > 0 {
+		runtime.GOMAXPROCS(n)
 	}
 }

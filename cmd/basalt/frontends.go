@@ -27,7 +27,10 @@ func nbdCommand() *cobra.Command {
 	socket := cmd.Flags().String("socket", "", "Unix socket path (empty: none)")
 	readOnly := cmd.Flags().Bool("read-only", false, "open volumes read-only (alongside another writer)")
 	metrics := cmd.Flags().String("metrics", "", "serve Prometheus /metrics and /debug/pprof/ on this address (empty: none)")
+	var procs int
+	procsFlag(cmd, &procs)
 	cmd.RunE = func(*cobra.Command, []string) error {
+		setProcs(procs)
 		if *listen == "" && *socket == "" {
 			return fmt.Errorf("nothing to serve on: give --listen or --socket")
 		}
@@ -114,6 +117,7 @@ func playgroundCommand() *cobra.Command {
 	f.StringVar(&cfg.NBDSocket, "nbd-socket", "", "NBD Unix socket (default DIR/nbd.sock)")
 	f.IntVar(&cfg.PortBase, "port-base", 6700, "first port: MDS, then etcd (+1, +2), chunkservers (+11..), metrics (+21..)")
 	f.Uint32Var(&cfg.Copysets, "copysets", 0, "copysets in the pool (default: the MDS default)")
+	f.IntVar(&cfg.Procs, "gomaxprocs", 0, "GOMAXPROCS of this process and each chunkserver (0: the CPUs shared among them, unless GOMAXPROCS is set; -1: Go's default)")
 	f.StringVar(&cfg.Metrics, "metrics", "", "serve the NBD front end's and client's Prometheus /metrics and /debug/pprof/ on this address (empty: none)")
 	return cmd
 }

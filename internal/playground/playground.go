@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -40,8 +41,12 @@ type Config struct {
 	// Metrics: where this process serves /metrics (NBD front end, client library,
 	// Go runtime) and /debug/pprof/; "" = nowhere.
 	Metrics string
-	Logger       *slog.Logger
-	Out          io.Writer // where the welcome text goes; default os.Stdout
+	// Procs is GOMAXPROCS for this process and each chunkserver: 0 shares the CPUs
+	// among them (NumCPU / (Chunkservers+1), at least 1) unless the GOMAXPROCS
+	// environment variable is set; negative leaves Go's default.
+	Procs  int
+	Logger *slog.Logger
+	Out    io.Writer // where the welcome text goes; default os.Stdout
 }
 
 // ChunkserverState is one chunkserver of the playground.
@@ -109,6 +114,9 @@ func (c *Config) setDefaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.Procs == 0 && os.Getenv("GOMAXPROCS") == "" {
+		c.Procs = max(1, runtime.NumCPU()/(c.Chunkservers+1))
+	}
 	if c.Out == nil {
 		c.Out = os.Stdout
 	}
@@ -123,6 +131,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	log := cfg.Logger
+	if cfg.Procs > 0 {
+		runtime.GOMAXPROCS(cfg.Procs)
+	}
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return fmt.Errorf("playground directory: %w", err)
 	}
@@ -181,6 +192,9 @@ func Run(ctx context.Context, cfg Config) error {
 			"--data", cs.DataDir, "--mds", st.MDS, "--listen", cs.Addr, "--metrics", cs.Metrics,
 			"--zone", fmt.Sprintf("zone%d", i), "--server", fmt.Sprintf("playground-%d", i),
 			"--pid-file", filepath.Join(cs.DataDir, "pid"), "--log-file", cs.Log}
+		if cfg.Procs > 0 {
+			cs.RestartCmd = append(cs.RestartCmd, "--gomaxprocs", strconv.Itoa(cfg.Procs))
+		}
 		pid, err := sup.start(cs)
 		if err != nil {
 			return err
