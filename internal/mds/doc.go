@@ -108,8 +108,9 @@
 //     the cluster has fewer zones than replicas — the level placement.Place
 //     uses) none of the remaining members uses, the least loaded, then the
 //     one sharing fewest copysets with the remaining members.
-//  2. Copyset balancing, only when every member of every copyset is a
-//     target (nothing to repair, nobody down even within the grace): per
+//  2. Copyset balancing, only when every member of every copyset is online
+//     with a healthy disk (nothing to repair, nobody down even within the
+//     grace); copysets with a member too full to be a target stay put: per
 //     replicated pool (a pool of one replica is placed by fit, DESIGN §9,
 //     and not balanced by count), the most loaded target gives a copyset to the least loaded one
 //     that can take it while their counts differ by two or more (reason
@@ -118,7 +119,8 @@
 //  3. Leader balancing, only when calm as in 2 and no move is in flight:
 //     leader transfers (at most Config.MaxLeaderTransfers in flight, each
 //     forgotten after max(10 s, 3 rounds)) from the chunkserver leading the
-//     most copysets to the member of one of them that leads the fewest. The
+//     most copysets to the member of one of them that leads the fewest
+//     (online, healthy disk; a full disk may lead). The
 //     transfer rides in the heartbeat answers to the current leader
 //     (HeartbeatResponse.transfer_leaders), which asks Raft to transfer.
 //

@@ -145,8 +145,8 @@ func leaderTransferTimeout(cfg Config) time.Duration {
 //     leader).
 //  3. Repairs: members that are sick or whose replica reports itself
 //     unhealthy (reason "disk"), then dead members (reason "dead").
-//  4. Balance, only when every member of every copyset is a target and
-//     nothing needs repair: copyset counts per replicated pool (a pool of
+//  4. Balance, only when every member of every copyset is online with a
+//     healthy disk and nothing needs repair: copyset counts per replicated pool (a pool of
 //     one replica is placed by fit, DESIGN §9), then — with no move in
 //     flight or planned — leaders (MaxLeaderTransfers in flight).
 func (s *Server) planRound(t *topology, now time.Time) plan {
@@ -154,6 +154,7 @@ func (s *Server) planRound(t *topology, now time.Time) plan {
 	sick := map[uint64]bool{}
 	dead := map[uint64]bool{}
 	targets := map[uint64]bool{}
+	serving := map[uint64]bool{} // online with a healthy disk (may be full)
 	var nodes []placement.Node
 	for id, r := range t.chunkservers {
 		nodes = append(nodes, placement.Node{ID: id, Zone: r.Zone, Server: r.Server})
@@ -164,6 +165,7 @@ func (s *Server) planRound(t *topology, now time.Time) plan {
 			sick[id] = !okDisk
 			full := l.capacity > 0 && l.used*100 >= l.capacity*fullPercent
 			targets[id] = okDisk && !full
+			serving[id] = okDisk
 			continue
 		}
 		since := s.activeSince
@@ -228,7 +230,7 @@ func (s *Server) planRound(t *topology, now time.Time) plan {
 					pc.Bad = append(pc.Bad, m)
 					why[m] = reasonDead
 				}
-				if !targets[m] {
+				if !serving[m] {
 					calm = false
 				}
 			}
@@ -282,7 +284,7 @@ func (s *Server) planRound(t *topology, now time.Time) plan {
 	room := s.cfg.MaxLeaderTransfers - len(s.transfers)
 	if room > 0 {
 		out.transfers = map[uint64]placement.Transfer{}
-		for _, tr := range placement.LeaderTransfers(all, targets, room) {
+		for _, tr := range placement.LeaderTransfers(all, serving, room) {
 			out.transfers[tr.Copyset] = tr
 		}
 	}
