@@ -74,12 +74,15 @@
 // (Repairs, Balance, LeaderTransfers, Budget); the MDS feeds them the
 // topology from etcd and the heartbeat state, and carries the results out.
 //
-// Chunkservers, as a round sees them: dead — offline, its last heartbeat
-// older than Config.RecoveryGrace (10 min by default; counted from the
-// takeover for a chunkserver the new active MDS never heard from; never with
-// a negative grace); sick — online, but its heartbeat state is not "ok" ("disk full",
-// "io error": a replica stopped on a disk error); target — online, state
-// "ok" and its disk less than 95% full: only targets receive replicas.
+// Chunkservers, as a round sees them:
+//
+//   - dead: offline, its last heartbeat older than Config.RecoveryGrace
+//     (10 min by default; counted from the takeover for a chunkserver the
+//     new active MDS never heard from; never with a negative grace);
+//   - sick: online, but its heartbeat state is not "ok" ("disk full",
+//     "io error": a replica stopped on a disk error);
+//   - serving: online with state "ok"; a target besides when its disk is
+//     less than 95% full. Only targets receive replicas.
 //
 // A member move replaces one member of a copyset in its record, bumps the
 // copyset's epoch and records the move ("move": from, to, reason,
@@ -108,31 +111,32 @@
 //     the cluster has fewer zones than replicas — the level placement.Place
 //     uses) none of the remaining members uses, the least loaded, then the
 //     one sharing fewest copysets with the remaining members.
-//  2. Copyset balancing, only when every member of every copyset is online
-//     with a healthy disk (nothing to repair, nobody down even within the
-//     grace); copysets with a member too full to be a target stay put: per
+//  2. Copyset balancing, only when every member of every copyset is
+//     serving (nothing to repair, nobody down even within the grace). Per
 //     replicated pool (a pool of one replica is placed by fit, DESIGN §9,
-//     and not balanced by count), the most loaded target gives a copyset to the least loaded one
-//     that can take it while their counts differ by two or more (reason
-//     "balance"). A chunkserver that joins thus receives copysets until
+//     not by count), the most loaded target gives a copyset to the least
+//     loaded one that can take it while their counts differ by two or more
+//     (reason "balance"); copysets with a member too full to be a target
+//     stay put. A chunkserver that joins thus receives copysets until
 //     counts are even.
 //  3. Leader balancing, only when calm as in 2 and no move is in flight:
 //     leader transfers (at most Config.MaxLeaderTransfers in flight, each
-//     forgotten after max(10 s, 3 rounds)) from the chunkserver leading the
-//     most copysets to the member of one of them that leads the fewest
-//     (online, healthy disk; a full disk may lead). The
-//     transfer rides in the heartbeat answers to the current leader
-//     (HeartbeatResponse.transfer_leaders), which asks Raft to transfer.
+//     forgotten after max(10 s, 3 rounds)) from the serving chunkserver
+//     leading the most copysets to the serving member of one of them that
+//     leads the fewest. The transfer rides in the heartbeat answers to the
+//     current leader (HeartbeatResponse.transfer_leaders), which asks Raft
+//     to transfer.
 //
 // Rate limits: moves of every kind share one budget: at most
 // Config.MaxRecoveryMoves in flight cluster-wide (default 4) and at most
 // Config.MaxMovesPerChunkserver (default 2) involving one chunkserver, as
 // the receiver of the new replica or as the copyset's leader, which streams
 // the snapshot (the leader when the move is planned: leadership may move
-// later, by an election or a hand-over). Foreground IO is further protected on the chunkservers,
-// whose snapshot streams are bandwidth-limited. Config.DisableBalance turns
-// steps 2 and 3 off. Every move started and done is logged with the
-// copyset, from, to and reason; basalt_mds_copyset_moves_total,
+// later, by an election or a hand-over). Foreground IO is further protected
+// on the chunkservers, whose snapshot streams are bandwidth-limited.
+// Config.DisableBalance turns steps 2 and 3 off. Every move started and
+// done is logged with the copyset, from, to and reason (and every leader
+// transfer requested); basalt_mds_copyset_moves_total,
 // basalt_mds_copyset_moves_in_flight and basalt_mds_leader_transfers_total
 // count them, and ClusterStatus reports moves_in_flight.
 //
