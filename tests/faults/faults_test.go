@@ -274,58 +274,75 @@ func TestSlowDisk(t *testing.T) {
 	f.finish(fmt.Sprintf("victim led %d of 8 copysets before, %d after the slow phase", n, after))
 }
 
-// 8. A full disk: one chunkserver's data directory is a 160 MiB tmpfs; the
-// workload fills it. The other two replicas go on; the full one reports
-// "disk full". Healing: the tmpfs grows and the chunkserver restarts.
+// 8. A full disk: one of four chunkservers has its data directory on a 140 MiB
+// tmpfs, which the workload fills. Its replicas stop; it must say so in its
+// status ("disk full"), the MDS must move its copysets to the others, and the
+// client must not see the trouble. Healing: the tmpfs grows, the chunkserver
+// restarts.
 func TestFullDisk(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to mount a tmpfs")
 	}
 	var fullDir string
 	f := start(t, testcluster.Options{
+		Chunkservers:     4,
+		MDSFlags:         []string{"--schedule-interval=1s"},
 		ChunkserverFlags: []string{"--snapshot-entries=500"},
 		PrepareChunkserver: func(i int, dir string) {
 			if i != 0 {
 				return
 			}
-			if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=160m", "basalt-full", dir).CombinedOutput(); err != nil {
+			if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=140m", "basalt-full", dir).CombinedOutput(); err != nil {
 				t.Skipf("cannot mount a tmpfs: %v: %s", err, out)
 			}
 			fullDir = dir
 			t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
 		}})
 	victim := f.c.CS[0]
+	id := f.c.IDOf(victim)
 	f.run(testcluster.WorkloadOptions{Seed: 8, MaxBlocks: 16})
-	f.fault("%s's data directory is a 160 MiB tmpfs; writing until it is full", victim)
+	f.fault("%s's data directory is a 140 MiB tmpfs; writing until it is full", victim)
+	// Wait until the MDS moved every copyset off the full chunkserver, noting
+	// whether it ever reported its disk trouble.
 	var state, df string
-	reported := false
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && !reported; time.Sleep(500 * time.Millisecond) {
+	reported, moved := false, false
+	var movedAfter time.Duration
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline) && !moved; time.Sleep(500 * time.Millisecond) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		r, err := f.c.API.ListChunkServers(ctx, &api.ListChunkServersRequest{})
+		st, err := f.c.API.ClusterStatus(ctx, &api.ClusterStatusRequest{})
 		cancel()
 		if err != nil {
 			continue
 		}
-		for _, cs := range r.Chunkservers {
-			if cs.Addr == victim.Addr {
+		for _, cs := range st.Chunkservers {
+			if cs.Id == id {
 				state = cs.State
-				reported = cs.State != "ok" && cs.State != ""
+				reported = reported || cs.State != "ok" && cs.State != ""
 			}
+		}
+		on := 0
+		for _, cs := range st.Copysets {
+			if containsID(cs.Members, id) {
+				on++
+			}
+		}
+		if on == 0 && st.CopysetsHealthy == uint32(len(st.Copysets)) {
+			moved = true
+			movedAfter = f.w.Figures("").Healed // time since the fault
 		}
 	}
 	out, _ := exec.Command("df", "-h", "--output=used,avail", fullDir).Output()
 	df = strings.Join(strings.Fields(string(out)), " ")
 	errsFull := f.w.Errors()
 	if !reported {
-		t.Errorf("%s never reported its full disk: state %q after 30 s (df: %s); the client saw %v", victim, state, df, errsFull)
+		t.Errorf("%s never reported its full disk: its state stayed %q (df: %s)", victim, state, df)
+	}
+	if !moved {
+		t.Errorf("the MDS did not move the copysets off the full %s within 60 s (df: %s)", victim, df)
 	} else {
-		t.Logf("%s reports %q (df: %s)", victim, state, df)
+		t.Logf("every copyset moved off %s, %s after the fault (its state: %q; df: %s)", victim, movedAfter.Round(100*time.Millisecond), state, df)
 	}
 	f.progress(20*time.Second, "with one replica's disk full")
-	time.Sleep(3 * time.Second)
-	st := f.c.Status()
-	t.Logf("with the disk full: %d copysets healthy, %d degraded, %d unavailable",
-		st.CopysetsHealthy, st.CopysetsDegraded, st.CopysetsUnavailable)
 	if out, err := exec.Command("mount", "-o", "remount,size=1g", fullDir).CombinedOutput(); err != nil {
 		t.Fatalf("grow the tmpfs: %v: %s", err, out)
 	}
@@ -333,8 +350,8 @@ func TestFullDisk(t *testing.T) {
 	f.c.Start(victim)
 	f.c.WaitHealthy(90 * time.Second)
 	f.healed()
-	f.finish(fmt.Sprintf("the full replica's state: %q; client errors while full: %v; healed by growing the tmpfs and restarting it",
-		state, errsFull))
+	f.finish(fmt.Sprintf("the full replica's state: %q; copysets moved off it: %v (%s); client errors while full: %v; healed by growing the tmpfs and restarting it",
+		state, moved, movedAfter.Round(100*time.Millisecond), errsFull))
 }
 
 // 8b. Every replica's disk fills up (three 160 MiB tmpfs): the client must get
