@@ -384,8 +384,11 @@ func (w *Workload) Figures(name string) Figures {
 	recs := slices.Clone(w.recs)
 	fault, okF := w.marks["fault"]
 	healed, okH := w.marks["healed"]
-	end := w.marks["stop"]
+	end, okS := w.marks["stop"]
 	w.mu.Unlock()
+	if !okS { // still running
+		end = w.since()
+	}
 	if !okF {
 		fault = end
 	}
