@@ -50,6 +50,10 @@
 //     marks its update wal.Update.NoSync; a round of nothing else is written
 //     without an fdatasync, so a leader applies (and answers) a commit as soon as
 //     the quorum's MsgAppResp arrives instead of after one more fsync.
+//     While that Save runs (on a short-lived goroutine), leaders already apply
+//     their committed entries (step 4 for them): committed means durable on a
+//     quorum, so the answer to a client need not wait for the fsync of the entries
+//     proposed since. Snapshots, read states and Advance wait for the Save.
 //  3. Followers send their messages (MsgAppResp, votes) only now: nothing is
 //     promised to a peer before it is durable.
 //  4. Apply: a received snapshot first (StateMachine.InstallSnapshot), then the

@@ -580,6 +580,8 @@ func (h *Host) processBatch(batch []*group) {
 		rd     raft.Ready
 		leader bool
 		saved  bool
+		early  bool // committed entries applied while the round's Save ran
+		ok     bool // the early apply succeeded
 	}
 	works := make([]work, 0, len(batch))
 	var early []Message
@@ -620,11 +622,44 @@ func (h *Host) processBatch(batch []*group) {
 	}
 	// 2. Persist HardState, entries and received snapshots of every group of the round
 	//    with one LogStore.Save: one fsync serves them all (group commit).
+	//    While that write is in flight, leaders apply (and answer) the entries that
+	//    are committed: a committed entry is durable on a quorum already, whether or
+	//    not this round's write holds it, so its answer need not wait for this fsync
+	//    (otherwise a commit waits for the fsync of the next proposals' entries).
+	//    Snapshots, read states and Advance still wait for the Save. A snapshot of the
+	//    state machine is only captured after the round (finishRound), so the
+	//    applied index never gets ahead of the durable log in a persisted snapshot.
 	var saveErr error
 	if len(updates) > 0 {
-		t := time.Now()
-		saveErr = h.cfg.Log.Save(updates)
-		h.stats.logSave.Observe(time.Since(t))
+		early := false
+		for i := range works {
+			w := &works[i]
+			if w.leader && len(w.rd.CommittedEntries) > 0 && raft.IsEmptySnap(w.rd.Snapshot) {
+				early = true
+				break
+			}
+		}
+		if early {
+			saved := make(chan struct{})
+			go func() {
+				t := time.Now()
+				saveErr = h.cfg.Log.Save(updates)
+				h.stats.logSave.Observe(time.Since(t))
+				close(saved)
+			}()
+			for i := range works {
+				w := &works[i]
+				if w.leader && len(w.rd.CommittedEntries) > 0 && raft.IsEmptySnap(w.rd.Snapshot) && w.g.failed == nil {
+					w.early = true
+					w.ok = w.g.applyEntries(w.rd.CommittedEntries)
+				}
+			}
+			<-saved
+		} else {
+			t := time.Now()
+			saveErr = h.cfg.Log.Save(updates)
+			h.stats.logSave.Observe(time.Since(t))
+		}
 		if saveErr != nil {
 			h.log.Error("raftstore: log save failed; stopping the groups of the round", "err", saveErr, "groups", len(updates))
 		}
@@ -654,7 +689,11 @@ func (h *Host) processBatch(batch []*group) {
 		if g.failed == nil {
 			// 4. Apply: a received snapshot first, then the committed entries in
 			//    index order, then the read states (which wait for the applied index).
-			if g.applySnapshot(w.rd.Snapshot) && g.applyEntries(w.rd.CommittedEntries) {
+			ok := w.ok
+			if !w.early {
+				ok = g.applySnapshot(w.rd.Snapshot) && g.applyEntries(w.rd.CommittedEntries)
+			}
+			if ok {
 				g.handleReadStates(w.rd.ReadStates)
 				// 5. Advance: raft learns that this Ready is persisted and applied.
 				g.rn.Advance(w.rd)
