@@ -131,7 +131,9 @@ func (f *fc) chunksNotLedBy(p *testcluster.Proc) []int64 {
 // whose copysets the victim does not lead (with three chunkservers every one is
 // a member of every copyset, and each usually leads some).
 func TestKillFollower(t *testing.T) {
-	f := start(t, testcluster.Options{})
+	// No balancing: the leader balancer would hand the victim, which leads the
+	// fewest copysets, leaderships during the warm-up.
+	f := start(t, testcluster.Options{MDSFlags: []string{"--balance=false"}})
 	victim := f.c.FewestLeaders()
 	n := f.c.Leaders()[victim]
 	chunks := f.chunksNotLedBy(victim)
@@ -152,9 +154,9 @@ func TestKillFollower(t *testing.T) {
 // 2. kill -9 the chunkserver that leads the most copysets.
 func TestKillLeader(t *testing.T) {
 	f := start(t, testcluster.Options{})
-	victim := f.c.MostLeaders()
-	n := f.c.Leaders()[victim]
 	f.run(testcluster.WorkloadOptions{Seed: 2})
+	victim := f.c.MostLeaders() // chosen now: the balancer moves leaders
+	n := f.c.Leaders()[victim]
 	f.c.Kill(victim)
 	f.fault("kill -9 %s, leader of %d copysets", victim, n)
 	f.progress(20*time.Second, "after a leader died")
@@ -169,9 +171,9 @@ func TestKillLeader(t *testing.T) {
 // sockets stay open, nothing is refused).
 func TestPauseLeader(t *testing.T) {
 	f := start(t, testcluster.Options{})
-	victim := f.c.MostLeaders()
-	n := f.c.Leaders()[victim]
 	f.run(testcluster.WorkloadOptions{Seed: 3})
+	victim := f.c.MostLeaders() // chosen now: the balancer moves leaders
+	n := f.c.Leaders()[victim]
 	f.c.Pause(victim)
 	f.fault("SIGSTOP %s, leader of %d copysets, for 10 s", victim, n)
 	f.progress(20*time.Second, "while a leader is paused")
@@ -191,9 +193,9 @@ func TestPartitionLeader(t *testing.T) {
 		return
 	}
 	f := start(t, testcluster.Options{Net: net})
-	victim := f.c.MostLeaders()
-	n := f.c.Leaders()[victim]
 	f.run(testcluster.WorkloadOptions{Seed: 4})
+	victim := f.c.MostLeaders() // chosen now: the balancer moves leaders
+	n := f.c.Leaders()[victim]
 	for _, p := range f.c.CS {
 		if p != victim {
 			net.Partition(t, victim.Name, p.Name)
@@ -216,9 +218,9 @@ func TestPartitionClient(t *testing.T) {
 		return
 	}
 	f := start(t, testcluster.Options{Net: net})
-	victim := f.c.MostLeaders()
-	n := f.c.Leaders()[victim]
 	f.run(testcluster.WorkloadOptions{Seed: 5})
+	victim := f.c.MostLeaders() // chosen now: the balancer moves leaders
+	n := f.c.Leaders()[victim]
 	net.Partition(t, "ctl", victim.Name)
 	f.fault("client cut off from %s, leader of %d copysets, for 10 s", victim, n)
 	time.Sleep(10 * time.Second)
@@ -261,9 +263,9 @@ func TestPowerLoss(t *testing.T) {
 // for 10 s.
 func TestSlowDisk(t *testing.T) {
 	f := start(t, testcluster.Options{SlowDiskKnob: true})
-	victim := f.c.MostLeaders()
-	n := f.c.Leaders()[victim]
 	f.run(testcluster.WorkloadOptions{Seed: 7})
+	victim := f.c.MostLeaders() // chosen now: the balancer moves leaders
+	n := f.c.Leaders()[victim]
 	f.c.SetSlowDisk(victim, 50*time.Millisecond)
 	f.fault("+50 ms on every WAL fdatasync of %s, leader of %d copysets, for 10 s", victim, n)
 	f.progress(20*time.Second, "with a slow disk")
