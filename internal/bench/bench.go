@@ -86,6 +86,9 @@ type runner struct {
 
 	pg    *playgroundProc // started by the first basalt target, stopped at the end
 	pgErr error
+	// r1Local: the chunkserver NBD socket basalt-r1 is served on (the local fast
+	// path); "" when it goes through the playground's front end.
+	r1Local string
 }
 
 // Run runs the matrix, prints the markdown table to cfg.Stdout, writes it to
@@ -135,9 +138,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	for _, t := range cfg.Targets {
-		if t == TargetBasaltR1 {
+		if t == TargetBasaltR1 && r.r1Local != "" {
+			r.rep.Notes = append(r.rep.Notes, "`basalt-r1` is a 1-replica volume (pool `local`, one copyset, so the whole volume "+
+				"is on one chunkserver) served by the NBD front end inside that chunkserver ("+r.r1Local+"): the local fast path "+
+				"(DESIGN §7, §9), no socket between the front end and the copyset; its writes still go through raft and the WAL's fdatasync.")
+		} else if t == TargetBasaltR1 {
 			r.rep.Notes = append(r.rep.Notes, "`basalt-r1` is a 1-replica volume (pool `local`) served by the same playground NBD front end over "+
-				"its Unix socket as `basalt-r3`: the in-process local fast path (DESIGN §7, §9) does not exist yet, so every IO "+
+				"its Unix socket as `basalt-r3`: the playground's chunkservers serve no NBD in process, so every IO "+
 				"still crosses a socket from the front end to the chunkserver.")
 		}
 	}

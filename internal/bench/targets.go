@@ -154,9 +154,23 @@ type pgState struct {
 	NBDSocket    string `json:"nbd_socket"`
 	Volume       string `json:"volume"`
 	Chunkservers []struct {
-		Index int `json:"index"`
-		PID   int `json:"pid"`
+		Index int    `json:"index"`
+		PID   int    `json:"pid"`
+		Addr  string `json:"addr"`
+		// NBDSocket: the NBD front end inside this chunkserver (the local fast
+		// path), if the playground started one.
+		NBDSocket string `json:"nbd_socket"`
 	} `json:"chunkservers"`
+}
+
+// localSockets reports whether the chunkservers serve NBD in process.
+func (s *pgState) localSockets() bool {
+	for _, cs := range s.Chunkservers {
+		if cs.NBDSocket == "" {
+			return false
+		}
+	}
+	return len(s.Chunkservers) > 0
 }
 
 // playgroundProc is a `basalt playground` child process owned by the bench.
@@ -320,11 +334,20 @@ func (r *runner) openBasaltR3(ctx context.Context) (*target, error) {
 	return r.basaltTarget(TargetBasaltR3, p, volumeR3), nil
 }
 
-// openBasaltR1 creates the 1-replica pool and volume through the MDS API.
+// openBasaltR1 creates the 1-replica pool and volume through the MDS API. When
+// the playground's chunkservers serve NBD in process, the pool gets one copyset, so
+// the whole volume lives on one chunkserver (as DESIGN §9 places a local pool's
+// volume), and the volume is served by that chunkserver's own front end: the
+// local fast path (client.Config.Local), no socket between front end and copyset.
 func (r *runner) openBasaltR1(ctx context.Context) (*target, error) {
 	p, err := r.playground(ctx)
 	if err != nil {
 		return nil, err
+	}
+	copysets := r.cfg.Copysets
+	local := p.state.localSockets()
+	if local {
+		copysets = 1
 	}
 	mc, err := mdsclient.Dial([]string{p.state.MDS})
 	if err != nil {
@@ -333,7 +356,7 @@ func (r *runner) openBasaltR1(ctx context.Context) (*target, error) {
 	defer mc.Close()
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	pool, err := mc.CreatePool(cctx, &api.CreatePoolRequest{Name: poolR1, Replicas: 1, CopysetCount: r.cfg.Copysets})
+	pool, err := mc.CreatePool(cctx, &api.CreatePoolRequest{Name: poolR1, Replicas: 1, CopysetCount: copysets})
 	switch {
 	case status.Code(err) == codes.AlreadyExists:
 	case err != nil:
@@ -363,7 +386,60 @@ func (r *runner) openBasaltR1(ctx context.Context) (*target, error) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	return r.basaltTarget(TargetBasaltR1, p, volumeR1), nil
+	t := r.basaltTarget(TargetBasaltR1, p, volumeR1)
+	if local {
+		sock, err := r1Socket(cctx, mc, p)
+		if err != nil {
+			return nil, err
+		}
+		t.engine = []string{"--ioengine=nbd", "--uri=nbd+unix:///" + volumeR1 + "?socket=" + sock}
+		r.r1Local = sock
+		r.log.Info("basalt-r1 through the local fast path", "socket", sock)
+	}
+	return t, nil
+}
+
+// r1Socket finds the chunkserver holding the r1 pool's copysets and returns its
+// in-process NBD socket.
+func r1Socket(ctx context.Context, mc *mdsclient.Client, p *playgroundProc) (string, error) {
+	pools, err := mc.ListPools(ctx, &api.ListPoolsRequest{})
+	if err != nil {
+		return "", err
+	}
+	var poolID uint32
+	found := false
+	for _, pl := range pools.GetPools() {
+		if pl.GetName() == poolR1 {
+			poolID, found = pl.GetId(), true
+		}
+	}
+	if !found {
+		return "", fmt.Errorf("pool %q not listed", poolR1)
+	}
+	cs, err := mc.GetCopysets(ctx, &api.GetCopysetsRequest{PoolId: poolID})
+	if err != nil {
+		return "", err
+	}
+	holders := map[uint64]bool{}
+	for _, c := range cs.GetCopysets() {
+		for _, m := range c.GetMembers() {
+			holders[m] = true
+		}
+	}
+	if len(holders) != 1 {
+		return "", fmt.Errorf("pool %q spans %d chunkservers; the local path needs one", poolR1, len(holders))
+	}
+	for _, srv := range cs.GetChunkservers() {
+		if !holders[srv.GetId()] {
+			continue
+		}
+		for _, pc := range p.state.Chunkservers {
+			if pc.Addr == srv.GetAddr() && pc.NBDSocket != "" {
+				return pc.NBDSocket, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("no in-process NBD socket for the chunkserver holding pool %q", poolR1)
 }
 
 func (r *runner) basaltTarget(name string, p *playgroundProc, volume string) *target {
