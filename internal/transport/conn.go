@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -64,6 +65,7 @@ const (
 // not aborted and the conn is alive; the reader removes it before filling ReadBuf.
 type Conn struct {
 	nc  net.Conn
+	br  *bufio.Reader // the reader's: frames that arrive together cost one read
 	log *slog.Logger
 
 	mu      sync.Mutex
@@ -100,6 +102,7 @@ func NewConn(nc net.Conn, cfg ConnConfig) *Conn {
 	}
 	c := &Conn{
 		nc:         nc,
+		br:         bufio.NewReaderSize(nc, readBufferSize),
 		log:        log.With("remote", nc.RemoteAddr().String()),
 		pending:    make(map[uint64]*Call),
 		readerDone: make(chan struct{}),
@@ -345,7 +348,7 @@ func (c *Conn) readLoop() {
 	defer close(c.readerDone)
 	var hb [HeaderSize]byte
 	for {
-		if _, err := io.ReadFull(c.nc, hb[:]); err != nil {
+		if _, err := io.ReadFull(c.br, hb[:]); err != nil {
 			c.fail(err)
 			return
 		}
@@ -369,7 +372,7 @@ func (c *Conn) readLoop() {
 		switch {
 		case call == nil || n > len(call.ReadBuf):
 			if n > 0 {
-				if _, err := io.CopyN(io.Discard, c.nc, int64(n)); err != nil {
+				if _, err := io.CopyN(io.Discard, c.br, int64(n)); err != nil {
 					c.failCall(call, err)
 					c.fail(err)
 					return
@@ -380,7 +383,7 @@ func (c *Conn) readLoop() {
 				call.Err = fmt.Errorf("%w: %d > %d bytes", ErrShortBuffer, n, len(call.ReadBuf))
 			}
 		case n > 0:
-			if _, err := io.ReadFull(c.nc, call.ReadBuf[:n]); err != nil {
+			if _, err := io.ReadFull(c.br, call.ReadBuf[:n]); err != nil {
 				c.failCall(call, err)
 				c.fail(err)
 				return

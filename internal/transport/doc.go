@@ -45,10 +45,13 @@
 //
 // Each side's writer takes every frame queued at that moment and sends them in one
 // writev (net.Buffers): headers are encoded into one scratch buffer, payloads are
-// passed as their own iovecs, never copied. The client's reader reads a reply's
-// header, then its payload straight into the call's ReadBuf. The server's reader
-// reads a request's payload into a pooled buffer (power-of-two size classes) that
-// goes back to the pool when ServeFrame returns, unless the handler called Retain.
+// passed as their own iovecs, never copied. Both readers read through a 32 KiB
+// buffer, so frames that arrive together (pipelined requests, a reply header and
+// its payload, raft batches) cost one read syscall; a payload larger than the
+// buffer goes straight to its destination. The client's reader reads a reply's
+// header, then its payload into the call's ReadBuf. The server's reader reads a
+// request's payload into a pooled buffer (power-of-two size classes) that goes
+// back to the pool when ServeFrame returns, unless the handler called Retain.
 //
 // # Flow control
 //

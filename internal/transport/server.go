@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bufio"
 	"errors"
 	"io"
 	"log/slog"
@@ -146,6 +147,7 @@ func (s *Server) ServeConn(nc net.Conn) {
 	sc := &serverConn{
 		s:       s,
 		nc:      nc,
+		br:      bufio.NewReaderSize(nc, readBufferSize),
 		log:     s.log.With("remote", nc.RemoteAddr().String()),
 		slots:   make(chan struct{}, s.cfg.MaxInFlight),
 		closing: make(chan struct{}),
@@ -184,6 +186,11 @@ func (s *Server) Close() error {
 	return nil
 }
 
+// readBufferSize is the read buffer of every connection (both ends): pipelined
+// frames and raft batches that arrive together are read with one syscall; a
+// payload larger than it is read straight into its buffer.
+const readBufferSize = 32 << 10
+
 type reply struct {
 	h       Header
 	payload []byte
@@ -197,6 +204,7 @@ type reply struct {
 type serverConn struct {
 	s     *Server
 	nc    net.Conn
+	br    *bufio.Reader // the reader's: frames that arrive together cost one read
 	log   *slog.Logger
 	slots chan struct{}
 
@@ -267,7 +275,7 @@ func (sc *serverConn) readLoop() {
 	defer sc.s.wg.Done()
 	var hb [HeaderSize]byte
 	for {
-		if _, err := io.ReadFull(sc.nc, hb[:]); err != nil {
+		if _, err := io.ReadFull(sc.br, hb[:]); err != nil {
 			if errors.Is(err, io.EOF) {
 				err = nil // a clean close between frames
 			}
@@ -295,7 +303,7 @@ func (sc *serverConn) readLoop() {
 		var payload []byte
 		if h.PayloadLen > 0 {
 			payload = getBuf(int(h.PayloadLen))
-			if _, err := io.ReadFull(sc.nc, payload); err != nil {
+			if _, err := io.ReadFull(sc.br, payload); err != nil {
 				putBuf(payload)
 				sc.close(err) // EOF mid-frame
 				return
