@@ -15,10 +15,13 @@
 //     process on a bench-owned directory and free ports, through the playground's
 //     NBD Unix socket.
 //   - basalt-r1: a 1-replica volume in the pool "local", created through the MDS
-//     gRPC API on the same playground and served by the same NBD socket (export name
-//     = volume name). The in-process local fast path (DESIGN §7, §9) does not exist
-//     yet, so this row still pays the socket hop from the NBD front end to the
-//     chunkserver.
+//     gRPC API on the same playground (export name = volume name). When the
+//     playground's chunkservers serve NBD in process (playground.json records an
+//     nbd_socket per chunkserver), the pool gets one copyset, so the whole volume
+//     sits on one chunkserver, and fio uses that chunkserver's socket: the local
+//     fast path (DESIGN §7, §9). Otherwise the row goes through the playground's NBD
+//     socket like basalt-r3 and pays the hop from the front end to the chunkserver;
+//     the report's notes say which it was.
 //
 // Every target is first written sequentially (1 MiB writes, QD8) over the whole
 // working set, so reads hit data, not holes.
