@@ -49,7 +49,8 @@ type Workload struct {
 	wg   sync.WaitGroup
 
 	acked, failed, reads atomic.Int64
-	timeouts             atomic.Int64 // failed IOs that ran into the client's deadline
+	timeouts             atomic.Int64   // failed IOs that ran into the client's deadline
+	inflight             []atomic.Int64 // per writer: start of its IO in flight (ns since t0 + 1), 0 if none
 
 	mu      sync.Mutex // guards the fields below
 	data    []byte     // the model: every acknowledged write
@@ -108,12 +109,13 @@ func StartWorkload(t testing.TB, v *client.Volume, opts WorkloadOptions) *Worklo
 			j++
 		}
 	}
+	w.inflight = make([]atomic.Int64, opts.Writers)
 	for i := range own {
 		if len(own[i]) == 0 {
 			continue
 		}
 		w.wg.Add(1)
-		go w.writer(opts.Seed*1000+int64(i)+1, own[i])
+		go w.writer(opts.Seed*1000+int64(i)+1, own[i], &w.inflight[i])
 	}
 	return w
 }
@@ -207,7 +209,20 @@ func (w *Workload) record(start time.Duration, err error) {
 	}
 }
 
-func (w *Workload) writer(seed int64, own []region) {
+// OldestInFlight is how long the oldest IO still in flight has waited (0 if
+// none is).
+func (w *Workload) OldestInFlight() time.Duration {
+	var oldest time.Duration
+	now := w.since()
+	for i := range w.inflight {
+		if s := w.inflight[i].Load(); s != 0 {
+			oldest = max(oldest, now-time.Duration(s-1))
+		}
+	}
+	return oldest
+}
+
+func (w *Workload) writer(seed int64, own []region, inflight *atomic.Int64) {
 	defer w.wg.Done()
 	rng := rand.New(rand.NewSource(seed))
 	pending := map[int64]bool{} // blocks whose last write failed
@@ -223,13 +238,17 @@ func (w *Workload) writer(seed int64, own []region) {
 		n = min(n, r.hi-r.lo)
 		off := r.lo + rng.Int63n((r.hi-r.lo-n)/4096+1)*4096
 		if rng.Intn(100) < w.opts.ReadPercent {
+			inflight.Store(int64(w.since()) + 1)
 			w.readCheck(off, n, pending)
+			inflight.Store(0)
 			continue
 		}
 		buf := make([]byte, n)
 		rng.Read(buf)
 		start := w.since()
+		inflight.Store(int64(start) + 1)
 		_, err := w.v.Load().WriteAt(buf, off)
+		inflight.Store(0)
 		w.record(start, err)
 		if err != nil {
 			for b := off; b < off+n; b += 4096 {
