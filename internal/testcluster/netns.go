@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -102,8 +103,12 @@ func InNetns(t *testing.T, nodes ...string) *Net {
 	desc, _ := json.Marshal(n)
 
 	cmd := exec.Command("ip", "netns", "exec", n.NS("ctl"), os.Args[0],
-		"-test.run=^"+regexp.QuoteMeta(t.Name())+"$", "-test.v=true", "-test.count=1", "-test.timeout=20m")
+		"-test.run=^"+regexp.QuoteMeta(t.Name())+"$", "-test.v=true", "-test.count=1", "-test.timeout=20m",
+		"-test.short="+strconv.FormatBool(testing.Short()))
 	cmd.Env = append(os.Environ(), netEnv+"="+string(desc), "BASALT_BIN="+Binary(t))
+	// If this process dies (a test timeout panics past every Cleanup), so does
+	// the child, and with it its cluster; the next run removes the namespaces.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -34,10 +34,14 @@ type fc struct {
 
 func start(t *testing.T, opts testcluster.Options) *fc { return startSized(t, opts, volSize) }
 
-func startSized(t *testing.T, opts testcluster.Options, size uint64) *fc {
+func skipShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fault-injection case with real processes: -short")
 	}
+}
+
+func startSized(t *testing.T, opts testcluster.Options, size uint64) *fc {
+	skipShort(t)
 	opts.ChunkSize = chunkSize
 	c := testcluster.Start(t, opts)
 	// BASALT_FAULTS_IO_TIMEOUT sets the client's per-attempt timeout (default
@@ -188,6 +192,7 @@ func TestPauseLeader(t *testing.T) {
 // 4. Partition the busiest leader from its followers (it still reaches the MDS
 // and the client). With CheckQuorum it steps down; the others elect a leader.
 func TestPartitionLeader(t *testing.T) {
+	skipShort(t)
 	net := testcluster.InNetns(t, testcluster.NetNodes(1, 3)...)
 	if net == nil {
 		return
@@ -213,6 +218,7 @@ func TestPartitionLeader(t *testing.T) {
 // 5. Partition the client from the busiest leader (the leader still reaches its
 // followers and the MDS, so nothing elects a new leader).
 func TestPartitionClient(t *testing.T) {
+	skipShort(t)
 	net := testcluster.InNetns(t, testcluster.NetNodes(1, 3)...)
 	if net == nil {
 		return
@@ -282,6 +288,7 @@ func TestSlowDisk(t *testing.T) {
 // client must not see the trouble. Healing: the tmpfs grows, the chunkserver
 // restarts.
 func TestFullDisk(t *testing.T) {
+	skipShort(t)
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to mount a tmpfs")
 	}
@@ -361,6 +368,7 @@ func TestFullDisk(t *testing.T) {
 // an error, not a hang (no IO waits 10 s for an answer), and after the disks grow and the chunkservers restart,
 // every acknowledged write is there.
 func TestFullDiskEverywhere(t *testing.T) {
+	skipShort(t)
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to mount a tmpfs")
 	}
@@ -412,9 +420,7 @@ func TestFullDiskEverywhere(t *testing.T) {
 // 9. kill -9 the active MDS of three, on an external three-member etcd: a
 // standby takes over and IO never waits for it.
 func TestKillActiveMDS(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short")
-	}
+	skipShort(t)
 	etcd := testcluster.StartEtcd(t, 3)
 	f := start(t, testcluster.Options{MDSCount: 3, EtcdEndpoints: etcd.Endpoints})
 	active := f.c.Status().ActiveMds
