@@ -30,11 +30,13 @@
 // The WAL directory holds segment files named by a 16-digit lower-case hex
 // sequence number, "0000000000000001.wal", "0000000000000002.wal", ...; the
 // sequence has no holes. A new segment is written as "<name>.tmp" (header
-// and checkpoint), preallocated with fallocate(2) to Config.SegmentSize (or
+// and checkpoint), preallocated by writing zeros up to Config.SegmentSize (or
 // more, for a batch larger than that), fsynced, renamed, and the directory
 // fsynced, so a segment exists only complete. Leftover .tmp files are
-// deleted by Open. Because the file is preallocated, a record write never
-// changes the file size and fdatasync(2) needs no metadata flush.
+// deleted by Open. Because the file is preallocated with written blocks (not
+// fallocate(2)'s unwritten extents, whose conversion would make each
+// fdatasync commit the file system journal), a record write never changes
+// the file size or the block map and fdatasync(2) needs no metadata flush.
 //
 // # Segment format
 //
