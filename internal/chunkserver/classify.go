@@ -2,13 +2,26 @@ package chunkserver
 
 import (
 	"errors"
+	"syscall"
 
 	"github.com/basalt-storage/basalt/internal/datastore"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
-// isNoSpace reports whether err means the disk is full.
-func isNoSpace(err error) bool { return errors.Is(err, datastore.ErrNoSpace) }
+// isNoSpace reports whether err means the disk is full (a chunk write, or the
+// WAL's own ENOSPC).
+func isNoSpace(err error) bool {
+	return errors.Is(err, datastore.ErrNoSpace) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
+// stoppedStatus is what a replica stopped by a disk error answers: the client
+// tries the other members, and reports the error once every member says so.
+func stoppedStatus(err error) api.Status {
+	if isNoSpace(err) {
+		return api.StatusNoSpace
+	}
+	return api.StatusIOError
+}
 
 // isNoGroup reports whether err means the copyset is not hosted.
 func isNoGroup(err error) bool { return errors.Is(err, api.ErrNoSuchCopyset) }

@@ -141,6 +141,7 @@ type testCluster struct {
 	mu     sync.Mutex
 	conns  map[string]*transport.Conn
 	leader map[uint32]uint64 // copyset → chunkserver id
+	next   int               // round-robin start when no leader is known
 }
 
 func testLogger(t testing.TB) *slog.Logger {
@@ -274,7 +275,10 @@ func (tc *testCluster) do(h transport.Header, payload, readBuf []byte) (transpor
 		id := tc.leader[h.Copyset]
 		tc.mu.Unlock()
 		if id == 0 || tc.node(id) == nil {
-			id = tc.nodes[try%len(tc.nodes)].cs.ID()
+			tc.mu.Lock()
+			tc.next++
+			id = tc.nodes[tc.next%len(tc.nodes)].cs.ID()
+			tc.mu.Unlock()
 		}
 		try++
 		c := tc.conn(tc.node(id).cs.Addr())
@@ -307,7 +311,11 @@ func (tc *testCluster) do(h transport.Header, payload, readBuf []byte) (transpor
 			continue
 		}
 		tc.mu.Lock()
-		tc.leader[h.Copyset] = id
+		if call.Reply.Status == api.StatusNoSpace || call.Reply.Status == api.StatusIOError {
+			delete(tc.leader, h.Copyset) // a stopped replica: ask another member next time
+		} else {
+			tc.leader[h.Copyset] = id
+		}
 		tc.mu.Unlock()
 		return call.Reply, nil
 	}

@@ -169,11 +169,11 @@ func (hd *handler) validate(h transport.Header, payload []byte) (*replica, volum
 	if h.Op != transport.OpRead && h.Epoch == 0 {
 		return nil, vi, api.StatusReadOnly
 	}
-	if r.sm.Failed() != nil {
+	if err := r.sm.Failed(); err != nil {
 		// This replica stopped after a disk error and serves nothing more; the
-		// other members elect a leader without it. NOT_LEADER (no hint) sends
-		// the client on to them.
-		return nil, vi, api.StatusNotLeader
+		// other members elect a leader without it. NO_SPACE / IO_ERROR sends the
+		// client on to them, and is final once every member answers so.
+		return nil, vi, stoppedStatus(err)
 	}
 	if h.Epoch != 0 && h.Epoch < r.sm.epochOf(h.Volume) {
 		return nil, vi, api.StatusFenced

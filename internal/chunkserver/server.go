@@ -631,9 +631,26 @@ func (c *ChunkServer) heartbeat(ctx context.Context) error {
 // state is the heartbeat state: "ok", or why this chunkserver cannot serve.
 func (c *ChunkServer) state() string {
 	c.mu.RLock()
-	defer c.mu.RUnlock()
-	if c.diskErr != nil {
-		return diskState(c.diskErr)
+	err := c.diskErr
+	c.mu.RUnlock()
+	if err == nil && c.host != nil {
+		// A group the raft host stopped because the WAL failed (ENOSPC, EIO)
+		// never reached an Apply: record its error too.
+		for _, st := range c.host.Groups() {
+			if !st.Healthy && st.Err != nil {
+				c.mu.Lock()
+				if c.diskErr == nil {
+					c.diskErr = st.Err
+					c.log.Error("copyset replica stopped by a WAL error", "copyset", st.ID, "err", st.Err)
+				}
+				err = c.diskErr
+				c.mu.Unlock()
+				break
+			}
+		}
+	}
+	if err != nil {
+		return diskState(err)
 	}
 	return "ok"
 }
