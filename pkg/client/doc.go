@@ -33,7 +33,9 @@
 //
 // # Retries
 //
-// One attempt is one frame to one chunkserver, bounded by Config.IOTimeout; an IO
+// One attempt is one frame to one chunkserver, bounded by Config.IOTimeout (2 s by
+// default, plus the piece's size at 16 MiB/s, so a paused leader stalls small IO
+// for at most about that long before the next member is asked); an IO
 // as a whole is bounded by Config.OpTimeout (default 60 s), after which it fails
 // with ErrTimeout wrapping the last error seen.
 //

@@ -293,7 +293,7 @@ func (p *piece) send(c *transport.Conn, err error) {
 	}
 	v := p.op.v
 	call := p.newCall()
-	wait := max(min(v.cfg.IOTimeout, time.Duration(p.op.deadline-v.now())), time.Millisecond)
+	wait := max(min(v.cfg.IOTimeout+transferAllowance(p.n), time.Duration(p.op.deadline-v.now())), time.Millisecond)
 	if v.m != nil {
 		p.sent = time.Now()
 	}
@@ -535,3 +535,9 @@ func (f *flushTracker) flush(done func(error)) {
 	f.waiters = append(f.waiters, flushWaiter{gen: g, done: done})
 	f.mu.Unlock()
 }
+
+// transferAllowance stretches one attempt's timeout for large pieces, at a
+// pessimistic 16 MiB/s, so that a short IOTimeout (which bounds how long a
+// paused or partitioned leader can stall a 4 KiB IO) never aborts a large
+// transfer that is merely slow.
+func transferAllowance(n int64) time.Duration { return time.Duration(n) * (time.Second / (16 << 20)) }
