@@ -330,6 +330,28 @@ func parseURL(s string) (*url.URL, error) {
 
 // campaign runs the election loop until ctx is done (returns false) or
 // crash is called (returns true). It owns the etcd session.
+// dropOwnStaleCandidacy revokes election keys that name this MDS's own address
+// but belong to an earlier incarnation (killed before its lease expired). This
+// process holds the listener at that address, so no live MDS can own them; left
+// alone they would make a restarted single MDS wait out their lease (ElectionTTL)
+// before it serves, long enough for clients' sessions to lapse.
+func (s *Server) dropOwnStaleCandidacy(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := s.cli.Get(cctx, electionPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return
+	}
+	for _, kv := range resp.Kvs {
+		if string(kv.Value) != s.advertise || kv.Lease == 0 {
+			continue
+		}
+		if _, err := s.cli.Revoke(cctx, clientv3.LeaseID(kv.Lease)); err == nil {
+			s.log.Info("revoked the election candidacy of this MDS's previous incarnation", "key", string(kv.Key))
+		}
+	}
+}
+
 func (s *Server) campaign(ctx context.Context) (crashed bool) {
 	ttl := max(1, int((s.cfg.ElectionTTL+time.Second-1)/time.Second))
 	for {
@@ -341,6 +363,7 @@ func (s *Server) campaign(ctx context.Context) (crashed bool) {
 			return true
 		default:
 		}
+		s.dropOwnStaleCandidacy(ctx)
 		sess, err := concurrency.NewSession(s.cli, concurrency.WithTTL(ttl), concurrency.WithContext(ctx))
 		if err != nil {
 			s.log.Warn("etcd session failed; retrying", "err", err)
