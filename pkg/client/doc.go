@@ -64,6 +64,20 @@
 // it completes once every write, trim and write-zeroes submitted before it
 // completed (whatever their result).
 //
+// # Local fast path
+//
+// Config.Local (DESIGN §7) is set by a front end that runs inside a chunkserver:
+// an attempt whose target is Local.LocalID() is handed to Local.Go in process —
+// the same request header, the same statuses and retries as over a connection,
+// but no socket, no frame, no IOTimeout timer, and a read lands straight in the
+// caller's buffer. Attempts to other chunkservers go over connections as usual.
+//
+// # Metrics
+//
+// Config.Metrics (NewMetrics, one per process) records basalt_client_io_seconds
+// (Submit → done) and basalt_client_attempt_seconds (one attempt) per op, IO,
+// bytes and errors per volume and op, retries by reason and local attempts.
+//
 // # Goroutines and callbacks
 //
 // There is no goroutine per IO. Completions and retries run on the transport's
