@@ -181,7 +181,7 @@
 // An Apply error that is not an *api.Error is a disk failure: the group stops for
 // good (it never applies past the failed entry, never advances), GroupStatus.Healthy
 // turns false with the cause in GroupStatus.Err, it is logged with the group id, and
-// every pending and later callback gets IO_ERROR. Other groups go on.
+// every pending and later callback gets IO_ERROR (NO_SPACE when the disk is full). Other groups go on.
 //
 // # Tests drive the host
 //

@@ -2,12 +2,14 @@ package raftstore
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.etcd.io/raft/v3"
@@ -365,6 +367,9 @@ func (g *group) fail(err error) {
 	g.statusDirty = true
 	g.log.Error("raftstore: group stopped", "err", err)
 	ioErr := &api.Error{Status: api.StatusIOError}
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		ioErr = &api.Error{Status: api.StatusNoSpace} // the client reports a full disk as such
+	}
 	ev := g.in.close(ioErr)
 	failEvents(ev, ioErr)
 	g.failAll(ioErr)
