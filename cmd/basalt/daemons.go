@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"runtime"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/chunkserver"
 	"github.com/basalt-storage/basalt/internal/mds"
+	"github.com/basalt-storage/basalt/internal/scrub"
 )
 
 func mdsCommand() *cobra.Command {
@@ -59,7 +61,7 @@ func mdsCommand() *cobra.Command {
 
 func chunkserverCommand() *cobra.Command {
 	var cfg chunkserver.Config
-	var mdsAddrs, pidFile, slowDisk, diskErr string
+	var mdsAddrs, pidFile, slowDisk, diskErr, scrubRate string
 	var procs int
 	cmd := &cobra.Command{
 		Use:   "chunkserver",
@@ -69,6 +71,15 @@ func chunkserverCommand() *cobra.Command {
 			setProcs(procs)
 			cfg.MDS = splitList(mdsAddrs)
 			cfg.Logger = slog.Default()
+			if r := strings.TrimSpace(scrubRate); r == "0" || r == "off" {
+				cfg.ScrubRate = -1
+			} else {
+				n, err := parseBytes(r)
+				if err != nil {
+					return fmt.Errorf("--scrub-rate: %w", err)
+				}
+				cfg.ScrubRate = int64(n)
+			}
 			if slowDisk != "" {
 				cfg.Knobs.WAL.BeforeSync = slowDiskKnob(slowDisk)
 			}
@@ -99,6 +110,9 @@ func chunkserverCommand() *cobra.Command {
 	f.Uint64Var(&cfg.SnapshotEntries, "snapshot-entries", 0, "raft entries between snapshots of a copyset (default 10000)")
 	f.Uint64Var(&cfg.CatchUpEntries, "catchup-entries", 0, "entries kept below a snapshot for slow followers (default 1000)")
 	f.StringVar(&pidFile, "pid-file", "", "write the process id to this file")
+	f.StringVar(&scrubRate, "scrub-rate", "16MiB", "background scrub of the copysets led here: chunk data checksummed per second over all replicas; 0 = off")
+	f.DurationVar(&cfg.ScrubInterval, "scrub-interval", scrub.DefaultScrubInterval, "background scrub: pause after each copyset")
+	f.DurationVar(&cfg.ScrubPassInterval, "scrub-pass-interval", scrub.DefaultPassInterval, "background scrub: least time between passes over every led copyset")
 	procsFlag(cmd, &procs)
 	f.StringVar(&slowDisk, "fault-slow-disk-file", "", "fault injection for tests: while this file holds a duration (e.g. 50ms), every WAL fdatasync waits that much longer")
 	_ = f.MarkHidden("fault-slow-disk-file")

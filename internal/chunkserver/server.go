@@ -26,6 +26,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/datastore"
 	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/internal/raftstore"
+	"github.com/basalt-storage/basalt/internal/scrub"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/internal/wal"
 	"github.com/basalt-storage/basalt/pkg/api"
@@ -54,6 +55,13 @@ type Config struct {
 	// OrphanTimeout: a copyset the MDS stopped listing for this chunkserver,
 	// whose replica knows no leader, is deleted after this long (default 30 s).
 	OrphanTimeout time.Duration
+	// Background scrub of the copysets this chunkserver leads (internal/scrub):
+	// ScrubRate bytes/s of chunk data checksummed over all replicas (0:
+	// scrub.DefaultScrubRate; < 0: off), ScrubInterval the pause after each
+	// copyset, ScrubPassInterval the least time between passes (0: defaults).
+	ScrubRate         int64
+	ScrubInterval     time.Duration
+	ScrubPassInterval time.Duration
 	// Knobs are fault-injection points for tests, handed to the WAL and the
 	// datastore (slow or failing fsync, full disk).
 	Knobs Knobs
@@ -124,6 +132,8 @@ type ChunkServer struct {
 	stats ioStats
 	// ready is the host once Run started it (for Copysets and HostStats).
 	ready atomic.Pointer[raftstore.Host]
+	// scrubber is the background scrub once Run started it (nil when off).
+	scrubber atomic.Pointer[scrub.Scrubber]
 }
 
 // Copysets returns the raft status of every hosted copyset (nil before Run
@@ -141,6 +151,32 @@ func (c *ChunkServer) HostStats() raftstore.Stats {
 		return h.Stats()
 	}
 	return raftstore.Stats{}
+}
+
+// ScrubStats returns the background scrub's counts (zero when it is off or
+// before Run started it).
+func (c *ChunkServer) ScrubStats() scrub.Stats {
+	if sc := c.scrubber.Load(); sc != nil {
+		return sc.Stats()
+	}
+	return scrub.Stats{}
+}
+
+// scrubTargets is what the background scrub compares now: the copysets this
+// chunkserver leads whose followers are caught up (scrub.LeaderTargets).
+func (c *ChunkServer) scrubTargets() []scrub.Target {
+	self := c.ID()
+	addrOf := func(id uint64) string {
+		if id == self {
+			return c.addr
+		}
+		return c.peers.addrOf(id)
+	}
+	chunkSize := func(pool uint32) uint64 {
+		cs, _ := c.vols.poolChunkSize(pool)
+		return cs
+	}
+	return scrub.LeaderTargets(c.host.Groups(), addrOf, chunkSize)
 }
 
 // ioStats are the cumulative IO counters sent in heartbeats.
@@ -302,6 +338,17 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 		if err != nil {
 			return err
 		}
+	}
+	if c.cfg.ScrubRate >= 0 {
+		sc := scrub.NewScrubber(scrub.ScrubberConfig{Targets: c.scrubTargets, BytesPerSec: c.cfg.ScrubRate,
+			Interval: c.cfg.ScrubInterval, PassInterval: c.cfg.ScrubPassInterval,
+			Logger: c.cfg.Logger.With("chunkserver", c.ID())})
+		c.metrics.reg.MustRegister(sc.Collector("basalt_chunkserver_"))
+		c.scrubber.Store(sc)
+		scrubCtx, stopScrub := context.WithCancel(ctx)
+		scrubDone := make(chan struct{})
+		go func() { defer close(scrubDone); sc.Run(scrubCtx) }()
+		defer func() { stopScrub(); <-scrubDone }() // before shutdown closes the listener
 	}
 	c.log.Info("chunkserver serving", "addr", c.addr, "copysets", len(c.replicaIDs()))
 	err = c.heartbeatLoop(ctx, srvDone)
