@@ -59,12 +59,15 @@ func TestCheckTable(t *testing.T) {
 }
 
 // TestCheckCluster runs `basalt check` against a real cluster: clean after
-// writes, then exactly the chunk corrupted on one replica's disk.
+// writes, clean while writes go on, then exactly the chunk corrupted on one
+// replica's disk. The chunkservers' background scrub runs fast meanwhile and
+// must log that chunk, and nothing before the corruption.
 func TestCheckCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test: -short")
 	}
-	c := testcluster.Start(t, testcluster.Options{})
+	c := testcluster.Start(t, testcluster.Options{ChunkserverFlags: []string{
+		"--scrub-interval=20ms", "--scrub-pass-interval=300ms", "--scrub-rate=256MiB"}})
 	const chunkSize = 4 << 20 // testcluster's default
 	vol := c.CreateVolume("checked", 16*chunkSize)
 	v := c.Open("checked", false)
@@ -131,6 +134,20 @@ func TestCheckCluster(t *testing.T) {
 	}
 	t.Logf("busy volume: %d chunks compared, %d copysets re-checked, %d chunks unsettled",
 		res.Pools[0].Chunks, rechecked, len(res.Unsettled))
+
+	scrubLogs := func(s string) int {
+		n := 0
+		for _, p := range c.CS {
+			n += c.CountLog(p, s)
+		}
+		return n
+	}
+	if n := scrubLogs(`msg="scrub pass done"`); n == 0 {
+		t.Errorf("no background scrub pass completed")
+	}
+	if n := scrubLogs(`msg="replicas differ"`); n != 0 {
+		t.Fatalf("background scrub reported %d differences on healthy replicas", n)
+	}
 
 	// Corrupt chunk 5 on one member, in a range no write touched (a WAL replay
 	// at restart rewrites only what was written).
@@ -200,6 +217,14 @@ func TestCheckCluster(t *testing.T) {
 		t.Fatalf("difference %+v, want volume %d chunk %d copyset %d differing on %d\n%s",
 			d, vol.Id, chunk, copyset, victim, out)
 	}
+	want := fmt.Sprintf(`component=scrub pool=%d copyset=%d group=%d volume=%d chunk=%d differ=[%d]`,
+		c.Pool.Id, copyset, group, vol.Id, chunk, victim)
+	c.Eventually(30*time.Second, "background scrub logs the corrupt chunk", func(context.Context) error {
+		if scrubLogs(want) == 0 {
+			return fmt.Errorf("no log line %s", want)
+		}
+		return nil
+	})
 	// The table names it too.
 	cmd := exec.Command(testcluster.Binary(t), "check", "--mds", c.MDSAddr)
 	tbl, err := cmd.Output()
