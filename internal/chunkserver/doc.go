@@ -104,13 +104,17 @@
 //	Copyset != placement.CopysetOf(...)          BAD_REQUEST
 //	copyset not hosted here                      NO_SUCH_COPYSET
 //	write/trim/zeroes with Epoch 0               READ_ONLY
-//	replica stopped by a disk error              NOT_LEADER, Hint 0 (the
-//	                                             other members serve)
+//	replica stopped by a disk error              NO_SPACE (disk full) or
+//	                                             IO_ERROR: the client tries
+//	                                             the other members, and gives
+//	                                             up once every one says so
 //	Epoch (non-zero) < the copyset's epoch       FENCED
 //
 // Writes, trims and write-zeroes are proposed; the reply is sent from the
-// proposal's callback (NOT_LEADER carries the leader in Header.Hint; a disk
-// error while applying it here answers NO_SPACE or IO_ERROR). A read
+// proposal's callback (NOT_LEADER carries the leader in Header.Hint; an IO
+// caught by a disk error that stops the replica answers as the table says:
+// NO_SPACE when the cause is a full disk — the chunk files' or the WAL's —
+// IO_ERROR otherwise). A read
 // whose epoch is newer than the copyset's first commits a fence, then waits
 // for Host.ReadBarrier (lease read, or ReadIndex) and reads the chunk file
 // into a pooled buffer that is released once the reply was written. Flush and

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/placement"
+	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -215,7 +216,33 @@ func (hd *handler) serveIO(rw transport.ReplyWriter, h transport.Header, payload
 	}
 	c.Volume, c.Epoch, c.Offset, c.Length = h.Volume, h.Epoch, h.Offset, h.Length
 	data := encodeCommand(c) // copies the payload: it is not ours after return
-	hd.host.Propose(r.group, data, func(err error) { hd.replyErr(rw, h, err, start) })
+	hd.host.Propose(r.group, data, func(err error) { hd.replyErr(rw, h, hd.stoppedErr(r, err), start) })
+}
+
+// groupStatuser is the optional ability of a raftHost to tell a group's
+// status (*raftstore.Host has it).
+type groupStatuser interface {
+	Status(id uint64) (raftstore.GroupStatus, bool)
+}
+
+// stoppedErr turns the IO_ERROR a stopped group answers (raftstore does,
+// whatever stopped it) into NO_SPACE when this replica's disk is full, so an
+// IO caught by the stop answers as a later one does (validate).
+func (hd *handler) stoppedErr(r *replica, err error) error {
+	var ae *api.Error
+	if !errors.As(err, &ae) || ae.Status != api.StatusIOError {
+		return err
+	}
+	cause := r.sm.Failed()
+	if s, ok := hd.host.(groupStatuser); ok && cause == nil {
+		if st, ok := s.Status(r.group); ok {
+			cause = st.Err
+		}
+	}
+	if cause != nil && isNoSpace(cause) {
+		return api.ErrNoSpace
+	}
+	return err
 }
 
 // read serves a read on the leader: fence first if the epoch is new here, then
@@ -223,7 +250,7 @@ func (hd *handler) serveIO(rw transport.ReplyWriter, h transport.Header, payload
 func (hd *handler) read(rw transport.ReplyWriter, h transport.Header, r *replica, start time.Time) {
 	doRead := func(err error) {
 		if err != nil {
-			hd.replyErr(rw, h, err, start)
+			hd.replyErr(rw, h, hd.stoppedErr(r, err), start)
 			return
 		}
 		// The barrier's callback may run on a raft worker: read elsewhere.
@@ -234,7 +261,7 @@ func (hd *handler) read(rw transport.ReplyWriter, h transport.Header, r *replica
 		fence := encodeCommand(command{Op: cmdFence, Volume: h.Volume, Epoch: h.Epoch})
 		hd.host.Propose(r.group, fence, func(err error) {
 			if err != nil {
-				hd.replyErr(rw, h, err, start)
+				hd.replyErr(rw, h, hd.stoppedErr(r, err), start)
 				return
 			}
 			barrier()

@@ -1,7 +1,9 @@
 package testcluster
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -344,5 +346,111 @@ func TestDiskFullMovesCopysets(t *testing.T) {
 	}
 	w.Figures("disk full").Report(t)
 	w.Verify(v)
+	c.CompareReplicas(60 * time.Second)
+}
+
+// TestClusterFullNoSpace: every chunkserver's data directory is a small
+// tmpfs and a writer fills the volume. Once no replica of a copyset can take
+// a write, the client gets NO_SPACE quickly (not a hang until its timeout),
+// and so does every later write there. After the disks grow and the
+// chunkservers restart, every acknowledged write reads back and the replicas
+// agree. Needs root (mount).
+func TestClusterFullNoSpace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a tmpfs")
+	}
+	c := Start(t, Options{Chunkservers: 3, Copysets: 4, MDSFlags: healFlags, ChunkserverFlags: healChunkserverFlags,
+		PrepareChunkserver: func(i int, dir string) {
+			if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=140m", fmt.Sprintf("basalt-full-%d", i), dir).CombinedOutput(); err != nil {
+				t.Skipf("cannot mount a tmpfs: %v: %s", err, out)
+			}
+			t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
+		}})
+	c.OpTimeout = 60 * time.Second
+	c.CreateVolume("vol", 256<<20)
+	v := c.Open("vol", false)
+	model := make([]byte, 256<<20)
+	buf := make([]byte, 1<<20)
+	var acked int64
+	var firstErr error
+	for off := int64(0); off < int64(len(model)); off += int64(len(buf)) {
+		for i := range buf {
+			buf[i] = byte(off>>20) ^ byte(i)
+		}
+		start := time.Now()
+		_, err := v.WriteAt(buf, off)
+		took := time.Since(start)
+		if err == nil {
+			copy(model[off:], buf)
+			acked += int64(len(buf))
+			continue
+		}
+		t.Logf("write at %d MiB failed after %s: %v (%d MiB acknowledged before)", off>>20, took.Round(time.Millisecond), err, acked>>20)
+		if !errors.Is(err, api.ErrNoSpace) {
+			t.Fatalf("a full cluster answered %v; want NO_SPACE", err)
+		}
+		if took > 15*time.Second {
+			t.Fatalf("NO_SPACE took %s: the client hung on a full cluster", took)
+		}
+		if firstErr == nil {
+			firstErr = err
+		}
+		// A failed write's range is unknown; later ranges must fail fast too.
+		copy(model[off:], make([]byte, len(buf)))
+		if off > int64(len(model))-8<<20 {
+			break
+		}
+		off += 4 << 20 // skip ahead: another chunk, another copyset
+		if off >= int64(len(model)) {
+			break
+		}
+		start = time.Now()
+		_, err = v.WriteAt(buf, off)
+		if !errors.Is(err, api.ErrNoSpace) || time.Since(start) > 15*time.Second {
+			t.Fatalf("write at %d MiB on a full cluster: %v after %s; want NO_SPACE at once", off>>20, err, time.Since(start))
+		}
+		break
+	}
+	if firstErr == nil {
+		t.Fatal("the cluster never filled up")
+	}
+	// Every chunkserver says so: in its status (from its heartbeat) and its log.
+	c.Eventually(10*time.Second, "every chunkserver reporting a full disk", func(ctx context.Context) error {
+		st, err := c.API.ClusterStatus(ctx, &api.ClusterStatusRequest{})
+		if err != nil {
+			return err
+		}
+		for _, cs := range st.Chunkservers {
+			if cs.State != "disk full" {
+				return fmt.Errorf("chunkserver %d state %q", cs.Id, cs.State)
+			}
+		}
+		return nil
+	})
+	for _, p := range c.CS {
+		if c.CountLog(p, "copyset replica stopped by a") == 0 {
+			t.Errorf("%s never logged that a replica stopped on its disk error", p)
+		}
+	}
+	// Grow the disks, restart, and read everything acknowledged back.
+	for _, p := range c.CS {
+		c.Stop(p)
+		if out, err := exec.Command("mount", "-o", "remount,size=1g", p.DataDir).CombinedOutput(); err != nil {
+			t.Fatalf("remount %s: %v: %s", p.DataDir, err, out)
+		}
+		c.Start(p)
+	}
+	c.WaitHealthy(90 * time.Second)
+	v2 := c.Open("vol", false)
+	got := make([]byte, 1<<20)
+	for off := int64(0); off < acked; off += int64(len(got)) {
+		if _, err := v2.ReadAt(got, off); err != nil {
+			t.Fatalf("read at %d MiB after the disks grew: %v", off>>20, err)
+		}
+		if !bytes.Equal(got, model[off:off+int64(len(got))]) {
+			t.Fatalf("acknowledged data at %d MiB differs after the disks grew", off>>20)
+		}
+	}
+	t.Logf("all %d MiB acknowledged before the disks filled read back", acked>>20)
 	c.CompareReplicas(60 * time.Second)
 }
