@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -53,6 +55,10 @@ type peerTransport struct {
 	mu     sync.Mutex
 	closed bool
 	peers  map[uint64]*peer
+
+	// snapLimit bounds the bytes of snapshot streams this chunkserver sends
+	// (shared with its receiver: in plus out); nil = no limit. Set before use.
+	snapLimit *rate.Limiter
 }
 
 func newPeerTransport(self uint64, log *slog.Logger) *peerTransport {
@@ -237,7 +243,7 @@ func (t *peerTransport) SendSnapshot(m raftMessage, write func(io.Writer) error)
 		return err
 	}
 	defer conn.Close()
-	sw := &snapWriter{ctx: ctx, conn: conn, id: rand.Uint64() | 1, from: t.self}
+	sw := &snapWriter{ctx: ctx, conn: conn, id: rand.Uint64() | 1, from: t.self, limit: t.snapLimit}
 	begin, err := appendRaftRecord(nil, m.Group, m.Msg)
 	if err != nil {
 		return err
@@ -262,6 +268,9 @@ type snapWriter struct {
 	from uint64
 	seq  uint64
 	buf  []byte
+	// limit is the chunkserver's snapshot bandwidth (nil: none): each data
+	// frame waits for its bytes before it is sent.
+	limit *rate.Limiter
 }
 
 func (w *snapWriter) Write(p []byte) (int, error) {
@@ -282,6 +291,9 @@ func (w *snapWriter) Write(p []byte) (int, error) {
 func (w *snapWriter) flush() error {
 	if len(w.buf) == 0 {
 		return nil
+	}
+	if err := waitSnapshot(w.ctx, w.limit, len(w.buf)); err != nil {
+		return err
 	}
 	err := w.frame(snapData, w.buf)
 	w.buf = w.buf[:0]

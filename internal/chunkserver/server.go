@@ -62,6 +62,11 @@ type Config struct {
 	ScrubRate         int64
 	ScrubInterval     time.Duration
 	ScrubPassInterval time.Duration
+	// SnapshotRate bounds this chunkserver's InstallSnapshot traffic, bytes
+	// sent plus received per second, so that rebuilding and rebalancing
+	// copysets leave disk and network to foreground IO (0:
+	// DefaultSnapshotRate; < 0: no limit).
+	SnapshotRate int64
 	// Knobs are fault-injection points for tests, handed to the WAL and the
 	// datastore (slow or failing fsync, full disk).
 	Knobs Knobs
@@ -295,6 +300,8 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 	id := c.ID()
 	c.log = c.cfg.Logger.With("component", "chunkserver", "chunkserver", id)
 	c.peers = newPeerTransport(id, c.log)
+	snapLimit := newSnapshotLimiter(c.cfg.SnapshotRate)
+	c.peers.snapLimit = snapLimit
 	c.host, err = raftstore.New(raftstore.Config{
 		NodeID:          id,
 		Log:             c.wal,
@@ -312,6 +319,7 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 	c.ready.Store(c.host)
 	c.metrics.reg.MustRegister(newHostCollector(c))
 	c.snaps = newSnapReceiver(id, c.log, c.host.ReceiveSnapshot)
+	c.snaps.limit = snapLimit
 	c.hd = &handler{
 		log:     c.log,
 		ctx:     ctx,

@@ -1,6 +1,7 @@
 package chunkserver
 
 import (
+	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"go.etcd.io/raft/v3/raftpb"
+	"golang.org/x/time/rate"
 
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
@@ -33,6 +35,11 @@ type snapReceiver struct {
 	self    uint64
 	log     *slog.Logger
 	receive func(m raftMessage, r io.Reader) error
+	// limit bounds the snapshot bytes received (shared with the sender: in
+	// plus out); nil = no limit. Set before use. A data frame waits for its
+	// bytes before it is handed on, holding the connection's reader: the
+	// sender, which waits for each frame's answer, slows down with it.
+	limit *rate.Limiter
 
 	mu       sync.Mutex
 	sessions map[uint64]*snapSession // by transfer id
@@ -110,6 +117,7 @@ func (s *snapReceiver) serve(rw transport.ReplyWriter, h transport.Header, paylo
 		ss.next++
 		ss.timer.Reset(snapIdleTimeout)
 		if h.Length == snapData {
+			_ = waitSnapshot(context.Background(), s.limit, len(payload))
 			if _, err := ss.pw.Write(payload); err != nil {
 				s.abandon(ss)
 				reply(api.StatusIOError)
