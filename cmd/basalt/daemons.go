@@ -61,7 +61,7 @@ func mdsCommand() *cobra.Command {
 
 func chunkserverCommand() *cobra.Command {
 	var cfg chunkserver.Config
-	var mdsAddrs, pidFile, slowDisk, diskErr, scrubRate string
+	var mdsAddrs, pidFile, slowDisk, diskErr, scrubRate, snapRate string
 	var procs int
 	cmd := &cobra.Command{
 		Use:   "chunkserver",
@@ -79,6 +79,15 @@ func chunkserverCommand() *cobra.Command {
 					return fmt.Errorf("--scrub-rate: %w", err)
 				}
 				cfg.ScrubRate = int64(n)
+			}
+			if r := strings.TrimSpace(snapRate); r == "0" || r == "off" {
+				cfg.SnapshotRate = -1
+			} else {
+				n, err := parseBytes(r)
+				if err != nil {
+					return fmt.Errorf("--snapshot-rate: %w", err)
+				}
+				cfg.SnapshotRate = int64(n)
 			}
 			if slowDisk != "" {
 				cfg.Knobs.WAL.BeforeSync = slowDiskKnob(slowDisk)
@@ -110,6 +119,7 @@ func chunkserverCommand() *cobra.Command {
 	f.Uint64Var(&cfg.SnapshotEntries, "snapshot-entries", 0, "raft entries between snapshots of a copyset (default 10000)")
 	f.Uint64Var(&cfg.CatchUpEntries, "catchup-entries", 0, "entries kept below a snapshot for slow followers (default 1000)")
 	f.StringVar(&pidFile, "pid-file", "", "write the process id to this file")
+	f.StringVar(&snapRate, "snapshot-rate", "64MiB", "snapshot streams (rebuilds, rebalancing), bytes sent plus received per second; 0 = unlimited")
 	f.StringVar(&scrubRate, "scrub-rate", "16MiB", "background scrub of the copysets led here: chunk data checksummed per second over all replicas; 0 = off")
 	f.DurationVar(&cfg.ScrubInterval, "scrub-interval", scrub.DefaultScrubInterval, "background scrub: pause after each copyset")
 	f.DurationVar(&cfg.ScrubPassInterval, "scrub-pass-interval", scrub.DefaultPassInterval, "background scrub: least time between passes over every led copyset")
