@@ -18,6 +18,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/internal/raftstore"
+	"github.com/basalt-storage/basalt/internal/scrub"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -345,7 +346,7 @@ func (tc *testCluster) read(vol, off uint64, n int) []byte {
 }
 
 // checksums asks node i for copyset c's chunk checksums.
-func (tc *testCluster) checksums(i int, c uint32) []ChunkChecksum {
+func (tc *testCluster) checksums(i int, c uint32) []scrub.ChunkSum {
 	tc.t.Helper()
 	conn := tc.conn(tc.nodes[i].cs.Addr())
 	call := &transport.Call{Header: transport.Header{Op: transport.OpChecksum, Volume: uint64(tc.pool.GetId()), Copyset: c},
@@ -353,7 +354,7 @@ func (tc *testCluster) checksums(i int, c uint32) []ChunkChecksum {
 	if err := conn.Do(context.Background(), call); err != nil || call.Reply.Status != api.StatusOK {
 		tc.t.Fatalf("checksum of copyset %d on node %d: %v %v", c, i, call.Reply.Status, err)
 	}
-	sums, err := DecodeChecksums(call.ReadBuf[:call.Reply.PayloadLen])
+	sums, err := scrub.DecodeChecksums(call.ReadBuf[:call.Reply.PayloadLen])
 	if err != nil {
 		tc.t.Fatal(err)
 	}

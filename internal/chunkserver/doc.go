@@ -126,7 +126,7 @@
 // reply payload = uint32 count, then count × (uint64 volume, uint64 chunk
 // index, uint32 crc32c of the whole chunk), sorted by volume then index.
 // Chunks that read as all zeros are left out, so a never-written chunk and a
-// trimmed one compare equal across replicas. DecodeChecksums parses it.
+// trimmed one compare equal across replicas. scrub.DecodeChecksums parses it.
 //
 // # Peer transport (raftstore.Transport)
 //

@@ -343,32 +343,6 @@ func checksumList(r *replica) ([]byte, error) {
 	return out, nil
 }
 
-// ChunkChecksum is one entry of an OpChecksum reply.
-type ChunkChecksum struct {
-	Volume, Index uint64
-	CRC32C        uint32
-}
-
-// DecodeChecksums parses an OpChecksum reply payload.
-func DecodeChecksums(b []byte) ([]ChunkChecksum, error) {
-	if len(b) < 4 {
-		return nil, ErrBadChecksumList
-	}
-	n := binary.BigEndian.Uint32(b)
-	b = b[4:]
-	if uint64(len(b)) != 20*uint64(n) {
-		return nil, ErrBadChecksumList
-	}
-	out := make([]ChunkChecksum, 0, n)
-	for ; len(b) > 0; b = b[20:] {
-		out = append(out, ChunkChecksum{binary.BigEndian.Uint64(b), binary.BigEndian.Uint64(b[8:]), binary.BigEndian.Uint32(b[16:])})
-	}
-	return out, nil
-}
-
-// ErrBadChecksumList: an OpChecksum reply payload is malformed.
-var ErrBadChecksumList = errors.New("chunkserver: malformed checksum list")
-
 var (
 	zeroCRCMu  sync.Mutex
 	zeroCRCs   = map[int64]uint32{}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/datastore"
 	"github.com/basalt-storage/basalt/internal/placement"
+	"github.com/basalt-storage/basalt/internal/scrub"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -256,7 +257,7 @@ func TestHandlerIO(t *testing.T) {
 	// Checksums: one copyset holds chunk 2; its list names it.
 	ch := transport.Header{Op: transport.OpChecksum, Volume: hPool, Copyset: csOf(hVolume, off)}
 	r, p = e.do(c, ch, nil)
-	sums, err := DecodeChecksums(p)
+	sums, err := scrub.DecodeChecksums(p)
 	if r.Status != api.StatusOK || err != nil || len(sums) != 1 || sums[0].Volume != hVolume || sums[0].Index != 2 {
 		t.Fatalf("checksum: %v %v %+v", r.Status, err, sums)
 	}

@@ -107,9 +107,8 @@
 //
 // # Wire
 //
-// The reply is decoded here (DecodeChecksums), not with the chunkserver's
-// decoder, because the chunkserver imports this package to run its Scrubber;
-// a test checks that both decoders agree.
+// The reply is decoded here (DecodeChecksums), the one decoder of the format
+// the chunkserver's doc.go specifies.
 //
 // # Goroutines
 //

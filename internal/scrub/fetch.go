@@ -26,9 +26,8 @@ type ChunkSum struct {
 
 // DecodeChecksums parses an OpChecksum reply payload: uint32 n, then n ×
 // (uint64 volume, uint64 chunk index, uint32 crc32c), big-endian — the format
-// internal/chunkserver's doc.go specifies. It is decoded here, not with
-// chunkserver.DecodeChecksums, because the chunkserver runs a Scrubber and so
-// imports this package; a test checks that both decoders agree.
+// internal/chunkserver's doc.go specifies. This is the one decoder of it (the
+// chunkserver imports this package to run its Scrubber).
 func DecodeChecksums(b []byte) ([]ChunkSum, error) {
 	if len(b) < 4 {
 		return nil, ErrBadReply

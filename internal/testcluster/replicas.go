@@ -6,14 +6,14 @@ import (
 	"reflect"
 	"time"
 
-	"github.com/basalt-storage/basalt/internal/chunkserver"
+	"github.com/basalt-storage/basalt/internal/scrub"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // ReplicaChecksums asks one chunkserver for the per-chunk checksums of its replica
 // of a copyset.
-func ReplicaChecksums(ctx context.Context, addr string, pool, copyset uint32) ([]chunkserver.ChunkChecksum, error) {
+func ReplicaChecksums(ctx context.Context, addr string, pool, copyset uint32) ([]scrub.ChunkSum, error) {
 	conn, err := transport.Dial(ctx, addr, transport.ConnConfig{})
 	if err != nil {
 		return nil, err
@@ -29,7 +29,7 @@ func ReplicaChecksums(ctx context.Context, addr string, pool, copyset uint32) ([
 	if err := api.StatusError(call.Reply.Status, call.Reply.Hint); err != nil {
 		return nil, err
 	}
-	return chunkserver.DecodeChecksums(call.ReadBuf[:call.Reply.PayloadLen])
+	return scrub.DecodeChecksums(call.ReadBuf[:call.Reply.PayloadLen])
 }
 
 // CompareReplicas waits until, for every copyset of the pool, all members report
@@ -48,7 +48,7 @@ func (c *Cluster) CompareReplicas(timeout time.Duration) {
 		}
 		chunks := 0
 		for _, cs := range r.Copysets {
-			var first []chunkserver.ChunkChecksum
+			var first []scrub.ChunkSum
 			for i, m := range cs.Members {
 				sums, err := ReplicaChecksums(ctx, addrs[m], cs.PoolId, cs.Id)
 				if err != nil {
