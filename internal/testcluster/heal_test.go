@@ -454,3 +454,78 @@ func TestClusterFullNoSpace(t *testing.T) {
 	t.Logf("all %d MiB acknowledged before the disks filled read back", acked>>20)
 	c.CompareReplicas(60 * time.Second)
 }
+
+// TestRebuildRateLimit: with --snapshot-rate=1MiB every chunkserver sends
+// and receives at most 1 MiB/s of snapshot data, so re-replicating a lost
+// chunkserver with at most two moves at once (each into another chunkserver)
+// runs at no more than about 2 MiB/s, whatever the disks could do.
+func TestRebuildRateLimit(t *testing.T) {
+	const rate = 1 << 20
+	flags := append(slices.Clone(healChunkserverFlags), "--snapshot-rate=1MiB")
+	c := Start(t, Options{Chunkservers: 5, Copysets: 10, MDSFlags: healFlags, ChunkserverFlags: flags})
+	c.CreateVolume("vol", 64<<20)
+	v := c.Open("vol", false)
+	w := StartWorkload(t, v, WorkloadOptions{Writers: 2, Prefill: true, Seed: 5})
+	time.Sleep(time.Second)
+	victim := c.CS[4]
+	vid := c.IDOf(victim)
+	var lost []uint32
+	for _, cs := range c.Status().Copysets {
+		if slices.Contains(cs.Members, vid) {
+			lost = append(lost, cs.Id)
+		}
+	}
+	watch := watchMoves(c)
+	w.Mark("fault")
+	killed := time.Now()
+	c.Kill(victim)
+	var firstMove time.Duration
+	c.Eventually(180*time.Second, "copysets of the lost chunkserver rebuilt", func(context.Context) error {
+		p := c.Placement()
+		if firstMove == 0 && p.Moves > 0 {
+			firstMove = time.Since(killed)
+		}
+		if p.Members[vid] != 0 || p.Moves != 0 || p.Healthy != p.Total {
+			return fmt.Errorf("lost chunkserver still in %d copysets, %d moves in flight, %d/%d healthy",
+				p.Members[vid], p.Moves, p.Healthy, p.Total)
+		}
+		return nil
+	})
+	healed := time.Since(killed)
+	w.Mark("healed")
+	watch.check(t)
+	// The data rebuilt: the written chunks of each lost copyset, whole.
+	st := c.Status()
+	addrs := map[uint64]string{}
+	for _, cs := range st.Chunkservers {
+		addrs[cs.Id] = cs.Addr
+	}
+	var bytes int64
+	for _, cs := range st.Copysets {
+		if !slices.Contains(lost, cs.Id) {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		sums, err := ReplicaChecksums(ctx, addrs[cs.Members[0]], cs.PoolId, cs.Id)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		bytes += int64(len(sums)) * int64(c.Pool.ChunkSize)
+	}
+	took := healed - firstMove
+	got := float64(bytes) / took.Seconds()
+	t.Logf("REBUILD at --snapshot-rate=1MiB: %d copysets, %.0f MiB in %s from the first move: %.2f MiB/s (limit: 2 moves × 1 MiB/s)",
+		len(lost), float64(bytes)/(1<<20), took.Round(time.Millisecond), got/(1<<20))
+	// Two receivers at 1 MiB/s each, plus each bucket's 1 MiB burst and the
+	// log tail that follows a snapshot: allow 30%.
+	if limit := 2 * rate * 1.3; got > limit {
+		t.Errorf("rebuild ran at %.2f MiB/s, above the %.2f MiB/s the snapshot rate allows", got/(1<<20), limit/(1<<20))
+	}
+	if bytes < 8<<20 {
+		t.Errorf("only %d bytes rebuilt: too little to measure a rate", bytes)
+	}
+	w.Stop()
+	w.Verify(v)
+	c.CompareReplicas(60 * time.Second)
+}
