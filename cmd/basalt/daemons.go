@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -63,6 +64,7 @@ func chunkserverCommand() *cobra.Command {
 	var cfg chunkserver.Config
 	var mdsAddrs, pidFile, slowDisk, diskErr, scrubRate, snapRate string
 	var procs int
+	var nbdListen, nbdSocket string // the in-process NBD front end (localnbd.go)
 	cmd := &cobra.Command{
 		Use:   "chunkserver",
 		Short: "Run a chunkserver on one data directory (one disk)",
@@ -104,11 +106,33 @@ func chunkserverCommand() *cobra.Command {
 			}
 			ctx, stop := signalContext()
 			defer stop()
-			return cs.Run(ctx)
+			if nbdListen == "" && nbdSocket == "" {
+				return cs.Run(ctx)
+			}
+			// An NBD front end in this process (DESIGN §7): stopped before the
+			// chunkserver, so the IO it has in flight can finish.
+			stopNBD, err := startLocalNBD(cs, cfg.MDS, nbdListen, nbdSocket)
+			if err != nil {
+				return err
+			}
+			defer stopNBD()
+			runCtx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go func() {
+				select {
+				case <-ctx.Done():
+					stopNBD()
+					cancel()
+				case <-runCtx.Done():
+				}
+			}()
+			return cs.Run(runCtx)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.DataDir, "data", "", "data directory (WAL and chunk files); required")
+	f.StringVar(&nbdListen, "nbd-listen", "", "also serve NBD on this TCP address, in process: IO to copysets this chunkserver leads takes the local fast path (empty: none)")
+	f.StringVar(&nbdSocket, "nbd-socket", "", "also serve NBD on this Unix socket, in process (empty: none)")
 	f.StringVar(&mdsAddrs, "mds", envOr("BASALT_MDS", "127.0.0.1:6700"), "MDS addresses, comma-separated")
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:0", "data-plane listen address (client IO and raft)")
 	f.StringVar(&cfg.Advertise, "advertise", "", "address given to the MDS (default: the bound --listen address)")

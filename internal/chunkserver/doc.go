@@ -183,6 +183,26 @@
 //
 // With MetricsListen set, /metrics serves a registry of its own:
 // basalt_chunkserver_io_{ops_total,bytes_total,latency_seconds} per op,
-// per-copyset applied index, leader, term and health, the raft host's
-// latency histograms and counters, and the WAL's counters.
+// copyset_io_{ops,bytes}_total per copyset and op, per-copyset applied index,
+// leader, term and health, the raft host's latency histograms and counters,
+// the WAL's counters and its wal_{write,fsync}_seconds histograms (per batch);
+// /debug/pprof/ on the same listener. An embedded NBD front end (below) adds
+// its basalt_nbd_* and basalt_client_* metrics to the same registry.
+//
+// # Local fast path (local.go)
+//
+// A front end may run inside the chunkserver process (basalt chunkserver
+// --nbd-listen/--nbd-socket, DESIGN §7): its volumes' clients get the
+// ChunkServer as client.Config.Local. ChunkServer.LocalID is this chunkserver's
+// id; ChunkServer.Go takes an attempt the client would have sent here over a
+// socket and hands it to the same handler (serveIO: same validation, same
+// statuses, same raft path), with a ReplyWriter (localReply) that completes
+// the client's transport.Call in place: a read is made straight into the
+// client's buffer (handler.readNow asks the ReplyWriter for it), a write's
+// payload is the client's buffer (copied once, into the raft entry, as for a
+// frame). The callback runs on whichever goroutine answers (a raft worker for
+// writes, the read goroutine for reads) and never blocks. Before Run serves
+// the data plane and from shutdown on, Go answers NOT_LEADER with no hint
+// (the client retries with backoff). Attempts to copysets another chunkserver
+// leads go over the network as usual (NOT_LEADER with a hint redirects them).
 package chunkserver

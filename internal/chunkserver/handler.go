@@ -92,13 +92,17 @@ func (hd *handler) replyErr(rw transport.ReplyWriter, h transport.Header, err er
 	n := 0
 	if st == api.StatusOK && h.Op != transport.OpRead {
 		n = int(h.Length)
-		hd.count(h.Op, n)
+		hd.count(h, n)
 	}
 	hd.metrics.done(h.Op, st, n, start)
 }
 
-// count adds a successful IO to the heartbeat counters.
-func (hd *handler) count(op transport.Op, n int) {
+// count adds a successful IO to the heartbeat counters and the per-copyset metrics.
+func (hd *handler) count(h transport.Header, n int) {
+	op := h.Op
+	if vi, ok := hd.vols.lookup(h.Volume); ok && hd.metrics != nil {
+		hd.metrics.copysetDone(placement.GroupID(vi.Pool, h.Copyset), op, n)
+	}
 	if hd.stats == nil {
 		return
 	}
@@ -272,18 +276,32 @@ func (hd *handler) read(rw transport.ReplyWriter, h transport.Header, r *replica
 }
 
 func (hd *handler) readNow(rw transport.ReplyWriter, h transport.Header, r *replica, start time.Time) {
-	buf := getBuf(int(h.Length))
+	// An in-process caller (the local fast path) has its own buffer: read
+	// straight into it, no pooled buffer and no copy.
+	var buf []byte
+	if d, ok := rw.(interface{ readBuffer(n int) []byte }); ok {
+		buf = d.readBuffer(int(h.Length))
+	}
+	pooled := buf == nil
+	if pooled {
+		buf = getBuf(int(h.Length))
+	}
+	release := func() {
+		if pooled {
+			putBuf(buf)
+		}
+	}
 	id := chunkID{Volume: h.Volume, Index: h.Offset / uint64(r.chunkSize)}
 	if err := r.store.ReadAt(id, buf, int64(h.Offset%uint64(r.chunkSize))); err != nil {
-		putBuf(buf)
+		release()
 		hd.log.Warn("read failed", "copyset", r.group, "volume", h.Volume, "offset", h.Offset, "err", err)
 		hd.replyErr(rw, h, err, start)
 		return
 	}
 	h.Status = api.StatusOK
 	h.Hint = 0
-	rw.Reply(h, buf, func() { putBuf(buf) })
-	hd.count(h.Op, int(h.Length))
+	rw.Reply(h, buf, release)
+	hd.count(h, int(h.Length))
 	hd.metrics.done(h.Op, api.StatusOK, int(h.Length), start)
 }
 

@@ -18,12 +18,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/basalt-storage/basalt/internal/datastore"
+	"github.com/basalt-storage/basalt/internal/debughttp"
 	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/scrub"
@@ -121,6 +121,9 @@ type ChunkServer struct {
 	snaps *snapReceiver
 	srv   *transport.Server
 	hd    *handler
+	// local is hd once the data plane serves, nil before and from shutdown on:
+	// what Go (the local fast path, local.go) hands requests to.
+	local atomic.Pointer[handler]
 
 	mu          sync.RWMutex // guards replicas, diskErr, confPending
 	replicas    map[uint64]*replica
@@ -245,7 +248,7 @@ func New(cfg Config) (*ChunkServer, error) {
 		c.log = c.log.With("chunkserver", id)
 	}
 	c.wal, err = wal.Open(wal.Config{Dir: filepath.Join(cfg.DataDir, "wal"), SegmentSize: cfg.WALSegmentSize,
-		Logger: cfg.Logger, Knobs: cfg.Knobs.WAL})
+		Logger: cfg.Logger, Knobs: cfg.Knobs.WAL, OnCommit: c.metrics.walCommit})
 	if err != nil {
 		return nil, err
 	}
@@ -338,6 +341,7 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 		return err
 	}
 	c.srv = transport.NewServer(transport.ServerConfig{Logger: c.log}, c.hd)
+	c.local.Store(c.hd)
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- c.srv.Serve(c.ln) }()
 	var metricsSrv *http.Server
@@ -368,6 +372,7 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 
 // shutdown stops everything Run started, in dependency order.
 func (c *ChunkServer) shutdown() {
+	c.local.Store(nil)
 	if c.srv != nil {
 		_ = c.srv.Close()
 	} else {
@@ -726,9 +731,7 @@ func (c *ChunkServer) serveMetrics() (*http.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(c.metrics.reg, promhttp.HandlerOpts{}))
-	s := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	s := &http.Server{Handler: debughttp.Mux(c.metrics.reg), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = s.Serve(ln) }()
 	return s, nil
 }

@@ -51,9 +51,12 @@ type Config struct {
 
 // ChunkserverState is one chunkserver of the playground.
 type ChunkserverState struct {
-	Index      int      `json:"index"`
-	Addr       string   `json:"addr"`
-	Metrics    string   `json:"metrics"`
+	Index   int    `json:"index"`
+	Addr    string `json:"addr"`
+	Metrics string `json:"metrics"`
+	// NBDSocket: the NBD front end inside this chunkserver (basalt chunkserver
+	// --nbd-socket); volumes whose copysets it leads take the local fast path.
+	NBDSocket  string   `json:"nbd_socket,omitempty"`
 	PID        int      `json:"pid"`
 	DataDir    string   `json:"data_dir"`
 	Log        string   `json:"log"`
@@ -75,6 +78,9 @@ type State struct {
 	Size         uint64             `json:"size"`
 	Chunkservers []ChunkserverState `json:"chunkservers"`
 }
+
+// maxSocketPath: longer Unix socket paths do not fit sockaddr_un.
+const maxSocketPath = 100
 
 // StateFile is the name of the state file inside the playground directory.
 const StateFile = "playground.json"
@@ -194,6 +200,10 @@ func Run(ctx context.Context, cfg Config) error {
 			"--pid-file", filepath.Join(cs.DataDir, "pid"), "--log-file", cs.Log}
 		if cfg.Procs > 0 {
 			cs.RestartCmd = append(cs.RestartCmd, "--gomaxprocs", strconv.Itoa(cfg.Procs))
+		}
+		if sock := filepath.Join(cs.DataDir, "nbd.sock"); len(sock) < maxSocketPath {
+			cs.NBDSocket = sock
+			cs.RestartCmd = append(cs.RestartCmd, "--nbd-socket", sock)
 		}
 		pid, err := sup.start(cs)
 		if err != nil {
