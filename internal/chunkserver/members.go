@@ -107,14 +107,16 @@ func (c *ChunkServer) handOver(st raftstore.GroupStatus) {
 // removeIfGone handles a copyset the MDS no longer lists for this
 // chunkserver. It stops hosting it and deletes its data once the group's own
 // configuration no longer includes this chunkserver (the removal reached this
-// replica), or once it went unlisted for OrphanTimeout without knowing a
+// replica), once it went unlisted for OrphanTimeout without knowing a
 // leader (a replica removed while it was down never hears of the removal; the
-// remaining members do not talk to it). Until then, nothing is deleted.
+// remaining members do not talk to it), or at once if a disk error stopped
+// it (it serves nothing and never hears of its removal: the MDS moved it
+// away because it stopped). Until then, nothing is deleted.
 func (c *ChunkServer) removeIfGone(st raftstore.GroupStatus, unlistedFor time.Duration) {
 	self := c.ID()
 	member := len(st.Voters) == 0 || slices.Contains(st.Voters, self) || slices.Contains(st.Learners, self)
 	orphan := st.Leader == 0 && unlistedFor >= c.cfg.OrphanTimeout
-	if member && !orphan {
+	if member && !orphan && st.Healthy {
 		return
 	}
 	c.mu.Lock()
@@ -130,5 +132,5 @@ func (c *ChunkServer) removeIfGone(st raftstore.GroupStatus, unlistedFor time.Du
 	if err := c.store.RemoveCopyset(st.ID); err != nil {
 		c.log.Warn("removing copyset data", "copyset", st.ID, "err", err)
 	}
-	c.log.Info("copyset removed: no longer a member", "copyset", st.ID, "orphan", orphan)
+	c.log.Info("copyset removed: no longer a member", "copyset", st.ID, "orphan", orphan, "stopped", !st.Healthy)
 }

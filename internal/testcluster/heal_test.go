@@ -244,6 +244,7 @@ func TestDiskErrorsMoveCopysets(t *testing.T) {
 	// case for the client); it restarts with the fault knob.
 	sick := c.MostLeaders()
 	sid := c.IDOf(sick)
+	held := c.Placement().Members[sid]
 	own := filepath.Join(t.TempDir(), "eio")
 	c.Stop(sick)
 	sick.Args = append(sick.Args, "--fault-disk-error-file", own)
@@ -281,6 +282,15 @@ func TestDiskErrorsMoveCopysets(t *testing.T) {
 	if started, _ := movesLogged(c, "disk"); started == 0 {
 		t.Error("the MDS logged no move with reason disk")
 	}
+	// The failing chunkserver lets go of every replica it held, stopped ones
+	// included (they never hear of their removal).
+	c.Eventually(30*time.Second, "the failing chunkserver deleting its replicas", func(context.Context) error {
+		if n := c.CountLog(sick, "copyset removed: no longer a member"); n != held {
+			return fmt.Errorf("%s removed %d of its %d replicas", sick, n, held)
+		}
+		return nil
+	})
+	t.Logf("%s removed its %d replicas, %d of them stopped by the disk error", sick, held, c.CountLog(sick, "stopped=true"))
 	time.Sleep(time.Second)
 	w.Stop()
 	w.Figures("disk returns IO errors").Report(t)
