@@ -13,6 +13,11 @@ import (
 // applied index and still be promoted to voter.
 const learnerCatchUp = 64
 
+// reconcileInterval: how often, between heartbeats, the leader of a moved
+// copyset looks whether its next membership step can go (at most the
+// heartbeat interval).
+const reconcileInterval = 200 * time.Millisecond
+
 // reconcileMembers moves a copyset's raft membership, one change at a time,
 // toward the members the MDS lists for it. Only the leader acts:
 //
@@ -21,8 +26,8 @@ const learnerCatchUp = 64
 //  3. a voter or learner that is no longer listed is removed (the leader
 //     first hands leadership to a listed voter if it is the one to go).
 //
-// Runs on Run's goroutine (heartbeat); the change's callback only clears the
-// pending mark.
+// Runs on Run's goroutine (every heartbeat, and every reconcileInterval in
+// between); the change's callback only clears the pending mark.
 func (c *ChunkServer) reconcileMembers(g uint64, want []uint64) {
 	if len(want) == 0 {
 		return

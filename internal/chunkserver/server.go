@@ -136,6 +136,10 @@ type ChunkServer struct {
 	// transferAt: when this chunkserver last started a leader transfer the
 	// MDS asked for, per copyset. Owned by Run's goroutine.
 	transferAt map[uint64]time.Time
+	// want: the members the MDS lists for each copyset it moved (epoch != 0),
+	// from the last heartbeat answer; reconciled every reconcileInterval
+	// besides every heartbeat. Owned by Run's goroutine.
+	want map[uint64][]uint64
 
 	stats ioStats
 	// ready is the host once Run started it (for Copysets and HostStats).
@@ -551,6 +555,8 @@ func (c *ChunkServer) raftIn(h transport.Header, payload []byte) {
 func (c *ChunkServer) heartbeatLoop(ctx context.Context, srvDone <-chan error) error {
 	t := time.NewTicker(c.cfg.HeartbeatInterval)
 	defer t.Stop()
+	rt := time.NewTicker(min(reconcileInterval, c.cfg.HeartbeatInterval))
+	defer rt.Stop()
 	failures := 0
 	for {
 		if err := c.heartbeat(ctx); err != nil {
@@ -565,15 +571,24 @@ func (c *ChunkServer) heartbeatLoop(ctx context.Context, srvDone <-chan error) e
 			failures = 0
 		}
 		c.compactWAL()
-		select {
-		case <-ctx.Done():
-			return nil
-		case err := <-srvDone:
-			if errors.Is(err, transport.ErrServerClosed) {
+		for waiting := true; waiting; {
+			select {
+			case <-ctx.Done():
 				return nil
+			case err := <-srvDone:
+				if errors.Is(err, transport.ErrServerClosed) {
+					return nil
+				}
+				return err
+			case <-rt.C:
+				// A membership change steps on as soon as the last one is
+				// applied (or the learner caught up), not a heartbeat later.
+				for g, members := range c.want {
+					c.reconcileMembers(g, members)
+				}
+			case <-t.C:
+				waiting = false
 			}
-			return err
-		case <-t.C:
 		}
 	}
 }
@@ -642,10 +657,12 @@ func (c *ChunkServer) heartbeat(ctx context.Context) error {
 	}
 	now := time.Now()
 	listed := make(map[uint64]bool, len(resp.GetCopysets()))
+	c.want = make(map[uint64][]uint64)
 	for _, cs := range resp.GetCopysets() {
 		g := placement.GroupID(cs.GetPoolId(), cs.GetId())
 		listed[g] = true
 		if cs.GetEpoch() != 0 {
+			c.want[g] = cs.GetMembers()
 			c.reconcileMembers(g, cs.GetMembers())
 		}
 	}
