@@ -26,15 +26,17 @@
 // # Membership
 //
 // The MDS changes a copyset's members by editing its member list and bumping
-// its epoch; the chunkservers carry the change out through Raft, one step per
-// heartbeat, on the copyset's leader: a listed member missing from the group
+// its epoch; the chunkservers carry the change out through Raft, one step at a
+// time on the copyset's leader, which looks at every heartbeat and every
+// 200 ms in between (reconcileInterval): a listed member missing from the group
 // joins as a learner; a listed learner within 64 entries of the leader's
 // applied index is promoted; a member no longer listed is removed. A leader
 // that is itself no longer listed hands leadership to its most caught-up
 // voter (the MDS only tells members about a copyset). A replica that is not
-// listed deletes its copy once its own configuration excludes it, or once it
+// listed deletes its copy once its own configuration excludes it, once it
 // was unlisted for OrphanTimeout without knowing a leader (removed while it
-// was down, it never hears of the removal). A heartbeat answer's
+// was down, it never hears of the removal), or at once if a disk error
+// stopped it (the MDS moved it away for that). A heartbeat answer's
 // transfer_leaders make the named copysets' leaders hand over (balancing);
 // its pools give the chunk sizes of new copysets.
 //
@@ -153,6 +155,14 @@
 // The receiver pipes data frames into Host.ReceiveSnapshot running on its own
 // goroutine; an out-of-sequence frame answers BAD_REQUEST and abandons the
 // transfer; a transfer idle for 30 s is abandoned.
+//
+// Bandwidth: one token bucket per chunkserver (Config.SnapshotRate, default
+// 64 MiB/s, burst one frame; throttle.go) covers the snapshot bytes it sends
+// and receives together: the sender waits for a data frame's bytes before
+// sending it, the receiver before handing it on (holding the connection's
+// reader, so the sender, waiting for each answer, slows down too). Rebuilds
+// and rebalancing thus leave disk and network to foreground IO; the MDS
+// bounds how many run at once (internal/mds doc.go, "Scheduler").
 //
 // # Goroutines and ownership
 //
