@@ -28,10 +28,10 @@ type simCS struct {
 // take effect at once. It records the largest number of moves in flight
 // seen, in all and per chunkserver (receiver or leader).
 type sim struct {
-	t    *testing.T
-	r    *running
-	pool uint32
-	lag  time.Duration
+	t     *testing.T
+	addrs []string // MDS addresses (mdsclient follows the active one)
+	pool  uint32
+	lag   time.Duration
 
 	mu        sync.Mutex
 	cs        map[uint64]*simCS
@@ -48,7 +48,11 @@ type sim struct {
 }
 
 func newSim(t *testing.T, r *running, pool uint32, lag time.Duration, ids []uint64) *sim {
-	s := &sim{t: t, r: r, pool: pool, lag: lag, cs: map[uint64]*simCS{}, leader: map[uint32]uint64{},
+	return newSimAt(t, []string{r.s.Addr()}, pool, lag, ids)
+}
+
+func newSimAt(t *testing.T, addrs []string, pool uint32, lag time.Duration, ids []uint64) *sim {
+	s := &sim{t: t, addrs: addrs, pool: pool, lag: lag, cs: map[uint64]*simCS{}, leader: map[uint32]uint64{},
 		voters: map[uint32][]uint64{}, listedAt: map[uint32]time.Time{}, epoch: map[uint32]uint64{},
 		stop: make(chan struct{})}
 	for _, id := range ids {
@@ -78,7 +82,7 @@ func (s *sim) with(f func()) {
 
 func (s *sim) run() {
 	defer s.wg.Done()
-	c := dial(s.t, s.r.s.Addr())
+	c := dial(s.t, s.addrs...)
 	for {
 		select {
 		case <-s.stop:
@@ -382,4 +386,52 @@ func TestSchedulerFailedMove(t *testing.T) {
 		})
 		return err
 	})
+}
+
+// TestSchedulerFailover: moves in flight survive a failover of the active
+// MDS (their records are in etcd): the new active MDS counts them against
+// the limits from its first round, finishes the balancing, and never has
+// more moves in flight than allowed.
+func TestSchedulerFailover(t *testing.T) {
+	etcd := startEtcd(t)
+	cfg := Config{EtcdEndpoints: []string{etcd}, ElectionTTL: 2 * time.Second, HeartbeatTimeout: 2 * time.Second,
+		RecoveryGrace: time.Hour, ScheduleInterval: 100 * time.Millisecond, MaxRecoveryMoves: 2, MaxMovesPerChunkserver: 2}
+	r1 := startMDS(t, cfg)
+	waitActive(t, r1, 30*time.Second)
+	r2 := startMDS(t, cfg)
+	defer r2.stop(t)
+	c := dial(t, r1.s.Addr(), r2.s.Addr())
+	ctx := ctxT(t)
+	var ids []uint64
+	for _, z := range []string{"z1", "z2", "z3"} {
+		ids = append(ids, register(t, c, z, "h"+z, "cs-"+z+":1"))
+	}
+	pool, err := c.CreatePool(ctx, &api.CreatePoolRequest{Name: "p", CopysetCount: 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Moves converge 3 s after they are listed: longer than the failover.
+	s := newSimAt(t, []string{r1.s.Addr(), r2.s.Addr()}, pool.Pool.Id, 3*time.Second, ids)
+	id4 := register(t, c, "z4", "hz4", "cs-z4:1")
+	ids = append(ids, id4)
+	s.with(func() { s.cs[id4] = &simCS{id: id4, unhealthy: map[uint32]bool{}} })
+	waitFor(t, 20*time.Second, "two moves in flight", func() error {
+		if _, _, moving := s.counts(); moving < 2 {
+			return fmt.Errorf("%d moves", moving)
+		}
+		return nil
+	})
+	r1.crash(t)
+	waitActive(t, r2, 30*time.Second)
+	waitFor(t, 60*time.Second, "copysets balanced after the failover", func() error {
+		members, _, moving := s.counts()
+		if lo, hi := spread(members, ids); hi-lo > 0 || moving > 0 {
+			return fmt.Errorf("members per chunkserver %v, %d moves in flight", members, moving)
+		}
+		return nil
+	})
+	s.close()
+	if s.maxMoves > 2 || s.maxPerCS > 2 {
+		t.Fatalf("moves in flight reached %d in all, %d on one chunkserver across the failover; limits 2 and 2", s.maxMoves, s.maxPerCS)
+	}
 }
