@@ -15,7 +15,7 @@ func isNoSpace(err error) bool {
 }
 
 // stoppedStatus is what a replica stopped by a disk error answers: the client
-// tries the other members, and reports the error once every member says so.
+// tries the other members, and reports the error once a majority says so.
 func stoppedStatus(err error) api.Status {
 	if isNoSpace(err) {
 		return api.StatusNoSpace

@@ -109,7 +109,7 @@
 //	replica stopped by a disk error              NO_SPACE (disk full) or
 //	                                             IO_ERROR: the client tries
 //	                                             the other members, and gives
-//	                                             up once every one says so
+//	                                             up once a majority says so
 //	Epoch (non-zero) < the copyset's epoch       FENCED
 //
 // Writes, trims and write-zeroes are proposed; the reply is sent from the

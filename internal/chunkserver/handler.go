@@ -177,7 +177,7 @@ func (hd *handler) validate(h transport.Header, payload []byte) (*replica, volum
 	if err := r.sm.Failed(); err != nil {
 		// This replica stopped after a disk error and serves nothing more; the
 		// other members elect a leader without it. NO_SPACE / IO_ERROR sends the
-		// client on to them, and is final once every member answers so.
+		// client on to them, and is final once a majority of them answers so.
 		return nil, vi, stoppedStatus(err)
 	}
 	if h.Epoch != 0 && h.Epoch < r.sm.epochOf(h.Volume) {

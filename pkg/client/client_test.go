@@ -282,7 +282,7 @@ func TestFinalStatuses(t *testing.T) {
 		c.mu.Unlock()
 		want := 1
 		if disk {
-			want = 3
+			want = 2 // a majority of the three members
 		}
 		if sent != want {
 			t.Fatalf("status %v: %d attempts, want %d (final)", st, sent, want)
@@ -316,6 +316,35 @@ func TestDiskErrorTriesOtherMembers(t *testing.T) {
 		if _, err := v.WriteAt([]byte("x"), 0); err != nil {
 			t.Fatalf("status %v from the old leader: %v", st, err)
 		}
+	}
+}
+
+// TestDiskErrorMajority: two of three replicas stopped on full disks answer
+// NO_SPACE and the leader (without a quorum) never answers: the write fails
+// with NO_SPACE after one round, not after the whole OpTimeout.
+func TestDiskErrorMajority(t *testing.T) {
+	c := newFakeCluster(t)
+	v := c.open(t, func(cfg *Config) { cfg.OpTimeout = 20 * time.Second })
+	cs := placement.CopysetOf(tVolume, 0, tCS)
+	c.mu.Lock()
+	leader := c.leaders[cs]
+	c.mu.Unlock()
+	c.setHook(func(server uint64, h transport.Header) action {
+		if h.Op != transport.OpWrite {
+			return serve
+		}
+		if server == leader {
+			return ignore
+		}
+		return noSpace
+	})
+	start := time.Now()
+	_, err := v.WriteAt([]byte("x"), 0)
+	if !errors.Is(err, api.ErrNoSpace) {
+		t.Fatalf("got %v, want NO_SPACE", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("NO_SPACE after %v: the client waited for its deadline", took)
 	}
 }
 

@@ -50,8 +50,9 @@
 //	                          (1 ms doubling to 500 ms, uniform in [d/2, d])
 //	FENCED                    final, and the volume stops
 //	NO_SPACE, IO_ERROR        that member's disk is in trouble: next member after ~5 ms;
-//	                          final (returned as *api.Error) once every member of a
-//	                          round answered one of them
+//	                          final (returned as *api.Error) once a majority of the
+//	                          members answered one of them in a round (the copyset
+//	                          cannot commit: its leader, if any, has no quorum)
 //	OUT_OF_RANGE, NO_SUCH_VOLUME, READ_ONLY, BAD_REQUEST
 //	                          final: returned as *api.Error (errors.Is works)
 //

@@ -34,6 +34,7 @@ const (
 	ignore                // never answer
 	drop                  // close the connection
 	delayed               // answer after the cluster's delay
+	noSpace               // answer NO_SPACE (a replica stopped by a full disk)
 )
 
 type fakeCluster struct {
@@ -157,6 +158,10 @@ func (s *fakeServer) ServeFrame(rw transport.ReplyWriter, h transport.Header, pa
 		rw.Reply(h, nil, nil)
 		return
 	case ignore:
+		return
+	case noSpace:
+		h.Status = api.StatusNoSpace
+		rw.Reply(h, nil, nil)
 		return
 	case drop:
 		s.dropConns()

@@ -381,7 +381,10 @@ func (p *piece) replied(call *transport.Call) {
 		if !slices.Contains(p.diskErr, p.target) {
 			p.diskErr = append(p.diskErr, p.target)
 		}
-		if r == nil || len(p.diskErr) >= len(r.members) {
+		// A majority of the replicas stopped on their disks: the copyset cannot
+		// commit anything (its last leader, if any, cannot reach a quorum and
+		// never answers a disk error itself), so this is its answer.
+		if r == nil || 2*len(p.diskErr) > len(r.members) {
 			p.finish(p.lastErr)
 			return
 		}
