@@ -181,5 +181,5 @@
 //     MDS is active; its writes go through Server.txn; the leader transfers
 //     it arms (Server.transfers) are under Server.mu and read by Heartbeat.
 //   - optional: the /metrics HTTP server (our own Prometheus registry, never
-//     the default one that the embedded etcd fills).
+//     the default one that the embedded etcd fills), with /debug/pprof/.
 package mds
