@@ -3,6 +3,7 @@ package chunkserver
 import (
 	"bytes"
 	"io"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,10 +19,10 @@ func TestSnapshotRateLimit(t *testing.T) {
 	data := bytes.Repeat([]byte("x"), 4<<20)
 	for _, side := range []string{"sender", "receiver"} {
 		t.Run(side, func(t *testing.T) {
-			var got int
+			var got atomic.Int64 // set on the receive goroutine
 			recv := newSnapReceiver(2, testLogger(t), func(m raftMessage, r io.Reader) error {
 				n, err := io.Copy(io.Discard, r)
-				got = int(n)
+				got.Store(n)
 				return err
 			})
 			defer recv.close()
@@ -45,8 +46,8 @@ func TestSnapshotRateLimit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got != len(data) {
-				t.Fatalf("received %d bytes, want %d", got, len(data))
+			if got.Load() != int64(len(data)) {
+				t.Fatalf("received %d bytes, want %d", got.Load(), len(data))
 			}
 			if want := 1500 * time.Millisecond; took < want {
 				t.Fatalf("4 MiB at %d B/s took %v, less than %v", rate, took, want)
