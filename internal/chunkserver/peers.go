@@ -75,6 +75,12 @@ type peer struct {
 	addr    string
 	pending []byte // encoded raft records, in order
 	dropped int    // messages dropped since the last log line
+	// conn, once the sender connected and drained pending, is where Send
+	// queues frames itself (transport.Conn.SendAsync) — no hand-off to the
+	// sender goroutine on the raft path. nil: Send queues to pending and
+	// wakes the sender (dialing, a dead connection, an address change).
+	// Lock order: peer.mu before the Conn's own lock.
+	conn *transport.Conn
 }
 
 // setPeers makes addrs (chunkserver id → data-plane address) current. Peers
@@ -99,6 +105,9 @@ func (t *peerTransport) setPeers(addrs map[uint64]string) {
 			continue
 		}
 		p.mu.Lock()
+		if p.addr != addr {
+			p.conn = nil // the sender redials at its next wake-up
+		}
 		p.addr = addr
 		p.mu.Unlock()
 	}
@@ -120,8 +129,15 @@ func (t *peerTransport) addrOf(id uint64) string {
 }
 
 // Send queues msgs for their peers and returns at once. Messages to one peer
-// that are queued together leave in one OpRaft frame.
+// given in one Send leave in one OpRaft frame (split at maxRaftFrame). With a
+// live connection the frame goes straight to its writer; otherwise it waits in
+// pending for the sender goroutine.
 func (t *peerTransport) Send(msgs []raftMessage) {
+	type out struct {
+		p   *peer
+		buf []byte
+	}
+	var outs []out
 	for _, m := range msgs {
 		to := m.Msg.GetTo()
 		p := t.peerOf(to)
@@ -129,19 +145,42 @@ func (t *peerTransport) Send(msgs []raftMessage) {
 			t.log.Debug("raft message to unknown peer dropped", "peer", to, "copyset", m.Group)
 			continue
 		}
+		i := 0
+		for i < len(outs) && outs[i].p != p {
+			i++
+		}
+		if i == len(outs) {
+			outs = append(outs, out{p: p})
+		}
+		var err error
+		if outs[i].buf, err = appendRaftRecord(outs[i].buf, m.Group, m.Msg); err != nil {
+			t.log.Error("cannot encode raft message", "copyset", m.Group, "err", err)
+		}
+	}
+	for _, o := range outs {
+		if len(o.buf) == 0 {
+			continue
+		}
+		p := o.p
 		p.mu.Lock()
+		if c := p.conn; c != nil && len(p.pending) == 0 && c.Err() == nil {
+			// Under p.mu, so frames of concurrent Sends keep their order.
+			for b := o.buf; len(b) > 0; {
+				frame := splitRaftBatch(b, maxRaftFrame)
+				b = b[len(frame):]
+				c.SendAsync(transport.Header{Op: transport.OpRaft, Hint: t.self}, frame, nil)
+			}
+			p.mu.Unlock()
+			continue
+		}
+		p.conn = nil
 		if len(p.pending) >= maxPeerQueue {
 			p.dropped++
 			p.mu.Unlock()
 			continue
 		}
-		var err error
-		p.pending, err = appendRaftRecord(p.pending, m.Group, m.Msg)
+		p.pending = append(p.pending, o.buf...)
 		p.mu.Unlock()
-		if err != nil {
-			t.log.Error("cannot encode raft message", "copyset", m.Group, "err", err)
-			continue
-		}
 		select {
 		case p.wake <- struct{}{}:
 		default:
@@ -202,6 +241,22 @@ func (t *peerTransport) runPeer(p *peer) {
 				break
 			}
 		}
+		if conn == nil {
+			continue
+		}
+		// Drained: later Sends write through the connection themselves, unless
+		// more arrived meanwhile (then go round again) or the address changed.
+		p.mu.Lock()
+		switch {
+		case len(p.pending) > 0:
+			select {
+			case p.wake <- struct{}{}:
+			default:
+			}
+		case p.addr == connAddr:
+			p.conn = conn
+		}
+		p.mu.Unlock()
 	}
 }
 

@@ -200,6 +200,18 @@ func (c *Conn) Send(h Header, payload []byte) error {
 	return call.Err
 }
 
+// SendAsync queues a one-way frame and returns at once, without waiting for
+// the write; done (may be nil) runs once it was written or the connection
+// failed, on a connection goroutine. payload must stay untouched until then.
+func (c *Conn) SendAsync(h Header, payload []byte, done func(error)) {
+	call := &Call{Header: h, Payload: payload, oneWay: true, done: func(cl *Call) {
+		if done != nil {
+			done(cl.Err)
+		}
+	}}
+	c.enqueue(call)
+}
+
 // Close closes the connection; calls in flight fail with an error wrapping ErrClosed.
 func (c *Conn) Close() error {
 	c.fail(ErrClosed)
