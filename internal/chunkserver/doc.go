@@ -134,9 +134,13 @@
 //
 // OpRaft frame (one-way, Hint = sender's chunkserver id): a payload of
 // records, each uint64 group id, uint32 n, n bytes of a marshalled
-// raftpb.Message. Send only encodes and queues (it never blocks); the peer's
-// sender goroutine takes everything queued and writes it as one frame (split
-// at 16 MiB), so messages to one peer from one Ready round leave together.
+// raftpb.Message. Send only encodes and queues (it never blocks): messages to
+// one peer from one Send (one Ready round) become one frame (split at 16 MiB).
+// While the peer's connection is up and nothing waits in its queue, Send hands
+// the frame to the connection's writer itself (transport.Conn.SendAsync: one
+// goroutine hand-off less on every replication round trip); otherwise the
+// frame is queued and the peer's sender goroutine dials, drains the queue in
+// order, and then lets Send write directly again.
 // An unreachable peer's messages are dropped (raft retries) and it is redialed
 // at most every 200 ms; more than 64 MiB queued for one peer is dropped too.
 // Received messages not addressed to this chunkserver, and MsgSnap outside a
@@ -178,7 +182,9 @@
 //     unknown volume waits for the cache refresh on a goroutine of its own.
 //   - raftstore workers: Apply/Capture/InstallSnapshot; a snapshot goroutine:
 //     Persist, WriteSnapshot, SendSnapshot.
-//   - peerTransport: one sender goroutine per peer owns that peer's Conn.
+//   - peerTransport: one sender goroutine per peer owns that peer's Conn
+//     (dials, closes, drains the queue); once drained it publishes the Conn in
+//     peer.conn (under peer.mu) for Send to queue frames on directly.
 //   - snapReceiver: one goroutine per incoming transfer.
 //
 // Fault injection: Config.Knobs hands wal.Knobs and datastore.Knobs down
