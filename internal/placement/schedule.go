@@ -428,9 +428,56 @@ func LeaderTransfers(copysets []Copyset, targets map[uint64]bool, max int) []Tra
 			found = true
 			break
 		}
+		if !found && len(out)+2 <= max {
+			found = twoHopTransfer(cs, ids, leads, targets, moved, &out)
+		}
 		if !found {
 			break
 		}
 	}
 	return out
+}
+
+// twoHopTransfer evens leaders when no single transfer can: no copyset of the
+// most-loaded target has a member leading two fewer (with 4 chunkservers and 3
+// replicas every copyset leaves one out). The donor hands a copyset to a member
+// leading one fewer (via), and via hands another of its copysets to a member
+// leading at least two fewer than the donor; via's count stays the same.
+func twoHopTransfer(cs []Copyset, ids []uint64, leads map[uint64]int, targets, moved map[uint64]bool, out *[]Transfer) bool {
+	donors := slices.Clone(ids)
+	sort.SliceStable(donors, func(i, j int) bool { return leads[donors[i]] > leads[donors[j]] })
+	usable := func(c *Copyset, leader uint64) bool {
+		return c.Leader == leader && !c.Busy && len(c.Bad) == 0 && !moved[c.ID]
+	}
+	for _, from := range donors {
+		for i := range cs {
+			c1 := &cs[i]
+			if !usable(c1, from) {
+				continue
+			}
+			for _, via := range c1.Members {
+				if via == from || !targets[via] || leads[via] != leads[from]-1 {
+					continue
+				}
+				for j := range cs {
+					c2 := &cs[j]
+					if j == i || !usable(c2, via) {
+						continue
+					}
+					for _, to := range c2.Members {
+						if to == via || to == from || !targets[to] || leads[from]-leads[to] < 2 {
+							continue
+						}
+						*out = append(*out, Transfer{Copyset: c1.ID, From: from, To: via}, Transfer{Copyset: c2.ID, From: via, To: to})
+						c1.Leader, c2.Leader = via, to
+						moved[c1.ID], moved[c2.ID] = true, true
+						leads[from]--
+						leads[to]++
+						return true
+					}
+				}
+			}
+		}
+	}
+	return false
 }

@@ -328,3 +328,57 @@ func TestLeaderTransfersSkips(t *testing.T) {
 		t.Fatalf("LeaderTransfers = %v, want %v", got, want)
 	}
 }
+
+// With 4 chunkservers and 3 replicas every copyset leaves one out: here no
+// copyset led by the busiest chunkserver (4) has the idlest one (2) as a member,
+// so only a chain 4 → 1 → 2 evens the leaders.
+func TestLeaderTransfersTwoHop(t *testing.T) {
+	var cs []Copyset
+	add := func(leader uint64, members ...uint64) {
+		cs = append(cs, Copyset{ID: uint64(len(cs) + 1), Members: members, Leader: leader})
+	}
+	for range 4 {
+		add(4, 1, 3, 4)
+	}
+	for range 3 {
+		add(1, 1, 2, 3)
+	}
+	for range 3 {
+		add(3, 1, 2, 3)
+	}
+	for range 2 {
+		add(2, 2, 3, 4)
+	}
+	targets := map[uint64]bool{1: true, 2: true, 3: true, 4: true}
+	out := LeaderTransfers(cs, targets, 2)
+	if len(out) != 2 {
+		t.Fatalf("got %d transfers %+v, want a chain of 2", len(out), out)
+	}
+	leads := map[uint64]int{}
+	for _, c := range cs {
+		leads[c.Leader]++
+	}
+	for _, tr := range out {
+		var c *Copyset
+		for i := range cs {
+			if cs[i].ID == tr.Copyset {
+				c = &cs[i]
+			}
+		}
+		if c == nil || c.Leader != tr.From || !slices.Contains(c.Members, tr.To) {
+			t.Fatalf("transfer %+v: not from the copyset's leader to one of its members", tr)
+		}
+		c.Leader = tr.To
+		leads[tr.From]--
+		leads[tr.To]++
+	}
+	for id, n := range leads {
+		if n != 3 {
+			t.Fatalf("after the transfers chunkserver %d leads %d (all: %v), want 3 each", id, n, leads)
+		}
+	}
+	// Once even, nothing more to do.
+	if more := LeaderTransfers(cs, targets, 2); len(more) != 0 {
+		t.Fatalf("balanced leaders still planned %+v", more)
+	}
+}
