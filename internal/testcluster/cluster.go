@@ -101,14 +101,29 @@ func Binary(t testing.TB) string {
 	return binPath
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago and that
+// this process has not handed out before: the kernel may offer a just-closed
+// port again, which once gave the embedded etcd the MDS's own port.
 func FreePort(t testing.TB) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if !portsGiven[port] {
+			portsGiven[port] = true
+			return port
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // Start starts the MDS and the chunkservers, creates the pool and waits until
