@@ -255,7 +255,13 @@ func (s *Server) planRound(t *topology, now time.Time) plan {
 				calm = false
 			}
 			pp.Copysets = append(pp.Copysets, pc)
-			all = append(all, placement.Copyset{ID: g, Members: c.Members, Leader: leader,
+			// A transfer in flight counts as done: planning from the old
+			// leader (heartbeats lag) overshot and leaders ping-ponged.
+			planned := leader
+			if tr := s.transfers[g]; tr.to != 0 {
+				planned = tr.to
+			}
+			all = append(all, placement.Copyset{ID: g, Members: c.Members, Leader: planned,
 				Busy: pc.Busy || s.transfers[g].to != 0})
 		}
 	}
