@@ -123,9 +123,13 @@
 //     leader transfers (at most Config.MaxLeaderTransfers in flight, each
 //     forgotten after max(10 s, 3 rounds)) from the serving chunkserver
 //     leading the most copysets to the serving member of one of them that
-//     leads the fewest. The transfer rides in the heartbeat answers to the
-//     current leader (HeartbeatResponse.transfer_leaders), which asks Raft
-//     to transfer.
+//     leads the fewest — or, when no single transfer can even the counts
+//     (every copyset of the busiest leaves out the idlest), a chain of two
+//     through a member leading one fewer. A transfer in flight counts as
+//     done when the next ones are planned (heartbeats lag; planning from the
+//     old leader overshoots). The transfer rides in the heartbeat answers to
+//     the current leader (HeartbeatResponse.transfer_leaders), which asks
+//     Raft to transfer.
 //
 // Rate limits: moves of every kind share one budget: at most
 // Config.MaxRecoveryMoves in flight cluster-wide (default 4) and at most
