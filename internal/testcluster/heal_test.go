@@ -194,19 +194,7 @@ func TestRereplicateLostChunkserver(t *testing.T) {
 	if err := os.RemoveAll(victim.DataDir); err != nil {
 		t.Fatal(err)
 	}
-	var firstMove time.Duration
-	c.Eventually(180*time.Second, "copysets of the lost chunkserver rebuilt", func(context.Context) error {
-		p := c.Placement()
-		if firstMove == 0 && p.Moves > 0 {
-			firstMove = time.Since(killed)
-		}
-		if p.Members[vid] != 0 || p.Moves != 0 || p.Healthy != p.Total {
-			return fmt.Errorf("lost chunkserver still in %d copysets, %d moves in flight, %d/%d healthy",
-				p.Members[vid], p.Moves, p.Healthy, p.Total)
-		}
-		return nil
-	})
-	healed := time.Since(killed)
+	firstMove, healed := waitRebuilt(c, vid, killed)
 	w.Mark("healed")
 	watch.check(t)
 	started, done := movesLogged(c, "dead")
@@ -489,19 +477,7 @@ func TestRebuildRateLimit(t *testing.T) {
 	w.Mark("fault")
 	killed := time.Now()
 	c.Kill(victim)
-	var firstMove time.Duration
-	c.Eventually(180*time.Second, "copysets of the lost chunkserver rebuilt", func(context.Context) error {
-		p := c.Placement()
-		if firstMove == 0 && p.Moves > 0 {
-			firstMove = time.Since(killed)
-		}
-		if p.Members[vid] != 0 || p.Moves != 0 || p.Healthy != p.Total {
-			return fmt.Errorf("lost chunkserver still in %d copysets, %d moves in flight, %d/%d healthy",
-				p.Members[vid], p.Moves, p.Healthy, p.Total)
-		}
-		return nil
-	})
-	healed := time.Since(killed)
+	firstMove, healed := waitRebuilt(c, vid, killed)
 	w.Mark("healed")
 	watch.check(t)
 	// The data rebuilt: the written chunks of each lost copyset, whole.
@@ -538,4 +514,23 @@ func TestRebuildRateLimit(t *testing.T) {
 	w.Stop()
 	w.Verify(v)
 	c.CompareReplicas(60 * time.Second)
+}
+
+// waitRebuilt waits until chunkserver vid is in no copyset, no move is in flight
+// and every copyset is healthy; it returns when the first move was seen and when
+// the rebuild ended, both counted from killed.
+func waitRebuilt(c *Cluster, vid uint64, killed time.Time) (firstMove, healed time.Duration) {
+	c.t.Helper()
+	c.Eventually(180*time.Second, "copysets of the lost chunkserver rebuilt", func(context.Context) error {
+		p := c.Placement()
+		if firstMove == 0 && p.Moves > 0 {
+			firstMove = time.Since(killed)
+		}
+		if p.Members[vid] != 0 || p.Moves != 0 || p.Healthy != p.Total {
+			return fmt.Errorf("lost chunkserver still in %d copysets, %d moves in flight, %d/%d healthy",
+				p.Members[vid], p.Moves, p.Healthy, p.Total)
+		}
+		return nil
+	})
+	return firstMove, time.Since(killed)
 }
