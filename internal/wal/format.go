@@ -11,9 +11,9 @@ import (
 // On-disk constants; doc.go specifies the format they describe.
 const (
 	segMagic      = "BWAL"
-	segVersion    = 1
+	segVersion    = 2
 	segHeaderSize = 16 // magic[4] | version u32 | seq u64
-	recHeaderSize = 8  // length u32 | crc32c u32
+	recHeaderSize = 12 // length u32 | crc32c u32 | tag u32
 
 	// maxRecord bounds a record's payload length; a larger length on disk is
 	// treated like a bad CRC (torn or corrupt), never allocated.
@@ -58,20 +58,38 @@ func appendSegmentHeader(buf []byte, seq uint64) []byte {
 	return le.AppendUint64(buf, seq)
 }
 
+// segTag is the tag every record of segment seq carries. A recycled segment
+// file still holds records of an older segment after the new ones; their
+// other tag marks the end. Bit 31 keeps it apart from zero-fill.
+func segTag(seq uint64) uint32 { return uint32(seq) | 1<<31 }
+
 // beginRecord reserves a record header and returns the record's start offset.
 func beginRecord(buf []byte) ([]byte, int) {
 	start := len(buf)
-	return append(buf, 0, 0, 0, 0, 0, 0, 0, 0), start
+	return append(buf, make([]byte, recHeaderSize)...), start
 }
 
-// endRecord fills in the length and CRC of the record that starts at start.
-// The CRC covers the 4 length bytes and the payload.
+// endRecord fills in the length of the record that starts at start and the
+// CRC of its payload. The record is complete once sealRecords has added the
+// segment's tag; the CRC is finished then without reading the payload again.
 func endRecord(buf []byte, start int) {
 	n := len(buf) - start - recHeaderSize
 	le.PutUint32(buf[start:], uint32(n))
-	crc := crc32.Checksum(buf[start:start+4], castagnoli)
-	crc = crc32.Update(crc, castagnoli, buf[start+recHeaderSize:])
-	le.PutUint32(buf[start+4:], crc)
+	le.PutUint32(buf[start+4:], crc32.Checksum(buf[start+recHeaderSize:], castagnoli))
+}
+
+// sealRecords tags every record in buf (whole records, as built by the
+// append functions) for segment seq and finishes its CRC: CRC-32C over the
+// payload, then the length and tag bytes.
+func sealRecords(buf []byte, seq uint64) {
+	tag := segTag(seq)
+	for off := 0; off+recHeaderSize <= len(buf); {
+		h := buf[off : off+recHeaderSize]
+		le.PutUint32(h[8:], tag)
+		crc := crc32.Update(le.Uint32(h[4:]), castagnoli, h[:4])
+		le.PutUint32(h[4:], crc32.Update(crc, castagnoli, h[8:12]))
+		off += recHeaderSize + int(le.Uint32(h))
+	}
 }
 
 // appendEntries encodes one entries record. ents must be consecutive.
@@ -162,24 +180,35 @@ func appendGroupRemoved(buf []byte, group uint64) []byte {
 	return buf
 }
 
-// checkRecord validates the record at b[0:]. It returns the payload length,
-// or ok=false if b does not begin with a complete record with a good CRC.
-// A zero length (the preallocated zeros after the last record) is reported
-// as n == 0, ok == true.
-func checkRecord(b []byte) (n int, ok bool) {
+// recState is what checkRecord found.
+type recState int
+
+const (
+	recOK  recState = iota // a complete record with a good CRC
+	recEnd                 // no record: zero-fill, or a record of an older segment (recycled file)
+	recBad                 // this segment's tag but incomplete or a bad CRC: torn or corrupt
+)
+
+// checkRecord validates the record at b[0:] of the segment whose tag is tag
+// and returns its payload length.
+func checkRecord(b []byte, tag uint32) (n int, st recState) {
 	if len(b) < recHeaderSize {
-		return 0, false
+		return 0, recBad
 	}
 	l := le.Uint32(b)
-	if l == 0 {
-		return 0, le.Uint32(b[4:]) == 0
+	if l == 0 || le.Uint32(b[8:]) != tag {
+		return 0, recEnd
 	}
 	if l > maxRecord || int(l) > len(b)-recHeaderSize {
-		return 0, false
+		return 0, recBad
 	}
-	crc := crc32.Checksum(b[:4], castagnoli)
-	crc = crc32.Update(crc, castagnoli, b[recHeaderSize:recHeaderSize+int(l)])
-	return int(l), crc == le.Uint32(b[4:])
+	crc := crc32.Checksum(b[recHeaderSize:recHeaderSize+int(l)], castagnoli)
+	crc = crc32.Update(crc, castagnoli, b[:4])
+	crc = crc32.Update(crc, castagnoli, b[8:12])
+	if crc != le.Uint32(b[4:]) {
+		return 0, recBad
+	}
+	return int(l), recOK
 }
 
 // decoder reads fixed-width fields from a payload whose CRC was good; a

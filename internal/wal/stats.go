@@ -15,6 +15,7 @@ type Stats struct {
 	MaxSyncTime      time.Duration // the slowest fdatasync
 	Rollovers        uint64        // segments created after Open
 	PreparedSegments uint64        // of those, made from a file prepared in the background
+	RecycledSegments uint64        // spare files made from a removed segment's file (no zero-fill)
 	SegmentsRemoved  uint64        // segments deleted after compaction
 	Segments         int           // segment files now
 	CachedBytes      int           // entry data held in the per-group caches now

@@ -183,6 +183,9 @@ type WAL struct {
 	spareFile *spareFile
 	preparing bool
 	prepWG    sync.WaitGroup
+	// recycled: files of removed segments kept for prepareSpare to reuse
+	// (at most maxRecycled), oldest first.
+	recycled []string
 	// lastScratch: per group, the last index as the updates of the Save
 	// being validated leave it; empty between Saves.
 	lastScratch map[uint64]uint64
@@ -314,28 +317,26 @@ func (w *WAL) replaySegment(s *segment, last bool) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("wal: %w", err)
 	}
-	if len(b) < segHeaderSize || string(b[:4]) != segMagic ||
-		le.Uint32(b[4:]) != segVersion || le.Uint64(b[8:]) != s.seq {
+	if len(b) < segHeaderSize || string(b[:4]) != segMagic || le.Uint64(b[8:]) != s.seq {
 		return 0, fmt.Errorf("%w: %s: bad segment header", ErrCorrupt, s.path)
 	}
+	if v := le.Uint32(b[4:]); v != segVersion {
+		return 0, fmt.Errorf("%w: %s: segment format version %d, this build reads version %d only "+
+			"(written by another basalt release: start that release, or move the data directory aside)",
+			ErrCorrupt, s.path, v, segVersion)
+	}
+	tag := segTag(s.seq)
 	off := segHeaderSize
 	for {
-		if rest := b[off:]; len(rest) < recHeaderSize && allZero(rest) {
-			break // the records filled the file up to a few zero bytes
-		}
-		n, ok := checkRecord(b[off:])
-		if ok && n == 0 {
-			// End marker: everything after must be preallocated zeros.
-			if !allZero(b[off:]) {
-				ok = false
-			} else {
-				break
+		n, st := checkRecord(b[off:], tag)
+		if st == recOK {
+			if err := w.replayRecord(s, b, off, n); err != nil {
+				return 0, fmt.Errorf("%s offset %d: %w", s.path, off, err)
 			}
+			off += recHeaderSize + n
+			continue
 		}
-		if !ok {
-			if off == len(b) {
-				break
-			}
+		if st == recBad && len(b)-off >= recHeaderSize {
 			if !last {
 				return 0, fmt.Errorf("%w: %s: bad record at offset %d", ErrCorrupt, s.path, off)
 			}
@@ -345,10 +346,18 @@ func (w *WAL) replaySegment(s *segment, last bool) (int64, error) {
 			}
 			break
 		}
-		if err := w.replayRecord(s, b, off, n); err != nil {
-			return 0, fmt.Errorf("%s offset %d: %w", s.path, off, err)
+		// The end of the records. In the last segment, appends continue here,
+		// so whatever follows must go: records of an older segment (a
+		// recycled file) are harmless, but a crash may have left records of
+		// this one after a torn header, and a later append ending exactly
+		// where one starts would bring it back.
+		if last && !allZero(b[off:]) {
+			w.log.Debug("wal: clearing the tail after the last record", "segment", s.path, "offset", off, "bytes", len(b)-off)
+			if err := w.cutTail(s, int64(off)); err != nil {
+				return 0, err
+			}
 		}
-		off += recHeaderSize + n
+		break
 	}
 	return int64(off), nil
 }
@@ -528,6 +537,7 @@ func (w *WAL) createSegment(seq uint64, ckpt []byte, size int64) (*segment, erro
 	}
 	hdr := appendSegmentHeader(make([]byte, 0, segHeaderSize+len(ckpt)), seq)
 	hdr = append(hdr, ckpt...)
+	sealRecords(hdr[segHeaderSize:], seq)
 	if _, err := f.WriteAt(hdr, 0); err != nil {
 		return fail(err)
 	}
@@ -574,6 +584,13 @@ func (w *WAL) prepareSpare(seq uint64) {
 	defer w.prepWG.Done()
 	path := filepath.Join(w.dir, segmentName(seq)+".prep.tmp")
 	sp, err := func() (*spareFile, error) {
+		if f, rpath := w.reuseRecycled(); f != nil {
+			// Written and synced in full when it was a segment: nothing to do.
+			w.mu.Lock()
+			w.stats.RecycledSegments++
+			w.mu.Unlock()
+			return &spareFile{seq: seq, path: rpath, f: f, size: w.cfg.SegmentSize}, nil
+		}
 		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 		if err != nil {
 			return nil, err
@@ -892,6 +909,7 @@ func (w *WAL) commit(b *batch) error {
 			return err
 		}
 	}
+	sealRecords(b.buf, active.seq)
 	wstart := time.Now()
 	if _, err := active.f.WriteAt(b.buf, off); err != nil {
 		return err
@@ -1064,21 +1082,74 @@ func (w *WAL) detachSegmentsLocked() []*segment {
 	return doomed
 }
 
+// maxRecycled bounds the removed segment files kept for reuse.
+const maxRecycled = 2
+
 // deleteSegments unlinks detached segments, oldest first, then syncs the
 // directory. It runs without w.mu: a reader that still holds a location in
 // one of them gets a read error and finds the entry compacted. A segment
 // that cannot be unlinked is only logged: replaying it again is harmless.
+//
+// Up to maxRecycled full-size files are renamed to "<name>.recycle.tmp"
+// instead and reused for a later segment (prepareSpare): their blocks are
+// written already, so the new segment needs no zero-fill — which would
+// double the WAL's disk writes and cost a core's worth of copying under
+// sequential writes. Their old records carry another segment's tag and
+// read as the end of the log. Open deletes leftovers (.tmp).
 func (w *WAL) deleteSegments(doomed []*segment) {
 	for _, s := range doomed {
+		s.f.Close()
+		if w.recycle(s) {
+			continue
+		}
 		if err := os.Remove(s.path); err != nil {
 			w.log.Error("wal: remove segment", "segment", s.path, "err", err)
 		}
-		s.f.Close()
 	}
 	if err := syncDir(w.dir); err != nil {
 		w.log.Error("wal: sync dir after removing segments", "err", err)
 	}
 	w.log.Debug("wal: segments removed", "count", len(doomed), "first", doomed[0].path)
+}
+
+// recycle keeps the removed segment s for reuse if there is room.
+func (w *WAL) recycle(s *segment) bool {
+	w.mu.Lock()
+	room := !w.closed && len(w.recycled) < maxRecycled
+	w.mu.Unlock()
+	if fi, err := os.Stat(s.path); !room || err != nil || fi.Size() != w.cfg.SegmentSize {
+		return false
+	}
+	path := s.path + ".recycle.tmp"
+	if err := os.Rename(s.path, path); err != nil {
+		return false
+	}
+	w.mu.Lock()
+	w.recycled = append(w.recycled, path)
+	w.mu.Unlock()
+	return true
+}
+
+// reuseRecycled returns a recycled file opened for writing, or nil if
+// there is none (or it cannot be used; it is then removed).
+func (w *WAL) reuseRecycled() (*os.File, string) {
+	w.mu.Lock()
+	if len(w.recycled) == 0 {
+		w.mu.Unlock()
+		return nil, ""
+	}
+	path := w.recycled[0]
+	w.recycled = w.recycled[1:]
+	w.mu.Unlock()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err == nil {
+		if fi, serr := f.Stat(); serr == nil && fi.Size() == w.cfg.SegmentSize {
+			return f, path
+		}
+		f.Close()
+	}
+	os.Remove(path)
+	return nil, ""
 }
 
 // Groups returns the ids of the groups the WAL holds, sorted.
@@ -1150,6 +1221,10 @@ func (w *WAL) Close() error {
 		os.Remove(sp.path)
 		w.spareFile = nil
 	}
+	for _, path := range w.recycled {
+		os.Remove(path)
+	}
+	w.recycled = nil
 	var err error
 	for _, s := range w.segs {
 		err = errors.Join(err, s.f.Close())

@@ -769,9 +769,9 @@ func TestCloseWithSavesInFlight(t *testing.T) {
 // record header before its end is complete, not torn.
 func TestSegmentFullToTheLastBytes(t *testing.T) {
 	dir := t.TempDir()
-	// header 16 + one entries record of one 100-byte entry (8+21+13+100)
+	// header 16 + one entries record of one 100-byte entry (12+21+13+100)
 	// leaves 4 zero bytes.
-	const segSize = 16 + 142 + 4
+	const segSize = 16 + 146 + 4
 	cfg := func(c *Config) { c.SegmentSize = segSize }
 	w := openT(t, dir, cfg)
 	a := mkEnts(1, 1, 1, 100, 1)
@@ -816,8 +816,8 @@ func TestEntriesSplitIntoRecords(t *testing.T) {
 	}
 	records := 0
 	for off := segHeaderSize; off < int(end); {
-		n, ok := checkRecord(b[off:])
-		if !ok || n == 0 {
+		n, st := checkRecord(b[off:], segTag(1))
+		if st != recOK {
 			t.Fatalf("bad record at %d", off)
 		}
 		if n > entriesRecordMax {
@@ -846,17 +846,7 @@ func TestRolloverUsesPreparedSegment(t *testing.T) {
 		e := mkEnts(i, 1, 1, 2000, int64(i))
 		want = append(want, e...)
 		mustSave(t, w, Update{Group: 1, Entries: e})
-		// Let the preparer finish so that every rollover can use it.
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			w.mu.Lock()
-			busy := w.preparing
-			w.mu.Unlock()
-			if !busy || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(time.Millisecond)
-		}
+		waitPreparer(w) // so that every rollover can use a prepared file
 	}
 	st := w.Stats()
 	if st.Rollovers < 2 || st.PreparedSegments != st.Rollovers {
@@ -872,4 +862,97 @@ func TestRolloverUsesPreparedSegment(t *testing.T) {
 	w = openT(t, dir, cfg)
 	defer w.Close()
 	checkLog(t, w.Storage(1), want)
+}
+
+// TestRecycledSegments: removed segment files are reused for new segments
+// (no zero-fill); the old records left in them read as the end of the log,
+// and a torn write over them is cut at every byte like one over zeros.
+func TestRecycledSegments(t *testing.T) {
+	src := t.TempDir()
+	const segSize = 16 << 10
+	cfg := func(c *Config) { c.SegmentSize = segSize }
+	w := openT(t, src, cfg)
+	var want []*pb.Entry
+	idx := uint64(0)
+	for w.Stats().RecycledSegments < 3 {
+		if idx > 2000 {
+			t.Fatalf("no recycling after %d entries: %+v", idx, w.Stats())
+		}
+		idx++
+		e := mkEnts(idx, 1, 1, 2000, int64(idx))
+		want = append(want, e...)
+		mustSave(t, w, Update{Group: 1, Entries: e, HardState: hs(1, 1, idx)})
+		if idx%8 == 0 {
+			snap := &pb.Snapshot{Data: []byte("s"), Metadata: &pb.SnapshotMetadata{
+				Index: new(idx), Term: new(uint64(1)), ConfState: &pb.ConfState{Voters: []uint64{1}}}}
+			if err := w.CreateSnapshot(1, snap, idx); err != nil {
+				t.Fatal(err)
+			}
+			want = nil
+		}
+		waitPreparer(w)
+	}
+	w.mu.Lock()
+	active := w.segs[len(w.segs)-1]
+	before := w.writeOff
+	w.mu.Unlock()
+	pre, err := os.ReadFile(active.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if allZero(pre[before:]) {
+		t.Fatal("the active segment is not a recycled file: nothing but zeros after the last record")
+	}
+	torn := mkEnts(idx+1, 2, 1, 300, 99)
+	mustSave(t, w, Update{Group: 1, Entries: torn})
+	w.mu.Lock()
+	after := w.writeOff
+	w.mu.Unlock()
+	w.Close()
+	post, err := os.ReadFile(active.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w = openT(t, src, cfg)
+	checkLog(t, w.Storage(1), append(slices.Clone(want), torn...))
+	w.Close()
+
+	// A crash during the write leaves the new bytes up to cut and the old
+	// ones after it.
+	for cut := int(before); cut < int(after); cut++ {
+		dir := t.TempDir()
+		if err := os.CopyFS(dir, os.DirFS(src)); err != nil {
+			t.Fatal(err)
+		}
+		img := append(slices.Clone(post[:cut]), pre[cut:]...)
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(active.path)), img, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		w := openT(t, dir, cfg)
+		got := logOf(t, w.Storage(1))
+		if len(got) != len(want) && len(got) != len(want)+len(torn) {
+			t.Fatalf("cut %d: %d entries after restart, want %d (torn write lost) or %d", cut, len(got), len(want), len(want)+len(torn))
+		}
+		checkLog(t, w.Storage(1), append(slices.Clone(want), torn[:len(got)-len(want)]...))
+		again := mkEnts(idx+1, 1, 2, 8, int64(cut))
+		mustSave(t, w, Update{Group: 1, Entries: again})
+		w.Close()
+		w = openT(t, dir, cfg)
+		checkLog(t, w.Storage(1), append(slices.Clone(want), again...))
+		w.Close()
+	}
+}
+
+// waitPreparer waits until no spare segment is being prepared.
+func waitPreparer(w *WAL) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		w.mu.Lock()
+		busy := w.preparing
+		w.mu.Unlock()
+		if !busy || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
