@@ -132,7 +132,7 @@ func (s *frameSink) ServeFrame(rw transport.ReplyWriter, h transport.Header, pay
 	s.got <- struct{}{}
 }
 
-func serveSink(t *testing.T, h transport.Handler) string {
+func serveSink(t testing.TB, h transport.Handler) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
