@@ -17,7 +17,7 @@ type hostCollector struct {
 	proposeCommit, apply, logSave           *prometheus.Desc
 	counters                                *prometheus.Desc
 	walSyncs, walBytes, walEntries, walSegs *prometheus.Desc
-	walSyncSeconds                          *prometheus.Desc
+	walSyncSeconds, walRecycled             *prometheus.Desc
 }
 
 func newHostCollector(c *ChunkServer) *hostCollector {
@@ -39,12 +39,13 @@ func newHostCollector(c *ChunkServer) *hostCollector {
 		walEntries:     d("wal_entries_total", "Raft entries appended to the WAL."),
 		walSegs:        d("wal_segments", "WAL segment files now."),
 		walSyncSeconds: d("wal_sync_seconds_total", "Total time spent in WAL fdatasync."),
+		walRecycled:    d("wal_segments_recycled_total", "WAL segments made from a removed segment's file (no zero-fill)."),
 	}
 }
 
 func (hc *hostCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{hc.applied, hc.leader, hc.term, hc.healthy, hc.proposeCommit,
-		hc.apply, hc.logSave, hc.counters, hc.walSyncs, hc.walBytes, hc.walEntries, hc.walSegs, hc.walSyncSeconds} {
+		hc.apply, hc.logSave, hc.counters, hc.walSyncs, hc.walBytes, hc.walEntries, hc.walSegs, hc.walSyncSeconds, hc.walRecycled} {
 		ch <- d
 	}
 }
@@ -86,6 +87,7 @@ func (hc *hostCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(hc.walEntries, float64(ws.Entries))
 	gauge(hc.walSegs, float64(ws.Segments))
 	counter(hc.walSyncSeconds, ws.SyncTime.Seconds())
+	counter(hc.walRecycled, float64(ws.RecycledSegments))
 }
 
 // hist exports a raftstore histogram as a Prometheus histogram.
