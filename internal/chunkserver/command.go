@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+
+	"github.com/basalt-storage/basalt/internal/raftstore"
 )
 
 // cmdOp is the operation of one replicated command (a Raft log entry).
@@ -59,16 +61,25 @@ var (
 
 // encodeCommand returns the command's encoding: header followed by data.
 func encodeCommand(c command) []byte {
-	b := make([]byte, cmdHeaderSize+len(c.Data))
+	return appendCommand(make([]byte, 0, cmdHeaderSize+len(c.Data)), c)
+}
+
+// proposalOf encodes c for raftstore.Host.Propose: with the room it reserves
+// at the start, so that the command's one copy of the data is the entry's.
+func proposalOf(c command) []byte {
+	n := raftstore.ProposalHeader
+	return appendCommand(make([]byte, n, n+cmdHeaderSize+len(c.Data)), c)
+}
+
+// appendCommand appends c's encoding to b.
+func appendCommand(b []byte, c command) []byte {
 	be := binary.BigEndian
-	b[0] = cmdVersion
-	b[1] = byte(c.Op)
-	be.PutUint32(b[4:], c.Length)
-	be.PutUint64(b[8:], c.Volume)
-	be.PutUint64(b[16:], c.Epoch)
-	be.PutUint64(b[24:], c.Offset)
-	copy(b[cmdHeaderSize:], c.Data)
-	return b
+	b = append(b, cmdVersion, byte(c.Op), 0, 0)
+	b = be.AppendUint32(b, c.Length)
+	b = be.AppendUint64(b, c.Volume)
+	b = be.AppendUint64(b, c.Epoch)
+	b = be.AppendUint64(b, c.Offset)
+	return append(b, c.Data...)
 }
 
 // decodeCommand parses b. Data aliases b.

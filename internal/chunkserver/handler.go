@@ -219,7 +219,7 @@ func (hd *handler) serveIO(rw transport.ReplyWriter, h transport.Header, payload
 		c = command{Op: cmdWriteZeroes}
 	}
 	c.Volume, c.Epoch, c.Offset, c.Length = h.Volume, h.Epoch, h.Offset, h.Length
-	data := encodeCommand(c) // copies the payload: it is not ours after return
+	data := proposalOf(c) // copies the payload: it is not ours after return
 	hd.host.Propose(r.group, data, func(err error) { hd.replyErr(rw, h, hd.stoppedErr(r, err), start) })
 }
 
@@ -262,7 +262,7 @@ func (hd *handler) read(rw transport.ReplyWriter, h transport.Header, r *replica
 	}
 	barrier := func() { hd.host.ReadBarrier(r.group, doRead) }
 	if h.Epoch > r.sm.epochOf(h.Volume) {
-		fence := encodeCommand(command{Op: cmdFence, Volume: h.Volume, Epoch: h.Epoch})
+		fence := proposalOf(command{Op: cmdFence, Volume: h.Volume, Epoch: h.Epoch})
 		hd.host.Propose(r.group, fence, func(err error) {
 			if err != nil {
 				hd.replyErr(rw, h, hd.stoppedErr(r, err), start)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/datastore"
 	"github.com/basalt-storage/basalt/internal/placement"
+	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/scrub"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
@@ -69,7 +70,7 @@ func (d *directHost) Propose(id uint64, data []byte, done func(error)) {
 		return
 	}
 	d.index++
-	done(r.sm.Apply(d.index, data))
+	done(r.sm.Apply(d.index, data[raftstore.ProposalHeader:])) // as raftstore.Host does
 }
 
 func (d *directHost) ReadBarrier(id uint64, done func(error)) { done(nil) }

@@ -90,12 +90,12 @@ func BenchmarkPropose(b *testing.B) {
 				b.ResetTimer()
 				b.RunParallel(func(pb *testing.PB) {
 					g := next.Add(1)%uint64(ngroups) + 1
-					data := make([]byte, 4096)
 					done := make(chan error, 1)
 					i := 0
 					for pb.Next() {
 						i++
-						copy(data[:8], fmt.Sprintf("%08d", i%1000))
+						data := make([]byte, ProposalHeader+4096) // the host keeps it
+						copy(data[ProposalHeader:], fmt.Sprintf("%08d", i%1000))
 						hosts[leaders[g]].Propose(g, data, func(err error) { done <- err })
 						if err := <-done; err != nil {
 							b.Error(err)

@@ -93,7 +93,7 @@ func runChaos(t *testing.T, seed int64, steps int) string {
 			seq++
 			p := &chaosProp{group: gid, key: fmt.Sprintf("k%d", seq)}
 			props = append(props, p)
-			c.hosts[target].Propose(gid, []byte(fmt.Sprintf("%s=v%d", p.key, seq)), func(err error) {
+			c.hosts[target].Propose(gid, propData(fmt.Sprintf("%s=v%d", p.key, seq)), func(err error) {
 				p.calls++
 				p.err = err
 				if err == nil {

@@ -67,7 +67,9 @@
 // # Entry format and proposals
 //
 // A normal entry's data is an 8-byte big-endian proposal id followed by the caller's
-// bytes; the StateMachine sees only the caller's bytes. An empty normal entry is a new
+// bytes; the StateMachine sees only the caller's bytes. The caller of Propose leaves
+// the room for the id (ProposalHeader) at the start of its buffer, which becomes the
+// entry as it is: no copy of a write's data on the way into the log. An empty normal entry is a new
 // leader's no-op and is not applied. A conf change entry is a marshalled
 // raftpb.ConfChangeV2 whose Context is the 8-byte proposal id (V1 ConfChange entries
 // come only from Bootstrap).

@@ -412,9 +412,8 @@ func (g *group) propose(p *proposal) {
 		cc.Context = encodeSeq(p.seq)
 		err = g.rn.ProposeConfChange(cc)
 	} else {
-		buf := make([]byte, 8+len(p.data))
-		binary.BigEndian.PutUint64(buf, p.seq)
-		copy(buf[8:], p.data)
+		buf := p.data
+		binary.BigEndian.PutUint64(buf, p.seq) // the room Propose's caller left
 		p.data = nil
 		err = g.rn.Propose(buf)
 	}

@@ -418,7 +418,7 @@ func (c *cluster) waitLeader(gid uint64) uint64 {
 func (c *cluster) proposeWait(id, gid uint64, data string) error {
 	var res error
 	called := 0
-	c.hosts[id].Propose(gid, []byte(data), func(err error) { res = err; called++ })
+	c.hosts[id].Propose(gid, propData(data), func(err error) { res = err; called++ })
 	for i := 0; called == 0; i++ {
 		if i > 2000 {
 			c.fatalf("proposal %q never answered", data)
@@ -483,4 +483,9 @@ func (c *cluster) stop() {
 			h.Stop()
 		}
 	}
+}
+
+// propData makes proposal data for s: the room Propose reserves, then s.
+func propData(s string) []byte {
+	return append(make([]byte, ProposalHeader, ProposalHeader+len(s)), s...)
 }

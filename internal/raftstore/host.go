@@ -404,11 +404,21 @@ func (h *Host) RemoveGroup(id uint64) error {
 	return h.cfg.Log.RemoveGroup(id)
 }
 
-// Propose replicates data through group id. done runs exactly once: with the
-// StateMachine.Apply result on this node when the entry applied, or with
+// ProposalHeader is the room a proposal's data reserves at its start for the
+// host (the proposal id): the entry is the data itself, not a copy.
+const ProposalHeader = 8
+
+// Propose replicates data[ProposalHeader:] through group id; the host owns data
+// from now on and writes the first ProposalHeader bytes. done runs exactly once:
+// with the StateMachine.Apply result on this node when the entry applied, or with
 // *api.Error{NOT_LEADER, Hint: leader} when this node is not the leader, loses
-// leadership before the entry applied, or raft dropped the proposal.
+// leadership before the entry applied, or raft dropped the proposal; with
+// ErrConfig at once if data is shorter than ProposalHeader.
 func (h *Host) Propose(id uint64, data []byte, done func(error)) {
+	if len(data) < ProposalHeader {
+		done(fmt.Errorf("%w: proposal of %d bytes has no room for its header", ErrConfig, len(data)))
+		return
+	}
 	h.stats.proposals.Add(1)
 	h.submit(id, &proposal{data: data, done: done, start: time.Now()})
 }

@@ -35,7 +35,7 @@ func TestProposeApplyReplicate(t *testing.T) {
 		f = c.ids[1]
 	}
 	var got error
-	c.hosts[f].Propose(7, []byte("a=b"), func(err error) { got = err })
+	c.hosts[f].Propose(7, propData("a=b"), func(err error) { got = err })
 	c.step()
 	var ae *api.Error
 	if !errors.As(got, &ae) || ae.Status != api.StatusNotLeader || ae.Hint != l {
@@ -86,7 +86,7 @@ func TestGroupCommit(t *testing.T) {
 	before, roundsBefore := log.Saves(), h.Stats().ReadyRounds
 	answered := 0
 	for g := uint64(1); g <= 8; g++ {
-		h.Propose(g, []byte("k=v"), func(err error) {
+		h.Propose(g, propData("k=v"), func(err error) {
 			if err != nil {
 				t.Errorf("group %d: %v", g, err)
 			}

@@ -150,7 +150,7 @@ func TestLiveConcurrent(t *testing.T) {
 						return
 					}
 					res := make(chan error, 2)
-					hosts[target].Propose(gid, []byte(key+"=v"), func(err error) { answered.Add(1); res <- err })
+					hosts[target].Propose(gid, propData(key+"=v"), func(err error) { answered.Add(1); res <- err })
 					err := <-res
 					if err == nil {
 						acked.Add(1)

@@ -81,7 +81,7 @@ func TestMembershipMove(t *testing.T) {
 		t.Fatal("removed group still has a status")
 	}
 	var perr error
-	c.hosts[l].Propose(1, []byte("x=y"), func(err error) { perr = err })
+	c.hosts[l].Propose(1, propData("x=y"), func(err error) { perr = err })
 	if !errors.Is(perr, api.ErrNoSuchCopyset) {
 		t.Fatalf("propose on removed group: %v", perr)
 	}
@@ -118,7 +118,7 @@ func TestProposalsUnderLeaderChange(t *testing.T) {
 		for range n {
 			p := &prop{key: fmt.Sprintf("k%d", len(props))}
 			props = append(props, p)
-			c.hosts[id].Propose(1, []byte(p.key+"=v"), func(err error) { p.calls++; p.err = err })
+			c.hosts[id].Propose(1, propData(p.key+"=v"), func(err error) { p.calls++; p.err = err })
 		}
 	}
 	l := c.waitLeader(1)
@@ -183,7 +183,7 @@ func TestApplyFailureStopsGroup(t *testing.T) {
 	c.sms[l][1].failAt = st.Applied + 1
 	var errs []error
 	for i := range 3 {
-		c.hosts[l].Propose(1, []byte(fmt.Sprintf("b%d=1", i)), func(err error) { errs = append(errs, err) })
+		c.hosts[l].Propose(1, propData(fmt.Sprintf("b%d=1", i)), func(err error) { errs = append(errs, err) })
 	}
 	c.run(20)
 	if len(errs) != 3 {
@@ -199,7 +199,7 @@ func TestApplyFailureStopsGroup(t *testing.T) {
 		t.Fatalf("failed group status %+v", st)
 	}
 	var late error
-	c.hosts[l].Propose(1, []byte("c=1"), func(err error) { late = err })
+	c.hosts[l].Propose(1, propData("c=1"), func(err error) { late = err })
 	if !errors.Is(late, api.ErrIO) {
 		t.Fatalf("propose after failure: %v", late)
 	}

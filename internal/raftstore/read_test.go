@@ -92,7 +92,7 @@ func TestReadBarrier(t *testing.T) {
 					continue
 				}
 				if st, _ := c.hosts[id].Status(1); st.IsLeader {
-					c.hosts[id].Propose(1, []byte("x=new"), func(err error) {
+					c.hosts[id].Propose(1, propData("x=new"), func(err error) {
 						if err == nil {
 							newAcked = true
 						}
