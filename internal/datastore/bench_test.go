@@ -98,3 +98,29 @@ func BenchmarkSyncDirty(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSmallRewrite: 4 KiB writes into chunks first filled with 1 MiB
+// writes, as a volume is after a sequential fill. The folios the fill left in
+// the page cache decide what each small write costs (see writePiece).
+func BenchmarkSmallRewrite(b *testing.B) {
+	cs := benchCopyset(b)
+	big := make([]byte, 1<<20)
+	const chunks = 8
+	for i := range chunks {
+		for off := int64(0); off < benchChunk; off += int64(len(big)) {
+			if err := cs.WriteAt(ChunkID{1, uint64(i)}, big, off); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	p := make([]byte, 4<<10)
+	r := rand.New(rand.NewPCG(1, 1))
+	slots := benchChunk / int64(len(p))
+	b.SetBytes(int64(len(p)))
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		if err := cs.WriteAt(ChunkID{1, uint64(i % chunks)}, p, r.Int64N(slots)*int64(len(p))); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -319,9 +319,18 @@ func writeZeros(fd int, off, n int64) error {
 	return nil
 }
 
+// writePiece caps one pwrite into a chunk file. Linux's page cache gives a
+// buffered write folios as large as the write, and ext4 walks every block of
+// a folio on each later write into it, so small writes get slower the larger
+// the folios around them: 4 KiB rewrites took 2 µs after 4 KiB writes, 3 µs
+// after 16 KiB ones, 8.5 µs after 1 MiB ones and 16–19 µs in folios made by
+// readahead (Linux 6.18, ext4, this machine). Chunk files serve 4 KiB
+// database writes; 16 KiB pieces keep big writes nearly as cheap.
+const writePiece = 16 << 10
+
 func pwriteFull(fd int, p []byte, off int64) error {
 	for len(p) > 0 {
-		n, err := unix.Pwrite(fd, p, off)
+		n, err := unix.Pwrite(fd, p[:min(len(p), writePiece)], off)
 		if err == unix.EINTR {
 			continue
 		}

@@ -72,6 +72,10 @@ func (c *fdCache) acquire(ch *chunk) (fd int, ok bool, err error) {
 	if err != nil {
 		return -1, false, ioError("open "+ch.path, err)
 	}
+	// No readahead: chunk reads are random (a volume's sequential reads come
+	// as large requests), and readahead fills the page cache with large
+	// folios that make every later small write slower (see writePiece).
+	_ = unix.Fadvise(fd, 0, 0, unix.FADV_RANDOM)
 	ch.fd, ch.refs = fd, 1
 	c.pushFront(ch)
 	c.open++
