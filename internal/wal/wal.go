@@ -405,7 +405,10 @@ func preallocate(f *os.File, size int64) error {
 	if err != nil {
 		return fmt.Errorf("wal: preallocate: %w", err)
 	}
-	zeros := make([]byte, min(1<<20, max(size-fi.Size(), 0)))
+	// 16 KiB writes: the page cache makes folios as large as each write, and
+	// every later append into a folio costs time in proportion to its size
+	// (ext4 walks all its blocks; see datastore's writePiece).
+	zeros := make([]byte, min(16<<10, max(size-fi.Size(), 0)))
 	for off := fi.Size(); off < size; {
 		n := min(int64(len(zeros)), size-off)
 		if _, err := f.WriteAt(zeros[:n], off); err != nil {
