@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
@@ -56,6 +57,9 @@ type peerTransport struct {
 	closed bool
 	peers  map[uint64]*peer
 
+	// frameLimit is maxRaftFrame (lowered by tests).
+	frameLimit int
+
 	// snapLimit bounds the bytes of snapshot streams this chunkserver sends
 	// (shared with its receiver: in plus out); nil = no limit. Set before use.
 	snapLimit *rate.Limiter
@@ -63,7 +67,8 @@ type peerTransport struct {
 
 func newPeerTransport(self uint64, log *slog.Logger) *peerTransport {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &peerTransport{self: self, log: log, ctx: ctx, stop: cancel, peers: make(map[uint64]*peer)}
+	return &peerTransport{self: self, log: log, ctx: ctx, stop: cancel, peers: make(map[uint64]*peer),
+		frameLimit: maxRaftFrame}
 }
 
 // peer is one destination chunkserver.
@@ -73,8 +78,10 @@ type peer struct {
 
 	mu      sync.Mutex // guards the fields below
 	addr    string
-	pending []byte // encoded raft records, in order
-	dropped int    // messages dropped since the last log line
+	pending [][]byte // encoded OpRaft frames, in order (pooled buffers)
+	// pendingBytes is the capacity held by pending, bounded by maxPeerQueue.
+	pendingBytes int
+	dropped      int // frames dropped since the last log line
 	// conn, once the sender connected and drained pending, is where Send
 	// queues frames itself (transport.Conn.SendAsync) — no hand-off to the
 	// sender goroutine on the raft path. nil: Send queues to pending and
@@ -133,57 +140,94 @@ func (t *peerTransport) addrOf(id uint64) string {
 // live connection the frame goes straight to its writer; otherwise it waits in
 // pending for the sender goroutine.
 func (t *peerTransport) Send(msgs []raftMessage) {
-	type out struct {
-		p   *peer
-		buf []byte
+	// Pass 1 sizes every record and cuts each peer's records into frames;
+	// pass 2 marshals each frame into a pooled buffer of its size, so a
+	// 256 KiB MsgApp costs no zeroed allocation and no regrowth copies.
+	type frame struct {
+		p    *peer
+		size int
+		buf  []byte
 	}
-	var outs []out
+	var frameArr [8]frame
+	var whereArr [16]int
+	frames, where := frameArr[:0], whereArr[:0] // where[i]: frame of msgs[i], -1 none
+	var last *peer
 	for _, m := range msgs {
 		to := m.Msg.GetTo()
-		p := t.peerOf(to)
+		p := last
+		if p == nil || p.id != to {
+			p = t.peerOf(to)
+		}
 		if p == nil {
 			t.log.Debug("raft message to unknown peer dropped", "peer", to, "copyset", m.Group)
+			where = append(where, -1)
 			continue
 		}
-		i := 0
-		for i < len(outs) && outs[i].p != p {
-			i++
+		last = p
+		rec := raftRecordHeader + proto.Size(m.Msg)
+		fi := len(frames) - 1
+		for fi >= 0 && frames[fi].p != p {
+			fi--
 		}
-		if i == len(outs) {
-			outs = append(outs, out{p: p})
+		if fi < 0 || (frames[fi].size > 0 && frames[fi].size+rec > t.frameLimit) {
+			frames = append(frames, frame{p: p})
+			fi = len(frames) - 1
+		}
+		frames[fi].size += rec
+		where = append(where, fi)
+	}
+	for i, m := range msgs {
+		fi := where[i]
+		if fi < 0 {
+			continue
+		}
+		f := &frames[fi]
+		if f.buf == nil {
+			f.buf = getFrameBuf(f.size)
 		}
 		var err error
-		if outs[i].buf, err = appendRaftRecord(outs[i].buf, m.Group, m.Msg); err != nil {
+		if f.buf, err = appendRaftRecord(f.buf, m.Group, m.Msg); err != nil {
 			t.log.Error("cannot encode raft message", "copyset", m.Group, "err", err)
 		}
 	}
-	for _, o := range outs {
-		if len(o.buf) == 0 {
-			continue
+	h := transport.Header{Op: transport.OpRaft, Hint: t.self}
+	for i := range frames {
+		p := frames[i].p
+		if p == nil {
+			continue // sent with an earlier frame of its peer
 		}
-		p := o.p
 		p.mu.Lock()
-		if c := p.conn; c != nil && len(p.pending) == 0 && c.Err() == nil {
-			// Under p.mu, so frames of concurrent Sends keep their order.
-			for b := o.buf; len(b) > 0; {
-				frame := splitRaftBatch(b, maxRaftFrame)
-				b = b[len(frame):]
-				c.SendAsync(transport.Header{Op: transport.OpRaft, Hint: t.self}, frame, nil)
+		c := p.conn
+		direct := c != nil && len(p.pending) == 0 && c.Err() == nil
+		if !direct {
+			p.conn = nil
+		}
+		// All of p's frames under one p.mu, so concurrent Sends keep their order.
+		for j := i; j < len(frames); j++ {
+			f := &frames[j]
+			if f.p != p {
+				continue
 			}
-			p.mu.Unlock()
-			continue
+			f.p = nil
+			switch {
+			case len(f.buf) == 0:
+				putFrameBuf(f.buf)
+			case direct:
+				c.SendAsync(h, f.buf, releaseFrame(f.buf))
+			case p.pendingBytes >= maxPeerQueue:
+				p.dropped++
+				putFrameBuf(f.buf)
+			default:
+				p.pending = append(p.pending, f.buf)
+				p.pendingBytes += cap(f.buf)
+			}
 		}
-		p.conn = nil
-		if len(p.pending) >= maxPeerQueue {
-			p.dropped++
-			p.mu.Unlock()
-			continue
-		}
-		p.pending = append(p.pending, o.buf...)
 		p.mu.Unlock()
-		select {
-		case p.wake <- struct{}{}:
-		default:
+		if !direct {
+			select {
+			case p.wake <- struct{}{}:
+			default:
+			}
 		}
 	}
 }
@@ -207,42 +251,36 @@ func (t *peerTransport) runPeer(p *peer) {
 		}
 		p.mu.Lock()
 		batch, addr, dropped := p.pending, p.addr, p.dropped
-		p.pending, p.dropped = nil, 0
+		p.pending, p.pendingBytes, p.dropped = nil, 0, 0
 		p.mu.Unlock()
 		if dropped > 0 {
-			t.log.Debug("raft messages dropped: queue full", "peer", p.id, "messages", dropped)
+			t.log.Debug("raft messages dropped: queue full", "peer", p.id, "frames", dropped)
 		}
 		if conn != nil && (conn.Err() != nil || connAddr != addr) {
 			_ = conn.Close()
 			conn = nil
 		}
+		if conn == nil && time.Now().Before(nextDial) {
+			releaseFrames(batch) // unreachable: drop, raft retries
+			continue
+		}
 		if conn == nil {
-			if time.Now().Before(nextDial) {
-				continue // unreachable: drop, raft retries
-			}
 			ctx, cancel := context.WithTimeout(t.ctx, time.Second)
 			c, err := transport.Dial(ctx, addr, transport.ConnConfig{Logger: t.log})
 			cancel()
 			if err != nil {
 				nextDial = time.Now().Add(redialBackoff)
 				t.log.Debug("peer unreachable", "peer", p.id, "addr", addr, "err", err)
+				releaseFrames(batch)
 				continue
 			}
 			conn, connAddr = c, addr
 		}
-		for len(batch) > 0 {
-			frame := splitRaftBatch(batch, maxRaftFrame)
-			batch = batch[len(frame):]
-			h := transport.Header{Op: transport.OpRaft, Hint: t.self}
-			if err := conn.Send(h, frame); err != nil {
-				t.log.Debug("send to peer failed", "peer", p.id, "err", err)
-				_ = conn.Close()
-				conn = nil
-				break
-			}
-		}
-		if conn == nil {
-			continue
+		// Queued, not waited for: the writer sends the backlog in one writev; a
+		// failed write kills conn, which Send and the next round notice.
+		h := transport.Header{Op: transport.OpRaft, Hint: t.self}
+		for _, f := range batch {
+			conn.SendAsync(h, f, releaseFrame(f))
 		}
 		// Drained: later Sends write through the connection themselves, unless
 		// more arrived meanwhile (then go round again) or the address changed.
@@ -260,18 +298,39 @@ func (t *peerTransport) runPeer(p *peer) {
 	}
 }
 
-// splitRaftBatch returns the longest prefix of whole records of b that fits in
-// limit bytes (at least one record).
-func splitRaftBatch(b []byte, limit int) []byte {
-	n := 0
-	for n < len(b) {
-		l := raftRecordHeader + int(uint32(b[n+8])<<24|uint32(b[n+9])<<16|uint32(b[n+10])<<8|uint32(b[n+11]))
-		if n > 0 && n+l > limit {
-			break
-		}
-		n += l
+// Frame buffers come from the size-class pools of bufpool.go. Frames below
+// the smallest class are plain allocations (cheap, and a backlog of
+// heartbeats must not pin 4 KiB each); frames above maxPooledFrame are rare
+// and are left to the GC rather than kept in a pool.
+const (
+	minPooledFrame = 1 << minBufShift
+	maxPooledFrame = 4 << 20
+)
+
+// getFrameBuf returns an empty buffer with room for n bytes.
+func getFrameBuf(n int) []byte {
+	if n < minPooledFrame || n > maxPooledFrame {
+		return make([]byte, 0, n)
 	}
-	return b[:n]
+	return getBuf(n)[:0]
+}
+
+// putFrameBuf recycles b once nothing references it.
+func putFrameBuf(b []byte) {
+	if cap(b) <= maxPooledFrame {
+		putBuf(b) // ignores buffers not from a pool
+	}
+}
+
+// releaseFrame is the SendAsync callback that recycles b once written.
+func releaseFrame(b []byte) func(error) {
+	return func(error) { putFrameBuf(b) }
+}
+
+func releaseFrames(frames [][]byte) {
+	for _, f := range frames {
+		putFrameBuf(f)
+	}
 }
 
 // Snapshot transfer frame kinds, carried in Header.Length of OpSnapshot frames.
