@@ -35,34 +35,43 @@
 //
 // # The round: the one Ready handler
 //
-// Host.processBatch follows the library's synchronous storage contract (Ready /
-// Advance; AsyncStorageWrites is off). Per batch of groups:
+// Raft runs with AsyncStorageWrites: a round never waits for the disk, so a group
+// keeps stepping messages, committing, applying and answering while its log appends
+// are being made durable (with the synchronous Ready/Advance contract a group was
+// held for a whole fsync per round, and a write waited for about four rounds at
+// QD32). Host.processBatch, per batch of groups:
 //
-//  0. Each group drains its inbox into raft: ticks, messages, snapshot reports,
-//     transfers, proposals, reads; then takes its Ready.
-//  1. Leaders send their messages at once, before their own log write is durable
-//     (DESIGN §3.4): the leader counts itself in the commit quorum only after its
-//     own append is acknowledged through Advance, so this is safe.
-//  2. One LogStore.Save persists the HardState, entries and received snapshot of
-//     every group of the batch: group commit, one fsync for all (the WAL also
-//     coalesces Saves of concurrent workers). A group whose Ready only moves the
-//     commit index (no entries, snapshot, term or vote: raft.MustSync is false)
-//     marks its update wal.Update.NoSync; a round of nothing else is written
-//     without an fdatasync, so a leader applies (and answers) a commit as soon as
-//     the quorum's MsgAppResp arrives instead of after one more fsync.
-//     While that Save runs (on a short-lived goroutine), leaders already apply
-//     their committed entries (step 4 for them): committed means durable on a
-//     quorum, so the answer to a client need not wait for the fsync of the entries
-//     proposed since. Snapshots, read states and Advance wait for the Save.
-//  3. Followers send their messages (MsgAppResp, votes) only now: nothing is
-//     promised to a peer before it is durable.
-//  4. Apply: a received snapshot first (StateMachine.InstallSnapshot), then the
-//     committed entries in index order (Apply for normal entries, ApplyConfChange
-//     for conf changes), answering their proposers; then the ReadStates.
-//  5. Advance.
+//  0. Each group drains its inbox into raft: the outcomes of its log appends
+//     first (a received snapshot is installed, StateMachine.InstallSnapshot, then
+//     the append's responses to this node are stepped: raft learns what is
+//     durable), then ticks, messages, snapshot reports, transfers, proposals,
+//     reads; then it takes its Ready.
+//  1. Messages to peers go at once. A leader's MsgApp leaves before its own
+//     append is durable (DESIGN §3.4): raft counts the leader in a commit quorum
+//     only when the append's self-acknowledgement is stepped. What must wait for
+//     durability — a follower's MsgAppResp, a vote — raft keeps in the
+//     MsgStorageAppend's responses.
+//  2. The Ready's MsgStorageAppend (HardState, entries, received snapshot) becomes
+//     the group's append job. INVARIANT: a group has at most one append in a
+//     LogStore.Save; the jobs of later rounds queue and go to the next Save
+//     together, so a group's appends reach the log in order and a commit-only
+//     HardState (raft.MustSync false: no entries, snapshot, term or vote) can be
+//     written without an fdatasync (wal.Update.NoSync) — everything before it is
+//     durable by then. The round's jobs of every group go to one LogStore.Save
+//     (group commit, one fsync for all; the WAL also coalesces concurrent Saves)
+//     on a short-lived goroutine. When it returns, responses to peers are sent
+//     from there and the rest goes to each group's inbox (step 0 of a later
+//     round).
+//  3. Apply: the Ready's MsgStorageApply entries in index order (Apply for normal
+//     entries, ApplyConfChange for conf changes), answering their proposers, then
+//     its response is stepped; then the ReadStates. Raft hands out only entries
+//     that are committed and durable on this node, so an answer to a client never
+//     precedes the local fsync, and a snapshot of the state machine never gets
+//     ahead of the durable log.
 //
-// A failed Save stops every group of the batch that had something to save (the WAL
-// refuses everything after a failed fsync anyway).
+// A failed Save stops every group that had something in it (the WAL refuses
+// everything after a failed fsync anyway). In manual mode the Save runs inside the
+// round and its outcome waits in the inboxes for the next round.
 //
 // # Entry format and proposals
 //

@@ -17,6 +17,7 @@ import (
 	"go.etcd.io/raft/v3/tracker"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/basalt-storage/basalt/internal/wal"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -55,12 +56,18 @@ type group struct {
 	removed bool
 
 	confState *raftpb.ConfState
-	// savedTerm, savedVote: the HardState's term and vote as last saved; a Ready
-	// whose HardState changes neither (and has no entries or snapshot) only moves
-	// the commit index and is saved without an fdatasync (wal.Update.NoSync).
+	// savedTerm, savedVote: the HardState's term and vote as last handed to the log;
+	// an append whose HardState changes neither (and has no entries or snapshot)
+	// only moves the commit index and is saved without an fdatasync
+	// (wal.Update.NoSync).
 	savedTerm, savedVote uint64
-	applied              uint64
-	appliedTerm          uint64
+	// Log appends (raft's MsgStorageAppend). INVARIANT: at most one append of the
+	// group is in a LogStore.Save at a time (appending); the appends of later rounds
+	// wait in appendQueue, in order, and go to the next Save together.
+	appending   bool
+	appendQueue []*appendJob
+	applied     uint64
+	appliedTerm uint64
 	// skipApplyTo: after a restart, entries up to here already reached the state
 	// machine durably (Recover); they are replayed for their conf changes only.
 	skipApplyTo uint64
@@ -182,6 +189,7 @@ func newGroup(h *Host, id uint64, peers []uint64, sm StateMachine, join bool) (*
 		CheckQuorum:               true,
 		PreVote:                   true,
 		ReadOnlyOption:            raft.ReadOnlySafe,
+		AsyncStorageWrites:        true,
 		DisableProposalForwarding: true,
 		StepDownOnRemoval:         true,
 		Logger:                    raftLogger{g.log},
@@ -219,6 +227,12 @@ func (g *group) prepare() (raft.Ready, bool) {
 		return raft.Ready{}, false
 	}
 	ev := g.in.drain()
+	for _, r := range ev.appended {
+		if !g.appendDone(r) {
+			failEvents(ev, g.ioError())
+			return raft.Ready{}, false
+		}
+	}
 	for range ev.ticks {
 		g.rn.Tick()
 		if g.voteBlock > 0 {
@@ -366,13 +380,18 @@ func (g *group) fail(err error) {
 	g.dropLease()
 	g.statusDirty = true
 	g.log.Error("raftstore: group stopped", "err", err)
-	ioErr := &api.Error{Status: api.StatusIOError}
-	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-		ioErr = &api.Error{Status: api.StatusNoSpace} // the client reports a full disk as such
-	}
+	ioErr := g.ioError()
 	ev := g.in.close(ioErr)
 	failEvents(ev, ioErr)
 	g.failAll(ioErr)
+}
+
+// ioError is what callbacks get once the group failed.
+func (g *group) ioError() error {
+	if errors.Is(g.failed, syscall.ENOSPC) || errors.Is(g.failed, syscall.EDQUOT) {
+		return &api.Error{Status: api.StatusNoSpace} // the client reports a full disk as such
+	}
+	return &api.Error{Status: api.StatusIOError}
 }
 
 // shutdown ends the group on this host (RemoveGroup, Stop): callbacks get err.
@@ -426,8 +445,8 @@ func (g *group) propose(p *proposal) {
 
 // indexProposals learns the log index of this round's proposals: they are, in order,
 // the last entries the Ready asks to persist (raft appends nothing after them within a
-// round: ticks, messages and the election's empty entry come before, auto-leave
-// entries only during Advance).
+// round: ticks, messages and the election's empty entry come before, an auto-leave
+// entry only when an apply is acknowledged, after the Ready was taken).
 func (g *group) indexProposals(ents []*raftpb.Entry) {
 	if len(g.unindexed) == 0 {
 		return
@@ -647,4 +666,80 @@ func (g *group) getStatus() GroupStatus {
 		st.Progress = p
 	}
 	return st
+}
+
+// appendJob is one group's part of a LogStore.Save: its updates, and the messages
+// raft gave to deliver once they are durable (MsgStorageAppend's responses).
+type appendJob struct {
+	g         *group
+	updates   []wal.Update
+	responses []*raftpb.Message
+	snap      *raftpb.Snapshot // a received snapshot among the updates (the last), to install once durable
+}
+
+// appendResult is the outcome of an appendJob, back in the group's inbox.
+type appendResult struct {
+	local []*raftpb.Message // responses to this node, to step
+	snap  *raftpb.Snapshot
+	err   error
+}
+
+// queueAppend turns a Ready's MsgStorageAppend m into an append job, queued behind
+// the group's append in flight.
+func (g *group) queueAppend(rd raft.Ready, m *raftpb.Message) {
+	u := wal.Update{Group: g.id, HardState: rd.HardState, Entries: rd.Entries, Snapshot: rd.Snapshot}
+	if !raft.IsEmptyHardState(u.HardState) || len(u.Entries) > 0 || !raft.IsEmptySnap(u.Snapshot) {
+		// raft.MustSync: only entries, a snapshot or a new term or vote must be
+		// durable before their responses go; a commit-index change is written
+		// unsynced (appends of one group are saved in order, so everything before
+		// it is durable by then).
+		u.NoSync = len(u.Entries) == 0 && raft.IsEmptySnap(u.Snapshot) &&
+			u.HardState.GetTerm() == g.savedTerm && u.HardState.GetVote() == g.savedVote
+		if !raft.IsEmptyHardState(u.HardState) {
+			g.savedTerm, g.savedVote = u.HardState.GetTerm(), u.HardState.GetVote()
+		}
+	}
+	job := &appendJob{g: g, updates: []wal.Update{u}, responses: m.GetResponses()}
+	if !raft.IsEmptySnap(rd.Snapshot) {
+		job.snap = rd.Snapshot
+	}
+	g.appendQueue = append(g.appendQueue, job)
+}
+
+// nextAppend returns the queued appends as one job to save now, unless one is in
+// flight (or there is none).
+func (g *group) nextAppend() *appendJob {
+	if g.appending || len(g.appendQueue) == 0 || g.failed != nil || g.removed {
+		return nil
+	}
+	job := g.appendQueue[0]
+	for _, j := range g.appendQueue[1:] {
+		job.updates = append(job.updates, j.updates...)
+		job.responses = append(job.responses, j.responses...)
+		if j.snap != nil {
+			job.snap = j.snap
+		}
+	}
+	clear(g.appendQueue)
+	g.appendQueue = g.appendQueue[:0]
+	g.appending = true
+	return job
+}
+
+// appendDone takes the outcome of the group's append: a received snapshot is
+// installed before raft hears it is durable (raft then counts it applied), then
+// the responses to this node are stepped. False if the group failed.
+func (g *group) appendDone(r appendResult) bool {
+	g.appending = false
+	if r.err != nil {
+		g.fail(fmt.Errorf("raftstore: log save: %w", r.err))
+		return false
+	}
+	if r.snap != nil && !g.applySnapshot(r.snap) {
+		return false
+	}
+	for _, m := range r.local {
+		_ = g.rn.Step(m)
+	}
+	return true
 }

@@ -583,134 +583,125 @@ func (h *Host) Groups() []GroupStatus {
 }
 
 // processBatch is one round over a batch of groups: the one Ready handler. It runs on
-// a worker (or in ProcessReady) and holds every group's procMu for the round.
+// a worker (or in ProcessReady) and holds every group's procMu for the round. Raft
+// runs with AsyncStorageWrites: nothing in a round waits for the disk (see doc.go).
 func (h *Host) processBatch(batch []*group) {
 	type work struct {
-		g      *group
-		rd     raft.Ready
-		leader bool
-		saved  bool
-		early  bool // committed entries applied while the round's Save ran
-		ok     bool // the early apply succeeded
+		g     *group
+		rd    raft.Ready
+		apply *raftpb.Message // the Ready's MsgStorageApply, if any
 	}
 	works := make([]work, 0, len(batch))
-	var early []Message
-	var updates []wal.Update
+	var out []Message
+	var jobs []*appendJob
 	for _, g := range batch {
 		g.procMu.Lock()
 		rd, ok := g.prepare()
+		if ok {
+			w := work{g: g, rd: rd}
+			n := 0
+			for _, m := range rd.Messages {
+				switch m.GetTo() {
+				case raft.LocalAppendThread:
+					g.queueAppend(rd, m)
+				case raft.LocalApplyThread:
+					w.apply = m
+				default:
+					rd.Messages[n] = m
+					n++
+				}
+			}
+			// 1. Messages to peers go at once: a leader's MsgApp before its own
+			//    append is durable (raft counts the leader in a quorum only once it
+			//    is); what must wait for durability raft keeps in the append's
+			//    responses (a follower's MsgAppResp, a vote).
+			out = g.outgoing(out, rd.Messages[:n])
+			works = append(works, w)
+		}
+		// 2. The group's appends, unless one is in flight: it goes on meanwhile.
+		if job := g.nextAppend(); job != nil {
+			jobs = append(jobs, job)
+		}
 		if !ok {
 			g.finishRound()
 			g.procMu.Unlock()
-			continue
-		}
-		w := work{g: g, rd: rd, leader: g.isLeader}
-		// 1. A leader sends its messages (MsgApp to followers) before its own log
-		//    write is durable: the write and the replication overlap, and the entry
-		//    commits once a quorum (which may or may not include us) has it durable.
-		if w.leader {
-			early = g.outgoing(early, rd.Messages)
-		}
-		if !raft.IsEmptyHardState(rd.HardState) || len(rd.Entries) > 0 || !raft.IsEmptySnap(rd.Snapshot) {
-			// raft.MustSync: only entries, a snapshot or a new term or vote must be
-			// durable before we go on; a commit-index change is written unsynced.
-			noSync := len(rd.Entries) == 0 && raft.IsEmptySnap(rd.Snapshot) &&
-				rd.HardState.GetTerm() == g.savedTerm && rd.HardState.GetVote() == g.savedVote
-			updates = append(updates, wal.Update{Group: g.id, HardState: rd.HardState, Entries: rd.Entries,
-				Snapshot: rd.Snapshot, NoSync: noSync})
-			w.saved = true
-		}
-		works = append(works, w)
-	}
-	if len(works) == 0 {
-		return
-	}
-	h.stats.readyRounds.Add(1)
-	h.stats.readyGroups.Add(uint64(len(works)))
-	if len(early) > 0 {
-		h.cfg.Transport.Send(early)
-	}
-	// 2. Persist HardState, entries and received snapshots of every group of the round
-	//    with one LogStore.Save: one fsync serves them all (group commit).
-	//    While that write is in flight, leaders apply (and answer) the entries that
-	//    are committed: a committed entry is durable on a quorum already, whether or
-	//    not this round's write holds it, so its answer need not wait for this fsync
-	//    (otherwise a commit waits for the fsync of the next proposals' entries).
-	//    Snapshots, read states and Advance still wait for the Save. A snapshot of the
-	//    state machine is only captured after the round (finishRound), so the
-	//    applied index never gets ahead of the durable log in a persisted snapshot.
-	var saveErr error
-	if len(updates) > 0 {
-		early := false
-		for i := range works {
-			w := &works[i]
-			if w.leader && len(w.rd.CommittedEntries) > 0 && raft.IsEmptySnap(w.rd.Snapshot) {
-				early = true
-				break
-			}
-		}
-		if early {
-			saved := make(chan struct{})
-			go func() {
-				t := time.Now()
-				saveErr = h.cfg.Log.Save(updates)
-				h.stats.logSave.Observe(time.Since(t))
-				close(saved)
-			}()
-			for i := range works {
-				w := &works[i]
-				if w.leader && len(w.rd.CommittedEntries) > 0 && raft.IsEmptySnap(w.rd.Snapshot) && w.g.failed == nil {
-					w.early = true
-					w.ok = w.g.applyEntries(w.rd.CommittedEntries)
-				}
-			}
-			<-saved
-		} else {
-			t := time.Now()
-			saveErr = h.cfg.Log.Save(updates)
-			h.stats.logSave.Observe(time.Since(t))
-		}
-		if saveErr != nil {
-			h.log.Error("raftstore: log save failed; stopping the groups of the round", "err", saveErr, "groups", len(updates))
 		}
 	}
-	// 3. Followers send only now that their entries and votes are durable: a MsgAppResp
-	//    or a vote must never promise what a crash could take back.
-	var late []Message
-	for i := range works {
-		w := &works[i]
-		if saveErr != nil && w.saved {
-			w.g.fail(fmt.Errorf("raftstore: log save: %w", saveErr))
-			continue
-		}
-		if w.saved && !raft.IsEmptyHardState(w.rd.HardState) {
-			w.g.savedTerm, w.g.savedVote = w.rd.HardState.GetTerm(), w.rd.HardState.GetVote()
-		}
-		if !w.leader {
-			late = w.g.outgoing(late, w.rd.Messages)
-		}
+	if len(works) > 0 {
+		h.stats.readyRounds.Add(1)
+		h.stats.readyGroups.Add(uint64(len(works)))
 	}
-	if len(late) > 0 {
-		h.cfg.Transport.Send(late)
+	if len(out) > 0 {
+		h.cfg.Transport.Send(out)
+	}
+	if len(jobs) > 0 {
+		h.startAppends(jobs)
 	}
 	for i := range works {
 		w := &works[i]
 		g := w.g
+		// 3. Apply the committed entries (raft hands out only entries durable here),
+		//    answering their proposers, then tell raft; then the read states.
+		if g.failed == nil && w.apply != nil && g.applyEntries(w.apply.GetEntries()) {
+			for _, m := range w.apply.GetResponses() {
+				_ = g.rn.Step(m)
+			}
+		}
 		if g.failed == nil {
-			// 4. Apply: a received snapshot first, then the committed entries in
-			//    index order, then the read states (which wait for the applied index).
-			ok := w.ok
-			if !w.early {
-				ok = g.applySnapshot(w.rd.Snapshot) && g.applyEntries(w.rd.CommittedEntries)
-			}
-			if ok {
-				g.handleReadStates(w.rd.ReadStates)
-				// 5. Advance: raft learns that this Ready is persisted and applied.
-				g.rn.Advance(w.rd)
-			}
+			g.handleReadStates(w.rd.ReadStates)
 		}
 		g.finishRound()
 		g.procMu.Unlock()
+	}
+}
+
+// startAppends saves the round's appends with one LogStore.Save (group commit) off
+// the worker, or at once in manual mode.
+func (h *Host) startAppends(jobs []*appendJob) {
+	if h.cfg.Manual {
+		h.persist(jobs)
+		return
+	}
+	h.bg.Add(1)
+	go func() {
+		defer h.bg.Done()
+		h.persist(jobs)
+	}()
+}
+
+// persist saves jobs, then delivers their responses: to peers at once, to this node
+// through each group's inbox (with a received snapshot to install first). A failed
+// Save fails every group of it (the WAL refuses everything after a failed fsync
+// anyway).
+func (h *Host) persist(jobs []*appendJob) {
+	var updates []wal.Update
+	for _, j := range jobs {
+		updates = append(updates, j.updates...)
+	}
+	t := time.Now()
+	err := h.cfg.Log.Save(updates)
+	h.stats.logSave.Observe(time.Since(t))
+	if err != nil {
+		h.log.Error("raftstore: log save failed; stopping the groups of the round", "err", err, "groups", len(jobs))
+	}
+	var remote []Message
+	for _, j := range jobs {
+		res := appendResult{snap: j.snap, err: err}
+		if err == nil {
+			for _, m := range j.responses {
+				if m.GetTo() == h.cfg.NodeID {
+					res.local = append(res.local, m)
+				} else {
+					remote = append(remote, Message{Group: j.g.id, Msg: m})
+				}
+			}
+		}
+		if j.g.in.add(func(ev *events) { ev.appended = append(ev.appended, res) }) == nil {
+			h.sched.signal(j.g)
+		}
+	}
+	if len(remote) > 0 {
+		h.cfg.Transport.Send(remote)
 	}
 }
 
@@ -740,6 +731,7 @@ type inbox struct {
 
 // events is what happened to a group since its last round.
 type events struct {
+	appended    []appendResult // outcomes of the group's log appends, in order
 	ticks       int
 	msgs        []*raftpb.Message
 	props       []*proposal
