@@ -44,37 +44,57 @@ type Call struct {
 	wstate   uint8 // wsIdle, wsQueued, wsWriting
 	finished bool  // the result is decided; done runs once wstate is wsIdle
 	oneWay   bool  // Send: finished as soon as written
+	// done may run on the goroutine that queued the call, once its write is
+	// done (Send's own wake-up, SendAsync without done); other dones never run
+	// inside Go, whose caller may hold a lock that done takes.
+	inlineDone bool
 }
 
 const (
 	wsIdle    uint8 = iota // not held by the writer (written, never queued, or skipped)
 	wsQueued               // in Conn.queue
-	wsWriting              // in the writer's current batch: Payload is being read
+	wsWriting              // in the batch being written: Payload is being read
 )
 
 // Conn is the client end of one TCP connection: many calls in flight, replies
 // matched by ID, in any order.
 //
 // Goroutines: a reader owns the socket's read side and reads each reply's payload
-// straight into its call's ReadBuf; a writer owns the write side and sends every
-// queued frame in one writev (header and payload buffers, no copy of the payload).
+// straight into its call's ReadBuf. The write side has one owner at a time
+// (writing): a goroutine that queues a call while nobody owns it sends the call
+// itself with one non-blocking writev; whatever the socket did not take, and any
+// call queued meanwhile, goes to the writer goroutine (handoff), which writes with
+// the usual blocking writev of everything queued (header and payload buffers, no
+// copy of the payload) until the queue is empty.
 //
 // INVARIANT: a call's done runs exactly once, only when finished && wstate == wsIdle,
 // so once done ran the Conn never again touches Payload or ReadBuf.
 // INVARIANT: a call is in pending iff it was accepted by Go, has no reply yet, was
 // not aborted and the conn is alive; the reader removes it before filling ReadBuf.
+// INVARIANT: queue is non-empty only while writing; handoff implies writing.
 type Conn struct {
 	nc  net.Conn
 	br  *bufio.Reader // the reader's: frames that arrive together cost one read
 	log *slog.Logger
+	raw *rawWriter // nil: no raw socket access, every write is the writer goroutine's
 
-	mu      sync.Mutex
-	wake    *sync.Cond // signalled when queue grows or err is set
-	err     error      // non-nil once dead; wraps ErrClosed
-	nextID  uint64
-	pending map[uint64]*Call
-	queue   []*Call
-	spare   []*Call // the writer's previous batch slice, reused
+	mu       sync.Mutex
+	wake     *sync.Cond // signalled on handoff, deferred calls, and when err is set
+	err      error      // non-nil once dead; wraps ErrClosed
+	nextID   uint64
+	pending  map[uint64]*Call
+	queue    []*Call
+	writing  bool    // the write side has an owner: a sending goroutine or the writer
+	handoff  bool    // the owner is the writer goroutine
+	deferred []*Call // finished by a sending goroutine; their done runs on the writer
+
+	// The write side, used only by its current owner.
+	batch []*Call     // calls being written
+	spare []*Call     // the previous batch slice, reused
+	hdrs  []byte      // header scratch
+	bufs  net.Buffers // the batch's frames
+	rest  net.Buffers // unwritten tail of bufs a sending goroutine handed off
+	wb    net.Buffers // WriteTo's receiver (a field: a local would escape)
 
 	readerDone chan struct{}
 	writerDone chan struct{}
@@ -104,6 +124,7 @@ func NewConn(nc net.Conn, cfg ConnConfig) *Conn {
 		nc:         nc,
 		br:         bufio.NewReaderSize(nc, readBufferSize),
 		log:        log.With("remote", nc.RemoteAddr().String()),
+		raw:        newRawWriter(nc),
 		pending:    make(map[uint64]*Call),
 		readerDone: make(chan struct{}),
 		writerDone: make(chan struct{}),
@@ -133,6 +154,7 @@ func (c *Conn) Go(call *Call, done func(*Call)) {
 	call.Reply = Header{}
 	call.finished = false
 	call.oneWay = false
+	call.inlineDone = false
 	c.enqueue(call)
 }
 
@@ -155,10 +177,113 @@ func (c *Conn) enqueue(call *Call) {
 	}
 	call.wstate = wsQueued
 	c.queue = append(c.queue, call)
-	if len(c.queue) == 1 {
+	switch {
+	case c.writing: // the owner writes it before going idle
+		c.mu.Unlock()
+	case c.raw == nil || len(c.pending) > 1:
+		// With other calls in flight more frames are likely to follow: the
+		// writer goroutine's one writev for all of them costs less than a
+		// writev each, and its wake-up is paid once per batch.
+		c.writing, c.handoff = true, true
 		c.wake.Signal()
+		c.mu.Unlock()
+	default:
+		c.writing = true
+		c.writeInline(call)
+	}
+}
+
+// writeInline sends the queue (just call: it was empty, nobody was writing) with
+// one non-blocking writev on the calling goroutine, and hands the write side to
+// the writer goroutine if anything is left. Called with c.mu held and writing
+// set by the caller; releases c.mu.
+func (c *Conn) writeInline(call *Call) {
+	if skipped := c.takeBatchLocked(); len(skipped) > 0 {
+		panic("transport: a call finished before Go returned")
 	}
 	c.mu.Unlock()
+	c.encodeBatch()
+	n := c.raw.tryWrite(c.bufs)
+
+	c.mu.Lock()
+	if n < sumLen(c.bufs) {
+		// The writer goroutine finishes these frames first, so the order holds.
+		c.rest = advance(c.bufs, n)
+		c.handoff = true
+		c.wake.Signal()
+		c.mu.Unlock()
+		return
+	}
+	c.wb = nil
+	clear(c.bufs)
+	runHere := false
+	for _, cl := range c.batch {
+		cl.wstate = wsIdle
+		if cl.oneWay {
+			cl.finished = true
+		}
+		switch {
+		case !cl.finished:
+		case cl == call && cl.inlineDone:
+			runHere = true
+		default: // answered or aborted already; done must not run inside Go
+			c.deferred = append(c.deferred, cl)
+			c.wake.Signal()
+		}
+	}
+	c.releaseBatchLocked()
+	if len(c.queue) > 0 || c.err != nil {
+		c.handoff = true
+		c.wake.Signal()
+	} else {
+		c.writing = false
+	}
+	c.mu.Unlock()
+	if runHere {
+		call.done(call)
+	}
+}
+
+// takeBatchLocked moves the queue to c.batch; calls finished before they went out
+// (aborted) are left out and returned to be completed.
+func (c *Conn) takeBatchLocked() (skipped []*Call) {
+	c.batch, c.queue = c.queue, c.spare[:0]
+	n := 0
+	for _, call := range c.batch {
+		if call.finished {
+			call.wstate = wsIdle
+			skipped = append(skipped, call)
+			continue
+		}
+		call.wstate = wsWriting
+		c.batch[n] = call
+		n++
+	}
+	clear(c.batch[n:])
+	c.batch = c.batch[:n]
+	return skipped
+}
+
+func (c *Conn) releaseBatchLocked() {
+	clear(c.batch)
+	c.spare, c.batch = c.batch[:0], nil
+}
+
+// encodeBatch encodes c.batch into c.hdrs and lists its frames in c.bufs.
+func (c *Conn) encodeBatch() {
+	if need := len(c.batch) * HeaderSize; cap(c.hdrs) < need {
+		c.hdrs = make([]byte, need)
+	}
+	c.hdrs = c.hdrs[:len(c.batch)*HeaderSize]
+	c.bufs = c.bufs[:0]
+	for i, call := range c.batch {
+		hb := c.hdrs[i*HeaderSize : (i+1)*HeaderSize]
+		call.Header.Encode(hb)
+		c.bufs = append(c.bufs, hb)
+		if len(call.Payload) > 0 {
+			c.bufs = append(c.bufs, call.Payload)
+		}
+	}
 }
 
 // Do runs call and waits for its reply, or for ctx. When ctx ends first, the call
@@ -194,7 +319,7 @@ func (c *Conn) Abort(call *Call, cause error) {
 // written (payload may be reused then) or the connection failed.
 func (c *Conn) Send(h Header, payload []byte) error {
 	ch := make(chan struct{})
-	call := &Call{Header: h, Payload: payload, oneWay: true, done: func(*Call) { close(ch) }}
+	call := &Call{Header: h, Payload: payload, oneWay: true, inlineDone: true, done: func(*Call) { close(ch) }}
 	c.enqueue(call)
 	<-ch
 	return call.Err
@@ -204,13 +329,16 @@ func (c *Conn) Send(h Header, payload []byte) error {
 // the write; done (may be nil) runs once it was written or the connection
 // failed, on a connection goroutine. payload must stay untouched until then.
 func (c *Conn) SendAsync(h Header, payload []byte, done func(error)) {
-	call := &Call{Header: h, Payload: payload, oneWay: true, done: func(cl *Call) {
-		if done != nil {
-			done(cl.Err)
-		}
-	}}
+	call := &Call{Header: h, Payload: payload, oneWay: true}
+	if done == nil {
+		call.done, call.inlineDone = noDone, true
+	} else {
+		call.done = func(cl *Call) { done(cl.Err) }
+	}
 	c.enqueue(call)
 }
+
+func noDone(*Call) {}
 
 // Close closes the connection; calls in flight fail with an error wrapping ErrClosed.
 func (c *Conn) Close() error {
@@ -261,19 +389,36 @@ func (c *Conn) fail(cause error) {
 	}
 }
 
-// writeLoop owns the socket's write side.
+// writeLoop owns the socket's write side while handoff is set, and runs the done
+// callbacks sending goroutines may not run.
 func (c *Conn) writeLoop() {
 	defer close(c.writerDone)
-	var (
-		hdrs  []byte
-		bufs  net.Buffers
-		batch []*Call
-		ready []*Call
-	)
+	var ready, deferred []*Call
 	for {
 		c.mu.Lock()
-		for len(c.queue) == 0 && c.err == nil {
+		for !c.handoff && len(c.deferred) == 0 && (c.err == nil || c.writing) {
 			c.wake.Wait()
+		}
+		deferred, c.deferred = c.deferred, deferred[:0]
+		ready = append(ready, deferred...)
+		clear(deferred)
+		if !c.handoff {
+			exit := c.err != nil && !c.writing
+			c.mu.Unlock()
+			ready = runDone(ready)
+			if exit {
+				return
+			}
+			continue
+		}
+		if c.rest != nil {
+			// A sending goroutine's batch, partly written: finish it first.
+			c.mu.Unlock()
+			ready = runDone(ready)
+			c.wb, c.rest = c.rest, nil
+			_, err := c.wb.WriteTo(c.nc)
+			ready = c.batchWritten(err, ready)
+			continue
 		}
 		if c.err != nil {
 			// Release whatever is queued: fail() already decided pending calls.
@@ -286,73 +431,63 @@ func (c *Conn) writeLoop() {
 				ready = append(ready, call)
 			}
 			c.queue = nil
+			c.writing, c.handoff = false, false
 			c.mu.Unlock()
-			for _, call := range ready {
-				call.done(call)
-			}
+			runDone(ready)
 			return
 		}
-		batch, c.queue = c.queue, c.spare[:0]
-		n := 0
-		for _, call := range batch {
-			if call.finished { // aborted (or answered) before it went out
-				call.wstate = wsIdle
-				ready = append(ready, call)
-				continue
-			}
-			call.wstate = wsWriting
-			batch[n] = call
-			n++
+		if len(c.queue) == 0 {
+			c.writing, c.handoff = false, false
+			c.mu.Unlock()
+			ready = runDone(ready)
+			continue
 		}
-		batch = batch[:n]
+		ready = append(ready, c.takeBatchLocked()...)
 		c.mu.Unlock()
-		for _, call := range ready {
-			call.done(call)
-		}
-		ready = ready[:0]
+		ready = runDone(ready)
 
-		if need := len(batch) * HeaderSize; cap(hdrs) < need {
-			hdrs = make([]byte, need)
-		}
-		hdrs = hdrs[:len(batch)*HeaderSize]
-		bufs = bufs[:0]
-		for i, call := range batch {
-			hb := hdrs[i*HeaderSize : (i+1)*HeaderSize]
-			call.Header.Encode(hb)
-			bufs = append(bufs, hb)
-			if len(call.Payload) > 0 {
-				bufs = append(bufs, call.Payload)
-			}
-		}
-		wb := bufs // WriteTo consumes its receiver; keep bufs' backing array
-		_, err := wb.WriteTo(c.nc)
-		clear(bufs)
+		c.encodeBatch()
+		c.wb = c.bufs // WriteTo consumes its receiver; keep bufs' backing array
+		_, err := c.wb.WriteTo(c.nc)
+		ready = c.batchWritten(err, ready)
+	}
+}
 
-		c.mu.Lock()
-		for _, call := range batch {
-			call.wstate = wsIdle
-			if call.oneWay {
-				call.finished = true
-				if err != nil {
-					call.Err = fmt.Errorf("%w: %w", ErrClosed, err)
-				}
-			}
-			if call.finished {
-				ready = append(ready, call)
+// batchWritten completes the writer goroutine's write of c.batch; ready is
+// returned empty for reuse.
+func (c *Conn) batchWritten(err error, ready []*Call) []*Call {
+	c.wb = nil
+	clear(c.bufs)
+	c.mu.Lock()
+	for _, call := range c.batch {
+		call.wstate = wsIdle
+		if call.oneWay {
+			call.finished = true
+			if err != nil {
+				call.Err = fmt.Errorf("%w: %w", ErrClosed, err)
 			}
 		}
-		clear(batch)
-		c.spare = batch[:0]
-		c.mu.Unlock()
-		for _, call := range ready {
-			call.done(call)
-		}
-		ready = ready[:0]
-		if err != nil {
-			c.fail(err)
-			// Loop once more to drain the queue under c.err.
+		if call.finished {
+			ready = append(ready, call)
 		}
 	}
+	c.releaseBatchLocked()
+	c.mu.Unlock()
+	ready = runDone(ready)
+	if err != nil {
+		c.fail(err)
+		// Loop once more to drain the queue under c.err.
+	}
+	return ready
+}
+
+// runDone runs the done callbacks of calls and returns the slice emptied.
+func runDone(calls []*Call) []*Call {
+	for _, call := range calls {
+		call.done(call)
+	}
+	clear(calls)
+	return calls[:0]
 }
 
 // readLoop owns the socket's read side.

@@ -37,15 +37,22 @@
 // # Pipelining and ordering
 //
 // A connection carries any number of requests in flight. Requests are written in the
-// order Conn.Go/Send were called (one writer goroutine per side drains a FIFO queue),
-// and the server reads and hands them to its Handler in that order. Replies are
+// order Conn.Go/Send were called (each side's write side drains a FIFO queue, one
+// owner at a time), and the server reads and hands them to its Handler in that order. Replies are
 // written in the order the handler produced them, which need not be request order:
 // the client matches them to calls by ID. Nothing orders two requests beyond that —
 // a client wanting "B after A completed" waits for A's reply.
 //
 // Each side's writer takes every frame queued at that moment and sends them in one
 // writev (net.Buffers): headers are encoded into one scratch buffer, payloads are
-// passed as their own iovecs, never copied. Both readers read through a 32 KiB
+// passed as their own iovecs, never copied. A frame queued while nothing is being
+// written, with no other request in flight on the connection (and, for a reply,
+// no further request already buffered by the reader), is written by the queuing
+// goroutine itself: one non-blocking writev (syscall.RawConn), no wake-up of the
+// writer goroutine. Whatever the socket does not take at once — part of a frame
+// included — and every frame queued meanwhile go to the writer goroutine, which
+// finishes them in order with blocking writes; so a caller never waits for the
+// network, and under load the batching is as before. Both readers read through a 32 KiB
 // buffer, so frames that arrive together (pipelined requests, a reply header and
 // its payload, raft batches) cost one read syscall; a payload larger than the
 // buffer goes straight to its destination. The client's reader reads a reply's
@@ -74,9 +81,13 @@
 //
 // # Goroutines
 //
-// Conn: a reader (owns the read side of the socket) and a writer (owns the write
-// side and the header scratch buffer). Call state (pending map, queue, per-call
+// Conn: a reader (owns the read side of the socket) and a writer goroutine. The
+// write side (header scratch, the batch being written) has one owner at a time,
+// marked under Conn.mu: a goroutine in Go/Send/SendAsync writing inline, or the
+// writer goroutine after a handoff. Call state (pending map, queue, per-call
 // writer state) is guarded by Conn.mu; the lock is never held across IO or a done
-// callback. Server: one accept loop per Serve; per connection a reader (runs the
-// Handler) and a writer; reply queue guarded by the connection's mu.
+// callback, and a Go call's done never runs inside Go (finished calls a sending
+// goroutine comes across are left to the writer goroutine). Server: one accept
+// loop per Serve; per connection a reader (runs the Handler) and a writer
+// goroutine; reply queue and write-side owner guarded by the connection's mu.
 package transport

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -44,7 +45,8 @@ type Handler interface {
 type ReplyWriter interface {
 	// Reply queues a reply. h: the request header with Status/Hint set; PayloadLen and
 	// FlagReply are set by the writer. payload is not copied: it must stay untouched
-	// until release (may be nil) is called, after the frame was written or dropped.
+	// until release (may be nil) is called, after the frame was written or dropped —
+	// possibly before Reply returns, on the calling goroutine.
 	// Reply never blocks; call it once per request.
 	Reply(h Header, payload []byte, release func())
 	// Retain, called during ServeFrame, hands the current payload to the handler:
@@ -61,8 +63,10 @@ func (o Op) OneWay() bool { return o == OpRaft || o == OpSnapshot }
 // Server accepts connections and hands their frames to a Handler.
 //
 // Goroutines: one accept loop per Serve call; per connection a reader (reads a
-// header, then the payload into a pooled buffer, calls ServeFrame) and a writer
-// (batches queued replies into one writev).
+// header, then the payload into a pooled buffer, calls ServeFrame) and a writer.
+// A Reply made while nobody writes is sent by the replying goroutine itself with
+// one non-blocking writev; the writer goroutine takes over what that left and
+// batches the replies queued meanwhile into one writev each time.
 type Server struct {
 	cfg ServerConfig
 	h   Handler
@@ -149,6 +153,7 @@ func (s *Server) ServeConn(nc net.Conn) {
 		nc:      nc,
 		br:      bufio.NewReaderSize(nc, readBufferSize),
 		log:     s.log.With("remote", nc.RemoteAddr().String()),
+		raw:     newRawWriter(nc),
 		slots:   make(chan struct{}, s.cfg.MaxInFlight),
 		closing: make(chan struct{}),
 	}
@@ -201,22 +206,35 @@ type reply struct {
 //
 // INVARIANT: len(slots) is the number of requests read and not yet answered
 // (their reply not yet written or dropped); the reader blocks while it is full.
+// INVARIANT: queue is non-empty only while writing; handoff implies writing.
 type serverConn struct {
 	s     *Server
 	nc    net.Conn
 	br    *bufio.Reader // the reader's: frames that arrive together cost one read
 	log   *slog.Logger
+	raw   *rawWriter // nil: every reply goes through the writer goroutine
 	slots chan struct{}
 
-	retained bool // reader goroutine only: set by Retain during ServeFrame
+	retained bool        // reader goroutine only: set by Retain during ServeFrame
+	more     atomic.Bool // the reader has the next frame's header buffered already
 
 	closeOnce sync.Once
 	closing   chan struct{} // closed when the connection is being torn down
 
-	mu     sync.Mutex
-	wake   *sync.Cond
-	closed bool
-	queue  []reply
+	mu      sync.Mutex
+	wake    *sync.Cond // signalled on handoff and close
+	closed  bool
+	queue   []reply
+	writing bool // the write side has an owner: a replying goroutine or the writer
+	handoff bool // the owner is the writer goroutine
+
+	// The write side, used only by its current owner.
+	batch, spare []reply
+	hdrs         []byte
+	ihdr         [HeaderSize]byte // a replying goroutine's header
+	bufs         net.Buffers
+	rest         net.Buffers // unwritten tail of bufs a replying goroutine handed off
+	wb           net.Buffers // WriteTo's receiver (a field: a local would escape)
 }
 
 func (sc *serverConn) RemoteAddr() net.Addr { return sc.nc.RemoteAddr() }
@@ -232,11 +250,74 @@ func (sc *serverConn) Reply(h Header, payload []byte, release func()) {
 		sc.done(h, release)
 		return
 	}
-	sc.queue = append(sc.queue, reply{h: h, payload: payload, release: release})
-	if len(sc.queue) == 1 {
+	r := reply{h: h, payload: payload, release: release}
+	// Inline only for the one request in flight, and only when the reader has
+	// no further frame at hand: under load the writer goroutine's batches (one
+	// writev for many replies, one wake-up) cost less than a writev per reply.
+	if sc.writing || sc.raw == nil || len(sc.slots) > 1 || sc.more.Load() {
+		sc.queue = append(sc.queue, r)
+		if !sc.writing {
+			sc.writing, sc.handoff = true, true
+			sc.wake.Signal()
+		} // else the owner writes it before going idle
+		sc.mu.Unlock()
+		return
+	}
+	// Nobody writes: send it from here without waiting for the socket.
+	sc.writing = true
+	sc.mu.Unlock()
+	h.Encode(sc.ihdr[:])
+	sc.bufs = append(sc.bufs[:0], sc.ihdr[:])
+	if len(payload) > 0 {
+		sc.bufs = append(sc.bufs, payload)
+	}
+	n := sc.raw.tryWrite(sc.bufs)
+	sc.mu.Lock()
+	if n < sumLen(sc.bufs) {
+		sc.batch = append(sc.spare[:0], r)
+		sc.rest = advance(sc.bufs, n)
+		sc.handoff = true
 		sc.wake.Signal()
+		sc.mu.Unlock()
+		return
+	}
+	clear(sc.bufs)
+	if len(sc.queue) > 0 || sc.closed {
+		sc.handoff = true
+		sc.wake.Signal()
+	} else {
+		sc.writing = false
 	}
 	sc.mu.Unlock()
+	sc.done(h, release)
+}
+
+// encodeBatch encodes sc.batch's headers into sc.hdrs and lists its frames in sc.bufs.
+func (sc *serverConn) encodeBatch() {
+	if need := len(sc.batch) * HeaderSize; cap(sc.hdrs) < need {
+		sc.hdrs = make([]byte, need)
+	}
+	sc.hdrs = sc.hdrs[:len(sc.batch)*HeaderSize]
+	sc.bufs = sc.bufs[:0]
+	for i := range sc.batch {
+		hb := sc.hdrs[i*HeaderSize : (i+1)*HeaderSize]
+		sc.batch[i].h.Encode(hb)
+		sc.bufs = append(sc.bufs, hb)
+		if len(sc.batch[i].payload) > 0 {
+			sc.bufs = append(sc.bufs, sc.batch[i].payload)
+		}
+	}
+}
+
+// batchDone finishes the replies of sc.batch, written or not.
+func (sc *serverConn) batchDone() {
+	sc.wb = nil
+	clear(sc.bufs)
+	for _, r := range sc.batch {
+		sc.done(r.h, r.release)
+	}
+	clear(sc.batch)
+	sc.spare, sc.batch = sc.batch[:0], nil
 }
 
 // done finishes one reply: its slot is freed and its payload released.
@@ -310,6 +391,9 @@ func (sc *serverConn) readLoop() {
 			}
 		}
 		sc.retained = false
+		if m := sc.br.Buffered() >= HeaderSize; m != sc.more.Load() {
+			sc.more.Store(m)
+		}
 		sc.s.h.ServeFrame(sc, h, payload)
 		if payload != nil && !sc.retained {
 			putBuf(payload)
@@ -317,52 +401,50 @@ func (sc *serverConn) readLoop() {
 	}
 }
 
+// writeLoop owns the socket's write side while handoff is set.
 func (sc *serverConn) writeLoop() {
 	defer sc.s.wg.Done()
-	var (
-		batch, spare []reply
-		hdrs         []byte
-		bufs         net.Buffers
-	)
 	for {
 		sc.mu.Lock()
-		for len(sc.queue) == 0 && !sc.closed {
+		for !sc.handoff && !(sc.closed && !sc.writing) {
 			sc.wake.Wait()
 		}
-		if sc.closed {
-			batch, sc.queue = sc.queue, nil
+		if !sc.handoff { // closed, nobody writing: nothing is queued
 			sc.mu.Unlock()
-			for _, r := range batch {
-				sc.done(r.h, r.release)
-			}
 			return
 		}
-		batch, sc.queue = sc.queue, spare[:0]
+		if sc.rest != nil {
+			// A replying goroutine's batch, partly written: finish it first.
+			sc.mu.Unlock()
+			sc.wb, sc.rest = sc.rest, nil
+			sc.writeBatch()
+			continue
+		}
+		if sc.closed {
+			sc.batch, sc.queue = sc.queue, nil
+			sc.writing, sc.handoff = false, false
+			sc.mu.Unlock()
+			sc.batchDone()
+			return
+		}
+		if len(sc.queue) == 0 {
+			sc.writing, sc.handoff = false, false
+			sc.mu.Unlock()
+			continue
+		}
+		sc.batch, sc.queue = sc.queue, sc.spare[:0]
 		sc.mu.Unlock()
+		sc.encodeBatch()
+		sc.wb = sc.bufs
+		sc.writeBatch()
+	}
+}
 
-		if need := len(batch) * HeaderSize; cap(hdrs) < need {
-			hdrs = make([]byte, need)
-		}
-		hdrs = hdrs[:len(batch)*HeaderSize]
-		bufs = bufs[:0]
-		for i := range batch {
-			hb := hdrs[i*HeaderSize : (i+1)*HeaderSize]
-			batch[i].h.Encode(hb)
-			bufs = append(bufs, hb)
-			if len(batch[i].payload) > 0 {
-				bufs = append(bufs, batch[i].payload)
-			}
-		}
-		wb := bufs
-		_, err := wb.WriteTo(sc.nc)
-		clear(bufs)
-		for _, r := range batch {
-			sc.done(r.h, r.release)
-		}
-		clear(batch)
-		spare = batch[:0]
-		if err != nil {
-			sc.close(err)
-		}
+// writeBatch writes sc.wb with a blocking writev and finishes sc.batch.
+func (sc *serverConn) writeBatch() {
+	_, err := sc.wb.WriteTo(sc.nc)
+	sc.batchDone()
+	if err != nil {
+		sc.close(err)
 	}
 }
