@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
@@ -31,8 +30,6 @@ type conn struct {
 	br  *bufio.Reader // owned by the reader goroutine
 	log *slog.Logger
 
-	more atomic.Bool // the reader has the next request's header buffered already
-
 	// Counters owned by the reader goroutine.
 	nreq      int64 // requests parsed (DISC excluded)
 	nrejected int64 // answered with an error by validation or shutdown
@@ -44,25 +41,12 @@ type conn struct {
 	readOnly bool
 	tflags   uint16
 
-	raw        *rawWriter // nil: every reply goes through the writer goroutine
+	// replies carries finished requests to the writer. Its capacity is
+	// MaxInFlight and every queued request holds an in-flight slot, so a send
+	// never blocks (backend completion callbacks must not block).
+	replies    chan *request
 	writerDone chan struct{}
-
-	// The reply side; see doc.go. wmu guards these fields.
-	// INVARIANT: queue is non-empty only while writing; handoff implies writing.
-	wmu     sync.Mutex
-	wcond   sync.Cond  // signals handoff and wclosed
-	queue   []*request // finished requests waiting for the owner of the write side
-	writing bool       // the write side has an owner: a completing goroutine or the writer
-	handoff bool       // the owner is the writer goroutine
-	wclosed bool       // no more replies: the writer goroutine ends once idle
-
-	// The write side, used only by its current owner.
-	batch, spare []*request
-	one          [1]*request // a completing goroutine's batch
-	iov          net.Buffers
-	rest         net.Buffers // unwritten tail of iov a completing goroutine handed off
-	wbufs        net.Buffers // WriteTo's receiver (a field: a local would escape)
-	broken       bool        // a write failed: later replies are dropped
+	wbufs      net.Buffers // owned by the writer: the batch being written
 
 	// mu guards the fields below; cond signals slot and byte releases.
 	mu            sync.Mutex
@@ -83,10 +67,8 @@ func newConn(s *Server, nc net.Conn) *conn {
 		nc:  nc,
 		br:  bufio.NewReaderSize(nc, 64<<10),
 		log: s.log.With("remote", remote),
-		raw: newRawWriter(nc),
 	}
 	c.cond.L = &c.mu
-	c.wcond.L = &c.wmu
 	return c
 }
 
@@ -110,6 +92,7 @@ func (c *conn) serve() {
 	c.mu.Unlock()
 	c.log.Info("nbd: client connected", "size", c.size, "flags", c.tflags)
 
+	c.replies = make(chan *request, c.s.cfg.MaxInFlight)
 	c.writerDone = make(chan struct{})
 	go c.writeLoop()
 
@@ -119,10 +102,7 @@ func (c *conn) serve() {
 		c.nc.Close()
 	}
 	c.waitIdle()
-	c.wmu.Lock()
-	c.wclosed = true
-	c.wcond.Signal()
-	c.wmu.Unlock()
+	close(c.replies)
 	<-c.writerDone
 	if st == endGraceful {
 		c.linger()
@@ -221,7 +201,7 @@ func (c *conn) readLoop() (readEnd, error) {
 			if length > c.s.cfg.MaxPayload {
 				// The payload cannot be skipped safely: answer, then close.
 				r.errno = EINVAL
-				c.queueReply(r)
+				c.replies <- r
 				return endGraceful, fmt.Errorf("%w: write payload of %d bytes", ErrProtocol, length)
 			}
 			if errno != 0 {
@@ -239,16 +219,13 @@ func (c *conn) readLoop() (readEnd, error) {
 				}
 			}
 		}
-		if m := c.br.Buffered() >= requestHeaderLen; m != c.more.Load() {
-			c.more.Store(m)
-		}
 		if errno == 0 && c.shuttingDown() {
 			errno = ESHUTDOWN
 		}
 		if errno != 0 {
 			c.nrejected++
 			r.errno = errno
-			c.queueReply(r)
+			c.replies <- r
 			continue
 		}
 
@@ -379,131 +356,57 @@ func (c *conn) release(r *request) {
 	c.s.reqPool.Put(r)
 }
 
-// queueReply sends r's reply, or queues it for the owner of the write side. With
-// nobody writing, the calling goroutine writes it itself with one non-blocking
-// writev and hands whatever the socket did not take to the writer goroutine.
-// It never blocks: backend callbacks call it.
-func (c *conn) queueReply(r *request) {
-	// Inline only for the one request in flight, and only when the reader has
-	// no further request at hand: under load the writer goroutine's batches (one
-	// writev for many replies, one wake-up) cost less than a writev per reply.
-	c.mu.Lock()
-	busy := c.inflight > 1
-	c.mu.Unlock()
-	busy = busy || c.more.Load()
-	c.wmu.Lock()
-	if c.writing || c.raw == nil || busy {
-		c.queue = append(c.queue, r)
-		if !c.writing {
-			c.writing, c.handoff = true, true
-			c.wcond.Signal()
-		} // else the owner writes it before going idle
-		c.wmu.Unlock()
-		return
-	}
-	c.writing = true
-	c.wmu.Unlock()
-	if !c.broken {
-		c.one[0] = r
-		c.encode(c.one[:])
-		n := c.raw.tryWrite(c.iov)
-		if n < sumLen(c.iov) {
-			c.one[0] = nil
-			c.wmu.Lock()
-			c.batch = append(c.spare[:0], r)
-			c.rest = advance(c.iov, n)
-			c.handoff = true
-			c.wcond.Signal()
-			c.wmu.Unlock()
-			return
-		}
-		clear(c.iov)
-		if c.s.cfg.Metrics != nil {
-			c.s.cfg.Metrics.replied(c.one[:], time.Now())
-		}
-		c.one[0] = nil
-	}
-	c.wmu.Lock()
-	if len(c.queue) > 0 || c.wclosed {
-		c.handoff = true
-		c.wcond.Signal()
-	} else {
-		c.writing = false
-	}
-	c.wmu.Unlock()
-	c.release(r)
-}
-
-// encode fills the reply headers of batch and lists them with the read data in c.iov.
-func (c *conn) encode(batch []*request) {
-	c.iov = c.iov[:0]
-	for _, r := range batch {
-		binary.BigEndian.PutUint32(r.hdr[0:], simpleReplyMagic)
-		binary.BigEndian.PutUint32(r.hdr[4:], r.errno)
-		copy(r.hdr[8:], r.cookie[:])
-		c.iov = append(c.iov, r.hdr[:])
-		if r.typ == cmdRead && r.errno == 0 {
-			c.iov = append(c.iov, (*r.buf)[:r.length])
-		}
-	}
-}
-
-// writeLoop owns the write side while handoff is set: it writes every reply
-// queued (and what a completing goroutine left unwritten) with blocking writevs,
-// and releases them.
+// writeLoop is the connection's only writer in transmission: it takes every
+// reply that is ready, writes the batch with one writev and releases it.
 func (c *conn) writeLoop() {
 	defer close(c.writerDone)
-	for {
-		c.wmu.Lock()
-		for !c.handoff && !(c.wclosed && !c.writing) {
-			c.wcond.Wait()
+	var (
+		batch  = make([]*request, 0, c.s.cfg.MaxInFlight)
+		iov    = make(net.Buffers, 0, 2*c.s.cfg.MaxInFlight)
+		broken bool
+	)
+	for r := range c.replies {
+		batch = append(batch[:0], r)
+	drain:
+		for len(batch) < cap(batch) {
+			select {
+			case r, ok := <-c.replies:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, r)
+			default:
+				break drain
+			}
 		}
-		if !c.handoff { // closed and idle: nothing is queued
-			c.wmu.Unlock()
-			return
+		if !broken {
+			iov = iov[:0]
+			for _, r := range batch {
+				binary.BigEndian.PutUint32(r.hdr[0:], simpleReplyMagic)
+				binary.BigEndian.PutUint32(r.hdr[4:], r.errno)
+				copy(r.hdr[8:], r.cookie[:])
+				iov = append(iov, r.hdr[:])
+				if r.typ == cmdRead && r.errno == 0 {
+					iov = append(iov, (*r.buf)[:r.length])
+				}
+			}
+			// A field, not a local: WriteTo's pointer receiver would make a
+			// local escape, one allocation per batch.
+			c.wbufs = iov
+			c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+			if _, err := c.wbufs.WriteTo(c.nc); err != nil {
+				broken = true
+				c.log.Debug("nbd: writing replies failed; dropping the rest", "err", err)
+				c.nc.Close() // wakes the reader
+			}
+			if c.s.cfg.Metrics != nil {
+				c.s.cfg.Metrics.replied(batch, time.Now())
+			}
 		}
-		if c.rest != nil {
-			// A completing goroutine's reply, partly written: finish it first.
-			c.wmu.Unlock()
-			c.wbufs, c.rest = c.rest, nil
-			c.writeBatch()
-			continue
+		for _, r := range batch {
+			c.release(r)
 		}
-		if len(c.queue) == 0 {
-			c.writing, c.handoff = false, false
-			c.wmu.Unlock()
-			continue
-		}
-		c.batch, c.queue = c.queue, c.spare[:0]
-		c.wmu.Unlock()
-		if !c.broken {
-			c.encode(c.batch)
-			c.wbufs = c.iov
-		}
-		c.writeBatch()
 	}
-}
-
-// writeBatch writes c.wbufs (unless the connection is broken) and releases c.batch.
-func (c *conn) writeBatch() {
-	if !c.broken {
-		c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
-		if _, err := c.wbufs.WriteTo(c.nc); err != nil {
-			c.broken = true
-			c.log.Debug("nbd: writing replies failed; dropping the rest", "err", err)
-			c.nc.Close() // wakes the reader
-		}
-		if c.s.cfg.Metrics != nil {
-			c.s.cfg.Metrics.replied(c.batch, time.Now())
-		}
-	}
-	c.wbufs = nil
-	clear(c.iov)
-	for _, r := range c.batch {
-		c.release(r)
-	}
-	clear(c.batch)
-	c.spare, c.batch = c.batch[:0], nil
 }
 
 // request is one transmission request from parse to reply. Pooled per Server.
@@ -532,5 +435,5 @@ func (r *request) complete(err error) {
 		r.errno = c.s.errorCode(c.backend, err)
 		c.log.Debug("nbd: backend error", "cmd", r.typ, "err", err, "errno", r.errno)
 	}
-	c.queueReply(r)
+	c.replies <- r
 }

@@ -81,25 +81,18 @@
 //     Config.MaxInFlight slots taken (or the Config.MaxInFlightBytes payload
 //     budget spent) it stops reading, which pushes back on the client through
 //     TCP.
-//   - the writer goroutine, which owns the socket's write side in
-//     transmission when it was handed over. Backend done callbacks (on any
-//     goroutine) queue the finished request under conn.wmu and never block.
-//     When nobody is writing, only this request is in flight and the reader
-//     has no further request buffered, the callback writes the reply itself
-//     with one non-blocking writev (syscall.RawConn) and releases the request:
-//     no wake-up of the writer on the QD1 path. What the socket did not take,
-//     and every reply queued meanwhile, is the writer goroutine's: it takes
-//     every reply that is ready, writes the batch with one writev
-//     (net.Buffers), and only then returns buffers to their pools and frees
-//     the slots. Replies therefore go out in completion order, not request
-//     order. A batch that cannot be written within Config.WriteTimeout (a
-//     client that stopped reading) ends the connection.
+//   - the writer owns the socket's write side in transmission. Backend done
+//     callbacks (on any goroutine) only push the finished request onto the
+//     connection's reply channel, whose capacity equals the slot count, so
+//     they never block. The writer takes every reply that is ready, writes the
+//     batch with one writev (net.Buffers), and only then returns buffers to
+//     their pools and frees the slots. Replies therefore go out in completion
+//     order, not request order. A batch that cannot be written within
+//     Config.WriteTimeout (a client that stopped reading) ends the connection.
 //
-// INVARIANT: a request holds its slot from header read until its reply was
-// written (or dropped) and released; waitIdle (inflight == 0) therefore means
-// no callback and no buffer is outstanding.
-// INVARIANT: the reply queue is non-empty only while someone writes
-// (conn.writing); the writer goroutine is that someone iff conn.handoff.
+// INVARIANT: a request holds its slot from header read until the writer
+// released it; waitIdle (inflight == 0) therefore means no callback and no
+// buffer is outstanding.
 //
 // Shutdown closes the listeners, closes connections still negotiating, and
 // gives the others a read deadline shutdownGrace (100 ms) away: requests read
