@@ -86,6 +86,7 @@ type Conn struct {
 	queue    []*Call
 	writing  bool    // the write side has an owner: a sending goroutine or the writer
 	handoff  bool    // the owner is the writer goroutine
+	busy     bool    // the last write had company (frames queued behind it or batched with it)
 	deferred []*Call // finished by a sending goroutine; their done runs on the writer
 
 	// The write side, used only by its current owner.
@@ -180,10 +181,10 @@ func (c *Conn) enqueue(call *Call) {
 	switch {
 	case c.writing: // the owner writes it before going idle
 		c.mu.Unlock()
-	case c.raw == nil || len(c.pending) > 1:
-		// With other calls in flight more frames are likely to follow: the
-		// writer goroutine's one writev for all of them costs less than a
-		// writev each, and its wake-up is paid once per batch.
+	case c.raw == nil || c.busy || len(c.pending) > 1:
+		// With other calls in flight, or frames coming in bursts, more are
+		// likely to follow: the writer goroutine's one writev for all of them
+		// costs less than a writev each, and its wake-up is paid once per batch.
 		c.writing, c.handoff = true, true
 		c.wake.Signal()
 		c.mu.Unlock()
@@ -233,6 +234,7 @@ func (c *Conn) writeInline(call *Call) {
 	}
 	c.releaseBatchLocked()
 	if len(c.queue) > 0 || c.err != nil {
+		c.busy = true
 		c.handoff = true
 		c.wake.Signal()
 	} else {
@@ -443,6 +445,7 @@ func (c *Conn) writeLoop() {
 			continue
 		}
 		ready = append(ready, c.takeBatchLocked()...)
+		c.busy = len(c.batch) > 1
 		c.mu.Unlock()
 		ready = runDone(ready)
 

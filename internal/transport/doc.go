@@ -46,13 +46,14 @@
 // Each side's writer takes every frame queued at that moment and sends them in one
 // writev (net.Buffers): headers are encoded into one scratch buffer, payloads are
 // passed as their own iovecs, never copied. A frame queued while nothing is being
-// written, with no other request in flight on the connection (and, for a reply,
-// no further request already buffered by the reader), is written by the queuing
-// goroutine itself: one non-blocking writev (syscall.RawConn), no wake-up of the
-// writer goroutine. Whatever the socket does not take at once — part of a frame
-// included — and every frame queued meanwhile go to the writer goroutine, which
-// finishes them in order with blocking writes; so a caller never waits for the
-// network, and under load the batching is as before. Both readers read through a 32 KiB
+// written and no other request is in flight on the connection (for a request:
+// and the previous write carried one frame alone; for a reply: and the reader
+// has no further request buffered) is written by the queuing goroutine itself:
+// one non-blocking writev (syscall.RawConn), no wake-up of the writer goroutine.
+// Whatever the socket does not take at once — part of a frame included — and
+// every frame queued meanwhile go to the writer goroutine, which finishes them in
+// order with blocking writes; so a caller never waits for the network, and under
+// load the batching is as before. Both readers read through a 32 KiB
 // buffer, so frames that arrive together (pipelined requests, a reply header and
 // its payload, raft batches) cost one read syscall; a payload larger than the
 // buffer goes straight to its destination. The client's reader reads a reply's
