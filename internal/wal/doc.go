@@ -144,12 +144,8 @@
 //
 // # Goroutines and locks
 //
-// One goroutine at a time is the committer and owns the writes: a Save's
-// caller that finds no commit running commits its own batch itself (no
-// hand-off to another goroutine and back on an idle WAL), and hands the
-// batches queued meanwhile to the committer goroutine (started by Open,
-// stopped by Close), which commits until none is left. The committer takes
-// the pending batch, rolls over if needed, writes it with
+// One committer goroutine (started by Open, stopped by Close) owns the
+// writes: it takes the pending batch, rolls over if needed, writes it with
 // one pwrite, fdatasyncs, then applies the batch to the in-memory index,
 // detaches the segments no longer needed, wakes the batch's callers, and
 // only then unlinks (or keeps for reuse) the detached files and syncs the

@@ -160,30 +160,24 @@ type WAL struct {
 	log   *slog.Logger
 	knobs Knobs
 
-	kick    chan struct{} // wakes the committer goroutine (cap 1)
+	kick    chan struct{} // wakes the committer (cap 1)
 	quit    chan struct{} // closed by Close
 	stopped chan struct{} // closed when the committer exits
 	// unsynced: the active segment holds a NoSync batch not yet covered by
 	// an fdatasync. Owned by the committer.
 	unsynced bool
-	// cleanup counts goroutines deleting or recycling segments after an
-	// inline commit; Close waits for them.
-	cleanup sync.WaitGroup
 
 	// mu guards everything below. The committer does its write and sync
 	// without it. Lock order: mu is a leaf lock.
-	mu     sync.Mutex
-	closed bool
-	// committing: some goroutine is the committer now (a Save's caller that
-	// found no commit running, or the committer goroutine). At most one.
-	committing bool
-	err        error // sticky failure
-	groups     map[uint64]*group
-	segs       []*segment // oldest first; the last one is active
-	writeOff   int64      // next write offset in the active segment
-	pending    *batch
-	spare      *batch
-	stats      Stats
+	mu       sync.Mutex
+	closed   bool
+	err      error // sticky failure
+	groups   map[uint64]*group
+	segs     []*segment // oldest first; the last one is active
+	writeOff int64      // next write offset in the active segment
+	pending  *batch
+	spare    *batch
+	stats    Stats
 	// spareFile is the prepared next segment (nil if none); preparing is
 	// set while a prepareSpare goroutine runs (prepWG counts it).
 	spareFile *spareFile
@@ -673,24 +667,11 @@ func (w *WAL) enqueue(encode func(b *batch) error) error {
 	}
 	b.saves++
 	res := b.res
-	if w.committing {
-		// The committer takes this batch when its current one is done.
-		w.mu.Unlock()
-		<-res.done
-		return res.err
-	}
-	// No commit running: commit the batch on this goroutine, saving two
-	// goroutine hand-offs (to the committer and back) per idle Save.
-	w.committing = true
 	w.mu.Unlock()
-	if doomed := w.commitPending(); doomed != nil {
-		w.cleanup.Add(1)
-		go func() {
-			defer w.cleanup.Done()
-			w.deleteSegments(doomed)
-		}()
+	select {
+	case w.kick <- struct{}{}:
+	default:
 	}
-	w.releaseCommit()
 	<-res.done
 	return res.err
 }
@@ -833,78 +814,31 @@ func (w *WAL) RemoveGroup(group uint64) error {
 	})
 }
 
-// committer is the goroutine that commits the batches queued while another
-// commit ran, until none is left: a Save's caller commits only its own
-// batch and hands the rest over (releaseCommit), so that no caller waits for
-// more than its batch. Whoever commits owns the active segment's write
-// offset between taking a batch and applying it.
+// committer is the one goroutine that writes and syncs. It owns the active
+// segment's write offset between taking a batch and applying it.
 func (w *WAL) committer() {
 	defer close(w.stopped)
 	for {
 		select {
 		case <-w.kick:
-			w.commitAll()
+			w.commitPending()
 		case <-w.quit:
 			// Close set w.closed first, so nothing is enqueued any more;
-			// wait for a caller committing inline (it kicks when done),
-			// then finish what is queued: no batch is left.
-			for !w.commitAll() {
-				<-w.kick
-			}
+			// finish what is queued, then fail nothing: no batch is left.
+			w.commitPending()
 			return
 		}
 	}
 }
 
-// commitAll commits pending batches until none is left; false if another
-// goroutine is committing (it kicks the committer when it is done).
-func (w *WAL) commitAll() bool {
-	w.mu.Lock()
-	if w.committing {
-		w.mu.Unlock()
-		return false
-	}
-	w.committing = true
-	w.mu.Unlock()
-	for {
-		if doomed := w.commitPending(); doomed != nil {
-			w.deleteSegments(doomed)
-		}
-		w.mu.Lock()
-		if len(w.pending.ops) == 0 {
-			w.committing = false
-			w.mu.Unlock()
-			return true
-		}
-		w.mu.Unlock()
-	}
-}
-
-// releaseCommit ends an inline commit and wakes the committer goroutine if
-// batches queued meanwhile (or Close waits).
-func (w *WAL) releaseCommit() {
-	w.mu.Lock()
-	w.committing = false
-	wake := len(w.pending.ops) > 0 || w.closed
-	w.mu.Unlock()
-	if wake {
-		select {
-		case w.kick <- struct{}{}:
-		default:
-		}
-	}
-}
-
 // commitPending takes the pending batch, if any, writes and syncs it, applies
-// it to the in-memory state and releases its waiters. It returns the
-// segments the batch made unneeded, for deleteSegments. Only the goroutine
-// that set w.committing calls it.
-func (w *WAL) commitPending() []*segment {
+// it to the in-memory state and releases its waiters.
+func (w *WAL) commitPending() {
 	w.mu.Lock()
 	b := w.pending
 	if len(b.ops) == 0 {
 		w.mu.Unlock()
-		return nil
+		return
 	}
 	next := w.spare
 	next.buf, next.ops, next.saves, next.sync = next.buf[:0], next.ops[:0], 0, false
@@ -933,6 +867,9 @@ func (w *WAL) commitPending() []*segment {
 	}
 	w.mu.Unlock()
 	close(b.res.done)
+	if doomed != nil {
+		w.deleteSegments(doomed)
+	}
 	if err == nil {
 		w.maybePrepareSpare()
 	}
@@ -945,7 +882,13 @@ func (w *WAL) commitPending() []*segment {
 	w.mu.Lock()
 	w.spare = b
 	w.mu.Unlock()
-	return doomed
+	if failed == nil && err != nil {
+		// Waiters that queued meanwhile must not wait for a kick.
+		select {
+		case w.kick <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // commit writes b into the active segment (rolling over first if it does not
@@ -1274,7 +1217,6 @@ func (w *WAL) Close() error {
 	close(w.quit)
 	<-w.stopped
 	w.prepWG.Wait()
-	w.cleanup.Wait()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if sp := w.spareFile; sp != nil {
