@@ -22,6 +22,7 @@ func main() {
 	}
 	root.PersistentFlags().String("log-level", envOr("BASALT_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
 	root.PersistentFlags().String("log-file", "", "append logs to this file instead of stderr")
+	logToFile := false
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		lvl, _ := cmd.Flags().GetString("log-level")
 		var level slog.Level
@@ -34,7 +35,7 @@ func main() {
 			if err != nil {
 				return fmt.Errorf("--log-file: %w", err)
 			}
-			out = f
+			out, logToFile = f, true
 		}
 		slog.SetDefault(slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level})))
 		return nil
@@ -51,6 +52,11 @@ func main() {
 		checkCommand(),
 	)
 	if err := root.Execute(); err != nil {
+		if logToFile {
+			// The log is where an operator looks first (the playground's
+			// chunkservers write stderr nowhere else).
+			slog.Error("exiting", "err", err)
+		}
 		fmt.Fprintln(os.Stderr, "basalt:", err)
 		os.Exit(1)
 	}

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -215,6 +216,9 @@ func Run(ctx context.Context, cfg Config) error {
 
 	// 3. Pool and volume, created once; a second run finds them.
 	if err := waitFor(ctx, 60*time.Second, "chunkservers to register", func(ctx context.Context) error {
+		if err := sup.exitErr(); err != nil {
+			return stopWaiting{err} // it will not register: say why now
+		}
 		r, err := mc.ListChunkServers(ctx, &api.ListChunkServersRequest{})
 		if err != nil {
 			return err
@@ -317,6 +321,9 @@ func ensurePoolAndVolume(ctx context.Context, mc api.MDSClient, cfg Config, log 
 }
 
 // waitFor retries check until it succeeds or the timeout passes.
+// stopWaiting ends waitFor at once with its error.
+type stopWaiting struct{ error }
+
 func waitFor(ctx context.Context, timeout time.Duration, what string, check func(context.Context) error) error {
 	deadline := time.Now().Add(timeout)
 	for {
@@ -325,6 +332,9 @@ func waitFor(ctx context.Context, timeout time.Duration, what string, check func
 		cancel()
 		if err == nil {
 			return nil
+		}
+		if sw, ok := err.(stopWaiting); ok {
+			return sw.error
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -367,9 +377,17 @@ type supervisor struct {
 	log      *slog.Logger
 	stopping atomic.Bool // set by stopAll: exits are expected from then on
 
-	mu    sync.Mutex
-	procs []*exec.Cmd
-	dirs  []string
+	mu     sync.Mutex
+	procs  []*exec.Cmd
+	dirs   []string
+	exited error // the first chunkserver that exited on its own, and why
+}
+
+// exitErr tells whether a chunkserver exited on its own, and why.
+func (s *supervisor) exitErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.exited
 }
 
 func (s *supervisor) start(cs ChunkserverState) (int, error) {
@@ -381,6 +399,8 @@ func (s *supervisor) start(cs ChunkserverState) (int, error) {
 	// Own process group: a Ctrl-C in the terminal reaches only the playground,
 	// which then stops the children in order.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stderr := &tailWriter{max: 4 << 10}
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		return 0, fmt.Errorf("start chunkserver %d: %w", cs.Index, err)
 	}
@@ -394,7 +414,13 @@ func (s *supervisor) start(cs ChunkserverState) (int, error) {
 			return
 		}
 		s.log.Warn("chunkserver exited; restart it with the restart_cmd in playground.json",
-			"chunkserver", cs.Index, "pid", cmd.Process.Pid, "status", fmt.Sprint(err))
+			"chunkserver", cs.Index, "pid", cmd.Process.Pid, "status", fmt.Sprint(err),
+			"stderr", stderr.lastLine(), "log", cs.Log)
+		s.mu.Lock()
+		if s.exited == nil {
+			s.exited = fmt.Errorf("chunkserver %d exited (%v): %s (log: %s)", cs.Index, err, stderr.lastLine(), cs.Log)
+		}
+		s.mu.Unlock()
 	}()
 	return cmd.Process.Pid, nil
 }
@@ -484,4 +510,30 @@ func WaitReady(ctx context.Context, dir string) (*State, error) {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// tailWriter keeps the last max bytes written to it: a child's stderr, which
+// holds its exit error (its logs go to its log file).
+type tailWriter struct {
+	mu  sync.Mutex
+	max int
+	buf []byte
+}
+
+func (t *tailWriter) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if over := len(t.buf) - t.max; over > 0 {
+		t.buf = append(t.buf[:0], t.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+// lastLine returns the last non-empty line written.
+func (t *tailWriter) lastLine() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	lines := strings.Split(strings.TrimSpace(string(t.buf)), "\n")
+	return lines[len(lines)-1]
 }

@@ -209,3 +209,35 @@ func (p *pg) waitHealthy(timeout time.Duration) {
 		time.Sleep(250 * time.Millisecond)
 	}
 }
+
+// TestPlaygroundReportsChunkserverFailure: a chunkserver that cannot start (here:
+// its WAL has a segment format this build refuses) makes the playground exit at
+// once with the chunkserver's own error, instead of waiting for it to register.
+func TestPlaygroundReportsChunkserverFailure(t *testing.T) {
+	p := startPlayground(t, "1GiB")
+	p.stop()
+	seg := filepath.Join(p.dir, "cs1", "wal", "0000000000000001.wal")
+	f, err := os.OpenFile(seg, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{1, 0, 0, 0}, 4); err != nil { // version u32 = 1
+		t.Fatal(err)
+	}
+	f.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	start := time.Now()
+	out, err := exec.CommandContext(ctx, testcluster.Binary(t), "playground", "--dir", p.dir, "--size", p.size,
+		"--port-base", strconv.Itoa(p.portBase), "--nbd-listen", "127.0.0.1:"+strconv.Itoa(p.nbdPort)).CombinedOutput()
+	took := time.Since(start)
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("playground with a broken chunkserver: err %v after %s, want a failed exit\n%s", err, took, tail(string(out), 3000))
+	}
+	for _, want := range []string{"chunkserver 1 exited", "segment format version 1", "cs1/chunkserver.log"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output lacks %q:\n%s", want, tail(string(out), 3000))
+		}
+	}
+	logf(t, "playground exited after %s: %s", took.Round(time.Millisecond), tail(string(out), 300))
+}
