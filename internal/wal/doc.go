@@ -37,7 +37,7 @@
 // fallocate(2)'s unwritten extents, whose conversion would make each
 // fdatasync commit the file system journal), a record write never changes
 // the file size or the block map and fdatasync(2) needs no metadata flush.
-// The files of the last two removed segments are kept as
+// The files of the last four removed segments are kept as
 // "<name>.recycle.tmp" and reused for new segments instead of zero-filling
 // fresh ones (which doubled the WAL's disk writes under sequential writes);
 // the records of their old segment stay in them and read as the end of the

@@ -1086,7 +1086,7 @@ func (w *WAL) detachSegmentsLocked() []*segment {
 }
 
 // maxRecycled bounds the removed segment files kept for reuse.
-const maxRecycled = 2
+const maxRecycled = 4
 
 // deleteSegments unlinks detached segments, oldest first, then syncs the
 // directory. It runs without w.mu: a reader that still holds a location in
