@@ -280,10 +280,7 @@ func TestSchedulerDiskTrouble(t *testing.T) {
 	waitActive(t, r, 30*time.Second)
 	c := dial(t, r.s.Addr())
 	ctx := ctxT(t)
-	var ids []uint64
-	for _, z := range []string{"z1", "z2", "z3", "z4", "z5"} {
-		ids = append(ids, register(t, c, z, "h"+z, "cs-"+z+":1"))
-	}
+	ids := registerZones(t, c, 5)
 	pool, err := c.CreatePool(ctx, &api.CreatePoolRequest{Name: "p", CopysetCount: 10})
 	if err != nil {
 		t.Fatal(err)
@@ -332,10 +329,7 @@ func TestSchedulerFailedMove(t *testing.T) {
 	waitActive(t, r, 30*time.Second)
 	c := dial(t, r.s.Addr())
 	ctx := ctxT(t)
-	var ids []uint64
-	for _, z := range []string{"z1", "z2", "z3", "z4", "z5"} {
-		ids = append(ids, register(t, c, z, "h"+z, "cs-"+z+":1"))
-	}
+	ids := registerZones(t, c, 5)
 	// Three copysets on five chunkservers: each has two spares.
 	pool, err := c.CreatePool(ctx, &api.CreatePoolRequest{Name: "p", CopysetCount: 3})
 	if err != nil {
@@ -434,4 +428,14 @@ func TestSchedulerFailover(t *testing.T) {
 	if s.maxMoves > 2 || s.maxPerCS > 2 {
 		t.Fatalf("moves in flight reached %d in all, %d on one chunkserver across the failover; limits 2 and 2", s.maxMoves, s.maxPerCS)
 	}
+}
+
+// registerZones registers n chunkservers, one per zone z1..zn, and returns their ids.
+func registerZones(t *testing.T, c *mdsclient.Client, n int) []uint64 {
+	var ids []uint64
+	for i := 1; i <= n; i++ {
+		z := fmt.Sprintf("z%d", i)
+		ids = append(ids, register(t, c, z, "h"+z, "cs-"+z+":1"))
+	}
+	return ids
 }

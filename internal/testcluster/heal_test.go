@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/pkg/api"
+	"github.com/basalt-storage/basalt/pkg/client"
 )
 
 // Self-healing with real processes (DESIGN §8, issue 5): balancing onto a new
@@ -164,11 +165,7 @@ func TestRebalanceNewChunkserver(t *testing.T) {
 	})
 	t.Logf("leaders per chunkserver: %v", c.Placement().Leaders)
 	w.Mark("healed")
-	time.Sleep(time.Second)
-	w.Stop()
-	w.Figures("rebalance onto a new chunkserver").Report(t)
-	w.Verify(v)
-	c.CompareReplicas(60 * time.Second)
+	endWorkload(t, c, w, v, "rebalance onto a new chunkserver")
 }
 
 // TestRereplicateLostChunkserver: one of four chunkservers is killed and its
@@ -208,12 +205,7 @@ func TestRereplicateLostChunkserver(t *testing.T) {
 	t.Logf("REBUILD: %d copysets (%.0f MiB) of the lost chunkserver rebuilt %s after the kill (grace 3 s; first move after %s); "+
 		"rebuild %.1f MiB/s with at most 2 moves at once",
 		lost, rebuilt/(1<<20), healed.Round(time.Millisecond), firstMove.Round(time.Millisecond), rebuilt/(1<<20)/rebuild.Seconds())
-	time.Sleep(time.Second)
-	w.Stop()
-	f := w.Figures("chunkserver lost for good, re-replicated")
-	f.Report(t)
-	w.Verify(v)
-	c.CompareReplicas(60 * time.Second)
+	endWorkload(t, c, w, v, "chunkserver lost for good, re-replicated")
 }
 
 // TestDiskErrorsMoveCopysets: chunk-file fdatasync starts failing with EIO on
@@ -279,11 +271,7 @@ func TestDiskErrorsMoveCopysets(t *testing.T) {
 		return nil
 	})
 	t.Logf("%s removed its %d replicas, %d of them stopped by the disk error", sick, held, c.CountLog(sick, "stopped=true"))
-	time.Sleep(time.Second)
-	w.Stop()
-	w.Figures("disk returns IO errors").Report(t)
-	w.Verify(v)
-	c.CompareReplicas(60 * time.Second)
+	endWorkload(t, c, w, v, "disk returns IO errors")
 }
 
 // TestDiskFullMovesCopysets: one chunkserver's data directory is a small
@@ -533,4 +521,14 @@ func waitRebuilt(c *Cluster, vid uint64, killed time.Time) (firstMove, healed ti
 		return nil
 	})
 	return firstMove, time.Since(killed)
+}
+
+// endWorkload lets w run one more second after healing, stops it, reports its
+// figures as name, and checks every acknowledged write and that the replicas agree.
+func endWorkload(t *testing.T, c *Cluster, w *Workload, v *client.Volume, name string) {
+	time.Sleep(time.Second)
+	w.Stop()
+	w.Figures(name).Report(t)
+	w.Verify(v)
+	c.CompareReplicas(60 * time.Second)
 }
