@@ -177,8 +177,9 @@
 //   - transport.Server: a reader and a writer per connection; the reader runs
 //     ServeFrame (the handler never blocks it on the network; a snapshot data
 //     frame blocks it on the pipe, which is the transfer's flow control).
-//   - Reads run on a goroutine each after the barrier (its callback runs on a
-//     raft worker); proposal callbacks only queue replies. A request for an
+//   - Reads are served where the barrier's callback runs (the reader, or a
+//     raft worker) when the page cache holds the data (preadv2 RWF_NOWAIT),
+//     else on a goroutine each; proposal callbacks only queue replies. A request for an
 //     unknown volume waits for the cache refresh on a goroutine of its own.
 //   - raftstore workers: Apply/Capture/InstallSnapshot; a snapshot goroutine:
 //     Persist, WriteSnapshot, SendSnapshot.
@@ -217,7 +218,7 @@
 // client's buffer (handler.readNow asks the ReplyWriter for it), a write's
 // payload is the client's buffer (copied once, into the raft entry, as for a
 // frame). The callback runs on whichever goroutine answers (a raft worker for
-// writes, the read goroutine for reads) and never blocks. Before Run serves
+// writes, the reading goroutine for reads) and never blocks. Before Run serves
 // the data plane and from shutdown on, Go answers NOT_LEADER with no hint
 // (the client retries with backoff). Attempts to copysets another chunkserver
 // leads go over the network as usual (NOT_LEADER with a hint redirects them).

@@ -26,6 +26,9 @@ type raftHost interface {
 // replicaStore is a copyset's chunk files as the data plane sees them.
 type replicaStore interface {
 	chunkStore
+	// ReadAtCached reads from the page cache only, false when it would wait
+	// for the disk (datastore.Copyset.ReadAtCached).
+	ReadAtCached(id chunkID, p []byte, off int64) (bool, error)
 	Chunks() ([]chunkID, error)
 	Checksum(id chunkID) (uint32, error)
 	DeleteVolume(volume uint64) error
@@ -257,8 +260,7 @@ func (hd *handler) read(rw transport.ReplyWriter, h transport.Header, r *replica
 			hd.replyErr(rw, h, hd.stoppedErr(r, err), start)
 			return
 		}
-		// The barrier's callback may run on a raft worker: read elsewhere.
-		go hd.readNow(rw, h, r, start)
+		hd.readNow(rw, h, r, start)
 	}
 	barrier := func() { hd.host.ReadBarrier(r.group, doRead) }
 	if h.Epoch > r.sm.epochOf(h.Volume) {
@@ -275,6 +277,11 @@ func (hd *handler) read(rw transport.ReplyWriter, h transport.Header, r *replica
 	barrier()
 }
 
+// readNow reads the chunk file and replies. It runs on the connection's reader
+// or a raft worker (the barrier's callback), so it serves only what the page
+// cache holds right here; a read that would wait for the disk goes to a
+// goroutine of its own, so it holds up neither the connection's next frames
+// nor the worker's other groups.
 func (hd *handler) readNow(rw transport.ReplyWriter, h transport.Header, r *replica, start time.Time) {
 	// An in-process caller (the local fast path) has its own buffer: read
 	// straight into it, no pooled buffer and no copy.
@@ -292,7 +299,21 @@ func (hd *handler) readNow(rw transport.ReplyWriter, h transport.Header, r *repl
 		}
 	}
 	id := chunkID{Volume: h.Volume, Index: h.Offset / uint64(r.chunkSize)}
-	if err := r.store.ReadAt(id, buf, int64(h.Offset%uint64(r.chunkSize))); err != nil {
+	off := int64(h.Offset % uint64(r.chunkSize))
+	done, err := r.store.ReadAtCached(id, buf, off)
+	if done {
+		hd.readDone(rw, h, r, buf, release, err, start)
+		return
+	}
+	go func() {
+		err := r.store.ReadAt(id, buf, off)
+		hd.readDone(rw, h, r, buf, release, err, start)
+	}()
+}
+
+// readDone replies to a read with buf (or err) and hands release to the reply.
+func (hd *handler) readDone(rw transport.ReplyWriter, h transport.Header, r *replica, buf []byte, release func(), err error, start time.Time) {
+	if err != nil {
 		release()
 		hd.log.Warn("read failed", "copyset", r.group, "volume", h.Volume, "offset", h.Offset, "err", err)
 		hd.replyErr(rw, h, err, start)

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -255,6 +256,58 @@ func (c *Copyset) ReadAt(id ChunkID, p []byte, off int64) error {
 	return err
 }
 
+// ReadAtCached is ReadAt for data that is in the page cache: it never waits
+// for the disk. It returns false (and p undefined) when serving the read would
+// wait: the chunk file is not open, part of the range is not cached
+// (preadv2 RWF_NOWAIT), or the kernel or filesystem lacks RWF_NOWAIT. A caller
+// that must not block (a connection's reader) tries it first and hands only
+// the reads it refuses to a goroutine that calls ReadAt.
+func (c *Copyset) ReadAtCached(id ChunkID, p []byte, off int64) (bool, error) {
+	if c.s.noWait.Load() {
+		return false, nil
+	}
+	if err := c.checkRange(off, int64(len(p))); err != nil {
+		return true, err
+	}
+	c.mu.RLock()
+	if c.removed {
+		c.mu.RUnlock()
+		return true, ErrClosed
+	}
+	ch := c.chunks[id]
+	if ch == nil {
+		c.mu.RUnlock()
+		clear(p)
+		return true, nil
+	}
+	fd, ok := c.s.fds.acquireOpen(ch)
+	c.mu.RUnlock()
+	if !ok {
+		return false, nil
+	}
+	defer c.s.fds.release(ch)
+	for len(p) > 0 {
+		n, err := preadNoWait(fd, p, off)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return false, nil
+		case err == unix.EOPNOTSUPP || err == unix.ENOSYS || err == unix.EINVAL:
+			c.s.noWait.Store(true) // never again: every read would pay a failed syscall
+			c.s.log.Info("datastore: preadv2(RWF_NOWAIT) unsupported, every read goes to a goroutine", "err", err)
+			return false, nil
+		case err != nil:
+			return true, ioError("pread "+ch.path, err)
+		case n == 0: // past the end of a short file: zeros
+			clear(p)
+			return true, nil
+		}
+		p, off = p[n:], off+int64(n)
+	}
+	return true, nil
+}
+
 // Discard trims [off, off+n) of chunk id (punch hole); it reads as zeros
 // afterwards. An absent chunk stays absent.
 func (c *Copyset) Discard(id ChunkID, off, n int64) error {
@@ -340,6 +393,19 @@ func pwriteFull(fd int, p []byte, off int64) error {
 		p, off = p[n:], off+int64(n)
 	}
 	return nil
+}
+
+// preadNoWait is preadv2(fd, p, off, RWF_NOWAIT) with one iovec on the stack
+// (x/sys's Preadv2 allocates its iovec slice).
+func preadNoWait(fd int, p []byte, off int64) (int, error) {
+	iov := unix.Iovec{Base: &p[0]}
+	iov.SetLen(len(p))
+	n, _, errno := unix.Syscall6(unix.SYS_PREADV2, uintptr(fd), uintptr(unsafe.Pointer(&iov)), 1,
+		uintptr(off), 0, unix.RWF_NOWAIT)
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
 }
 
 func preadFull(fd int, p []byte, off int64) error {

@@ -786,6 +786,76 @@ func TestHotPathDoesNotAllocate(t *testing.T) {
 	}
 }
 
+// TestReadAtCached: the no-wait read serves what the page cache holds (and
+// absent chunks, as zeros) and refuses, without reading, what it does not: a
+// range dropped from the cache, a chunk whose file is not open. Refused reads
+// then succeed with ReadAt.
+func TestReadAtCached(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Config{Dir: dir, MaxOpenFiles: 1, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	cs := mustCopyset(t, s, 1)
+	want := randBytes(rand.New(rand.NewPCG(1, 2)), 8192)
+	a, b := ChunkID{1, 0}, ChunkID{1, 1}
+	for _, id := range []ChunkID{a, b} {
+		if err := cs.WriteAt(id, want, 4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cs.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, len(want))
+	if err := cs.ReadAt(b, p, 4096); err != nil { // Sync may have closed b's file
+		t.Fatal(err)
+	}
+	clear(p)
+	ok, err := cs.ReadAtCached(b, p, 4096)
+	if !ok && s.noWait.Load() {
+		t.Skip("preadv2(RWF_NOWAIT) is unsupported on the filesystem of t.TempDir(): reads always take the goroutine path")
+	}
+	if err != nil || !ok || !bytes.Equal(p, want) {
+		t.Fatalf("cached read of a fresh write: ok=%v err=%v equal=%v", ok, err, bytes.Equal(p, want))
+	}
+	if ok, err := cs.ReadAtCached(ChunkID{9, 0}, p, 0); err != nil || !ok || !bytes.Equal(p, make([]byte, len(p))) {
+		t.Fatalf("absent chunk: ok=%v err=%v, want zeros", ok, err)
+	}
+	// MaxOpenFiles 1: b's read closed a's file.
+	if ok, err := cs.ReadAtCached(a, p, 4096); ok || err != nil {
+		t.Fatalf("chunk whose file is closed: ok=%v err=%v, want refused", ok, err)
+	}
+	// Drop b's pages from the page cache (its file stays open).
+	var fs unix.Statfs_t
+	if unix.Statfs(dir, &fs) == nil && fs.Type == unix.TMPFS_MAGIC {
+		t.Skip("t.TempDir() is on tmpfs: its pages cannot be dropped from the page cache")
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "copysets", "*", "chunks", "*"))
+	for _, f := range files {
+		fd, err := unix.Open(f, unix.O_RDONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = unix.Fadvise(fd, 0, 0, unix.FADV_DONTNEED)
+		unix.Close(fd)
+	}
+	if ok, err := cs.ReadAtCached(b, p, 4096); ok || err != nil {
+		t.Fatalf("range dropped from the page cache: ok=%v err=%v, want refused", ok, err)
+	}
+	clear(p)
+	if err := cs.ReadAt(b, p, 4096); err != nil || !bytes.Equal(p, want) {
+		t.Fatalf("ReadAt after a refused cached read: err=%v equal=%v", err, bytes.Equal(p, want))
+	}
+	if ok, err := cs.ReadAtCached(b, p[:4096], 4096); err != nil || !ok || !bytes.Equal(p[:4096], want[:4096]) {
+		t.Fatalf("cached read after ReadAt brought the range back: ok=%v err=%v", ok, err)
+	}
+	if n := testing.AllocsPerRun(100, func() { cs.ReadAtCached(b, p[:4096], 4096) }); n != 0 {
+		t.Errorf("ReadAtCached allocates %.1f times per call", n)
+	}
+}
+
 func TestErrorClassification(t *testing.T) {
 	if err := ioError("pwrite x", unix.ENOSPC); !errors.Is(err, ErrNoSpace) || !errors.Is(err, unix.ENOSPC) {
 		t.Fatalf("ENOSPC → %v, want ErrNoSpace wrapping ENOSPC", err)

@@ -83,6 +83,22 @@ func (c *fdCache) acquire(ch *chunk) (fd int, ok bool, err error) {
 	return fd, true, nil
 }
 
+// acquireOpen is acquire for a file that is open already: it never opens
+// one (ok false), so it never waits for the disk.
+func (c *fdCache) acquireOpen(ch *chunk) (fd int, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ch.dead || ch.fd < 0 {
+		return -1, false
+	}
+	ch.refs++
+	if c.head.next != ch {
+		c.unlink(ch)
+		c.pushFront(ch)
+	}
+	return ch.fd, true
+}
+
 // release drops a reference taken by acquire.
 func (c *fdCache) release(ch *chunk) {
 	c.mu.Lock()

@@ -60,6 +60,7 @@ type Store struct {
 	fds    *fdCache
 	pool   *pool
 	closed atomic.Bool
+	noWait atomic.Bool // preadv2(RWF_NOWAIT) is unsupported here (ReadAtCached)
 
 	mu       sync.Mutex // guards copysets
 	copysets map[uint64]*Copyset
