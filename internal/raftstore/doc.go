@@ -19,7 +19,10 @@
 //   - Workers (Config.Workers). The worker holding a group (group.procMu) owns its
 //     RawNode and all of its host-side state: pending proposals and reads, lease,
 //     applied index, conf state, snapshot bookkeeping. Only it calls the
-//     StateMachine's Apply, Capture and InstallSnapshot, and Transport.Send.
+//     StateMachine's Apply, Capture and InstallSnapshot, and LogStore.SaveAsync.
+//   - The log's committer runs SaveAsync's callbacks (Host.appended): it sends
+//     durable appends' responses to peers (Transport.Send, which never blocks;
+//     workers send the rest) and puts the others in inboxes.
 //   - The ticker (one per host) only appends ticks to inboxes.
 //   - Snapshot creators (one per group at most, while group.snapping): call
 //     StateMachine.Persist and LogStore.CreateSnapshot, then report to the inbox.
@@ -52,16 +55,17 @@
 //     durability — a follower's MsgAppResp, a vote — raft keeps in the
 //     MsgStorageAppend's responses.
 //  2. The Ready's MsgStorageAppend (HardState, entries, received snapshot) becomes
-//     the group's append job. INVARIANT: a group has at most one append in a
-//     LogStore.Save; the jobs of later rounds queue and go to the next Save
-//     together, so a group's appends reach the log in order and a commit-only
-//     HardState (raft.MustSync false: no entries, snapshot, term or vote) can be
-//     written without an fdatasync (wal.Update.NoSync) — everything before it is
-//     durable by then. The round's jobs of every group go to one LogStore.Save
-//     (group commit, one fsync for all; the WAL also coalesces concurrent Saves)
-//     on a short-lived goroutine. When it returns, responses to peers are sent
-//     from there and the rest goes to each group's inbox (step 0 of a later
-//     round).
+//     the group's append job. The round's jobs of every group go to one
+//     LogStore.SaveAsync (group commit, one fsync for all; the WAL also
+//     coalesces the rounds that reach it during an fsync), called while the
+//     round holds the groups: a group's appends take their place in the log in
+//     round order, so a group may have several in flight (the next batch is
+//     written while the last one syncs) and a commit-only HardState (raft.MustSync
+//     false: no entries, snapshot, term or vote) can be written without an
+//     fdatasync (wal.Update.NoSync) — the WAL writes batches one after another,
+//     so everything before it is durable by then. Once a save is durable, the
+//     WAL's committer sends its responses to peers and puts the rest in each
+//     group's inbox (step 0 of a later round), in save order.
 //  3. Apply: the Ready's MsgStorageApply entries in index order (Apply for normal
 //     entries, ApplyConfChange for conf changes), answering their proposers, then
 //     its response is stepped; then the ReadStates. Raft hands out only entries

@@ -61,13 +61,8 @@ type group struct {
 	// only moves the commit index and is saved without an fdatasync
 	// (wal.Update.NoSync).
 	savedTerm, savedVote uint64
-	// Log appends (raft's MsgStorageAppend). INVARIANT: at most one append of the
-	// group is in a LogStore.Save at a time (appending); the appends of later rounds
-	// wait in appendQueue, in order, and go to the next Save together.
-	appending   bool
-	appendQueue []*appendJob
-	applied     uint64
-	appliedTerm uint64
+	applied              uint64
+	appliedTerm          uint64
 	// skipApplyTo: after a restart, entries up to here already reached the state
 	// machine durably (Recover); they are replayed for their conf changes only.
 	skipApplyTo uint64
@@ -684,9 +679,10 @@ type appendResult struct {
 	err   error
 }
 
-// queueAppend turns a Ready's MsgStorageAppend m into an append job, queued behind
-// the group's append in flight.
-func (g *group) queueAppend(rd raft.Ready, m *raftpb.Message) {
+// newAppend turns a Ready's MsgStorageAppend m into an append job. The jobs of a
+// group reach the log in round order (LogStore.SaveAsync), however many are in
+// flight.
+func (g *group) newAppend(rd raft.Ready, m *raftpb.Message) *appendJob {
 	u := wal.Update{Group: g.id, HardState: rd.HardState, Entries: rd.Entries, Snapshot: rd.Snapshot}
 	if !raft.IsEmptyHardState(u.HardState) || len(u.Entries) > 0 || !raft.IsEmptySnap(u.Snapshot) {
 		// raft.MustSync: only entries, a snapshot or a new term or vote must be
@@ -703,26 +699,6 @@ func (g *group) queueAppend(rd raft.Ready, m *raftpb.Message) {
 	if !raft.IsEmptySnap(rd.Snapshot) {
 		job.snap = rd.Snapshot
 	}
-	g.appendQueue = append(g.appendQueue, job)
-}
-
-// nextAppend returns the queued appends as one job to save now, unless one is in
-// flight (or there is none).
-func (g *group) nextAppend() *appendJob {
-	if g.appending || len(g.appendQueue) == 0 || g.failed != nil || g.removed {
-		return nil
-	}
-	job := g.appendQueue[0]
-	for _, j := range g.appendQueue[1:] {
-		job.updates = append(job.updates, j.updates...)
-		job.responses = append(job.responses, j.responses...)
-		if j.snap != nil {
-			job.snap = j.snap
-		}
-	}
-	clear(g.appendQueue)
-	g.appendQueue = g.appendQueue[:0]
-	g.appending = true
 	return job
 }
 
@@ -730,7 +706,6 @@ func (g *group) nextAppend() *appendJob {
 // installed before raft hears it is durable (raft then counts it applied), then
 // the responses to this node are stepped. False if the group failed.
 func (g *group) appendDone(r appendResult) bool {
-	g.appending = false
 	if r.err != nil {
 		g.fail(fmt.Errorf("raftstore: log save: %w", r.err))
 		return false

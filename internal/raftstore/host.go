@@ -21,9 +21,12 @@ import (
 // LogStore is the durable Raft log of every group on this host. *wal.WAL implements
 // it; memlog.Log is an in-memory one for tests.
 type LogStore interface {
-	// Save makes every update durable (one fsync for all of them) before it returns.
-	// Afterwards Storage(u.Group) reflects the update.
-	Save(updates []wal.Update) error
+	// SaveAsync makes every update durable (one fsync for all of them) and then
+	// calls done; afterwards Storage(u.Group) reflects the update. The updates
+	// take their place in the log before SaveAsync returns, so a group's appends
+	// are in call order however many are in flight, and done calls come in call
+	// order too. done must not block (*wal.WAL calls it on its committer).
+	SaveAsync(updates []wal.Update, done func(error))
 	// Storage is the read side raft uses for a group (created empty if unknown).
 	Storage(group uint64) raft.Storage
 	// CreateSnapshot records snap as the group's latest snapshot and drops the log
@@ -603,7 +606,7 @@ func (h *Host) processBatch(batch []*group) {
 			for _, m := range rd.Messages {
 				switch m.GetTo() {
 				case raft.LocalAppendThread:
-					g.queueAppend(rd, m)
+					jobs = append(jobs, g.newAppend(rd, m))
 				case raft.LocalApplyThread:
 					w.apply = m
 				default:
@@ -618,10 +621,6 @@ func (h *Host) processBatch(batch []*group) {
 			out = g.outgoing(out, rd.Messages[:n])
 			works = append(works, w)
 		}
-		// 2. The group's appends, unless one is in flight: it goes on meanwhile.
-		if job := g.nextAppend(); job != nil {
-			jobs = append(jobs, job)
-		}
 		if !ok {
 			g.finishRound()
 			g.procMu.Unlock()
@@ -635,7 +634,8 @@ func (h *Host) processBatch(batch []*group) {
 		h.cfg.Transport.Send(out)
 	}
 	if len(jobs) > 0 {
-		h.startAppends(jobs)
+		// 2. The round's appends, while the groups are held: their place in the log.
+		h.saveAppends(jobs)
 	}
 	for i := range works {
 		w := &works[i]
@@ -655,32 +655,38 @@ func (h *Host) processBatch(batch []*group) {
 	}
 }
 
-// startAppends saves the round's appends with one LogStore.Save (group commit) off
-// the worker, or at once in manual mode.
-func (h *Host) startAppends(jobs []*appendJob) {
-	if h.cfg.Manual {
-		h.persist(jobs)
-		return
-	}
-	h.bg.Add(1)
-	go func() {
-		defer h.bg.Done()
-		h.persist(jobs)
-	}()
-}
-
-// persist saves jobs, then delivers their responses: to peers at once, to this node
-// through each group's inbox (with a received snapshot to install first). A failed
-// Save fails every group of it (the WAL refuses everything after a failed fsync
-// anyway).
-func (h *Host) persist(jobs []*appendJob) {
+// saveAppends saves the round's appends with one LogStore.SaveAsync (group
+// commit); appended delivers their responses once they are durable. In manual
+// mode it waits for that, so a round leaves nothing in flight.
+func (h *Host) saveAppends(jobs []*appendJob) {
 	var updates []wal.Update
 	for _, j := range jobs {
 		updates = append(updates, j.updates...)
 	}
 	t := time.Now()
-	err := h.cfg.Log.Save(updates)
-	h.stats.logSave.Observe(time.Since(t))
+	var saved chan struct{}
+	if h.cfg.Manual {
+		saved = make(chan struct{})
+	}
+	h.bg.Add(1) // Stop waits for the appends in flight
+	h.cfg.Log.SaveAsync(updates, func(err error) {
+		defer h.bg.Done()
+		h.stats.logSave.Observe(time.Since(t))
+		h.appended(jobs, err)
+		if saved != nil {
+			close(saved)
+		}
+	})
+	if saved != nil {
+		<-saved
+	}
+}
+
+// appended delivers the responses of durable appends: to peers at once, to this
+// node through each group's inbox (with a received snapshot to install first). A
+// failed save fails every group of it (the WAL refuses everything after a failed
+// fsync anyway). It runs on the log's committer: nothing here blocks.
+func (h *Host) appended(jobs []*appendJob, err error) {
 	if err != nil {
 		h.log.Error("raftstore: log save failed; stopping the groups of the round", "err", err, "groups", len(jobs))
 	}

@@ -161,7 +161,10 @@
 //
 // Callers (Save, CreateSnapshot, RemoveGroup) validate their input and encode
 // their records into the pending batch under WAL.mu, kick the committer and
-// wait. Storage methods take WAL.mu briefly and read the disk without it.
+// wait. SaveAsync does the same without the wait: the committer calls its
+// callback after the batch (in call order), so a group may have several saves
+// in flight; validation then checks a group's entries against the last index
+// queued for it (group.queuedLast), not only the durable one. Storage methods take WAL.mu briefly and read the disk without it.
 // WAL.mu is a leaf lock; nothing else is held while taking it.
 //
 // INVARIANT: the in-memory index reflects exactly the batches that were

@@ -45,6 +45,12 @@ type group struct {
 	cache      []*pb.Entry
 	cacheFirst uint64
 	cacheBytes int
+
+	// queuedLast is the last index once the records encoded for the group
+	// and not yet durable are (SaveAsync lets a group have several batches in
+	// flight); set by the first Save, it is what the next Save must follow.
+	queuedLast uint64
+	queued     bool
 }
 
 func newGroup(id uint64) *group {
@@ -54,6 +60,15 @@ func newGroup(id uint64) *group {
 func (g *group) firstIndex() uint64 { return g.compactIndex + 1 }
 func (g *group) lastIndex() uint64  { return g.compactIndex + uint64(len(g.ents)) }
 func (g *group) snapIndex() uint64  { return g.snap.GetMetadata().GetIndex() }
+
+// nextAfter is the index the group's next Save appends after: the durable
+// last index, or the last one queued before it.
+func (g *group) nextAfter() uint64 {
+	if g.queued {
+		return g.queuedLast
+	}
+	return g.lastIndex()
+}
 
 // hasState reports whether the group has anything durable to restate in a
 // segment checkpoint.

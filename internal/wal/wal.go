@@ -140,8 +140,9 @@ type batch struct {
 	buf   []byte
 	ops   []op
 	saves int
-	sync  bool    // some record of the batch must be durable before its waiters return
-	res   *result // fresh for every batch: waiters keep it after buf is reused
+	sync  bool          // some record of the batch must be durable before its waiters return
+	res   *result       // fresh for every batch: waiters keep it after buf is reused
+	dones []func(error) // SaveAsync callbacks, in call order
 }
 
 // result is how a batch's waiters learn its outcome: err is written before
@@ -637,8 +638,11 @@ func syncDir(dir string) error {
 }
 
 // enqueue adds records to the pending batch through encode (which appends
-// to buf and ops) and waits until the batch is durable.
-func (w *WAL) enqueue(encode func(b *batch) error) error {
+// to buf and ops). With done nil it waits until the batch is durable;
+// otherwise it returns at once and the committer calls done, in call order.
+// An error (closed or failed WAL, invalid input) is returned, not handed to
+// done.
+func (w *WAL) enqueue(encode func(b *batch) error, done func(error)) error {
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()
@@ -653,24 +657,33 @@ func (w *WAL) enqueue(encode func(b *batch) error) error {
 	mark, nops := len(b.buf), len(b.ops)
 	if err := encode(b); err != nil {
 		b.buf, b.ops = b.buf[:mark], b.ops[:nops]
-		w.mu.Unlock()
-		if err == errIgnore {
-			return nil
+		if err != errIgnore || done == nil {
+			w.mu.Unlock()
+			if err == errIgnore {
+				err = nil
+			}
+			return err
 		}
-		return err
 	}
-	if len(b.ops) == nops {
+	if len(b.ops) == nops && done == nil {
 		// Nothing to write (a Ready with no HardState, entries or
-		// snapshot): nothing to wait for.
+		// snapshot): nothing to wait for. (An async caller still queues its
+		// callback: it must come after those of its earlier Saves.)
 		w.mu.Unlock()
 		return nil
 	}
 	b.saves++
 	res := b.res
+	if done != nil {
+		b.dones = append(b.dones, done)
+	}
 	w.mu.Unlock()
 	select {
 	case w.kick <- struct{}{}:
 	default:
+	}
+	if done != nil {
+		return nil
 	}
 	<-res.done
 	return res.err
@@ -682,12 +695,33 @@ func (w *WAL) enqueue(encode func(b *batch) error) error {
 // log's order); within one Save, updates apply in slice order. If any update
 // is invalid (ErrGap, ErrNonContiguous) nothing of the Save is written.
 func (w *WAL) Save(updates []Update) error {
-	return w.enqueue(func(b *batch) error {
+	return w.enqueue(w.encodeUpdates(updates), nil)
+}
+
+// SaveAsync is Save without the wait: the updates take their place in the log
+// before SaveAsync returns (so a group may have several SaveAsyncs in flight,
+// their order the call order), and done is called exactly once with Save's
+// outcome: by the committer once they are durable, in call order, or at once
+// for an invalid update or a closed or failed WAL. done runs on the
+// committer's goroutine and must not block.
+func (w *WAL) SaveAsync(updates []Update, done func(error)) {
+	if err := w.enqueue(w.encodeUpdates(updates), done); err != nil {
+		done(err)
+	}
+}
+
+// encodeUpdates returns the encoder of Save and SaveAsync.
+func (w *WAL) encodeUpdates(updates []Update) func(b *batch) error {
+	return func(b *batch) error {
 		defer clear(w.lastScratch)
 		for i := range updates {
 			if err := w.validateLocked(&updates[i]); err != nil {
 				return err
 			}
+		}
+		for id, last := range w.lastScratch {
+			g := w.groupLocked(id)
+			g.queuedLast, g.queued = last, true
 		}
 		for i := range updates {
 			u := &updates[i]
@@ -723,7 +757,7 @@ func (w *WAL) Save(updates []Update) error {
 			}
 		}
 		return nil
-	})
+	}
 }
 
 // newerSnapshot reports whether snap is a snapshot newer than g's. An older
@@ -739,7 +773,7 @@ func (w *WAL) validateLocked(u *Update) error {
 	g := w.groupLocked(u.Group)
 	last, ok := w.lastScratch[u.Group]
 	if !ok {
-		last = g.lastIndex()
+		last = g.nextAfter()
 	}
 	if newerSnapshot(g, u.Snapshot) {
 		last = u.Snapshot.GetMetadata().GetIndex()
@@ -800,7 +834,7 @@ func (w *WAL) CreateSnapshot(group uint64, snap *pb.Snapshot, compactTo uint64) 
 		b.buf = appendSnapshot(b.buf, sr)
 		b.sync = true
 		return nil
-	})
+	}, nil)
 }
 
 // RemoveGroup durably forgets a group: its state and entries are dropped and
@@ -811,7 +845,7 @@ func (w *WAL) RemoveGroup(group uint64) error {
 		b.buf = appendGroupRemoved(b.buf, group)
 		b.sync = true
 		return nil
-	})
+	}, nil)
 }
 
 // committer is the one goroutine that writes and syncs. It owns the active
@@ -836,19 +870,20 @@ func (w *WAL) committer() {
 func (w *WAL) commitPending() {
 	w.mu.Lock()
 	b := w.pending
-	if len(b.ops) == 0 {
+	if len(b.ops) == 0 && len(b.dones) == 0 {
 		w.mu.Unlock()
 		return
 	}
 	next := w.spare
 	next.buf, next.ops, next.saves, next.sync = next.buf[:0], next.ops[:0], 0, false
+	next.dones = next.dones[:0]
 	next.res = newResult()
 	w.pending = next
 	failed := w.err
 	w.mu.Unlock()
 
 	err := failed
-	if err == nil {
+	if err == nil && len(b.ops) > 0 { // else only SaveAsync callbacks, to call in order
 		err = w.commit(b)
 	}
 
@@ -867,6 +902,10 @@ func (w *WAL) commitPending() {
 	}
 	w.mu.Unlock()
 	close(b.res.done)
+	for _, done := range b.dones {
+		done(b.res.err)
+	}
+	clear(b.dones)
 	if doomed != nil {
 		w.deleteSegments(doomed)
 	}

@@ -969,3 +969,104 @@ func waitPreparer(w *WAL) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestSaveAsyncPipelined: a group's SaveAsyncs may overlap. The second is
+// accepted (it follows the first, not yet durable) while the first waits in
+// its fdatasync; callbacks come once each, in call order, after durability;
+// an invalid update is refused at once with nothing written; everything
+// acknowledged is there after a reopen.
+func TestSaveAsyncPipelined(t *testing.T) {
+	dir := t.TempDir()
+	release := make(chan struct{})
+	var syncs sync.WaitGroup
+	syncs.Add(1)
+	var once sync.Once
+	w := openT(t, dir, func(c *Config) {
+		c.Knobs.BeforeSync = func() error {
+			once.Do(func() { syncs.Done(); <-release }) // hold the first batch
+			return nil
+		}
+	})
+	var mu sync.Mutex
+	var order []int
+	all := make(chan struct{})
+	done := func(i int) func(error) {
+		return func(err error) {
+			if err != nil {
+				t.Errorf("save %d: %v", i, err)
+			}
+			mu.Lock()
+			order = append(order, i)
+			if len(order) == 4 {
+				close(all)
+			}
+			mu.Unlock()
+		}
+	}
+	a, b := mkEnts(1, 3, 1, 100, 1), mkEnts(4, 3, 1, 100, 2)
+	w.SaveAsync([]Update{{Group: 1, HardState: hs(1, 1, 0), Entries: a}}, done(0))
+	syncs.Wait() // the first batch is in its fdatasync
+	w.SaveAsync([]Update{{Group: 1, Entries: b}}, done(1))
+	w.SaveAsync([]Update{{Group: 1, HardState: hs(1, 1, 3), NoSync: true}}, done(2))
+	w.SaveAsync([]Update{{Group: 1}}, done(3)) // nothing to write: still in order
+	var gapErr error
+	w.SaveAsync([]Update{{Group: 1, Entries: mkEnts(9, 1, 1, 10, 3)}}, func(err error) { gapErr = err })
+	if !errors.Is(gapErr, ErrGap) {
+		t.Fatalf("SaveAsync of a gap: %v (called at once?), want ErrGap", gapErr)
+	}
+	mu.Lock()
+	if len(order) != 0 {
+		t.Fatalf("callbacks %v ran before the first batch was durable", order)
+	}
+	mu.Unlock()
+	close(release)
+	select {
+	case <-all:
+	case <-time.After(10 * time.Second):
+		t.Fatal("SaveAsync callbacks did not all run")
+	}
+	if !slices.Equal(order, []int{0, 1, 2, 3}) {
+		t.Fatalf("callbacks ran in order %v, want 0 1 2 3", order)
+	}
+	want := append(slices.Clone(a), b...)
+	checkLog(t, w.Storage(1), want)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	w = openT(t, dir, nil)
+	defer w.Close()
+	checkLog(t, w.Storage(1), want)
+	checkHardState(t, w.Storage(1), hs(1, 1, 3))
+}
+
+// TestSaveAsyncAfterFailure: on a failed or closed WAL, SaveAsync's callback
+// still runs, at once, with the error (a caller waiting for it must not hang).
+func TestSaveAsyncAfterFailure(t *testing.T) {
+	w := openT(t, t.TempDir(), func(c *Config) {
+		c.Knobs.BeforeSync = func() error { return errors.New("injected EIO") }
+	})
+	errs := make(chan error, 3)
+	w.SaveAsync([]Update{{Group: 1, Entries: mkEnts(1, 1, 1, 10, 1)}}, func(err error) { errs <- err })
+	if err := <-errs; !errors.Is(err, ErrFailed) {
+		t.Fatalf("failed fdatasync: %v, want ErrFailed", err)
+	}
+	w.SaveAsync([]Update{{Group: 1, Entries: mkEnts(1, 1, 1, 10, 1)}}, func(err error) { errs <- err })
+	select {
+	case err := <-errs:
+		if !errors.Is(err, ErrFailed) {
+			t.Fatalf("SaveAsync on a failed WAL: %v, want ErrFailed", err)
+		}
+	default:
+		t.Fatal("SaveAsync on a failed WAL did not call back at once")
+	}
+	w.Close()
+	w.SaveAsync([]Update{{Group: 1, Entries: mkEnts(1, 1, 1, 10, 1)}}, func(err error) { errs <- err })
+	select {
+	case err := <-errs:
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("SaveAsync on a closed WAL: %v, want ErrClosed", err)
+		}
+	default:
+		t.Fatal("SaveAsync on a closed WAL did not call back at once")
+	}
+}

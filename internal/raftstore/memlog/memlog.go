@@ -65,6 +65,9 @@ func (l *Log) Save(updates []wal.Update) error {
 	return nil
 }
 
+// SaveAsync is Save with its outcome handed to done, at once.
+func (l *Log) SaveAsync(updates []wal.Update, done func(error)) { done(l.Save(updates)) }
+
 // Storage returns the group's storage, created empty if unknown.
 func (l *Log) Storage(group uint64) raft.Storage { return l.storage(group) }
 
