@@ -1050,23 +1050,19 @@ func TestSaveAsyncAfterFailure(t *testing.T) {
 	if err := <-errs; !errors.Is(err, ErrFailed) {
 		t.Fatalf("failed fdatasync: %v, want ErrFailed", err)
 	}
-	w.SaveAsync([]Update{{Group: 1, Entries: mkEnts(1, 1, 1, 10, 1)}}, func(err error) { errs <- err })
-	select {
-	case err := <-errs:
-		if !errors.Is(err, ErrFailed) {
-			t.Fatalf("SaveAsync on a failed WAL: %v, want ErrFailed", err)
+	atOnce := func(what string, want error) {
+		t.Helper()
+		w.SaveAsync([]Update{{Group: 1, Entries: mkEnts(1, 1, 1, 10, 1)}}, func(err error) { errs <- err })
+		select {
+		case err := <-errs:
+			if !errors.Is(err, want) {
+				t.Fatalf("SaveAsync on a %s WAL: %v, want %v", what, err, want)
+			}
+		default:
+			t.Fatalf("SaveAsync on a %s WAL did not call back at once", what)
 		}
-	default:
-		t.Fatal("SaveAsync on a failed WAL did not call back at once")
 	}
+	atOnce("failed", ErrFailed)
 	w.Close()
-	w.SaveAsync([]Update{{Group: 1, Entries: mkEnts(1, 1, 1, 10, 1)}}, func(err error) { errs <- err })
-	select {
-	case err := <-errs:
-		if !errors.Is(err, ErrClosed) {
-			t.Fatalf("SaveAsync on a closed WAL: %v, want ErrClosed", err)
-		}
-	default:
-		t.Fatal("SaveAsync on a closed WAL did not call back at once")
-	}
+	atOnce("closed", ErrClosed)
 }
