@@ -131,8 +131,9 @@
 //
 // All Copyset methods are safe for concurrent use. Copyset.mu (RWMutex) guards
 // the chunk map: WriteAt, Discard and WriteZeroes hold it shared across their
-// syscall; ReadAt, Checksum and WriteSnapshot hold it only to find a chunk and
-// pin its descriptor; chunk creation, DeleteVolume, InstallStaged and
+// syscall; ReadAt, ReadAtCached, Checksum and WriteSnapshot hold it only to
+// find a chunk and pin its descriptor (ReadAtCached pins only a descriptor
+// already open, and reads with RWF_NOWAIT: it never waits for the disk); chunk creation, DeleteVolume, InstallStaged and
 // RemoveCopyset hold it exclusively. Sync never takes it: it works from the
 // dirty set (dirtyMu) and pins descriptors through the fd cache.
 //
