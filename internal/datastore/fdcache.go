@@ -61,11 +61,7 @@ func (c *fdCache) acquire(ch *chunk) (fd int, ok bool, err error) {
 		return -1, false, nil
 	}
 	if ch.fd >= 0 {
-		ch.refs++
-		if c.head.next != ch {
-			c.unlink(ch)
-			c.pushFront(ch)
-		}
+		c.pinLocked(ch)
 		return ch.fd, true, nil
 	}
 	fd, err = unix.Open(ch.path, unix.O_RDWR|unix.O_CLOEXEC, 0)
@@ -91,12 +87,18 @@ func (c *fdCache) acquireOpen(ch *chunk) (fd int, ok bool) {
 	if ch.dead || ch.fd < 0 {
 		return -1, false
 	}
+	c.pinLocked(ch)
+	return ch.fd, true
+}
+
+// pinLocked takes a reference to ch's open descriptor and makes it the most
+// recently used.
+func (c *fdCache) pinLocked(ch *chunk) {
 	ch.refs++
 	if c.head.next != ch {
 		c.unlink(ch)
 		c.pushFront(ch)
 	}
-	return ch.fd, true
 }
 
 // release drops a reference taken by acquire.
