@@ -37,6 +37,12 @@
 // fallocate(2)'s unwritten extents, whose conversion would make each
 // fdatasync commit the file system journal), a record write never changes
 // the file size or the block map and fdatasync(2) needs no metadata flush.
+// The zeros go with O_DIRECT where the file system takes it (not through the
+// page cache: copying them cost as much as the records' own writes), so the
+// committer writes whole pages: each write starts again at the page boundary
+// before the end of the log (the same bytes) and pads the rest of its last
+// page with zeros; a partial write into an uncached page would make the kernel
+// read it from disk first.
 // The files of the last four removed segments are kept as
 // "<name>.recycle.tmp" and reused for new segments instead of zero-filling
 // fresh ones (which doubled the WAL's disk writes under sequential writes);

@@ -3,6 +3,7 @@ package wal
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"os"
@@ -176,6 +177,10 @@ type WAL struct {
 	groups   map[uint64]*group
 	segs     []*segment // oldest first; the last one is active
 	writeOff int64      // next write offset in the active segment
+	// tailPage: the active segment's bytes from the page boundary before
+	// writeOff up to it (commit rewrites them). The committer's alone (and
+	// Open's before it starts).
+	tailPage []byte
 	pending  *batch
 	spare    *batch
 	stats    Stats
@@ -299,6 +304,9 @@ func (w *WAL) recover() error {
 			if err := preallocate(f, w.cfg.SegmentSize); err != nil {
 				return err
 			}
+			if err := w.loadTail(s, end); err != nil {
+				return err
+			}
 		}
 	}
 	for id, g := range w.groups {
@@ -394,25 +402,81 @@ func (w *WAL) cutTail(s *segment, off int64) error {
 // on the disk queues behind. Over written blocks fdatasync is a data flush only:
 // three concurrent 4 KiB fdatasync writers on this machine's disk took 340 µs per
 // sync on fallocated files and 150 µs on zero-filled ones (docs/performance.md).
-// The zeros are written once per segment, off the write path (prepareSpare).
+// The zeros are written once per segment, off the write path (prepareSpare),
+// with O_DIRECT where the file system allows it: through the page cache they
+// cost a core's worth of copying under sequential writes. That leaves the
+// pages uncached, which appends do not mind: they write whole pages (commit).
 func preallocate(f *os.File, size int64) error {
 	fi, err := f.Stat()
 	if err != nil {
 		return fmt.Errorf("wal: preallocate: %w", err)
 	}
-	// 16 KiB writes: the page cache makes folios as large as each write, and
-	// every later append into a folio costs time in proportion to its size
-	// (ext4 walks all its blocks; see datastore's writePiece).
-	zeros := make([]byte, min(16<<10, max(size-fi.Size(), 0)))
-	for off := fi.Size(); off < size; {
-		n := min(int64(len(zeros)), size-off)
-		if _, err := f.WriteAt(zeros[:n], off); err != nil {
+	off := fi.Size()
+	if off >= size {
+		return nil
+	}
+	// Up to the next page boundary through the page cache (the bytes before
+	// off in that page are records), the rest direct if possible.
+	if head := min(roundUp(off)-off, size-off); head > 0 {
+		if _, err := f.WriteAt(zeroPage[:head], off); err != nil {
 			return fmt.Errorf("wal: preallocate: %w", err)
 		}
-		off += n
+		off += head
+	}
+	if off < size {
+		if err := writeZerosDirect(f.Name(), off, roundUp(size)); err != nil {
+			return fmt.Errorf("wal: preallocate: %w", err)
+		}
 	}
 	return nil
 }
+
+// writeZerosDirect writes zeros to the file at path over [off, size), both
+// page-aligned, with O_DIRECT; through the page cache if O_DIRECT is refused.
+func writeZerosDirect(path string, off, size int64) error {
+	zeros := directZeros()
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+	direct := err == nil && zeros != nil
+	if !direct {
+		if err == nil {
+			unix.Close(fd)
+		}
+		if fd, err = unix.Open(path, unix.O_WRONLY|unix.O_CLOEXEC, 0); err != nil {
+			return err
+		}
+		// 16 KiB writes: the page cache makes folios as large as each write,
+		// and every later append into a folio costs time in proportion to its
+		// size (ext4 walks all its blocks; see datastore's writePiece).
+		zeros = make([]byte, 16<<10)
+	}
+	defer unix.Close(fd)
+	for off < size {
+		n := min(int64(len(zeros)), size-off)
+		w, err := unix.Pwrite(fd, zeros[:n], off)
+		if err != nil {
+			return err
+		}
+		off += int64(w)
+	}
+	return nil
+}
+
+const pageSize = 4096
+
+func roundUp(n int64) int64   { return (n + pageSize - 1) &^ (pageSize - 1) }
+func roundDown(n int64) int64 { return n &^ (pageSize - 1) }
+
+var zeroPage = make([]byte, pageSize)
+
+// directZeros returns 1 MiB of zeros aligned for O_DIRECT (anonymous mmap:
+// page-aligned, never written), or nil if the mapping failed.
+var directZeros = sync.OnceValue(func() []byte {
+	b, err := unix.Mmap(-1, 0, 1<<20, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil
+	}
+	return b
+})
 
 func (w *WAL) groupLocked(id uint64) *group {
 	g := w.groups[id]
@@ -539,10 +603,11 @@ func (w *WAL) createSegment(seq uint64, ckpt []byte, size int64) (*segment, erro
 			return fail(err)
 		}
 	}
-	hdr := appendSegmentHeader(make([]byte, 0, segHeaderSize+len(ckpt)), seq)
+	hdr := appendSegmentHeader(make([]byte, 0, roundUp(int64(segHeaderSize+len(ckpt)))), seq)
 	hdr = append(hdr, ckpt...)
 	sealRecords(hdr[segHeaderSize:], seq)
-	if _, err := f.WriteAt(hdr, 0); err != nil {
+	n := len(hdr)
+	if _, err := f.WriteAt(hdr[:roundUp(int64(n))], 0); err != nil { // whole pages: see writePages
 		return fail(err)
 	}
 	// A prepared file's size and allocation are durable already.
@@ -565,11 +630,12 @@ func (w *WAL) createSegment(seq uint64, ckpt []byte, size int64) (*segment, erro
 		w.stats.PreparedSegments++
 		w.mu.Unlock()
 	}
+	w.tailPage = append(w.tailPage[:0], hdr[roundDown(int64(n)):n]...)
 	return &segment{seq: seq, path: path, f: f, maxIdx: make(map[uint64]uint64)}, nil
 }
 
 // maybePrepareSpare starts preparing the next segment file in the
-// background once the active segment is half full. Called by the committer.
+// background unless it is ready or under way. Called by the committer.
 func (w *WAL) maybePrepareSpare() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -953,7 +1019,7 @@ func (w *WAL) commit(b *batch) error {
 	}
 	sealRecords(b.buf, active.seq)
 	wstart := time.Now()
-	if _, err := active.f.WriteAt(b.buf, off); err != nil {
+	if err := w.writePages(active, off, b.buf); err != nil {
 		return err
 	}
 	wdone := time.Now()
@@ -1003,6 +1069,61 @@ func (w *WAL) commit(b *batch) error {
 	w.stats.MaxSyncTime = max(w.stats.MaxSyncTime, lat)
 	w.stats.MaxBatchSaves = max(w.stats.MaxBatchSaves, b.saves)
 	w.mu.Unlock()
+	return nil
+}
+
+// writePages writes buf at off in s as whole pages: it writes the start of
+// off's page again (the same bytes, so a torn write cannot damage them) and
+// pads the end with zeros. A write of whole pages never makes the kernel read
+// a page in first, which every append into an uncached page would cost (the
+// pages of a preallocated or recycled segment are not in the page cache).
+func (w *WAL) writePages(s *segment, off int64, buf []byte) error {
+	head := w.tailPage
+	if int64(len(head)) != off-roundDown(off) {
+		panic(fmt.Sprintf("wal: tail page holds %d bytes at offset %d", len(head), off))
+	}
+	end := off + int64(len(buf))
+	if err := pwritevFull(int(s.f.Fd()), [][]byte{head, buf, zeroPage[:roundUp(end)-end]}, off-int64(len(head))); err != nil {
+		return err
+	}
+	if tn := int(end - roundDown(end)); tn <= len(buf) {
+		w.tailPage = append(head[:0], buf[len(buf)-tn:]...)
+	} else {
+		w.tailPage = append(head, buf...)
+	}
+	return nil
+}
+
+// pwritevFull writes all of iov at off.
+func pwritevFull(fd int, iov [][]byte, off int64) error {
+	for len(iov) > 0 {
+		n, err := unix.Pwritev(fd, iov, off)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return io.ErrShortWrite
+		}
+		off += int64(n)
+		for len(iov) > 0 && n >= len(iov[0]) {
+			n -= len(iov[0])
+			iov = iov[1:]
+		}
+		if len(iov) > 0 {
+			iov[0] = iov[0][n:]
+		}
+	}
+	return nil
+}
+
+// loadTail reads s's bytes from the page boundary before off up to off into
+// tailPage (Open and new segments).
+func (w *WAL) loadTail(s *segment, off int64) error {
+	start := roundDown(off)
+	w.tailPage = append(w.tailPage[:0], make([]byte, off-start)...)
+	if _, err := s.f.ReadAt(w.tailPage, start); err != nil {
+		return fmt.Errorf("wal: read the last page of %s: %w", s.path, err)
+	}
 	return nil
 }
 

@@ -1066,3 +1066,91 @@ func TestSaveAsyncAfterFailure(t *testing.T) {
 	w.Close()
 	atOnce("closed", ErrClosed)
 }
+
+// TestAppendsWriteWholePages: every append rewrites the start of its first
+// page and zero-fills the rest of its last one, so the kernel never reads a
+// page in first (preallocated pages are not cached). Garbage put after the
+// last record (as a recycled file holds) is cleared up to the page end by
+// the next append, and the log reads back the same after every reopen, which
+// reloads the partial last page.
+func TestAppendsWriteWholePages(t *testing.T) {
+	dir := t.TempDir()
+	cfg := func(c *Config) { c.SegmentSize = 64 << 10 }
+	w := openT(t, dir, cfg)
+	rng := rand.New(rand.NewSource(1))
+	var want []*pb.Entry
+	rollovers := 0
+	for i := uint64(1); i <= 120; i++ {
+		e := mkEnts(i, 1, 1, rng.Intn(9000), int64(i))
+		want = append(want, e...)
+		mustSave(t, w, Update{Group: 1, Entries: e})
+		w.mu.Lock()
+		path, off := w.segs[len(w.segs)-1].path, w.writeOff
+		w.mu.Unlock()
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if end := roundUp(off); !allZero(b[off:end]) {
+			t.Fatalf("save %d: bytes after the last record up to the page end (%d..%d) are not zero", i, off, end)
+		}
+		// Scribble over the rest of the page, as old records would be.
+		if end := roundUp(off); end > off {
+			f, err := os.OpenFile(path, os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.WriteAt(bytes.Repeat([]byte{0xa5}, int(end-off)), off); err != nil {
+				t.Fatal(err)
+			}
+			f.Close()
+		}
+		if i%10 == 0 {
+			rollovers += int(w.Stats().Rollovers)
+			w.Close()
+			w = openT(t, dir, cfg)
+			checkLog(t, w.Storage(1), want)
+		}
+		waitPreparer(w)
+	}
+	if rollovers < 5 {
+		t.Fatalf("only %d rollovers: the test should cross segments", rollovers)
+	}
+	w.Close()
+	w = openT(t, dir, cfg)
+	defer w.Close()
+	checkLog(t, w.Storage(1), want)
+}
+
+// TestPreallocateWithoutODirect: on a file system that refuses O_DIRECT
+// (tmpfs) the zeros go through the page cache, and a file cut mid-page keeps
+// its bytes before the cut.
+func TestPreallocateWithoutODirect(t *testing.T) {
+	for _, dir := range []string{t.TempDir(), "/dev/shm"} {
+		if _, err := os.Stat(dir); err != nil {
+			t.Logf("skipping %s: %v", dir, err)
+			continue
+		}
+		f, err := os.CreateTemp(dir, "prealloc")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer os.Remove(f.Name())
+		head := bytes.Repeat([]byte{7}, 5000)
+		if _, err := f.Write(head); err != nil {
+			t.Fatal(err)
+		}
+		if err := preallocate(f, 3<<20+100); err != nil {
+			t.Fatalf("%s: preallocate: %v", dir, err)
+		}
+		b, err := os.ReadFile(f.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) < 3<<20+100 || !bytes.Equal(b[:len(head)], head) || !allZero(b[len(head):]) {
+			t.Fatalf("%s: preallocated file: %d bytes, head kept %v, zeros after %v", dir, len(b),
+				bytes.Equal(b[:len(head)], head), allZero(b[len(head):]))
+		}
+		f.Close()
+	}
+}
