@@ -35,6 +35,9 @@ type LogStore interface {
 	CreateSnapshot(group uint64, snap *raftpb.Snapshot, compactTo uint64) error
 	// RemoveGroup forgets the group's log.
 	RemoveGroup(group uint64) error
+	// SetApplied tells the log the group applied its entries up to index, so
+	// that it may stop caching them.
+	SetApplied(group, index uint64)
 }
 
 // StateMachine is a group's replicated state: the copyset's chunks and epochs. All
@@ -643,6 +646,7 @@ func (h *Host) processBatch(batch []*group) {
 		// 3. Apply the committed entries (raft hands out only entries durable here),
 		//    answering their proposers, then tell raft; then the read states.
 		if g.failed == nil && w.apply != nil && g.applyEntries(w.apply.GetEntries()) {
+			h.cfg.Log.SetApplied(g.id, g.applied)
 			for _, m := range w.apply.GetResponses() {
 				_ = g.rn.Step(m)
 			}

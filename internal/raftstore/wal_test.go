@@ -13,11 +13,15 @@ import (
 
 // TestOnRealWAL runs a group on the real shared WAL (one per host): writes with
 // snapshots and compaction, then every host stops, its WAL is closed and reopened
-// from disk, and the group comes back with the same state and goes on.
+// from disk, and the group comes back with the same state and goes on. The
+// host tells the WAL what it applied, so the entry cache keeps no more applied
+// entries than CacheBytes.
 func TestOnRealWAL(t *testing.T) {
 	dir := t.TempDir()
+	const cacheBytes = 64
 	open := func(id uint64) *wal.WAL {
-		w, err := wal.Open(wal.Config{Dir: filepath.Join(dir, fmt.Sprint(id)), SegmentSize: 64 << 10, Logger: slog.New(slog.DiscardHandler)})
+		w, err := wal.Open(wal.Config{Dir: filepath.Join(dir, fmt.Sprint(id)), SegmentSize: 64 << 10,
+			CacheBytes: cacheBytes, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -43,6 +47,12 @@ func TestOnRealWAL(t *testing.T) {
 		}
 	}
 	c.waitConverged(300)
+	for _, id := range c.ids {
+		// Two groups, each at most cacheBytes plus the one entry always kept.
+		if n := wals[id].Stats().CachedBytes; n > 2*(cacheBytes+32) {
+			t.Fatalf("node %d: %d bytes of applied entries cached, want at most %d", id, n, 2*(cacheBytes+32))
+		}
+	}
 	want := map[uint64]map[string]string{1: c.sms[1][1].snapshotKV(), 2: c.sms[1][2].snapshotKV()}
 	for _, id := range c.ids {
 		if first, _ := wals[id].Storage(1).FirstIndex(); first <= 1 {

@@ -45,6 +45,9 @@ type group struct {
 	cache      []*pb.Entry
 	cacheFirst uint64
 	cacheBytes int
+	// applied is the host's applied index (SetApplied): cached entries after
+	// it stay beyond the cache limit.
+	applied uint64
 
 	// queuedLast is the last index once the records encoded for the group
 	// and not yet durable are (SaveAsync lets a group have several batches in
@@ -121,7 +124,21 @@ func (g *group) appendLoc(loc entryLoc, e *pb.Entry, cacheLimit int) {
 	}
 	g.cache = append(g.cache, e)
 	g.cacheBytes += len(e.Data)
-	for g.cacheBytes > cacheLimit && len(g.cache) > 1 {
+	g.trimCache(cacheLimit)
+}
+
+// unappliedCacheFactor: entries not applied yet are cached up to this many
+// times the cache limit (an apply far behind must not hold memory for ever).
+const unappliedCacheFactor = 32
+
+// trimCache drops the oldest cached entries while the cache holds more than
+// limit bytes of applied entries, or more than unappliedCacheFactor × limit in
+// all. Raft reads each entry back once more to apply it (and a leader to send
+// it to a follower whose append lags), so keeping the entries in flight saves
+// a pread and an allocation of each, which at 256 KiB per entry counts.
+func (g *group) trimCache(limit int) {
+	for len(g.cache) > 1 && (g.cacheBytes > limit && g.cacheFirst <= g.applied ||
+		g.cacheBytes > unappliedCacheFactor*limit) {
 		g.popCache()
 	}
 }

@@ -81,8 +81,9 @@ type Knobs struct {
 type Config struct {
 	Dir         string // created if missing
 	SegmentSize int64  // preallocated size of a segment; default DefaultSegmentSize
-	// CacheBytes bounds the entry data cached in memory per group (the
-	// newest entries); default DefaultCacheBytes, negative disables it.
+	// CacheBytes bounds the applied entry data cached in memory per group
+	// (the newest entries; those not applied yet stay up to 32 × CacheBytes,
+	// see SetApplied); default DefaultCacheBytes, negative disables it.
 	CacheBytes int
 	Logger     *slog.Logger
 	Knobs      Knobs
@@ -1313,6 +1314,19 @@ func (w *WAL) reuseRecycled() (*os.File, string) {
 	}
 	os.Remove(path)
 	return nil, ""
+}
+
+// SetApplied records that the group applied its entries up to index. The
+// entry cache keeps entries not applied yet beyond Config.CacheBytes (see
+// trimCache): a host that never calls it gets a cache of up to
+// 32 × CacheBytes per group.
+func (w *WAL) SetApplied(group, index uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if g := w.groups[group]; g != nil && index > g.applied {
+		g.applied = index
+		g.trimCache(w.cfg.CacheBytes)
+	}
 }
 
 // Groups returns the ids of the groups the WAL holds, sorted.

@@ -587,8 +587,22 @@ func TestEntriesMaxSizeAndDiskReads(t *testing.T) {
 	defer w.Close()
 	ents := mkEnts(1, 50, 1, 500, 1)
 	mustSave(t, w, Update{Group: 1, Entries: ents})
+	// Entries not applied yet stay cached beyond the limit (up to 32 ×).
+	if st := w.Stats(); st.CachedBytes != 50*500 {
+		t.Fatalf("CachedBytes = %d before any apply, want all %d", st.CachedBytes, 50*500)
+	}
+	w.SetApplied(1, 10)
+	if st := w.Stats(); st.CachedBytes != 40*500 {
+		t.Fatalf("CachedBytes = %d with 10 applied, want the %d not applied", st.CachedBytes, 40*500)
+	}
+	w.SetApplied(1, 50)
 	if st := w.Stats(); st.CachedBytes > 2<<10 || st.CachedBytes == 0 {
 		t.Fatalf("CachedBytes = %d, want (0, 2048]", st.CachedBytes)
+	}
+	more := mkEnts(51, 200, 1, 500, 2)
+	mustSave(t, w, Update{Group: 1, Entries: more})
+	if st := w.Stats(); st.CachedBytes > 32*2<<10 {
+		t.Fatalf("CachedBytes = %d with nothing more applied, want at most 32 × 2048", st.CachedBytes)
 	}
 	s := w.Storage(1)
 	size := uint64(proto.Size(ents[0]))
@@ -596,7 +610,7 @@ func TestEntriesMaxSizeAndDiskReads(t *testing.T) {
 		max  uint64
 		want int
 	}{{0, 1}, {size - 1, 1}, {size, 1}, {2 * size, 2}, {10*size + 1, 10}, {1 << 40, 50}} {
-		got, err := s.Entries(1, 51, tc.max)
+		got, err := s.Entries(1, 51, tc.max) // 1..50: read from disk but the last few
 		if err != nil {
 			t.Fatal(err)
 		}

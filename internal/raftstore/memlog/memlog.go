@@ -68,6 +68,9 @@ func (l *Log) Save(updates []wal.Update) error {
 // SaveAsync is Save with its outcome handed to done, at once.
 func (l *Log) SaveAsync(updates []wal.Update, done func(error)) { done(l.Save(updates)) }
 
+// SetApplied does nothing: MemoryStorage holds every entry until compaction.
+func (l *Log) SetApplied(group, index uint64) {}
+
 // Storage returns the group's storage, created empty if unknown.
 func (l *Log) Storage(group uint64) raft.Storage { return l.storage(group) }
 
