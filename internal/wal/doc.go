@@ -42,7 +42,10 @@
 // committer writes whole pages: each write starts again at the page boundary
 // before the end of the log (the same bytes) and pads the rest of its last
 // page with zeros; a partial write into an uncached page would make the kernel
-// read it from disk first.
+// read it from disk first. Batches of 64 KiB and more are written with O_DIRECT
+// too (from a page-aligned copy): through the page cache their pages cost an
+// allocation, a copy and the writeback in fdatasync; the kernel writes back and
+// drops cached pages a direct write covers, so the two kinds of write mix.
 // The files of the last four removed segments are kept as
 // "<name>.recycle.tmp" and reused for new segments instead of zero-filling
 // fresh ones (which doubled the WAL's disk writes under sequential writes);

@@ -182,6 +182,7 @@ type WAL struct {
 	// writeOff up to it (commit rewrites them). The committer's alone (and
 	// Open's before it starts).
 	tailPage []byte
+	direct   *directWriter // large batches (the committer's alone)
 	pending  *batch
 	spare    *batch
 	stats    Stats
@@ -226,6 +227,7 @@ func Open(cfg Config) (*WAL, error) {
 		lastScratch: make(map[uint64]uint64),
 		pending:     &batch{res: newResult()},
 		spare:       &batch{},
+		direct:      newDirectWriter(),
 	}
 	if err := w.recover(); err != nil {
 		for _, s := range w.segs {
@@ -1084,7 +1086,16 @@ func (w *WAL) writePages(s *segment, off int64, buf []byte) error {
 		panic(fmt.Sprintf("wal: tail page holds %d bytes at offset %d", len(head), off))
 	}
 	end := off + int64(len(buf))
-	if err := pwritevFull(int(s.f.Fd()), [][]byte{head, buf, zeroPage[:roundUp(end)-end]}, off-int64(len(head))); err != nil {
+	iov := [][]byte{head, buf, zeroPage[:roundUp(end)-end]}
+	written := false
+	var err error
+	if len(buf) >= directMinBytes {
+		written, err = w.direct.write(s, off-int64(len(head)), iov)
+	}
+	if !written {
+		err = pwritevFull(int(s.f.Fd()), iov, off-int64(len(head)))
+	}
+	if err != nil {
 		return err
 	}
 	if tn := int(end - roundDown(end)); tn <= len(buf) {
@@ -1390,6 +1401,7 @@ func (w *WAL) Close() error {
 	w.mu.Unlock()
 	close(w.quit)
 	<-w.stopped
+	w.direct.close()
 	w.prepWG.Wait()
 	w.mu.Lock()
 	defer w.mu.Unlock()

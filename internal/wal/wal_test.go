@@ -1083,19 +1083,26 @@ func TestSaveAsyncAfterFailure(t *testing.T) {
 
 // TestAppendsWriteWholePages: every append rewrites the start of its first
 // page and zero-fills the rest of its last one, so the kernel never reads a
-// page in first (preallocated pages are not cached). Garbage put after the
+// page in first (preallocated pages are not cached), and large ones go with
+// O_DIRECT, mixed with buffered ones in the same pages. Garbage put after the
 // last record (as a recycled file holds) is cleared up to the page end by
 // the next append, and the log reads back the same after every reopen, which
 // reloads the partial last page.
 func TestAppendsWriteWholePages(t *testing.T) {
 	dir := t.TempDir()
-	cfg := func(c *Config) { c.SegmentSize = 64 << 10 }
+	// No entry cache: the log is read back from the files, where batches of
+	// 64 KiB and more were written with O_DIRECT and the rest buffered.
+	cfg := func(c *Config) { c.SegmentSize = 512 << 10; c.CacheBytes = -1 }
 	w := openT(t, dir, cfg)
 	rng := rand.New(rand.NewSource(1))
 	var want []*pb.Entry
 	rollovers := 0
 	for i := uint64(1); i <= 120; i++ {
-		e := mkEnts(i, 1, 1, rng.Intn(9000), int64(i))
+		size := rng.Intn(9000)
+		if i%5 == 0 {
+			size = directMinBytes + rng.Intn(100<<10)
+		}
+		e := mkEnts(i, 1, 1, size, int64(i))
 		want = append(want, e...)
 		mustSave(t, w, Update{Group: 1, Entries: e})
 		w.mu.Lock()
@@ -1119,7 +1126,11 @@ func TestAppendsWriteWholePages(t *testing.T) {
 			}
 			f.Close()
 		}
+		if i%5 == 0 && w.direct.fd < 0 && !w.direct.refused {
+			t.Fatalf("save %d: a %d-byte entry was not written with O_DIRECT", i, size)
+		}
 		if i%10 == 0 {
+			checkLog(t, w.Storage(1), want)
 			rollovers += int(w.Stats().Rollovers)
 			w.Close()
 			w = openT(t, dir, cfg)
