@@ -638,7 +638,7 @@ func (w *WAL) createSegment(seq uint64, ckpt []byte, size int64) (*segment, erro
 }
 
 // maybePrepareSpare starts preparing the next segment file in the
-// background unless it is ready or under way. Called by the committer.
+// background once the active segment is half full. Called by the committer.
 func (w *WAL) maybePrepareSpare() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -1129,7 +1129,7 @@ func pwritevFull(fd int, iov [][]byte, off int64) error {
 }
 
 // loadTail reads s's bytes from the page boundary before off up to off into
-// tailPage (Open and new segments).
+// tailPage (Open; createSegment sets it for a new segment).
 func (w *WAL) loadTail(s *segment, off int64) error {
 	start := roundDown(off)
 	w.tailPage = append(w.tailPage[:0], make([]byte, off-start)...)
