@@ -69,6 +69,9 @@ func (d *directWriter) write(s *segment, off int64, iov [][]byte) (bool, error) 
 		}
 		b, off = b[w:], off+int64(w)
 	}
+	if len(d.buf) > maxKeptBuffer {
+		d.release() // a huge batch: do not keep its buffer for ever
+	}
 	return true, nil
 }
 
@@ -81,11 +84,16 @@ func (d *directWriter) grow(n int) error {
 	if err != nil {
 		return err
 	}
-	if d.buf != nil {
-		unix.Munmap(d.buf)
-	}
+	d.release()
 	d.buf = b
 	return nil
+}
+
+func (d *directWriter) release() {
+	if d.buf != nil {
+		unix.Munmap(d.buf)
+		d.buf = nil
+	}
 }
 
 func (d *directWriter) closeFd() {
@@ -98,8 +106,5 @@ func (d *directWriter) closeFd() {
 // close releases the descriptor and the buffer.
 func (d *directWriter) close() {
 	d.closeFd()
-	if d.buf != nil {
-		unix.Munmap(d.buf)
-		d.buf = nil
-	}
+	d.release()
 }

@@ -145,11 +145,12 @@
 // Per group: the hard state, the latest snapshot (metadata and Data), the
 // compaction point (index and term, which answers Term(FirstIndex-1)), and
 // one entryLoc (term, type, segment, offset, length) per retained entry.
-// The newest entries themselves are cached (Config.CacheBytes per group,
-// 1 MiB by default: a hundred groups cost at most 100 MiB, and the entries
-// between durable and applied are far fewer) so that raft's reads of
+// The newest entries themselves are cached so that raft's reads of
 // just-appended entries (MsgApp to followers, CommittedEntries) do not touch
-// the disk; older ones are read back with pread.
+// the disk; older ones are read back with pread. Entries the host has not
+// applied yet (SetApplied) stay cached up to 32 × Config.CacheBytes per group,
+// applied ones up to Config.CacheBytes (1 MiB by default: a hundred idle
+// groups cost at most 100 MiB; 32 × that only while applies lag behind).
 //
 // # Goroutines and locks
 //

@@ -80,7 +80,7 @@ type Knobs struct {
 // Config configures a WAL.
 type Config struct {
 	Dir         string // created if missing
-	SegmentSize int64  // preallocated size of a segment; default DefaultSegmentSize
+	SegmentSize int64  // preallocated size of a segment, rounded up to whole 4 KiB pages; default DefaultSegmentSize
 	// CacheBytes bounds the applied entry data cached in memory per group
 	// (the newest entries; those not applied yet stay up to 32 × CacheBytes,
 	// see SetApplied); default DefaultCacheBytes, negative disables it.
@@ -206,6 +206,7 @@ func Open(cfg Config) (*WAL, error) {
 	if cfg.SegmentSize <= 0 {
 		cfg.SegmentSize = DefaultSegmentSize
 	}
+	cfg.SegmentSize = roundUp(cfg.SegmentSize) // whole pages (writePages, O_DIRECT)
 	if cfg.CacheBytes == 0 {
 		cfg.CacheBytes = DefaultCacheBytes
 	}
@@ -437,31 +438,41 @@ func preallocate(f *os.File, size int64) error {
 // writeZerosDirect writes zeros to the file at path over [off, size), both
 // page-aligned, with O_DIRECT; through the page cache if O_DIRECT is refused.
 func writeZerosDirect(path string, off, size int64) error {
-	zeros := directZeros()
-	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
-	direct := err == nil && zeros != nil
-	if !direct {
+	if zeros := directZeros(); zeros != nil {
+		fd, err := unix.Open(path, unix.O_WRONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
 		if err == nil {
+			off, err = pwriteZeros(fd, zeros, off, size)
 			unix.Close(fd)
+			if !errors.Is(err, unix.EINVAL) {
+				return err
+			}
 		}
-		if fd, err = unix.Open(path, unix.O_WRONLY|unix.O_CLOEXEC, 0); err != nil {
-			return err
-		}
-		// 16 KiB writes: the page cache makes folios as large as each write,
-		// and every later append into a folio costs time in proportion to its
-		// size (ext4 walks all its blocks; see datastore's writePiece).
-		zeros = make([]byte, 16<<10)
+	}
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
 	}
 	defer unix.Close(fd)
+	// 16 KiB writes: the page cache makes folios as large as each write, and
+	// every later append into a folio costs time in proportion to its size
+	// (ext4 walks all its blocks; see datastore's writePiece).
+	_, err = pwriteZeros(fd, make([]byte, 16<<10), off, size)
+	return err
+}
+
+// pwriteZeros writes zeros over [off, size) and returns how far it got.
+func pwriteZeros(fd int, zeros []byte, off, size int64) (int64, error) {
 	for off < size {
-		n := min(int64(len(zeros)), size-off)
-		w, err := unix.Pwrite(fd, zeros[:n], off)
+		n, err := unix.Pwrite(fd, zeros[:min(int64(len(zeros)), size-off)], off)
 		if err != nil {
-			return err
+			return off, err
 		}
-		off += int64(w)
+		if n == 0 {
+			return off, io.ErrShortWrite
+		}
+		off += int64(n)
 	}
-	return nil
+	return off, nil
 }
 
 const pageSize = 4096
@@ -1165,6 +1176,8 @@ func (w *WAL) rollover(active *segment, need int64) (*segment, int64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
+	w.direct.closeFd() // the old segment's: do not keep a removed file's blocks
+
 	off := int64(segHeaderSize + len(ckpt))
 	w.mu.Lock()
 	w.segs = append(w.segs, s)
