@@ -130,7 +130,15 @@ func (c *Client) call(ctx context.Context, fn func(context.Context, api.MDSClien
 			actx, cancel := context.WithTimeout(ctx, AttemptTimeout)
 			err := fn(actx, c.stubs[next])
 			cancel()
-			if status.Code(err) == codes.DeadlineExceeded && ctx.Err() == nil {
+			if code := status.Code(err); ctx.Err() != nil && (code == codes.DeadlineExceeded || code == codes.Canceled) {
+				// The caller's context ended during this attempt: say what the
+				// MDSes said before, as when it ends between attempts.
+				if lastErr == nil {
+					lastErr = err
+				}
+				return gaveUp(ctx, lastErr)
+			}
+			if status.Code(err) == codes.DeadlineExceeded {
 				// This MDS hangs (paused, partitioned): try another.
 				err = status.Error(codes.Unavailable, err.Error())
 			}

@@ -24,11 +24,16 @@ type fakeMDS struct {
 	name  string
 	mu    sync.Mutex
 	err   error // returned when set
+	hang  bool  // answer nothing until the call's context ends
 	calls atomic.Int32
 }
 
-func (f *fakeMDS) ListPools(context.Context, *api.ListPoolsRequest) (*api.ListPoolsResponse, error) {
+func (f *fakeMDS) ListPools(ctx context.Context, _ *api.ListPoolsRequest) (*api.ListPoolsResponse, error) {
 	f.calls.Add(1)
+	if f.hang {
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.err != nil {
@@ -164,6 +169,27 @@ func TestWaitsForAnActiveMDS(t *testing.T) {
 	_, err = c.ListPools(ctx, &api.ListPoolsRequest{})
 	if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "no active MDS answered") {
 		t.Fatalf("err %v, want DeadlineExceeded naming the last MDS error", err)
+	}
+}
+
+// TestDeadlineDuringAnAttempt: the caller's deadline ends while an MDS that
+// hangs holds the call; the error still names what the other MDS said.
+func TestDeadlineDuringAnAttempt(t *testing.T) {
+	a := &fakeMDS{name: "a", err: status.Error(codes.Unavailable, "not the active MDS; no MDS is active yet")}
+	b := &fakeMDS{name: "b", hang: true}
+	c, err := Dial([]string{serve(t, a), serve(t, b)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err = c.ListPools(ctx, &api.ListPoolsRequest{})
+	if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "no MDS is active yet") {
+		t.Fatalf("err %v, want DeadlineExceeded with a's answer", err)
+	}
+	if b.calls.Load() == 0 {
+		t.Fatal("b was never tried: the test did not end the deadline during an attempt")
 	}
 }
 
