@@ -174,7 +174,11 @@
 // wait. SaveAsync does the same without the wait: the committer calls its
 // callback after the batch (in call order), so a group may have several saves
 // in flight; validation then checks a group's entries against the last index
-// queued for it (group.queuedLast), not only the durable one. Storage methods take WAL.mu briefly and read the disk without it.
+// queued for it (group.queuedLast), not only the durable one. Entry data of
+// 16 KiB or more is not copied into the batch: the record leaves a gap there
+// and the write takes the data from the entry itself (the entries are
+// immutable, and the batch holds them until written). Storage methods take
+// WAL.mu briefly and read the disk without it.
 // WAL.mu is a leaf lock; nothing else is held while taking it.
 //
 // INVARIANT: the in-memory index reflects exactly the batches that were

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"slices"
 
 	pb "go.etcd.io/raft/v3/raftpb"
 )
@@ -92,13 +93,18 @@ func sealRecords(buf []byte, seq uint64) {
 	}
 }
 
-// appendEntries encodes one entries record. ents must be consecutive.
-func appendEntries(buf []byte, group uint64, ents []*pb.Entry) []byte {
+// appendEntries encodes one entries record. ents must be consecutive. With
+// refs, entry data of refMinBytes or more is not copied: its bytes in buf are
+// left as a gap (whatever the buffer held) and a dataRef added, for the write
+// to take the data from the entry itself; the CRC covers the data.
+func appendEntries(buf []byte, group uint64, ents []*pb.Entry, refs *[]dataRef) []byte {
 	buf, start := beginRecord(buf)
 	buf = append(buf, recEntries)
 	buf = le.AppendUint64(buf, group)
 	buf = le.AppendUint64(buf, ents[0].GetIndex())
 	buf = le.AppendUint32(buf, uint32(len(ents)))
+	var crc uint32
+	summed := start + recHeaderSize // buf[summed:] is not in crc yet
 	for _, e := range ents {
 		buf = le.AppendUint64(buf, e.GetTerm())
 		t := byte(e.GetType())
@@ -107,10 +113,55 @@ func appendEntries(buf []byte, group uint64, ents []*pb.Entry) []byte {
 		}
 		buf = append(buf, t)
 		buf = le.AppendUint32(buf, uint32(len(e.Data)))
-		buf = append(buf, e.Data...)
+		if refs == nil || len(e.Data) < refMinBytes {
+			buf = append(buf, e.Data...)
+			continue
+		}
+		crc = crc32.Update(crc32.Update(crc, castagnoli, buf[summed:]), castagnoli, e.Data)
+		*refs = append(*refs, dataRef{at: len(buf), data: e.Data})
+		buf = slices.Grow(buf, len(e.Data))[:len(buf)+len(e.Data)]
+		summed = len(buf)
 	}
-	endRecord(buf, start)
+	crc = crc32.Update(crc, castagnoli, buf[summed:])
+	le.PutUint32(buf[start:], uint32(len(buf)-start-recHeaderSize))
+	le.PutUint32(buf[start+4:], crc)
 	return buf
+}
+
+// refMinBytes: entry data this large is written from the entry, not copied
+// into the batch (appendEntries); at 256 KiB per write the copy was 3 % of a
+// chunkserver's CPU.
+const refMinBytes = 16 << 10
+
+// dataRef is entry data that belongs at buf[at:at+len(data)] of a batch.
+type dataRef struct {
+	at   int
+	data []byte
+}
+
+// batchIOV returns buf as pieces with the referenced data in place of the
+// gaps, appended to iov.
+func batchIOV(iov [][]byte, buf []byte, refs []dataRef) [][]byte {
+	pos := 0
+	for _, r := range refs {
+		iov = append(iov, buf[pos:r.at], r.data)
+		pos = r.at + len(r.data)
+	}
+	return append(iov, buf[pos:])
+}
+
+// fillRefs copies the referenced data into the gaps of buf that overlap
+// buf[from:].
+func fillRefs(buf []byte, refs []dataRef, from int) {
+	for i := len(refs) - 1; i >= 0; i-- {
+		r := refs[i]
+		end := r.at + len(r.data)
+		if end <= from {
+			return
+		}
+		lo := max(r.at, from)
+		copy(buf[lo:end], r.data[lo-r.at:])
+	}
 }
 
 // hardState is the value form of raftpb.HardState kept in memory.

@@ -140,6 +140,7 @@ type op struct {
 // batch is being written and synced.
 type batch struct {
 	buf   []byte
+	refs  []dataRef // entry data written from the entries (gaps in buf)
 	ops   []op
 	saves int
 	sync  bool          // some record of the batch must be durable before its waiters return
@@ -183,6 +184,7 @@ type WAL struct {
 	// Open's before it starts).
 	tailPage []byte
 	direct   *directWriter // large batches (the committer's alone)
+	iov      [][]byte      // writePages' scratch (the committer's alone)
 	pending  *batch
 	spare    *batch
 	stats    Stats
@@ -734,9 +736,9 @@ func (w *WAL) enqueue(encode func(b *batch) error, done func(error)) error {
 		return err
 	}
 	b := w.pending
-	mark, nops := len(b.buf), len(b.ops)
+	mark, nops, nrefs := len(b.buf), len(b.ops), len(b.refs)
 	if err := encode(b); err != nil {
-		b.buf, b.ops = b.buf[:mark], b.ops[:nops]
+		b.buf, b.ops, b.refs = b.buf[:mark], b.ops[:nops], b.refs[:nrefs]
 		if err != errIgnore || done == nil {
 			w.mu.Unlock()
 			if err == errIgnore {
@@ -827,7 +829,7 @@ func (w *WAL) encodeUpdates(updates []Update) func(b *batch) error {
 					n++
 				}
 				b.ops = append(b.ops, op{kind: recEntries, group: u.Group, start: len(b.buf), ents: ents[:n]})
-				b.buf = appendEntries(b.buf, u.Group, ents[:n])
+				b.buf = appendEntries(b.buf, u.Group, ents[:n], &b.refs)
 				ents = ents[n:]
 			}
 			if !raft.IsEmptyHardState(u.HardState) {
@@ -956,6 +958,7 @@ func (w *WAL) commitPending() {
 	}
 	next := w.spare
 	next.buf, next.ops, next.saves, next.sync = next.buf[:0], next.ops[:0], 0, false
+	next.refs = next.refs[:0]
 	next.dones = next.dones[:0]
 	next.res = newResult()
 	w.pending = next
@@ -995,6 +998,7 @@ func (w *WAL) commitPending() {
 	for i := range b.ops {
 		b.ops[i] = op{} // drop references to the callers' entries
 	}
+	clear(b.refs)
 	if cap(b.buf) > maxKeptBuffer {
 		b.buf = nil // a huge batch: do not keep its buffer for ever
 	}
@@ -1033,7 +1037,7 @@ func (w *WAL) commit(b *batch) error {
 	}
 	sealRecords(b.buf, active.seq)
 	wstart := time.Now()
-	if err := w.writePages(active, off, b.buf); err != nil {
+	if err := w.writePages(active, off, b.buf, b.refs); err != nil {
 		return err
 	}
 	wdone := time.Now()
@@ -1086,18 +1090,32 @@ func (w *WAL) commit(b *batch) error {
 	return nil
 }
 
-// writePages writes buf at off in s as whole pages: it writes the start of
-// off's page again (the same bytes, so a torn write cannot damage them) and
-// pads the end with zeros. A write of whole pages never makes the kernel read
-// a page in first, which every append into an uncached page would cost (the
-// pages of a preallocated or recycled segment are not in the page cache).
-func (w *WAL) writePages(s *segment, off int64, buf []byte) error {
+// writePages writes buf (its gaps filled from refs) at off in s as whole
+// pages: it writes the start of off's page again (the same bytes, so a torn
+// write cannot damage them) and pads the end with zeros. A write of whole
+// pages never makes the kernel read a page in first, which every append into
+// an uncached page would cost (the pages of a preallocated or recycled segment
+// are not in the page cache).
+func (w *WAL) writePages(s *segment, off int64, buf []byte, refs []dataRef) error {
 	head := w.tailPage
 	if int64(len(head)) != off-roundDown(off) {
 		panic(fmt.Sprintf("wal: tail page holds %d bytes at offset %d", len(head), off))
 	}
 	end := off + int64(len(buf))
-	iov := [][]byte{head, buf, zeroPage[:roundUp(end)-end]}
+	tn := int(end - roundDown(end))
+	if tn <= len(buf) {
+		fillRefs(buf, refs, len(buf)-tn) // the next write's head comes from buf
+	}
+	iov := append(w.iov[:0], head)
+	if len(refs) < maxIOV/2-2 {
+		iov = batchIOV(iov, buf, refs)
+	} else {
+		fillRefs(buf, refs, 0)
+		iov = append(iov, buf)
+	}
+	iov = append(iov, zeroPage[:roundUp(end)-end])
+	w.iov = iov
+	defer clear(iov) // keep no references to the entries
 	written := false
 	var err error
 	if len(buf) >= directMinBytes {
@@ -1109,13 +1127,16 @@ func (w *WAL) writePages(s *segment, off int64, buf []byte) error {
 	if err != nil {
 		return err
 	}
-	if tn := int(end - roundDown(end)); tn <= len(buf) {
+	if tn <= len(buf) {
 		w.tailPage = append(head[:0], buf[len(buf)-tn:]...)
 	} else {
 		w.tailPage = append(head, buf...)
 	}
 	return nil
 }
+
+// maxIOV is the most pieces one pwritev takes (IOV_MAX).
+const maxIOV = 1024
 
 // pwritevFull writes all of iov at off.
 func pwritevFull(fd int, iov [][]byte, off int64) error {
