@@ -136,6 +136,7 @@ func chunkserverCommand() *cobra.Command {
 	f.StringVar(&mdsAddrs, "mds", envOr("BASALT_MDS", "127.0.0.1:6700"), "MDS addresses, comma-separated")
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:0", "data-plane listen address (client IO and raft)")
 	f.StringVar(&cfg.Advertise, "advertise", "", "address given to the MDS (default: the bound --listen address)")
+	f.BoolVar(&cfg.TCPOnly, "tcp-only", false, "serve clients and peers on this host over TCP too, not over the same-host Unix socket @basalt/ADDR")
 	f.StringVar(&cfg.Zone, "zone", "zone1", "failure domain (zone)")
 	f.StringVar(&cfg.Server, "server", "", "host name used as the failure domain inside a zone (default: hostname)")
 	f.StringVar(&cfg.MetricsListen, "metrics", "", "Prometheus /metrics listen address (off when empty)")

@@ -134,6 +134,7 @@ func (s *frameSink) ServeFrame(rw transport.ReplyWriter, h transport.Header, pay
 	s.got <- struct{}{}
 }
 
+// serveSink serves h on a loopback address and its same-host socket.
 func serveSink(t testing.TB, h transport.Handler) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -142,6 +143,12 @@ func serveSink(t testing.TB, h transport.Handler) string {
 	}
 	srv := transport.NewServer(transport.ServerConfig{Logger: testLogger(t)}, h)
 	go srv.Serve(ln)
+	// Like a chunkserver, serve the same-host socket too: peers on this host use it.
+	lnLocal, err := transport.ListenLocal(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(lnLocal)
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()
 }
@@ -386,7 +393,12 @@ func TestSnapshotReceiverBadFrames(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	do := func(h transport.Header, p []byte) api.Status {
+	c2, err := transport.Dial(context.Background(), addr, transport.ConnConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	doOn := func(c *transport.Conn, h transport.Header, p []byte) api.Status {
 		h.Op = transport.OpSnapshot
 		call := &transport.Call{Header: h, Payload: p}
 		if err := c.Do(context.Background(), call); err != nil {
@@ -394,6 +406,7 @@ func TestSnapshotReceiverBadFrames(t *testing.T) {
 		}
 		return call.Reply.Status
 	}
+	do := func(h transport.Header, p []byte) api.Status { return doOn(c, h, p) }
 	snapType := raftpb.MsgSnap
 	okMsg := &raftpb.Message{Type: &snapType, To: proto.Uint64(2), Snapshot: &raftpb.Snapshot{}}
 	begin, _ := appendRaftRecord(nil, 5, okMsg)
@@ -425,10 +438,17 @@ func TestSnapshotReceiverBadFrames(t *testing.T) {
 	if st := do(transport.Header{Volume: 2, Offset: 1, Length: snapEnd}, nil); st != api.StatusBadRequest {
 		t.Fatalf("end after abandon: %v", st)
 	}
+	// A transfer's frames come on the connection that began it only.
+	if st := do(transport.Header{Volume: 3, Length: snapBegin}, begin); st != api.StatusOK {
+		t.Fatalf("begin: %v", st)
+	}
+	if st := doOn(c2, transport.Header{Volume: 3, Offset: 1, Length: snapData}, []byte("x")); st != api.StatusBadRequest {
+		t.Fatalf("data frame on another connection: %v", st)
+	}
 	recv.close()
 	mu.Lock()
 	defer mu.Unlock()
-	if calls != 1 {
-		t.Fatalf("%d receives started, want 1", calls)
+	if calls != 2 {
+		t.Fatalf("%d receives started, want 2", calls)
 	}
 }

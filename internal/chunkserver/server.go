@@ -35,10 +35,13 @@ import (
 
 // Config configures a chunkserver.
 type Config struct {
-	DataDir           string        // holds id, wal/, data/
-	MDS               []string      // MDS addresses
-	Listen            string        // data-plane TCP (client IO + raft), e.g. 127.0.0.1:0
-	Advertise         string        // address given to the MDS; default: the bound Listen address
+	DataDir   string   // holds id, wal/, data/
+	MDS       []string // MDS addresses
+	Listen    string   // data-plane TCP (client IO + raft), e.g. 127.0.0.1:0
+	Advertise string   // address given to the MDS; default: the bound Listen address
+	// TCPOnly: no same-host socket (transport.ListenLocal) beside Listen, so
+	// processes on this host reach the chunkserver over TCP too.
+	TCPOnly           bool
 	Zone, Server      string        // failure domains; Server defaults to the host name
 	MetricsListen     string        // Prometheus /metrics; "" = off
 	HeartbeatInterval time.Duration // default 1 s
@@ -106,6 +109,7 @@ type ChunkServer struct {
 	log     *slog.Logger
 	lock    *os.File // DataDir/LOCK, held for the process's life
 	ln      net.Listener
+	lnLocal net.Listener // same-host socket of addr; nil with TCPOnly or when taken
 	addr    string
 	wal     *wal.WAL
 	store   *datastore.Store
@@ -272,6 +276,13 @@ func New(cfg Config) (*ChunkServer, error) {
 	if c.addr == "" {
 		c.addr = c.ln.Addr().String()
 	}
+	if !cfg.TCPOnly {
+		if c.lnLocal, err = transport.ListenLocal(c.addr); err != nil {
+			c.log.Warn("same-host socket unavailable; clients on this host use TCP",
+				"socket", transport.LocalName(c.addr), "err", err)
+			c.lnLocal = nil
+		}
+	}
 	ok = true
 	return c, nil
 }
@@ -348,6 +359,9 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 	c.local.Store(c.hd)
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- c.srv.Serve(c.ln) }()
+	if c.lnLocal != nil {
+		go func() { _ = c.srv.Serve(c.lnLocal) }()
+	}
 	var metricsSrv *http.Server
 	if c.cfg.MetricsListen != "" {
 		metricsSrv, err = c.serveMetrics()
@@ -381,6 +395,9 @@ func (c *ChunkServer) shutdown() {
 		_ = c.srv.Close()
 	} else {
 		_ = c.ln.Close()
+		if c.lnLocal != nil {
+			_ = c.lnLocal.Close()
+		}
 	}
 	if c.hd != nil {
 		c.hd.missWG.Wait()

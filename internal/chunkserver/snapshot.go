@@ -48,7 +48,7 @@ type snapReceiver struct {
 
 type snapSession struct {
 	id    uint64
-	owner string // remote address of the connection that began it
+	owner transport.ReplyWriter // the connection that began it
 	group uint64
 	next  uint64 // sequence number of the next frame
 	pw    *io.PipeWriter
@@ -65,11 +65,10 @@ func (s *snapReceiver) serve(rw transport.ReplyWriter, h transport.Header, paylo
 		h.Status = st
 		rw.Reply(h, nil, nil)
 	}
-	owner := rw.RemoteAddr().String()
 	s.mu.Lock()
 	ss := s.sessions[h.Volume]
 	s.mu.Unlock()
-	if ss != nil && ss.owner != owner {
+	if ss != nil && ss.owner != rw {
 		// Frames of a transfer come on the connection that began it only.
 		reply(api.StatusBadRequest)
 		return
@@ -87,7 +86,7 @@ func (s *snapReceiver) serve(rw transport.ReplyWriter, h transport.Header, paylo
 			return
 		}
 		pr, pw := io.Pipe()
-		ss = &snapSession{id: h.Volume, owner: owner, group: msgs[0].Group, next: 1, pw: pw, res: make(chan error, 1)}
+		ss = &snapSession{id: h.Volume, owner: rw, group: msgs[0].Group, next: 1, pw: pw, res: make(chan error, 1)}
 		ss.timer = time.AfterFunc(snapIdleTimeout, func() { s.abandon(ss) })
 		s.mu.Lock()
 		s.sessions[ss.id] = ss

@@ -101,10 +101,9 @@ type Conn struct {
 	writerDone chan struct{}
 }
 
-// Dial connects to addr and starts the connection's goroutines.
+// Dial connects to addr (see LocalName) and starts the connection's goroutines.
 func Dial(ctx context.Context, addr string, cfg ConnConfig) (*Conn, error) {
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", addr)
+	nc, err := connect(ctx, addr)
 	if err != nil {
 		return nil, err
 	}

@@ -80,8 +80,14 @@ func echoHandler(seed uint64, maxDelay time.Duration) Handler {
 
 func TestPipeliningOutOfOrder(t *testing.T) {
 	_, addr := startServer(t, ServerConfig{}, echoHandler(1, 2*time.Millisecond))
-	c := dial(t, addr)
-	const workers, perWorker = 32, 100
+	pipelineOutOfOrder(t, dial(t, addr), 8192, 100)
+}
+
+// pipelineOutOfOrder runs 32 goroutines of perWorker reads and writes of up to
+// maxLen bytes each on c, and checks every reply's header and payload.
+func pipelineOutOfOrder(t *testing.T, c *Conn, maxLen, perWorker int) {
+	t.Helper()
+	const workers = 32
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	for w := range workers {
@@ -89,7 +95,7 @@ func TestPipeliningOutOfOrder(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			r := rand.New(rand.NewPCG(uint64(w), 9))
-			buf := make([]byte, 8192)
+			buf := make([]byte, maxLen)
 			for i := range perWorker {
 				n := 1 + r.IntN(len(buf))
 				off := uint64(w)<<32 | uint64(i)<<12

@@ -148,11 +148,16 @@ func (s *Server) ServeConn(nc net.Conn) {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
+	remote := nc.RemoteAddr()
+	if _, ok := nc.(*net.UnixConn); ok {
+		remote = localAddr(localConns.Add(1))
+	}
 	sc := &serverConn{
 		s:       s,
 		nc:      nc,
+		remote:  remote,
 		br:      bufio.NewReaderSize(nc, readBufferSize),
-		log:     s.log.With("remote", nc.RemoteAddr().String()),
+		log:     s.log.With("remote", remote.String()),
 		raw:     newRawWriter(nc),
 		slots:   make(chan struct{}, s.cfg.MaxInFlight),
 		closing: make(chan struct{}),
@@ -208,12 +213,13 @@ type reply struct {
 // (their reply not yet written or dropped); the reader blocks while it is full.
 // INVARIANT: queue is non-empty only while writing; handoff implies writing.
 type serverConn struct {
-	s     *Server
-	nc    net.Conn
-	br    *bufio.Reader // the reader's: frames that arrive together cost one read
-	log   *slog.Logger
-	raw   *rawWriter // nil: every reply goes through the writer goroutine
-	slots chan struct{}
+	s      *Server
+	nc     net.Conn
+	remote net.Addr      // a same-host connection's is a number (see localAddr)
+	br     *bufio.Reader // the reader's: frames that arrive together cost one read
+	log    *slog.Logger
+	raw    *rawWriter // nil: every reply goes through the writer goroutine
+	slots  chan struct{}
 
 	retained bool        // reader goroutine only: set by Retain during ServeFrame
 	more     atomic.Bool // the reader has the next frame's header buffered already
@@ -237,7 +243,7 @@ type serverConn struct {
 	wb           net.Buffers // WriteTo's receiver (a field: a local would escape)
 }
 
-func (sc *serverConn) RemoteAddr() net.Addr { return sc.nc.RemoteAddr() }
+func (sc *serverConn) RemoteAddr() net.Addr { return sc.remote }
 
 func (sc *serverConn) Retain() { sc.retained = true }
 

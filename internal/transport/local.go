@@ -1,0 +1,45 @@
+package transport
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"sync/atomic"
+)
+
+// Same-host connections. A server whose TCP address is ADDR also listens on the
+// abstract Unix socket "@basalt/ADDR", and Dial tries that socket before TCP. On
+// this project's test machines a loopback TCP round trip costs 4–5 times a Unix
+// socket's: the kernel wakes a TCP receiver on another CPU, while a Unix socket's
+// synchronous wake-up lets the scheduler run the two ends of a request on one.
+// Abstract names belong to a network namespace and vanish with their socket, so
+// the name is found only by processes that could reach ADDR's server on
+// loopback anyway, and never outlives the server that bound it.
+
+// LocalName is the abstract Unix socket name of the server at TCP address addr.
+func LocalName(addr string) string { return "@basalt/" + addr }
+
+// ListenLocal listens on LocalName(addr). It fails with EADDRINUSE when another
+// server in this network namespace claims the same address.
+func ListenLocal(addr string) (net.Listener, error) {
+	return net.Listen("unix", LocalName(addr))
+}
+
+// connect connects to addr: through its same-host socket when one is
+// listening, else over TCP.
+func connect(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	if nc, err := d.DialContext(ctx, "unix", LocalName(addr)); err == nil {
+		return nc, nil
+	}
+	return d.DialContext(ctx, "tcp", addr)
+}
+
+// localConns numbers accepted same-host connections, whose peers have no address.
+var localConns atomic.Uint64
+
+// localAddr names an accepted same-host connection in logs.
+type localAddr uint64
+
+func (localAddr) Network() string  { return "unix" }
+func (a localAddr) String() string { return "local#" + strconv.FormatUint(uint64(a), 10) }

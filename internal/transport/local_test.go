@@ -1,0 +1,96 @@
+package transport
+
+import (
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// addrRecorder answers every request and remembers the connections' remote
+// addresses as the server saw them.
+type addrRecorder struct {
+	mu      sync.Mutex
+	remotes []net.Addr
+}
+
+func (a *addrRecorder) ServeFrame(rw ReplyWriter, h Header, _ []byte) {
+	a.mu.Lock()
+	a.remotes = append(a.remotes, rw.RemoteAddr())
+	a.mu.Unlock()
+	rw.Reply(h, nil, nil)
+}
+
+func (a *addrRecorder) last() net.Addr {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.remotes[len(a.remotes)-1]
+}
+
+// ping sends one request on a new connection to addr and returns that
+// connection's network as the client sees it.
+func ping(t *testing.T, addr string) string {
+	t.Helper()
+	c := dial(t, addr)
+	if err := c.Do(t.Context(), &Call{Header: Header{Op: OpPing}}); err != nil {
+		t.Fatal(err)
+	}
+	return c.RemoteAddr().Network()
+}
+
+// TestSameHostSocket: a client on the server's host reaches it through the
+// abstract Unix socket named after its TCP address while that socket is open,
+// and over TCP before and after.
+func TestSameHostSocket(t *testing.T) {
+	rec := &addrRecorder{}
+	srv, addr := startServer(t, ServerConfig{}, rec)
+	if got := ping(t, addr); got != "tcp" {
+		t.Fatalf("no same-host socket yet: dialled over %s, want tcp", got)
+	}
+
+	ln, err := ListenLocal(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ListenLocal(addr); err == nil {
+		t.Fatal("a second ListenLocal of the same address succeeded; want EADDRINUSE")
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	if got := ping(t, addr); got != "unix" {
+		t.Fatalf("dialled over %s with the same-host socket open, want unix", got)
+	}
+	first := rec.last().String()
+	ping(t, addr)
+	if second := rec.last().String(); first == second || !strings.HasPrefix(first, "local#") {
+		t.Fatalf("same-host connections seen as %q and %q, want two distinct local#N", first, second)
+	}
+
+	ln.Close()
+	if err := <-done; !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Serve after the listener closed: %v", err)
+	}
+	if got := ping(t, addr); got != "tcp" {
+		t.Fatalf("dialled over %s after the same-host socket closed, want tcp", got)
+	}
+}
+
+// TestSameHostPipelining runs the pipelining test over the same-host socket,
+// with payloads larger than a Unix socket's send buffer, so that inline writes
+// are cut short and the writer goroutines finish them.
+func TestSameHostPipelining(t *testing.T) {
+	srv, addr := startServer(t, ServerConfig{}, echoHandler(2, time.Millisecond))
+	ln, err := ListenLocal(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	c := dial(t, addr)
+	if c.RemoteAddr().Network() != "unix" {
+		t.Fatalf("dialled over %s, want unix", c.RemoteAddr().Network())
+	}
+	pipelineOutOfOrder(t, c, 8192, 50)
+	pipelineOutOfOrder(t, c, 1<<20, 4)
+}
