@@ -30,6 +30,7 @@ func ListenLocal(addr string) (net.Listener, error) {
 func connect(ctx context.Context, addr string) (net.Conn, error) {
 	var d net.Dialer
 	if nc, err := d.DialContext(ctx, "unix", LocalName(addr)); err == nil {
+		_ = nc.(*net.UnixConn).SetWriteBuffer(localSendBuffer)
 		return nc, nil
 	}
 	return d.DialContext(ctx, "tcp", addr)
@@ -43,3 +44,9 @@ type localAddr uint64
 
 func (localAddr) Network() string  { return "unix" }
 func (a localAddr) String() string { return "local#" + strconv.FormatUint(uint64(a), 10) }
+
+// localSendBuffer is a same-host socket's send buffer, which bounds the bytes in
+// flight towards its peer. Linux's default (208 KiB) is less than one 256 KiB
+// write; with 1 MiB, 256 KiB writes at QD8 ran 5 % faster on 8 % less CPU.
+// The kernel caps it at net.core.wmem_max.
+const localSendBuffer = 1 << 20

@@ -149,7 +149,8 @@ func (s *Server) ServeConn(nc net.Conn) {
 		_ = tc.SetNoDelay(true)
 	}
 	remote := nc.RemoteAddr()
-	if _, ok := nc.(*net.UnixConn); ok {
+	if uc, ok := nc.(*net.UnixConn); ok {
+		_ = uc.SetWriteBuffer(localSendBuffer)
 		remote = localAddr(localConns.Add(1))
 	}
 	sc := &serverConn{
