@@ -130,7 +130,8 @@ func (c *Client) call(ctx context.Context, fn func(context.Context, api.MDSClien
 			actx, cancel := context.WithTimeout(ctx, AttemptTimeout)
 			err := fn(actx, c.stubs[next])
 			cancel()
-			if code := status.Code(err); ctx.Err() != nil && (code == codes.DeadlineExceeded || code == codes.Canceled) {
+			if code := status.Code(err); (ctx.Err() != nil || callersDeadline(ctx, actx)) &&
+				(code == codes.DeadlineExceeded || code == codes.Canceled) {
 				// The caller's context ended during this attempt: say what the
 				// MDSes said before, as when it ends between attempts.
 				if lastErr == nil {
@@ -196,6 +197,15 @@ func (c *Client) named(err error) int {
 		}
 	}
 	return -1
+}
+
+// callersDeadline reports whether the attempt context actx ends when the
+// caller's ctx does. The MDS gets the deadline too and may end the call a
+// moment before ctx's own timer fires, so ctx.Err() alone can miss it.
+func callersDeadline(ctx, actx context.Context) bool {
+	dl, ok := ctx.Deadline()
+	adl, _ := actx.Deadline()
+	return ok && !adl.Before(dl)
 }
 
 // gaveUp is the error of a call whose context ended while no MDS answered:
