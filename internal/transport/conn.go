@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+
+	"github.com/basalt-storage/basalt/internal/sockio"
 )
 
 // Errors of the client side. A call that fails because its connection died carries
@@ -76,7 +78,7 @@ type Conn struct {
 	nc  net.Conn
 	br  *bufio.Reader // the reader's: frames that arrive together cost one read
 	log *slog.Logger
-	raw *rawWriter // nil: no raw socket access, every write is the writer goroutine's
+	raw *sockio.Writer // inline writes only when raw.CanTry
 
 	mu       sync.Mutex
 	wake     *sync.Cond // signalled on handoff, deferred calls, and when err is set
@@ -95,7 +97,6 @@ type Conn struct {
 	hdrs  []byte      // header scratch
 	bufs  net.Buffers // the batch's frames
 	rest  net.Buffers // unwritten tail of bufs a sending goroutine handed off
-	wb    net.Buffers // WriteTo's receiver (a field: a local would escape)
 
 	readerDone chan struct{}
 	writerDone chan struct{}
@@ -122,9 +123,9 @@ func NewConn(nc net.Conn, cfg ConnConfig) *Conn {
 	}
 	c := &Conn{
 		nc:         nc,
-		br:         bufio.NewReaderSize(nc, readBufferSize),
+		br:         bufio.NewReaderSize(sockio.NewReader(nc), readBufferSize),
 		log:        log.With("remote", nc.RemoteAddr().String()),
-		raw:        newRawWriter(nc),
+		raw:        sockio.NewWriter(nc),
 		pending:    make(map[uint64]*Call),
 		readerDone: make(chan struct{}),
 		writerDone: make(chan struct{}),
@@ -180,7 +181,7 @@ func (c *Conn) enqueue(call *Call) {
 	switch {
 	case c.writing: // the owner writes it before going idle
 		c.mu.Unlock()
-	case c.raw == nil || c.busy || len(c.pending) > 1:
+	case !c.raw.CanTry() || c.busy || len(c.pending) > 1:
 		// With other calls in flight, or frames coming in bursts, more are
 		// likely to follow: the writer goroutine's one writev for all of them
 		// costs less than a writev each, and its wake-up is paid once per batch.
@@ -203,18 +204,17 @@ func (c *Conn) writeInline(call *Call) {
 	}
 	c.mu.Unlock()
 	c.encodeBatch()
-	n := c.raw.tryWrite(c.bufs)
+	n := c.raw.TryWrite(c.bufs)
 
 	c.mu.Lock()
-	if n < sumLen(c.bufs) {
+	if n < sockio.Len(c.bufs) {
 		// The writer goroutine finishes these frames first, so the order holds.
-		c.rest = advance(c.bufs, n)
+		c.rest = sockio.Advance(c.bufs, n)
 		c.handoff = true
 		c.wake.Signal()
 		c.mu.Unlock()
 		return
 	}
-	c.wb = nil
 	clear(c.bufs)
 	runHere := false
 	for _, cl := range c.batch {
@@ -416,8 +416,9 @@ func (c *Conn) writeLoop() {
 			// A sending goroutine's batch, partly written: finish it first.
 			c.mu.Unlock()
 			ready = runDone(ready)
-			c.wb, c.rest = c.rest, nil
-			_, err := c.wb.WriteTo(c.nc)
+			rest := c.rest
+			c.rest = nil
+			_, err := c.raw.Write(rest)
 			ready = c.batchWritten(err, ready)
 			continue
 		}
@@ -449,8 +450,7 @@ func (c *Conn) writeLoop() {
 		ready = runDone(ready)
 
 		c.encodeBatch()
-		c.wb = c.bufs // WriteTo consumes its receiver; keep bufs' backing array
-		_, err := c.wb.WriteTo(c.nc)
+		_, err := c.raw.Write(c.bufs)
 		ready = c.batchWritten(err, ready)
 	}
 }
@@ -458,7 +458,6 @@ func (c *Conn) writeLoop() {
 // batchWritten completes the writer goroutine's write of c.batch; ready is
 // returned empty for reuse.
 func (c *Conn) batchWritten(err error, ready []*Call) []*Call {
-	c.wb = nil
 	clear(c.bufs)
 	c.mu.Lock()
 	for _, call := range c.batch {

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/basalt-storage/basalt/internal/sockio"
 )
 
 // ErrServerClosed is returned by Serve after Close.
@@ -157,9 +159,9 @@ func (s *Server) ServeConn(nc net.Conn) {
 		s:       s,
 		nc:      nc,
 		remote:  remote,
-		br:      bufio.NewReaderSize(nc, readBufferSize),
+		br:      bufio.NewReaderSize(sockio.NewReader(nc), readBufferSize),
 		log:     s.log.With("remote", remote.String()),
-		raw:     newRawWriter(nc),
+		raw:     sockio.NewWriter(nc),
 		slots:   make(chan struct{}, s.cfg.MaxInFlight),
 		closing: make(chan struct{}),
 	}
@@ -219,7 +221,7 @@ type serverConn struct {
 	remote net.Addr      // a same-host connection's is a number (see localAddr)
 	br     *bufio.Reader // the reader's: frames that arrive together cost one read
 	log    *slog.Logger
-	raw    *rawWriter // nil: every reply goes through the writer goroutine
+	raw    *sockio.Writer // inline replies only when raw.CanTry
 	slots  chan struct{}
 
 	retained bool        // reader goroutine only: set by Retain during ServeFrame
@@ -241,7 +243,6 @@ type serverConn struct {
 	ihdr         [HeaderSize]byte // a replying goroutine's header
 	bufs         net.Buffers
 	rest         net.Buffers // unwritten tail of bufs a replying goroutine handed off
-	wb           net.Buffers // WriteTo's receiver (a field: a local would escape)
 }
 
 func (sc *serverConn) RemoteAddr() net.Addr { return sc.remote }
@@ -261,7 +262,7 @@ func (sc *serverConn) Reply(h Header, payload []byte, release func()) {
 	// Inline only for the one request in flight, and only when the reader has
 	// no further frame at hand: under load the writer goroutine's batches (one
 	// writev for many replies, one wake-up) cost less than a writev per reply.
-	if sc.writing || sc.raw == nil || len(sc.slots) > 1 || sc.more.Load() {
+	if sc.writing || !sc.raw.CanTry() || len(sc.slots) > 1 || sc.more.Load() {
 		sc.queue = append(sc.queue, r)
 		if !sc.writing {
 			sc.writing, sc.handoff = true, true
@@ -278,11 +279,11 @@ func (sc *serverConn) Reply(h Header, payload []byte, release func()) {
 	if len(payload) > 0 {
 		sc.bufs = append(sc.bufs, payload)
 	}
-	n := sc.raw.tryWrite(sc.bufs)
+	n := sc.raw.TryWrite(sc.bufs)
 	sc.mu.Lock()
-	if n < sumLen(sc.bufs) {
+	if n < sockio.Len(sc.bufs) {
 		sc.batch = append(sc.spare[:0], r)
-		sc.rest = advance(sc.bufs, n)
+		sc.rest = sockio.Advance(sc.bufs, n)
 		sc.handoff = true
 		sc.wake.Signal()
 		sc.mu.Unlock()
@@ -318,7 +319,6 @@ func (sc *serverConn) encodeBatch() {
 
 // batchDone finishes the replies of sc.batch, written or not.
 func (sc *serverConn) batchDone() {
-	sc.wb = nil
 	clear(sc.bufs)
 	for _, r := range sc.batch {
 		sc.done(r.h, r.release)
@@ -423,8 +423,9 @@ func (sc *serverConn) writeLoop() {
 		if sc.rest != nil {
 			// A replying goroutine's batch, partly written: finish it first.
 			sc.mu.Unlock()
-			sc.wb, sc.rest = sc.rest, nil
-			sc.writeBatch()
+			rest := sc.rest
+			sc.rest = nil
+			sc.writeBatch(rest)
 			continue
 		}
 		if sc.closed {
@@ -442,14 +443,14 @@ func (sc *serverConn) writeLoop() {
 		sc.batch, sc.queue = sc.queue, sc.spare[:0]
 		sc.mu.Unlock()
 		sc.encodeBatch()
-		sc.wb = sc.bufs
-		sc.writeBatch()
+		sc.writeBatch(sc.bufs)
 	}
 }
 
-// writeBatch writes sc.wb with a blocking writev and finishes sc.batch.
-func (sc *serverConn) writeBatch() {
-	_, err := sc.wb.WriteTo(sc.nc)
+// writeBatch writes bufs (sc.batch's frames), waiting for the socket, and
+// finishes sc.batch.
+func (sc *serverConn) writeBatch(bufs net.Buffers) {
+	_, err := sc.raw.Write(bufs)
 	sc.batchDone()
 	if err != nil {
 		sc.close(err)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
+	"github.com/basalt-storage/basalt/internal/sockio"
 )
 
 const (
@@ -27,7 +28,7 @@ const (
 type conn struct {
 	s   *Server
 	nc  net.Conn
-	br  *bufio.Reader // owned by the reader goroutine
+	br  *bufio.Reader // owned by the reader goroutine (the handshake's, then the reader's)
 	log *slog.Logger
 
 	// Counters owned by the reader goroutine.
@@ -46,7 +47,7 @@ type conn struct {
 	// never blocks (backend completion callbacks must not block).
 	replies    chan *request
 	writerDone chan struct{}
-	wbufs      net.Buffers // owned by the writer: the batch being written
+	w          *sockio.Writer // owned by the writer goroutine
 
 	// mu guards the fields below; cond signals slot and byte releases.
 	mu            sync.Mutex
@@ -65,7 +66,8 @@ func newConn(s *Server, nc net.Conn) *conn {
 	c := &conn{
 		s:   s,
 		nc:  nc,
-		br:  bufio.NewReaderSize(nc, 64<<10),
+		br:  bufio.NewReaderSize(sockio.NewReader(nc), 64<<10),
+		w:   sockio.NewWriter(nc),
 		log: s.log.With("remote", remote),
 	}
 	c.cond.L = &c.mu
@@ -390,11 +392,8 @@ func (c *conn) writeLoop() {
 					iov = append(iov, (*r.buf)[:r.length])
 				}
 			}
-			// A field, not a local: WriteTo's pointer receiver would make a
-			// local escape, one allocation per batch.
-			c.wbufs = iov
 			c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
-			if _, err := c.wbufs.WriteTo(c.nc); err != nil {
+			if _, err := c.w.Write(iov); err != nil {
 				broken = true
 				c.log.Debug("nbd: writing replies failed; dropping the rest", "err", err)
 				c.nc.Close() // wakes the reader
