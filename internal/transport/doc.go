@@ -1,6 +1,8 @@
 // Package transport is basalt's data plane on the wire: binary frames over TCP,
 // pipelined, for client IO (client library → chunkserver) and for Raft traffic
-// between chunkservers.
+// between chunkservers. Processes on one host use an abstract Unix socket named
+// after the server's TCP address instead (local.go); the frames are the same.
+// Sockets are read and written with raw system calls (package sockio).
 //
 // # Frame format
 //
@@ -44,7 +46,7 @@
 // a client wanting "B after A completed" waits for A's reply.
 //
 // Each side's writer takes every frame queued at that moment and sends them in one
-// writev (net.Buffers): headers are encoded into one scratch buffer, payloads are
+// writev (sockio.Writer): headers are encoded into one scratch buffer, payloads are
 // passed as their own iovecs, never copied. A frame queued while nothing is being
 // written and no other request is in flight on the connection (for a request:
 // and the previous write carried one frame alone; for a reply: and the reader

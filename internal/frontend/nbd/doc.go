@@ -85,7 +85,7 @@
 //     callbacks (on any goroutine) only push the finished request onto the
 //     connection's reply channel, whose capacity equals the slot count, so
 //     they never block. The writer takes every reply that is ready, writes the
-//     batch with one writev (net.Buffers), and only then returns buffers to
+//     batch with one writev (sockio.Writer), and only then returns buffers to
 //     their pools and frees the slots. Replies therefore go out in completion
 //     order, not request order. A batch that cannot be written within
 //     Config.WriteTimeout (a client that stopped reading) ends the connection.
