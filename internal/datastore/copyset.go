@@ -396,13 +396,13 @@ func pwriteFull(fd int, p []byte, off int64) error {
 }
 
 // preadNoWait is preadv2(fd, p, off, RWF_NOWAIT) with one iovec on the stack
-// (x/sys's Preadv2 allocates its iovec slice). A read that would wait for the
-// disk fails with EAGAIN instead, so it is a raw system call, one the runtime
-// does not track (see package sockio for why that matters).
+// (x/sys's Preadv2 allocates its iovec slice). It stays an ordinary system
+// call: RWF_NOWAIT does not wait for the data, but an uncached range still
+// starts readahead, which can wait for the disk's request queue.
 func preadNoWait(fd int, p []byte, off int64) (int, error) {
 	iov := unix.Iovec{Base: &p[0]}
 	iov.SetLen(len(p))
-	n, _, errno := unix.RawSyscall6(unix.SYS_PREADV2, uintptr(fd), uintptr(unsafe.Pointer(&iov)), 1,
+	n, _, errno := unix.Syscall6(unix.SYS_PREADV2, uintptr(fd), uintptr(unsafe.Pointer(&iov)), 1,
 		uintptr(off), 0, unix.RWF_NOWAIT)
 	if errno != 0 {
 		return 0, errno

@@ -9,8 +9,8 @@
 // the test VMs that cost the chunkservers and the NBD front end about 40 % of
 // their CPU and 30 % of a 4 KiB read's latency at queue depth 1. The runtime
 // tracks a system call so that it can hand the P to another thread should the
-// call block; a read or write on a non-blocking socket never blocks, so here it
-// need not be tracked (unix.RawSyscall). Waiting for the socket still goes
+// call block; a read or write on a non-blocking socket never waits for the
+// peer, so here it need not be tracked (unix.RawSyscall). Waiting for the socket still goes
 // through the netpoller (syscall.RawConn), with deadlines and Close as usual.
 package sockio
 

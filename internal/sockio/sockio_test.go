@@ -3,6 +3,7 @@ package sockio
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -13,7 +14,7 @@ import (
 // socketPair returns the two ends of a Unix stream connection.
 func socketPair(t *testing.T) (a, b net.Conn) {
 	t.Helper()
-	ln, err := net.Listen("unix", "@sockio-test/"+t.Name())
+	ln, err := net.Listen("unix", fmt.Sprintf("@sockio-test/%d/%s", os.Getpid(), t.Name()))
 	if err != nil {
 		t.Fatal(err)
 	}

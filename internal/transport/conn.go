@@ -58,7 +58,7 @@ const (
 	wsWriting              // in the batch being written: Payload is being read
 )
 
-// Conn is the client end of one TCP connection: many calls in flight, replies
+// Conn is the client end of one connection (TCP or same-host): many calls in flight, replies
 // matched by ID, in any order.
 //
 // Goroutines: a reader owns the socket's read side and reads each reply's payload

@@ -199,14 +199,19 @@ func (c *Client) named(err error) int {
 	return -1
 }
 
-// callersDeadline reports whether the attempt context actx ends when the
-// caller's ctx does. The MDS gets the deadline too and may end the call a
+// callersDeadline reports whether the attempt context actx ended with the
+// caller's ctx. The MDS gets the deadline too and may end the call a
 // moment before ctx's own timer fires, so ctx.Err() alone can miss it.
 func callersDeadline(ctx, actx context.Context) bool {
 	dl, ok := ctx.Deadline()
 	adl, _ := actx.Deadline()
-	return ok && !adl.Before(dl)
+	return ok && !adl.Before(dl) && time.Until(dl) < deadlineSlack
 }
+
+// deadlineSlack: an attempt that failed this close to the caller's deadline
+// ended on it; one that failed earlier is an MDS's answer, and another MDS is
+// tried.
+const deadlineSlack = 50 * time.Millisecond
 
 // gaveUp is the error of a call whose context ended while no MDS answered:
 // the context's code (DeadlineExceeded or Canceled), with the last MDS

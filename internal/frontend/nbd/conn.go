@@ -393,7 +393,9 @@ func (c *conn) writeLoop() {
 				}
 			}
 			c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
-			if _, err := c.w.Write(iov); err != nil {
+			_, err := c.w.Write(iov)
+			clear(iov) // keep no released buffer reachable
+			if err != nil {
 				broken = true
 				c.log.Debug("nbd: writing replies failed; dropping the rest", "err", err)
 				c.nc.Close() // wakes the reader
