@@ -1,6 +1,6 @@
 // Package transport is basalt's data plane on the wire: binary frames over TCP,
 // pipelined, for client IO (client library → chunkserver) and for Raft traffic
-// between chunkservers. Processes on one host use an abstract Unix socket named
+// between chunkservers. Processes in one network namespace use an abstract Unix socket named
 // after the server's TCP address instead (local.go); the frames are the same.
 // Sockets are read and written with raw system calls (package sockio).
 //
