@@ -286,8 +286,19 @@ func (c *Copyset) ReadAtCached(id ChunkID, p []byte, off int64) (bool, error) {
 		return false, nil
 	}
 	defer c.s.fds.release(ch)
+	raw := !c.s.noCachestat.Load()
+	if raw {
+		switch all, err := pagesCached(fd, off, len(p)); {
+		case err == unix.ENOSYS || err == unix.EOPNOTSUPP || err == unix.EPERM:
+			c.s.noCachestat.Store(true)
+			c.s.log.Info("datastore: cachestat(2) unsupported, cached reads wake the Go runtime's monitor thread", "err", err)
+			raw = false
+		case err != nil || !all:
+			return false, nil
+		}
+	}
 	for len(p) > 0 {
-		n, err := preadNoWait(fd, p, off)
+		n, err := preadNoWait(fd, p, off, raw)
 		switch {
 		case err == unix.EINTR:
 			continue
@@ -396,18 +407,40 @@ func pwriteFull(fd int, p []byte, off int64) error {
 }
 
 // preadNoWait is preadv2(fd, p, off, RWF_NOWAIT) with one iovec on the stack
-// (x/sys's Preadv2 allocates its iovec slice). It stays an ordinary system
-// call: RWF_NOWAIT does not wait for the data, but an uncached range still
-// starts readahead, which can wait for the disk's request queue.
-func preadNoWait(fd int, p []byte, off int64) (int, error) {
+// (x/sys's Preadv2 allocates its iovec slice). RWF_NOWAIT never waits for the
+// data, but on an uncached range it starts readahead, whose submission can
+// wait for a free request in the disk's queue. raw makes it a raw system call,
+// which does not wake the Go runtime's sysmon thread (see package sockio) but
+// holds the process's P while it runs: only for ranges pagesCached found
+// whole, where no readahead starts (unless a page is evicted in between).
+func preadNoWait(fd int, p []byte, off int64, raw bool) (int, error) {
 	iov := unix.Iovec{Base: &p[0]}
 	iov.SetLen(len(p))
-	n, _, errno := unix.Syscall6(unix.SYS_PREADV2, uintptr(fd), uintptr(unsafe.Pointer(&iov)), 1,
+	syscall6 := unix.Syscall6
+	if raw {
+		syscall6 = unix.RawSyscall6
+	}
+	n, _, errno := syscall6(unix.SYS_PREADV2, uintptr(fd), uintptr(unsafe.Pointer(&iov)), 1,
 		uintptr(off), 0, unix.RWF_NOWAIT)
 	if errno != 0 {
 		return 0, errno
 	}
 	return int(n), nil
+}
+
+// pagesCached reports whether every page of [off, off+n) of fd is in the page
+// cache: cachestat(2) (Linux 6.5), a raw system call because it only looks.
+func pagesCached(fd int, off int64, n int) (bool, error) {
+	ps := int64(os.Getpagesize())
+	first, last := off/ps, (off+int64(n)-1)/ps
+	r := unix.CachestatRange{Off: uint64(first * ps), Len: uint64((last - first + 1) * ps)}
+	var st unix.Cachestat_t
+	_, _, errno := unix.RawSyscall6(unix.SYS_CACHESTAT, uintptr(fd), uintptr(unsafe.Pointer(&r)),
+		uintptr(unsafe.Pointer(&st)), 0, 0, 0)
+	if errno != 0 {
+		return false, errno
+	}
+	return st.Cache == uint64(last-first+1), nil
 }
 
 func preadFull(fd int, p []byte, off int64) error {

@@ -55,12 +55,13 @@ type Knobs struct {
 // Store is the chunk-file store of one chunkserver disk: its copysets and the
 // shared pool of preallocated chunk files.
 type Store struct {
-	cfg    Config
-	log    *slog.Logger
-	fds    *fdCache
-	pool   *pool
-	closed atomic.Bool
-	noWait atomic.Bool // preadv2(RWF_NOWAIT) is unsupported here (ReadAtCached)
+	cfg         Config
+	log         *slog.Logger
+	fds         *fdCache
+	pool        *pool
+	closed      atomic.Bool
+	noWait      atomic.Bool // preadv2(RWF_NOWAIT) is unsupported here (ReadAtCached)
+	noCachestat atomic.Bool // cachestat(2) is unsupported: ReadAtCached's preads stay ordinary calls
 
 	mu       sync.Mutex // guards copysets
 	copysets map[uint64]*Copyset

@@ -620,3 +620,28 @@ func TestInFlightBytesAreBounded(t *testing.T) {
 		}
 	}
 }
+
+// A reply too large for the socket buffer, to a client that reads it only
+// later: the completing goroutine writes what the socket takes and the writer
+// goroutine the rest. Replies after it must still arrive whole and in order.
+func TestLargeReplyToASlowReader(t *testing.T) {
+	disk := newMem(32 << 20)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range disk.data {
+		disk.data[i] = byte(rng.Uint32())
+	}
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}, MaxPayload: 16 << 20})
+	c := open(t, ts.sock, "disk")
+	c.send(cmdRead, 0, 1, 1<<20, 16<<20, nil)
+	time.Sleep(50 * time.Millisecond) // the reply waits in the socket, partly written
+	cookie, errno, got := c.reply(func(uint64) int { return 16 << 20 })
+	if cookie != 1 || errno != 0 || !bytes.Equal(got, disk.snapshot(1<<20, 16<<20)) {
+		t.Fatalf("16 MiB read: cookie %d, errno %d, data equal %v", cookie, errno, bytes.Equal(got, disk.snapshot(1<<20, 16<<20)))
+	}
+	for i := range 50 {
+		off := uint64(i) * 4096
+		if errno, got := c.do(cmdRead, 0, off, 4096, nil); errno != 0 || !bytes.Equal(got, disk.snapshot(int(off), 4096)) {
+			t.Fatalf("4 KiB read %d after the large one: errno %d", i, errno)
+		}
+	}
+}
