@@ -3,8 +3,11 @@ package transport
 import (
 	"context"
 	"net"
+	"os"
 	"strconv"
 	"sync/atomic"
+
+	"golang.org/x/sys/unix"
 )
 
 // Same-host connections. A server whose TCP address is ADDR also listens on the
@@ -14,7 +17,9 @@ import (
 // synchronous wake-up lets the scheduler run the two ends of a request on one.
 // Abstract names belong to a network namespace and vanish with their socket, so
 // the name is found only by processes that could reach ADDR's server on
-// loopback anyway, and never outlives the server that bound it.
+// loopback anyway, and never outlives the server that bound it. Dial uses a
+// same-host socket only when the process listening on it runs as the same user
+// (or root); see ownPeer.
 
 // LocalName is the abstract Unix socket name of the server at TCP address addr.
 func LocalName(addr string) string { return "@basalt/" + addr }
@@ -30,10 +35,33 @@ func ListenLocal(addr string) (net.Listener, error) {
 func connect(ctx context.Context, addr string) (net.Conn, error) {
 	var d net.Dialer
 	if nc, err := d.DialContext(ctx, "unix", LocalName(addr)); err == nil {
-		_ = nc.(*net.UnixConn).SetWriteBuffer(localSendBuffer)
-		return nc, nil
+		uc := nc.(*net.UnixConn)
+		if ownPeer(uc) {
+			_ = uc.SetWriteBuffer(localSendBuffer)
+			return nc, nil
+		}
+		nc.Close()
 	}
 	return d.DialContext(ctx, "tcp", addr)
+}
+
+// ownPeer reports whether the process at the other end of a same-host socket
+// runs as this process's user or as root. Abstract names have no permissions:
+// another local user could bind a server's name while it is down, so a
+// listener of anyone else is passed over for TCP.
+func ownPeer(uc *net.UnixConn) bool {
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil || credErr != nil {
+		return false
+	}
+	return cred.Uid == uint32(os.Geteuid()) || cred.Uid == 0
 }
 
 // localConns numbers accepted same-host connections, whose peers have no address.

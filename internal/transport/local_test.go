@@ -1,10 +1,16 @@
 package transport
 
 import (
+	"bufio"
 	"errors"
+	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -93,4 +99,69 @@ func TestSameHostPipelining(t *testing.T) {
 	}
 	pipelineOutOfOrder(t, c, 8192, 50)
 	pipelineOutOfOrder(t, c, 1<<20, 4)
+}
+
+// TestSameHostSocketOfAnotherUser: a same-host socket whose listener runs as
+// another user (one that took a chunkserver's name first) is passed over, and
+// the client connects over TCP.
+func TestSameHostSocketOfAnotherUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run the squatting listener as another user")
+	}
+	_, addr := startServer(t, ServerConfig{}, &addrRecorder{})
+	// The test binary's directory is private to root: run a copy another user can.
+	dir, err := os.MkdirTemp("", "basalt-squatter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	bin, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	helper := filepath.Join(dir, "squatter")
+	if err := os.WriteFile(helper, bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(helper, "-test.run=^TestHelperSquatter$")
+	cmd.Env = append(os.Environ(), "BASALT_SQUAT_ADDR="+addr)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "listening\n" {
+		t.Fatalf("squatting listener did not start: %q, %v", line, err)
+	}
+	if got := ping(t, addr); got != "tcp" {
+		t.Fatalf("dialled over %s while another user's process held the same-host socket, want tcp", got)
+	}
+}
+
+// TestHelperSquatter is TestSameHostSocketOfAnotherUser's listener process.
+func TestHelperSquatter(t *testing.T) {
+	addr := os.Getenv("BASALT_SQUAT_ADDR")
+	if addr == "" {
+		t.Skip("helper process of TestSameHostSocketOfAnotherUser")
+	}
+	ln, err := ListenLocal(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println("listening")
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		nc.Close() // a client that took this for its server fails at once
+	}
 }
