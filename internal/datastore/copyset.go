@@ -15,6 +15,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/basalt-storage/basalt/internal/race"
 )
 
 // ChunkID names a chunk: chunk Index of volume Volume.
@@ -425,6 +427,7 @@ func preadNoWait(fd int, p []byte, off int64, raw bool) (int, error) {
 	if errno != 0 {
 		return 0, errno
 	}
+	race.WriteRange(p[:n])
 	return int(n), nil
 }
 
