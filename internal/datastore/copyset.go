@@ -268,7 +268,7 @@ func (c *Copyset) ReadAtCached(id ChunkID, p []byte, off int64) (bool, error) {
 	if c.s.noWait.Load() {
 		return false, nil
 	}
-	if err := c.checkRange(off, int64(len(p))); err != nil {
+	if err := c.checkRange(off, int64(len(p))); err != nil || len(p) == 0 {
 		return true, err
 	}
 	c.mu.RLock()
@@ -291,11 +291,11 @@ func (c *Copyset) ReadAtCached(id ChunkID, p []byte, off int64) (bool, error) {
 	raw := !c.s.noCachestat.Load()
 	if raw {
 		switch all, err := pagesCached(fd, off, len(p)); {
-		case err == unix.ENOSYS || err == unix.EOPNOTSUPP || err == unix.EPERM:
+		case err != nil: // unsupported (ENOSYS), refused by a seccomp profile, ...
 			c.s.noCachestat.Store(true)
-			c.s.log.Info("datastore: cachestat(2) unsupported, cached reads wake the Go runtime's monitor thread", "err", err)
+			c.s.log.Info("datastore: cachestat(2) failed, cached reads are ordinary system calls from now on", "err", err)
 			raw = false
-		case err != nil || !all:
+		case !all:
 			return false, nil
 		}
 	}
@@ -410,11 +410,15 @@ func pwriteFull(fd int, p []byte, off int64) error {
 
 // preadNoWait is preadv2(fd, p, off, RWF_NOWAIT) with one iovec on the stack
 // (x/sys's Preadv2 allocates its iovec slice). RWF_NOWAIT never waits for the
-// data, but on an uncached range it starts readahead, whose submission can
-// wait for a free request in the disk's queue. raw makes it a raw system call,
-// which does not wake the Go runtime's sysmon thread (see package sockio) but
-// holds the process's P while it runs: only for ranges pagesCached found
-// whole, where no readahead starts (unless a page is evicted in between).
+// data, but on an uncached range it starts readahead, which takes the file's
+// invalidate lock and can wait for a free request in the disk's queue. raw
+// makes it a raw system call, which does not wake the Go runtime's sysmon
+// thread (see package sockio) but holds the process's P while it runs: only
+// for ranges pagesCached found whole. The chunk files are opened FADV_RANDOM
+// (no readahead marks on cached pages) and O_NOATIME (no journal handle), so
+// such a read only copies from the page cache. What is left: a page evicted or
+// punched out (a concurrent trim of the same range) between the two calls
+// makes the read wait for the trim's lock, for as long as the trim takes.
 func preadNoWait(fd int, p []byte, off int64, raw bool) (int, error) {
 	iov := unix.Iovec{Base: &p[0]}
 	iov.SetLen(len(p))

@@ -64,7 +64,14 @@ func (c *fdCache) acquire(ch *chunk) (fd int, ok bool, err error) {
 		c.pinLocked(ch)
 		return ch.fd, true, nil
 	}
-	fd, err = unix.Open(ch.path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	// No atime updates: with relatime the first read after a write would
+	// dirty the inode and start a journal handle, which can wait for a journal
+	// commit (and ReadAtCached's raw reads must not wait). O_NOATIME needs the
+	// file's owner; anyone else opens it plainly.
+	fd, err = unix.Open(ch.path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOATIME, 0)
+	if err == unix.EPERM {
+		fd, err = unix.Open(ch.path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	}
 	if err != nil {
 		return -1, false, ioError("open "+ch.path, err)
 	}

@@ -625,7 +625,7 @@ func TestInFlightBytesAreBounded(t *testing.T) {
 // later: the completing goroutine writes what the socket takes and the writer
 // goroutine the rest. Replies after it must still arrive whole and in order.
 func TestLargeReplyToASlowReader(t *testing.T) {
-	disk := newMem(32 << 20)
+	disk := newMem(17 << 20)
 	rng := rand.New(rand.NewPCG(3, 4))
 	for i := range disk.data {
 		disk.data[i] = byte(rng.Uint32())
