@@ -133,8 +133,11 @@
 // the chunk map: WriteAt, Discard and WriteZeroes hold it shared across their
 // syscall; ReadAt, ReadAtCached, Checksum and WriteSnapshot hold it only to
 // find a chunk and pin its descriptor (ReadAtCached pins only a descriptor
-// already open, and reads with RWF_NOWAIT: it never waits for the disk); chunk creation, DeleteVolume, InstallStaged and
-// RemoveCopyset hold it exclusively. Sync never takes it: it works from the
+// already open, and reads with RWF_NOWAIT: it never waits for the disk; when
+// cachestat(2) finds the whole range cached, the read is a raw system call,
+// see preadNoWait); chunk creation, DeleteVolume, InstallStaged and
+// RemoveCopyset hold it exclusively. Chunk files are opened FADV_RANDOM and
+// O_NOATIME. Sync never takes it: it works from the
 // dirty set (dirtyMu) and pins descriptors through the fd cache.
 //
 // Open chunk files live in a per-Store LRU cache bounded by
