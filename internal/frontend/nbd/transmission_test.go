@@ -621,9 +621,9 @@ func TestInFlightBytesAreBounded(t *testing.T) {
 	}
 }
 
-// A reply too large for the socket buffer, to a client that reads it only
-// later: the completing goroutine writes what the socket takes and the writer
-// goroutine the rest. Replies after it must still arrive whole and in order.
+// A reply far larger than the socket buffer, to a client that reads it only
+// later: the writer waits for the socket until the client reads. The reply and
+// the replies after it must arrive whole and correct.
 func TestLargeReplyToASlowReader(t *testing.T) {
 	disk := newMem(17 << 20)
 	rng := rand.New(rand.NewPCG(3, 4))
