@@ -42,6 +42,12 @@ type replica struct {
 	store     replicaStore
 }
 
+// peerHandler is the inbound peer transport (*raftnet.Receiver).
+type peerHandler interface {
+	transport.Handler
+	transport.PayloadAllocator
+}
+
 // handler is the data-plane transport.Handler: it validates every request at
 // the edge (STYLE 6) and turns it into a Raft proposal or a local read.
 type handler struct {
@@ -50,9 +56,8 @@ type handler struct {
 	vols    *volumeCache
 	host    raftHost
 	replica func(group uint64) *replica
-	// raftIn steps a received OpRaft frame; snapIn serves OpSnapshot frames.
-	raftIn  func(h transport.Header, payload []byte)
-	snapIn  func(rw transport.ReplyWriter, h transport.Header, payload []byte)
+	// peerIn serves the peer traffic: OpRaft and OpSnapshot frames.
+	peerIn  peerHandler
 	metrics *metrics
 	stats   *ioStats // heartbeat counters; nil in tests
 
@@ -63,10 +68,8 @@ type handler struct {
 // blocks on the network.
 func (hd *handler) ServeFrame(rw transport.ReplyWriter, h transport.Header, payload []byte) {
 	switch h.Op {
-	case transport.OpRaft:
-		hd.raftIn(h, payload)
-	case transport.OpSnapshot:
-		hd.snapIn(rw, h, payload)
+	case transport.OpRaft, transport.OpSnapshot:
+		hd.peerIn.ServeFrame(rw, h, payload)
 	case transport.OpPing, transport.OpFlush:
 		// Flush: every acknowledged write is already durable (in the WAL).
 		hd.reply(rw, h, api.StatusOK, 0)
@@ -77,6 +80,15 @@ func (hd *handler) ServeFrame(rw transport.ReplyWriter, h transport.Header, payl
 	default:
 		hd.reply(rw, h, api.StatusBadRequest, 0)
 	}
+}
+
+// AllocPayload implements transport.PayloadAllocator: the peer transport
+// keeps the payloads of large raft frames.
+func (hd *handler) AllocPayload(h transport.Header, n int) []byte {
+	if h.Op == transport.OpRaft || h.Op == transport.OpSnapshot {
+		return hd.peerIn.AllocPayload(h, n)
+	}
+	return nil
 }
 
 func (hd *handler) reply(rw transport.ReplyWriter, h transport.Header, st api.Status, hint uint64) {

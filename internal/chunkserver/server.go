@@ -18,13 +18,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/basalt-storage/basalt/internal/datastore"
 	"github.com/basalt-storage/basalt/internal/debughttp"
 	"github.com/basalt-storage/basalt/internal/placement"
+	"github.com/basalt-storage/basalt/internal/raftnet"
 	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/scrub"
 	"github.com/basalt-storage/basalt/internal/transport"
@@ -68,7 +68,7 @@ type Config struct {
 	// SnapshotRate bounds this chunkserver's InstallSnapshot traffic, bytes
 	// sent plus received per second, so that rebuilding and rebalancing
 	// copysets leave disk and network to foreground IO (0:
-	// DefaultSnapshotRate; < 0: no limit).
+	// raftnet.DefaultSnapshotRate; < 0: no limit).
 	SnapshotRate int64
 	// Knobs are fault-injection points for tests, handed to the WAL and the
 	// datastore (slow or failing fsync, full disk).
@@ -118,13 +118,13 @@ type ChunkServer struct {
 	id      atomic.Uint64
 
 	// Set up by Run before the listener is served.
-	mds   *mdsclient.Client
-	vols  *volumeCache
-	host  *raftstore.Host
-	peers *peerTransport
-	snaps *snapReceiver
-	srv   *transport.Server
-	hd    *handler
+	mds    *mdsclient.Client
+	vols   *volumeCache
+	host   *raftstore.Host
+	peers  *raftnet.Transport
+	peerIn *raftnet.Receiver
+	srv    *transport.Server
+	hd     *handler
 	// local is hd once the data plane serves, nil before and from shutdown on:
 	// what Go (the local fast path, local.go) hands requests to.
 	local atomic.Pointer[handler]
@@ -186,7 +186,7 @@ func (c *ChunkServer) scrubTargets() []scrub.Target {
 		if id == self {
 			return c.addr
 		}
-		return c.peers.addrOf(id)
+		return c.peers.Addr(id)
 	}
 	chunkSize := func(pool uint32) uint64 {
 		cs, _ := c.vols.poolChunkSize(pool)
@@ -317,9 +317,7 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 	}
 	id := c.ID()
 	c.log = c.cfg.Logger.With("component", "chunkserver", "chunkserver", id)
-	c.peers = newPeerTransport(id, c.log)
-	snapLimit := newSnapshotLimiter(c.cfg.SnapshotRate)
-	c.peers.snapLimit = snapLimit
+	c.peers = raftnet.New(raftnet.Config{Self: id, Logger: c.log, SnapshotRate: c.cfg.SnapshotRate})
 	c.host, err = raftstore.New(raftstore.Config{
 		NodeID:          id,
 		Log:             c.wal,
@@ -336,16 +334,14 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 	c.host.Start()
 	c.ready.Store(c.host)
 	c.metrics.reg.MustRegister(newHostCollector(c))
-	c.snaps = newSnapReceiver(id, c.log, c.host.ReceiveSnapshot)
-	c.snaps.limit = snapLimit
+	c.peerIn = c.peers.Receiver(c.host)
 	c.hd = &handler{
 		log:     c.log,
 		ctx:     ctx,
 		vols:    c.vols,
 		host:    c.host,
 		replica: c.replica,
-		raftIn:  c.raftIn,
-		snapIn:  c.snaps.serve,
+		peerIn:  c.peerIn,
 		metrics: c.metrics,
 		stats:   &c.stats,
 	}
@@ -402,14 +398,14 @@ func (c *ChunkServer) shutdown() {
 	if c.hd != nil {
 		c.hd.missWG.Wait()
 	}
-	if c.snaps != nil {
-		c.snaps.close()
+	if c.peerIn != nil {
+		c.peerIn.Close()
 	}
 	if c.host != nil {
 		c.host.Stop()
 	}
 	if c.peers != nil {
-		c.peers.close()
+		c.peers.Close()
 	}
 	if err := c.wal.Close(); err != nil {
 		c.log.Warn("closing the WAL", "err", err)
@@ -551,23 +547,6 @@ func (c *ChunkServer) deleteVolumes(ids []uint64) {
 	}
 }
 
-// raftIn steps an OpRaft frame's messages into the host.
-func (c *ChunkServer) raftIn(h transport.Header, payload []byte) {
-	msgs, err := decodeRaftBatch(payload)
-	if err != nil {
-		c.log.Warn("bad raft frame dropped", "from", h.Hint, "err", err)
-		return
-	}
-	self := c.ID()
-	keep := msgs[:0]
-	for _, m := range msgs {
-		if m.Msg.GetTo() == self && m.Msg.GetType() != raftpb.MsgSnap {
-			keep = append(keep, m)
-		}
-	}
-	c.host.Step(keep)
-}
-
 // heartbeatLoop heartbeats until ctx is done or the server fails.
 func (c *ChunkServer) heartbeatLoop(ctx context.Context, srvDone <-chan error) error {
 	t := time.NewTicker(c.cfg.HeartbeatInterval)
@@ -645,7 +624,7 @@ func (c *ChunkServer) heartbeat(ctx context.Context) error {
 	for _, p := range resp.GetPeers() {
 		addrs[p.GetId()] = p.GetAddr()
 	}
-	c.peers.setPeers(addrs)
+	c.peers.SetPeers(addrs)
 	c.vols.addPools(resp.GetPools())
 	if c.vols.stale(resp.GetVolumesRevision()) {
 		if err := c.vols.refresh(ctx); err != nil {

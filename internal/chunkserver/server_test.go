@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/basalt-storage/basalt/internal/datastore"
+	"github.com/basalt-storage/basalt/internal/raftnet"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -130,12 +131,15 @@ func TestClusterGarbageAndMetrics(t *testing.T) {
 	}
 	for _, n := range tc.nodes {
 		c := tc.conn(n.cs.Addr())
-		for _, p := range [][]byte{{1, 2, 3}, make([]byte, 100), {0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff}} {
-			if err := c.Send(transport.Header{Op: transport.OpRaft, Hint: 99}, p); err != nil {
-				t.Fatal(err)
+		for _, p := range [][]byte{{1, 2, 3}, make([]byte, 100), {0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff}, make([]byte, 100<<10)} {
+			for _, version := range []uint32{0, raftnet.BatchVersion} {
+				if err := c.Send(transport.Header{Op: transport.OpRaft, Length: version, Hint: 99}, p); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
-		call := &transport.Call{Header: transport.Header{Op: transport.OpSnapshot, Length: snapData, Offset: 3}, Payload: []byte("x")}
+		// A snapshot data frame (kind 2) of a transfer that never began.
+		call := &transport.Call{Header: transport.Header{Op: transport.OpSnapshot, Length: 2, Offset: 3}, Payload: []byte("x")}
 		if err := c.Do(context.Background(), call); err != nil || call.Reply.Status != api.StatusBadRequest {
 			t.Fatalf("snapshot garbage: %v %v", call.Reply.Status, err)
 		}
