@@ -77,8 +77,9 @@
 // command is a blind overwrite, so applying an entry twice (WAL replay after a
 // crash, a log replayed over a snapshot taken while writes went on) converges.
 // A rejection is a result; a disk error is not: Apply returns a non-api error,
-// raftstore stops the group, and the heartbeat state becomes "disk full" or
-// "io error".
+// raftstore stops the group, and the heartbeat's disk state becomes FULL or
+// IO_ERROR (api.DiskState; raftstore.DiskFailure tells a full disk from other
+// errors, for the state machine and the raft host alike).
 //
 // Capture is the epoch table: uint8 version (1), uint32 count, then count ×
 // (uint64 volume, uint64 epoch) sorted by volume. Persist(index, state) syncs
@@ -113,10 +114,12 @@
 //	Epoch (non-zero) < the copyset's epoch       FENCED
 //
 // Writes, trims and write-zeroes are proposed; the reply is sent from the
-// proposal's callback (NOT_LEADER carries the leader in Header.Hint; an IO
-// caught by a disk error that stops the replica answers as the table says:
-// NO_SPACE when the cause is a full disk — the chunk files' or the WAL's —
-// IO_ERROR otherwise). A read
+// proposal's callback. statusOf (classify.go) is the one place that maps an
+// outcome to a wire status: a replicated result (*api.Error) as it is;
+// raftstore's typed errors as ErrNotLeader → NOT_LEADER with the leader in
+// Header.Hint, ErrStopped → NOT_LEADER (no hint), ErrNoGroup →
+// NO_SUCH_COPYSET, ErrDiskFull → NO_SPACE (a full disk, the chunk files' or
+// the WAL's), ErrIO and any failed read → IO_ERROR. A read
 // whose epoch is newer than the copyset's first commits a fence, then waits
 // for Host.ReadBarrier (lease read, or ReadIndex) and reads the chunk file
 // into a pooled buffer that is released once the reply was written. Flush and

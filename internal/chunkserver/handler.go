@@ -3,7 +3,6 @@ package chunkserver
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"hash/crc32"
 	"log/slog"
 	"slices"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/placement"
-	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -130,24 +128,6 @@ func (hd *handler) count(h transport.Header, n int) {
 	hd.stats.writeBytes.Add(uint64(n))
 }
 
-// statusOf maps a proposal or read result to a wire status.
-func statusOf(err error) (api.Status, uint64) {
-	if err == nil {
-		return api.StatusOK, 0
-	}
-	var ae *api.Error
-	if errors.As(err, &ae) {
-		return ae.Status, ae.Hint
-	}
-	if isNoSpace(err) {
-		return api.StatusNoSpace, 0
-	}
-	if isNoGroup(err) {
-		return api.StatusNoSuchCopyset, 0
-	}
-	return api.StatusIOError, 0
-}
-
 // validate checks an IO request against the volume cache and the hosted
 // copysets. It returns the replica to use, or the status to answer with.
 func (hd *handler) validate(h transport.Header, payload []byte) (*replica, volumeInfo, api.Status) {
@@ -193,7 +173,8 @@ func (hd *handler) validate(h transport.Header, payload []byte) (*replica, volum
 		// This replica stopped after a disk error and serves nothing more; the
 		// other members elect a leader without it. NO_SPACE / IO_ERROR sends the
 		// client on to them, and is final once a majority of them answers so.
-		return nil, vi, stoppedStatus(err)
+		st, _ := statusOf(err)
+		return nil, vi, st
 	}
 	if h.Epoch != 0 && h.Epoch < r.sm.epochOf(h.Volume) {
 		return nil, vi, api.StatusFenced
@@ -235,33 +216,7 @@ func (hd *handler) serveIO(rw transport.ReplyWriter, h transport.Header, payload
 	}
 	c.Volume, c.Epoch, c.Offset, c.Length = h.Volume, h.Epoch, h.Offset, h.Length
 	data := proposalOf(c) // copies the payload: it is not ours after return
-	hd.host.Propose(r.group, data, func(err error) { hd.replyErr(rw, h, hd.stoppedErr(r, err), start) })
-}
-
-// groupStatuser is the optional ability of a raftHost to tell a group's
-// status (*raftstore.Host has it).
-type groupStatuser interface {
-	Status(id uint64) (raftstore.GroupStatus, bool)
-}
-
-// stoppedErr turns the IO_ERROR a stopped group answers (raftstore does,
-// whatever stopped it) into NO_SPACE when this replica's disk is full, so an
-// IO caught by the stop answers as a later one does (validate).
-func (hd *handler) stoppedErr(r *replica, err error) error {
-	var ae *api.Error
-	if !errors.As(err, &ae) || ae.Status != api.StatusIOError {
-		return err
-	}
-	cause := r.sm.Failed()
-	if s, ok := hd.host.(groupStatuser); ok && cause == nil {
-		if st, ok := s.Status(r.group); ok {
-			cause = st.Err
-		}
-	}
-	if cause != nil && isNoSpace(cause) {
-		return api.ErrNoSpace
-	}
-	return err
+	hd.host.Propose(r.group, data, func(err error) { hd.replyErr(rw, h, err, start) })
 }
 
 // read serves a read on the leader: fence first if the epoch is new here, then
@@ -269,7 +224,7 @@ func (hd *handler) stoppedErr(r *replica, err error) error {
 func (hd *handler) read(rw transport.ReplyWriter, h transport.Header, r *replica, start time.Time) {
 	doRead := func(err error) {
 		if err != nil {
-			hd.replyErr(rw, h, hd.stoppedErr(r, err), start)
+			hd.replyErr(rw, h, err, start)
 			return
 		}
 		hd.readNow(rw, h, r, start)
@@ -279,7 +234,7 @@ func (hd *handler) read(rw transport.ReplyWriter, h transport.Header, r *replica
 		fence := proposalOf(command{Op: cmdFence, Volume: h.Volume, Epoch: h.Epoch})
 		hd.host.Propose(r.group, fence, func(err error) {
 			if err != nil {
-				hd.replyErr(rw, h, hd.stoppedErr(r, err), start)
+				hd.replyErr(rw, h, err, start)
 				return
 			}
 			barrier()

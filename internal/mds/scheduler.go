@@ -133,9 +133,9 @@ func leaderTransferTimeout(cfg Config) time.Duration {
 
 // planRound decides one round. Caller holds s.mu.
 //
-//  1. Chunkservers: online, sick (online, disk state not "ok"), dead
+//  1. Chunkservers: online, sick (online, disk state FULL or IO_ERROR), dead
 //     (offline longer than RecoveryGrace; never with a negative grace),
-//     target (online, disk "ok" and below fullPercent used).
+//     target (online, disk state OK and below fullPercent used).
 //  2. Copysets: a move in flight is one with a move record whose leader
 //     does not report the listed members as its voters yet (or, without a
 //     record, a leader reporting other voters); once reported it is done.
@@ -161,7 +161,8 @@ func (s *Server) planRound(t *topology, now time.Time) plan {
 		l := s.live[id]
 		if s.isOnline(id, now) {
 			online[id] = true
-			okDisk := l.state == "" || l.state == "ok"
+			// UNKNOWN: registered, no heartbeat yet.
+			okDisk := l.disk == api.DiskState_DISK_STATE_OK || l.disk == api.DiskState_DISK_STATE_UNKNOWN
 			sick[id] = !okDisk
 			full := l.capacity > 0 && l.used*100 >= l.capacity*fullPercent
 			targets[id] = okDisk && !full
