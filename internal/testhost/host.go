@@ -196,7 +196,7 @@ func Boot(ctx context.Context, cfg Config) (*Host, error) {
 func qemuArgs(cfg Config, k *kernel, initramfs, sock string) []string {
 	return []string{
 		"-nodefaults", "-no-user-config", "-display", "none",
-		"-no-reboot", // with panic=-1 a kernel panic ends QEMU instead of looping
+		"-no-reboot",                 // with panic=-1 a kernel panic ends QEMU instead of looping
 		"-accel", "tcg,thread=multi", // a nested KVM guest hangs on these machines
 		"-m", strconv.Itoa(cfg.MemoryMiB), "-smp", strconv.Itoa(cfg.CPUs),
 		"-kernel", k.vmlinuz, "-initrd", initramfs, "-cpu", "max",

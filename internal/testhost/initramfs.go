@@ -103,7 +103,9 @@ func (im *image) put(p string, e entry) {
 	im.entries[p] = e
 }
 
-func (im *image) link(p, target string) { im.put(p, entry{mode: cpioModeSymlink | 0o777, target: target}) }
+func (im *image) link(p, target string) {
+	im.put(p, entry{mode: cpioModeSymlink | 0o777, target: target})
+}
 
 func (im *image) data(p string, perm uint32, b []byte) {
 	im.put(p, entry{mode: cpioModeFile | perm, data: b})
