@@ -74,8 +74,11 @@ type Host struct {
 	waiting map[uint32]chan wire.Frame // Run calls waiting for their Result, by id
 	readErr error                      // why the channel stopped, set before done closes
 
-	done      chan struct{} // closed when the channel stopped
-	closeOnce sync.Once
+	done chan struct{} // closed when the channel stopped
+
+	closeOnce    sync.Once
+	shutdownOnce sync.Once
+	shutdownErr  error
 }
 
 // Boot starts QEMU with Debian's kernel and an initramfs holding cfg's tools
@@ -347,9 +350,17 @@ func (h *Host) Console() string { return h.console.String() }
 
 // Shutdown asks the guest to power off and waits for QEMU to exit. The guest
 // syncs and unmounts first. An error means the power-off was not clean (QEMU
-// is killed then). Shutdown also does what Close does.
+// is killed then). Shutdown also does what Close does; calling it again
+// returns the first call's result.
 func (h *Host) Shutdown(ctx context.Context) error {
-	defer h.Close()
+	h.shutdownOnce.Do(func() {
+		h.shutdownErr = h.shutdown(ctx)
+		h.Close()
+	})
+	return h.shutdownErr
+}
+
+func (h *Host) shutdown(ctx context.Context) error {
 	select {
 	case <-h.exited:
 		return fmt.Errorf("testhost: QEMU had exited before the shutdown (%v); console (tail):\n%s", h.waitErr, h.console.tail(40))
