@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"math/rand"
 	"net"
 	"os"
@@ -161,7 +160,7 @@ func fio(t *testing.T, uri string, args ...string) string {
 	return out
 }
 
-func logf(t *testing.T, format string, args ...any) { t.Helper(); t.Log(fmt.Sprintf(format, args...)) }
+func logf(t *testing.T, format string, args ...any) { t.Helper(); t.Logf(format, args...) }
 
 func (p *pg) status() *api.ClusterStatusResponse {
 	p.t.Helper()
