@@ -55,6 +55,9 @@ func portsFree(base, n int) bool {
 // startPlayground runs a playground in a fresh directory on free ports.
 func startPlayground(t *testing.T, size string) *pg {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a playground of real processes; skipped with -short")
+	}
 	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
 	p := &pg{t: t, dir: t.TempDir(), size: size}
 	for {
