@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/basalt-storage/basalt/internal/datastore"
+	"github.com/basalt-storage/basalt/internal/testutil"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -59,7 +60,7 @@ func TestNewConfig(t *testing.T) {
 // data directory: a second chunkserver can open it afterwards).
 func TestRunStopsWithoutMDS(t *testing.T) {
 	dir := t.TempDir()
-	cfg := Config{DataDir: dir, MDS: []string{freePort(t)}, Logger: testLogger(t), PreallocChunks: -1}
+	cfg := Config{DataDir: dir, MDS: []string{testutil.FreeAddr(t)}, Logger: testLogger(t), PreallocChunks: -1}
 	cs, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -121,7 +122,7 @@ func TestClusterGarbageAndMetrics(t *testing.T) {
 	tc := newTestCluster(t, clusterPool(2), []*api.Volume{{Id: ctVolume, Size: ctVolSize, PoolId: 1}},
 		func(c *Config) {
 			if metricsAddr == "" {
-				metricsAddr = freePort(t)
+				metricsAddr = testutil.FreeAddr(t)
 				c.MetricsListen = metricsAddr
 			}
 		})
