@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/basalt-storage/basalt/internal/latency"
 	"github.com/basalt-storage/basalt/internal/transport"
@@ -85,7 +86,7 @@ func newMetrics() *metrics {
 	})
 	m.reg.MustRegister(m.csOps, m.csBytes, m.walWrite, m.walSync)
 	m.reg.MustRegister(m.ops, m.bytes, m.latency,
-		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
