@@ -9,10 +9,13 @@ import (
 
 // Start boots a test host for a test and powers it off when the test ends.
 // Where this machine lacks QEMU, the kernel or a tool, the test is skipped
-// with a message naming what is missing. When the test failed, the end of the
+// with a message naming what is missing; with -short it is skipped too. When the test failed, the end of the
 // guest's console goes to the test log.
 func Start(t testing.TB, cfg Config) *Host {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("boots a Linux guest under QEMU; skipped with -short")
+	}
 	if cfg.Logf == nil {
 		cfg.Logf = t.Logf
 	}
