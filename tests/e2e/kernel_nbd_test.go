@@ -65,6 +65,15 @@ func TestKernelNBDClient(t *testing.T) {
 	attached := time.Now()
 
 	victim := p.busiestLeader()
+	writes := func() int { // write requests /dev/nbd0 completed so far
+		f := strings.Fields(guest(time.Minute, "cat /sys/block/nbd0/stat"))
+		n, err := strconv.Atoi(f[4])
+		if err != nil {
+			t.Fatalf("/sys/block/nbd0/stat: %v", err)
+		}
+		return n
+	}
+	before := writes()
 	fioDone := make(chan error, 1)
 	fioStart := time.Now()
 	go func() {
@@ -73,16 +82,18 @@ func TestKernelNBDClient(t *testing.T) {
 		_, err := h.Run(ctx, fioJob+" --output=/root/fio.json")
 		fioDone <- err
 	}()
-	time.Sleep(6 * time.Second)
-	select {
-	case err := <-fioDone:
-		t.Fatalf("fio ended before the chunkserver was killed (%v): make its job longer", err)
-	default:
+	// The kill lands once fio has done about a sixth of its 8192 writes.
+	for writes()-before < 1500 {
+		select {
+		case err := <-fioDone:
+			t.Fatalf("fio ended before the chunkserver was killed: %v", err)
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
 	if err := syscall.Kill(victim.PID, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill chunkserver %d: %v", victim.Index, err)
 	}
-	logf(t, "killed chunkserver %d (pid %d), the busiest leader, %s into fio", victim.Index, victim.PID, time.Since(fioStart).Round(time.Millisecond))
+	logf(t, "killed chunkserver %d (pid %d), the busiest leader, %s into fio, after %d writes", victim.Index, victim.PID, time.Since(fioStart).Round(time.Millisecond), writes()-before)
 	if err := <-fioDone; err != nil {
 		t.Fatalf("fio in the guest failed after the kill: %v\n%s", err, guest(time.Minute, "cat /root/fio.json"))
 	}
