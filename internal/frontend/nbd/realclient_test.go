@@ -49,7 +49,7 @@ func TestNbdinfo(t *testing.T) {
 	requireTool(t, "nbdinfo")
 	ro := newMem(1 << 20)
 	ro.readOnly = true
-	ts := startServer(t, Config{Exports: memExports{"disk": newMem(48 << 20), "ro": ro}})
+	ts := startServer(t, Config{Exports: memExports{"disk": newMem(48 << 20), "ro": ro}.exports()})
 
 	var info struct {
 		Exports []map[string]any `json:"exports"`
@@ -103,7 +103,7 @@ func TestQemuImgConvertRoundTrip(t *testing.T) {
 	requireTool(t, "qemu-img")
 	const size = 24 << 20
 	disk := newMem(size)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 
 	dir := t.TempDir()
 	src := filepath.Join(dir, "src.img")
@@ -143,7 +143,7 @@ func TestFioMultiConnVerify(t *testing.T) {
 	requireTool(t, "fio")
 	const jobs, region = 4, 8 << 20
 	disk := newMem(jobs * region)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 	out := run(t, "fio",
 		"--name=nbdverify", "--ioengine=nbd", "--uri="+nbdURI(ts.sock, "disk"),
 		"--rw=randwrite", "--bssplit=4k/70:64k/30", "--iodepth=16",
