@@ -281,13 +281,5 @@ func (b *backend) Close() error {
 	return errors.Join(errs...)
 }
 
-func isNotFound(err error) bool {
-	if err == nil {
-		return false
-	}
-	s, ok := status.FromError(errors.Unwrap(err))
-	if !ok {
-		s, ok = status.FromError(err)
-	}
-	return ok && s.Code() == codes.NotFound
-}
+// isNotFound reports the MDS's NotFound, however wrapped.
+func isNotFound(err error) bool { return status.Code(err) == codes.NotFound }
