@@ -158,7 +158,8 @@ func (e *Exports) open(x *export) {
 	b, err := e.opener.Open(ctx, x.name)
 	cancel()
 	if err == nil {
-		e.log.Info("export opened", "export", x.name, "size", b.Info().Size, "read_only", b.Info().ReadOnly)
+		info := b.Info()
+		e.log.Info("export opened", "export", x.name, "size", info.Size, "read_only", info.ReadOnly)
 	} else if !errors.Is(err, ErrNoSuchExport) {
 		e.log.Warn("export could not be opened", "export", x.name, "err", err)
 	}

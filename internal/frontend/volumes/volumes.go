@@ -38,6 +38,9 @@ type Config struct {
 	ClaimTimeout time.Duration
 }
 
+// refreshTimeout bounds Check's size lookup at the MDS.
+const refreshTimeout = 2 * time.Second
+
 // Opener opens basalt volumes as frontend backends.
 type Opener struct {
 	cfg Config
@@ -263,6 +266,10 @@ func (b *backend) Check(ctx context.Context) error {
 	if err := v.Err(); err != nil {
 		return b.o.Classify(err)
 	}
+	// Bounded: an MDS that is away (a failover) must not hold up attachments
+	// to a volume that is already open.
+	ctx, cancel := context.WithTimeout(ctx, refreshTimeout)
+	defer cancel()
 	if err := v.Refresh(ctx); err != nil {
 		b.o.cfg.Logger.Warn("could not re-read a volume's size; keeping the one known", "volume", b.name, "err", err)
 	}
