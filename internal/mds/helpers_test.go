@@ -56,6 +56,9 @@ func (r *running) crash(t *testing.T) {
 // on free ports.
 func startMDS(t *testing.T, cfg Config) *running {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("starts an MDS with etcd; skipped with -short")
+	}
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
 	}
@@ -96,6 +99,9 @@ func waitActive(t *testing.T, r *running, within time.Duration) {
 // as an external cluster, and returns its client URL.
 func startEtcd(t *testing.T) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("starts etcd; skipped with -short")
+	}
 	ec := embed.NewConfig()
 	ec.Name = "test"
 	ec.Dir = filepath.Join(t.TempDir(), "etcd")

@@ -363,9 +363,8 @@ func TestCheckRateLimited(t *testing.T) {
 
 // fakeClock drives a Limiter without sleeping.
 type fakeClock struct {
-	now    time.Time
-	slept  []time.Duration
-	cancel bool
+	now   time.Time
+	slept []time.Duration
 }
 
 func newFakeLimiter(rate, burst int64) (*Limiter, *fakeClock) {

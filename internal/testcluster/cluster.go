@@ -79,6 +79,9 @@ var (
 
 // Binary returns the basalt binary the tests run.
 func Binary(t testing.TB) string {
+	if testing.Short() {
+		t.Skip("runs the basalt binary as real processes; skipped with -short")
+	}
 	if p := os.Getenv("BASALT_BIN"); p != "" {
 		return p
 	}
@@ -104,6 +107,9 @@ func Binary(t testing.TB) string {
 // every copyset has a leader. Everything is stopped by t.Cleanup.
 func Start(t testing.TB, opts Options) *Cluster {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("starts etcd, an MDS and chunkservers as real processes; skipped with -short")
+	}
 	if opts.Chunkservers == 0 {
 		opts.Chunkservers = 3
 	}

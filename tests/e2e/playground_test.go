@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,6 +33,9 @@ type pg struct {
 // startPlayground runs a playground in a fresh directory on free ports.
 func startPlayground(t *testing.T, size string) *pg {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a playground of real processes; skipped with -short")
+	}
 	p := &pg{t: t, dir: t.TempDir(), size: size, portBase: testutil.FreePortBase(t, 30)}
 	p.nbdPort = p.portBase + 29
 	p.logPath = filepath.Join(p.dir, "playground.log")
@@ -132,7 +134,7 @@ func fio(t *testing.T, uri string, args ...string) string {
 	return out
 }
 
-func logf(t *testing.T, format string, args ...any) { t.Helper(); t.Log(fmt.Sprintf(format, args...)) }
+func logf(t *testing.T, format string, args ...any) { t.Helper(); t.Logf(format, args...) }
 
 func (p *pg) status() *api.ClusterStatusResponse {
 	p.t.Helper()
