@@ -82,6 +82,12 @@
 // After a call's done callback ran, the Conn never touches its buffers again, even
 // if a reply for it arrives later (it is read and discarded).
 //
+// A ConnCache is that owner for callers that talk to many servers (the client
+// library, keyed by chunkserver id; the scrubber, keyed by address): one Conn per
+// key, dialled on first use by a short-lived goroutine that every Get for the key
+// waits on, and dialled again once it died; after a failed dial the key may fail
+// fast for a while (RedialInterval) so callers move on to another replica.
+//
 // # Goroutines
 //
 // Conn: a reader (owns the read side of the socket) and a writer goroutine. The

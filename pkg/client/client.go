@@ -105,8 +105,8 @@ type Volume struct {
 	maxPiece  int64
 
 	routes routeTable
-	peers  peerSet
-	m      *volumeMetrics // nil: no metrics
+	conns  *transport.ConnCache[uint64] // one connection per chunkserver id
+	m      *volumeMetrics               // nil: no metrics
 
 	// base anchors monotonic times kept as nanoseconds in atomics.
 	base       time.Time
@@ -185,7 +185,7 @@ func Open(ctx context.Context, cfg Config) (*Volume, error) {
 	}
 	v.maxPiece = min(v.chunkSize, maxPieceBytes)
 	v.routes.init(v, pool.GetId(), resp.GetCopysets(), resp.GetChunkservers())
-	v.peers.init(v)
+	v.conns = newConnCache(v)
 	lease := time.Duration(resp.GetLeaseMs()) * time.Millisecond
 	if lease > 0 {
 		v.leaseUntil.Store(int64(lease))
@@ -359,7 +359,7 @@ func (v *Volume) Close() error {
 		v.opMu.Lock()
 		v.closing = true
 		v.opMu.Unlock()
-		v.peers.closeAll() // in-flight calls fail; their retries see ErrClosed
+		v.conns.Close() // in-flight calls fail; their retries see ErrClosed
 		v.opMu.Lock()
 		for v.inflight > 0 {
 			v.opIdle.Wait()

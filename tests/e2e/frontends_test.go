@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/basalt-storage/basalt/internal/testutil"
 )
 
 // Two NBD front ends on one cluster: the playground's own, with fio writing (and
@@ -14,7 +16,7 @@ import (
 // NBD_OPT_GO and one read): it must never take the writer role, so fio never sees
 // its writer fenced.
 func TestNbdinfoOnSecondFrontEndLeavesWriterAlone(t *testing.T) {
-	requireTools(t, "fio", "nbdinfo")
+	testutil.RequireTools(t, "fio", "nbdinfo")
 	p := startPlayground(t, "1GiB")
 	sock := p.st.Chunkservers[0].NBDSocket
 	if sock == "" {

@@ -10,14 +10,13 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/frontend/access"
 	"github.com/basalt-storage/basalt/internal/testcluster"
+	"github.com/basalt-storage/basalt/internal/testutil"
 )
 
 // A node started against a real cluster serves a volume over NBD on TCP and a
 // Unix socket, to nbdinfo; after Close it serves nothing.
 func TestStartServesNBD(t *testing.T) {
-	if _, err := exec.LookPath("nbdinfo"); err != nil {
-		t.Skip("skipped: nbdinfo is not installed (Debian package libnbd-bin)")
-	}
+	testutil.RequireTool(t, "nbdinfo")
 	c := testcluster.Start(t, testcluster.Options{Copysets: 4})
 	c.CreateVolume("vol", 96<<20)
 	sock := filepath.Join(t.TempDir(), "nbd.sock")
