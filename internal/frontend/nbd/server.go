@@ -30,7 +30,8 @@ type Config struct {
 	MinBlockSize uint32
 	// PreferredBlockSize is advertised in NBD_INFO_BLOCK_SIZE. Default 4096.
 	PreferredBlockSize uint32
-	// MaxPayload is the largest READ or WRITE length. Default and upper bound 32 MiB.
+	// MaxPayload is the largest READ or WRITE length. Default and upper bound
+	// maxPayload (32 MiB).
 	MaxPayload uint32
 	// HandshakeTimeout bounds each option of the handshake (the timer restarts
 	// per option; at most maxOptions options). Default 30 s.
@@ -66,7 +67,7 @@ func (c *Config) setDefaults() error {
 		c.PreferredBlockSize = 4096
 	}
 	if c.MaxPayload == 0 {
-		c.MaxPayload = 1 << maxBufShift
+		c.MaxPayload = maxPayload
 	}
 	if c.HandshakeTimeout <= 0 {
 		c.HandshakeTimeout = 30 * time.Second
@@ -80,11 +81,15 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("%w: MinBlockSize %d is not a power of two <= 64 KiB", ErrBadConfig, c.MinBlockSize)
 	case !pow2(c.PreferredBlockSize) || c.PreferredBlockSize < max(c.MinBlockSize, 512):
 		return fmt.Errorf("%w: PreferredBlockSize %d", ErrBadConfig, c.PreferredBlockSize)
-	case c.MaxPayload > 1<<maxBufShift || c.MaxPayload < c.PreferredBlockSize || c.MaxPayload%c.MinBlockSize != 0:
+	case c.MaxPayload > maxPayload || c.MaxPayload < c.PreferredBlockSize || c.MaxPayload%c.MinBlockSize != 0:
 		return fmt.Errorf("%w: MaxPayload %d", ErrBadConfig, c.MaxPayload)
 	}
 	return nil
 }
+
+// maxPayload bounds Config.MaxPayload: 32 MiB, the largest request the NBD
+// protocol recommends a client to send.
+const maxPayload = 32 << 20
 
 // Server serves exports over NBD on any number of listeners (TCP, Unix).
 type Server struct {
