@@ -89,7 +89,7 @@ func (v *Volume) Submit(op Op, buf []byte, off, length int64, done func(error)) 
 		done(api.ErrReadOnly)
 		return
 	}
-	if off < 0 || length < 0 || off > v.size || length > v.size-off {
+	if size := v.size.Load(); off < 0 || length < 0 || off > size || length > size-off {
 		done(api.ErrOutOfRange)
 		return
 	}

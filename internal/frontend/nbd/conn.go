@@ -37,11 +37,15 @@ type conn struct {
 	nrejected int64 // answered with an error by validation or shutdown
 
 	// Set by the handshake, read-only afterwards.
-	export   string
-	backend  frontend.Backend
-	size     int64
-	readOnly bool
-	tflags   uint16
+	export     string
+	att        *frontend.Attachment // detached when serve ends
+	backend    frontend.Backend     // att.Backend()
+	size       int64
+	readOnly   bool
+	tflags     uint16
+	minBlock   uint32 // every offset and length is a multiple
+	prefBlock  uint32
+	maxPayload uint32 // the largest READ or WRITE
 
 	// replies carries finished requests to the writer. Its capacity is
 	// MaxInFlight and every queued request holds an in-flight slot, so a send
@@ -85,6 +89,7 @@ func (c *conn) serve() {
 		}
 		return
 	}
+	defer c.att.Detach() // after the last backend callback (waitIdle below)
 	c.mu.Lock()
 	if c.shutdown {
 		c.mu.Unlock()
@@ -201,7 +206,7 @@ func (c *conn) readLoop() (readEnd, error) {
 		errno := c.validate(flags, typ, off, length)
 
 		if typ == cmdWrite {
-			if length > c.s.cfg.MaxPayload {
+			if length > c.maxPayload {
 				// The payload cannot be skipped safely: answer, then close.
 				r.errno = EINVAL
 				c.replies <- r
@@ -283,7 +288,7 @@ func (c *conn) validate(flags, typ uint16, off uint64, length uint32) uint32 {
 		return EINVAL
 	}
 	if typ == cmdFlush {
-		if off != 0 || length != 0 {
+		if off != 0 || length != 0 || c.tflags&flagSendFlush == 0 {
 			return EINVAL
 		}
 		return 0
@@ -298,14 +303,17 @@ func (c *conn) validate(flags, typ uint16, off uint64, length uint32) uint32 {
 		}
 		return EINVAL
 	}
-	if m := uint64(c.s.cfg.MinBlockSize); m > 1 && (off%m != 0 || uint64(length)%m != 0) {
+	if m := uint64(c.minBlock); m > 1 && (off%m != 0 || uint64(length)%m != 0) {
 		return EINVAL
 	}
-	if (typ == cmdRead || typ == cmdWrite) && length > c.s.cfg.MaxPayload {
+	if (typ == cmdRead || typ == cmdWrite) && length > c.maxPayload {
 		return EINVAL
 	}
 	if c.readOnly && typ != cmdRead {
 		return EPERM
+	}
+	if (typ == cmdTrim && c.tflags&flagSendTrim == 0) || (typ == cmdWriteZeroes && c.tflags&flagSendWriteZeroes == 0) {
+		return EINVAL // not advertised: the backend cannot do it
 	}
 	return 0
 }
@@ -434,7 +442,8 @@ func (r *request) complete(err error) {
 		r.finished = time.Now()
 	}
 	if err != nil {
-		r.errno = c.s.errorCode(c.backend, err)
+		err = c.att.Classify(err)
+		r.errno = errnoOf(err)
 		c.log.Debug("nbd: backend error", "cmd", r.typ, "err", err, "errno", r.errno)
 	}
 	c.replies <- r

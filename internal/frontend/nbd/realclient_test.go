@@ -40,7 +40,7 @@ func TestNbdinfo(t *testing.T) {
 	testutil.RequireTool(t, "nbdinfo")
 	ro := newMem(1 << 20)
 	ro.readOnly = true
-	ts := startServer(t, Config{Exports: memExports{"disk": newMem(48 << 20), "ro": ro}})
+	ts := startServer(t, Config{Exports: memExports{"disk": newMem(48 << 20), "ro": ro}.exports()})
 
 	var info struct {
 		Exports []map[string]any `json:"exports"`
@@ -94,7 +94,7 @@ func TestQemuImgConvertRoundTrip(t *testing.T) {
 	testutil.RequireTool(t, "qemu-img")
 	const size = 24 << 20
 	disk := newMem(size)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 
 	dir := t.TempDir()
 	src := filepath.Join(dir, "src.img")
@@ -134,7 +134,7 @@ func TestFioMultiConnVerify(t *testing.T) {
 	testutil.RequireTool(t, "fio")
 	const jobs, region = 4, 8 << 20
 	disk := newMem(jobs * region)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 	out := run(t, "fio",
 		"--name=nbdverify", "--ioengine=nbd", "--uri="+nbdURI(ts.sock, "disk"),
 		"--rw=randwrite", "--bssplit=4k/70:64k/30", "--iodepth=16",
