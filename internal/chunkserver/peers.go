@@ -13,6 +13,7 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/basalt-storage/basalt/internal/bufpool"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -298,12 +299,12 @@ func (t *peerTransport) runPeer(p *peer) {
 	}
 }
 
-// Frame buffers come from the size-class pools of bufpool.go. Frames below
+// Frame buffers come from the size-class pools of internal/bufpool. Frames below
 // the smallest class are plain allocations (cheap, and a backlog of
 // heartbeats must not pin 4 KiB each); frames above maxPooledFrame are rare
 // and are left to the GC rather than kept in a pool.
 const (
-	minPooledFrame = 1 << minBufShift
+	minPooledFrame = 4 << 10 // bufpool's smallest class
 	maxPooledFrame = 4 << 20
 )
 
@@ -312,13 +313,13 @@ func getFrameBuf(n int) []byte {
 	if n < minPooledFrame || n > maxPooledFrame {
 		return make([]byte, 0, n)
 	}
-	return getBuf(n)[:0]
+	return (*bufpool.Get(n))[:0]
 }
 
 // putFrameBuf recycles b once nothing references it.
 func putFrameBuf(b []byte) {
 	if cap(b) <= maxPooledFrame {
-		putBuf(b) // ignores buffers not from a pool
+		bufpool.Put(&b) // drops buffers not from the pool
 	}
 }
 

@@ -60,7 +60,7 @@
 // its payload, raft batches) cost one read syscall; a payload larger than the
 // buffer goes straight to its destination. The client's reader reads a reply's
 // header, then its payload into the call's ReadBuf. The server's reader reads a
-// request's payload into a pooled buffer (power-of-two size classes) that goes
+// request's payload into a pooled buffer (internal/bufpool) that goes
 // back to the pool when ServeFrame returns, unless the handler called Retain.
 //
 // # Flow control

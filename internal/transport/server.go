@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/bufpool"
 	"github.com/basalt-storage/basalt/internal/sockio"
 )
 
@@ -389,10 +390,12 @@ func (sc *serverConn) readLoop() {
 			}
 		}
 		var payload []byte
+		var pooled *[]byte
 		if h.PayloadLen > 0 {
-			payload = getBuf(int(h.PayloadLen))
+			pooled = bufpool.Get(int(h.PayloadLen))
+			payload = *pooled
 			if _, err := io.ReadFull(sc.br, payload); err != nil {
-				putBuf(payload)
+				bufpool.Put(pooled)
 				sc.close(err) // EOF mid-frame
 				return
 			}
@@ -402,8 +405,8 @@ func (sc *serverConn) readLoop() {
 			sc.more.Store(m)
 		}
 		sc.s.h.ServeFrame(sc, h, payload)
-		if payload != nil && !sc.retained {
-			putBuf(payload)
+		if pooled != nil && !sc.retained {
+			bufpool.Put(pooled)
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/bufpool"
 	"github.com/basalt-storage/basalt/internal/frontend"
 	"github.com/basalt-storage/basalt/internal/sockio"
 )
@@ -218,7 +219,7 @@ func (c *conn) readLoop() (readEnd, error) {
 				}
 			} else {
 				c.acquireBytes(r, int64(length))
-				r.buf = getBuf(int(length))
+				r.buf = bufpool.Get(int(length))
 				if _, err := io.ReadFull(c.br, *r.buf); err != nil {
 					// Never submitted: a torn write changes nothing.
 					c.release(r)
@@ -243,7 +244,7 @@ func (c *conn) readLoop() (readEnd, error) {
 		switch typ {
 		case cmdRead:
 			c.acquireBytes(r, int64(length))
-			r.buf = getBuf(int(length))
+			r.buf = bufpool.Get(int(length))
 			b.Submit(frontend.OpRead, *r.buf, int64(off), int64(length), r.doneFn)
 		case cmdWrite:
 			b.Submit(frontend.OpWrite, *r.buf, int64(off), int64(length), r.doneFn)
@@ -359,7 +360,7 @@ func (c *conn) waitIdle() {
 // release returns a request's buffer, slot and struct.
 func (c *conn) release(r *request) {
 	if r.buf != nil {
-		putBuf(r.buf)
+		bufpool.Put(r.buf)
 	}
 	c.releaseSlot(r.bytes)
 	*r = request{doneFn: r.doneFn}

@@ -29,7 +29,7 @@ type Config struct {
 	MaxInFlightBytes int64
 	// MaxPayload is the largest READ or WRITE length this server takes (the
 	// advertised maximum block size is the smaller of it and the backend's).
-	// Default and upper bound 32 MiB, lower bound 4 KiB.
+	// Default and upper bound maxPayload (32 MiB), lower bound 4 KiB.
 	MaxPayload uint32
 	// HandshakeTimeout bounds each option of the handshake (the timer restarts
 	// per option; at most maxOptions options), including the wait for an
@@ -57,7 +57,7 @@ func (c *Config) setDefaults() error {
 		c.MaxInFlightBytes = 128 << 20
 	}
 	if c.MaxPayload == 0 {
-		c.MaxPayload = 1 << maxBufShift
+		c.MaxPayload = maxPayload
 	}
 	if c.HandshakeTimeout <= 0 {
 		c.HandshakeTimeout = 30 * time.Second
@@ -65,11 +65,15 @@ func (c *Config) setDefaults() error {
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = 60 * time.Second
 	}
-	if c.MaxPayload > 1<<maxBufShift || c.MaxPayload < 4096 {
+	if c.MaxPayload > maxPayload || c.MaxPayload < 4096 {
 		return fmt.Errorf("%w: MaxPayload %d is not between 4 KiB and 32 MiB", ErrBadConfig, c.MaxPayload)
 	}
 	return nil
 }
+
+// maxPayload bounds Config.MaxPayload: 32 MiB, the largest request the NBD
+// protocol recommends a client to send.
+const maxPayload = 32 << 20
 
 // Server serves exports over NBD on any number of listeners (TCP, Unix).
 type Server struct {
