@@ -59,6 +59,7 @@ starts. Prints a markdown table and writes it to --out. Needs fio and nbdkit
 	f.StringVar(&cfg.Out, "out", "bench/results/latest.md", `markdown output file ("-": none)`)
 	f.StringVar(&cfg.Dir, "dir", "bench/work", "bench-owned working directory for the files and the playground (on the disk to measure)")
 	f.StringVar(&cfg.Binary, "binary", "", "basalt binary for the playground (default this executable)")
+	f.StringVar(&cfg.Baseline, "baseline", "", "another basalt binary (an earlier build) to run every basalt target with too, in the same sitting, and compare")
 	f.Uint32Var(&cfg.Copysets, "copysets", 0, "copysets per basalt pool (default: the MDS default)")
 	f.BoolVar(&cfg.Keep, "keep", false, "keep the data files and the playground directory")
 	return cmd

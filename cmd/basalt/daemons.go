@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/basalt-storage/basalt/internal/chunkserver"
+	"github.com/basalt-storage/basalt/internal/frontend/access"
 	"github.com/basalt-storage/basalt/internal/mds"
 	"github.com/basalt-storage/basalt/internal/scrub"
 )
@@ -64,7 +65,7 @@ func chunkserverCommand() *cobra.Command {
 	var cfg chunkserver.Config
 	var mdsAddrs, pidFile, slowDisk, diskErr, scrubRate, snapRate string
 	var procs int
-	var nbdListen, nbdSocket string // the in-process NBD front end (localnbd.go)
+	var nbdListen, nbdSocket string // the in-process NBD front end
 	cmd := &cobra.Command{
 		Use:   "chunkserver",
 		Short: "Run a chunkserver on one data directory (one disk)",
@@ -109,19 +110,26 @@ func chunkserverCommand() *cobra.Command {
 			if nbdListen == "" && nbdSocket == "" {
 				return cs.Run(ctx)
 			}
-			// An NBD front end in this process (DESIGN §7): stopped before the
+			// A front end in this process (DESIGN §7): IO to copysets this
+			// chunkserver leads takes the local fast path. It stops before the
 			// chunkserver, so the IO it has in flight can finish.
-			stopNBD, err := startLocalNBD(cs, cfg.MDS, nbdListen, nbdSocket)
+			host, _ := os.Hostname()
+			node, err := access.Start(access.Config{
+				MDS: cfg.MDS, Local: cs, Registry: cs.Registry(),
+				Logger:     slog.Default().With("component", "frontend"),
+				ClientName: fmt.Sprintf("chunkserver-nbd@%s/%d", host, os.Getpid()),
+				NBD:        access.NBDConfig{Listen: nbdListen, Socket: nbdSocket},
+			})
 			if err != nil {
 				return err
 			}
-			defer stopNBD()
+			defer node.Close()
 			runCtx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			go func() {
 				select {
 				case <-ctx.Done():
-					stopNBD()
+					node.Close()
 					cancel()
 				case <-runCtx.Done():
 				}

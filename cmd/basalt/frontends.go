@@ -3,17 +3,13 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 
 	"github.com/spf13/cobra"
 
 	"github.com/basalt-storage/basalt/internal/debughttp"
-	"github.com/basalt-storage/basalt/internal/frontend/nbd"
-	"github.com/basalt-storage/basalt/internal/frontend/volumes"
+	"github.com/basalt-storage/basalt/internal/frontend/access"
 	"github.com/basalt-storage/basalt/internal/playground"
-	"github.com/basalt-storage/basalt/pkg/client"
-	"github.com/basalt-storage/basalt/pkg/mdsclient"
 )
 
 func nbdCommand() *cobra.Command {
@@ -34,54 +30,27 @@ func nbdCommand() *cobra.Command {
 		if *listen == "" && *socket == "" {
 			return fmt.Errorf("nothing to serve on: give --listen or --socket")
 		}
-		mc, err := mdsclient.Dial(splitList(*mdsAddrs))
-		if err != nil {
-			return err
+		host, _ := os.Hostname()
+		cfg := access.Config{
+			MDS: splitList(*mdsAddrs), ReadOnly: *readOnly, Logger: slog.Default(),
+			ClientName: fmt.Sprintf("nbd@%s/%d", host, os.Getpid()),
+			NBD:        access.NBDConfig{Listen: *listen, Socket: *socket},
 		}
-		defer mc.Close()
-		var cm *client.Metrics
-		var nm *nbd.Metrics
 		if *metrics != "" {
 			reg := debughttp.NewRegistry()
-			cm, nm = client.NewMetrics(reg), nbd.NewMetrics(reg)
 			hs, a, err := debughttp.Serve(*metrics, reg)
 			if err != nil {
 				return fmt.Errorf("--metrics: %w", err)
 			}
 			defer hs.Close()
 			slog.Info("serving metrics", "addr", a.String())
+			cfg.Registry = reg
 		}
-		host, _ := os.Hostname()
-		exports := volumes.New(volumes.Config{
-			MDS: splitList(*mdsAddrs), ReadOnly: *readOnly, Lister: mc,
-			ClientName: fmt.Sprintf("nbd@%s/%d", host, os.Getpid()), Logger: slog.Default(), Metrics: cm,
-		})
-		defer exports.Close()
-		srv, err := nbd.NewServer(nbd.Config{Exports: exports, ErrorCode: volumes.NBDErrorCode, Logger: slog.Default(), Metrics: nm})
+		node, err := access.Start(cfg)
 		if err != nil {
 			return err
 		}
-		defer srv.Close()
-		var lns []net.Listener
-		if *listen != "" {
-			ln, err := net.Listen("tcp", *listen)
-			if err != nil {
-				return err
-			}
-			lns = append(lns, ln)
-		}
-		if *socket != "" {
-			_ = os.Remove(*socket)
-			ln, err := net.Listen("unix", *socket)
-			if err != nil {
-				return err
-			}
-			lns = append(lns, ln)
-		}
-		for _, ln := range lns {
-			slog.Info("serving NBD", "addr", ln.Addr().String())
-			go srv.Serve(ln)
-		}
+		defer node.Close()
 		ctx, stop := signalContext()
 		defer stop()
 		<-ctx.Done()

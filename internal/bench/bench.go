@@ -16,9 +16,13 @@ import (
 
 // Config says what to run.
 type Config struct {
-	Dir      string        // bench-owned working directory (files, playground); default bench/work
-	Out      string        // markdown file; default bench/results/latest.md; "-" for none
-	Binary   string        // basalt binary the playground runs; default this executable
+	Dir    string // bench-owned working directory (files, playground); default bench/work
+	Out    string // markdown file; default bench/results/latest.md; "-" for none
+	Binary string // basalt binary the playground runs; default this executable
+	// Baseline, if set, is another basalt binary (an earlier build) that every basalt
+	// target is also run with, in the same sitting, as target+BaselineSuffix; the
+	// report then compares the two builds row by row.
+	Baseline string
 	Size     uint64        // working set; default 1 GiB
 	Runtime  time.Duration // per job, after the ramp; default 20 s
 	Ramp     time.Duration // default 5 s
@@ -68,6 +72,19 @@ func (c *Config) setDefaults() error {
 	if len(c.Jobs) == 0 {
 		c.Jobs = AllJobs
 	}
+	if c.Baseline != "" {
+		if _, err := os.Stat(c.Baseline); err != nil {
+			return fmt.Errorf("bench: baseline binary: %w", err)
+		}
+		var withBase []string
+		for _, t := range c.Targets {
+			if isBasaltTarget(t) {
+				withBase = append(withBase, t+BaselineSuffix)
+			}
+			withBase = append(withBase, t)
+		}
+		c.Targets = withBase
+	}
 	if c.Stdout == nil {
 		c.Stdout = os.Stdout
 	}
@@ -84,8 +101,11 @@ type runner struct {
 	log *slog.Logger
 	rep *Report
 
-	pg    *playgroundProc // started by the first basalt target, stopped at the end
-	pgErr error
+	// pg is the playground of the basalt targets now running, started by the first
+	// of them and stopped when a target needs another binary, or at the end.
+	pg       *playgroundProc
+	pgBinary string           // the binary pg runs
+	pgErr    map[string]error // a binary whose playground failed to start
 	// r1Local: the chunkserver NBD socket basalt-r1 is served on (the local fast
 	// path); "" when it goes through the playground's front end.
 	r1Local string
@@ -105,19 +125,18 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, err
 	}
-	r := &runner{cfg: cfg, log: cfg.Logger.With("component", "bench")}
+	r := &runner{cfg: cfg, log: cfg.Logger.With("component", "bench"), pgErr: map[string]error{}}
 	r.rep = &Report{
 		Machine: DescribeMachine(ctx, cfg.Dir),
 		Size:    cfg.Size,
 		Runtime: cfg.Runtime,
 		Ramp:    cfg.Ramp,
 	}
+	if cfg.Baseline != "" {
+		r.rep.Machine.Baseline = revisionOf(cfg.Baseline)
+	}
 	var failures []string
-	defer func() {
-		if r.pg != nil {
-			r.stopPlayground(r.pg)
-		}
-	}()
+	defer r.closePlayground()
 	for _, name := range cfg.Targets {
 		if ctx.Err() != nil {
 			failures = append(failures, "interrupted")
@@ -129,14 +148,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("`%s` was not measured: %s", name, oneLine(err.Error())))
 		}
 	}
-	if r.pg != nil {
-		ps := r.pg.procs()
-		for i, pid := range ps.pids {
-			if s, err := SampleProc(pid); err == nil {
-				r.rep.Procs = append(r.rep.Procs, ProcPeak{Name: ps.names[i], PID: pid, PeakRSS: s.PeakRSS})
-			}
-		}
-	}
+	r.closePlayground()
 	for _, t := range cfg.Targets {
 		if t == TargetBasaltR1 && r.r1Local != "" {
 			r.rep.Notes = append(r.rep.Notes, "`basalt-r1` is a 1-replica volume (pool `local`, one copyset, so the whole volume "+
@@ -181,8 +193,17 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 func (r *runner) reproduceArgs() []string {
 	a := []string{"--runtime", r.cfg.Runtime.String(), "--ramp", r.cfg.Ramp.String(), "--size", sizeFlag(r.cfg.Size)}
-	if len(r.cfg.Targets) != len(AllTargets) {
-		a = append(a, "--targets", strings.Join(r.cfg.Targets, ","))
+	var targets []string
+	for _, t := range r.cfg.Targets {
+		if !strings.HasSuffix(t, BaselineSuffix) {
+			targets = append(targets, t)
+		}
+	}
+	if len(targets) != len(AllTargets) {
+		a = append(a, "--targets", strings.Join(targets, ","))
+	}
+	if r.cfg.Baseline != "" {
+		a = append(a, "--baseline", r.cfg.Baseline)
 	}
 	if len(r.cfg.Jobs) != len(AllJobs) {
 		var n []string
@@ -212,10 +233,10 @@ func (r *runner) runTarget(ctx context.Context, name string) error {
 		t, err = r.openRaw(ctx)
 	case TargetNBDKit:
 		t, err = r.openNBDKit(ctx)
-	case TargetBasaltR3:
-		t, err = r.openBasaltR3(ctx)
-	case TargetBasaltR1:
-		t, err = r.openBasaltR1(ctx)
+	case TargetBasaltR3, TargetBasaltR3 + BaselineSuffix:
+		t, err = r.openBasaltR3(ctx, name)
+	case TargetBasaltR1, TargetBasaltR1 + BaselineSuffix:
+		t, err = r.openBasaltR1(ctx, name)
 	default:
 		err = fmt.Errorf("unknown target %q", name)
 	}

@@ -11,16 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
-)
 
-// requireFio skips, loudly, when fio is not installed.
-func requireFio(t *testing.T) {
-	t.Helper()
-	if _, err := exec.LookPath("fio"); err != nil {
-		fmt.Fprintf(os.Stderr, "SKIP %s: fio is not installed (./scripts/install-deps installs it)\n", t.Name())
-		t.Skip("fio is not installed (./scripts/install-deps installs it)")
-	}
-}
+	"github.com/basalt-storage/basalt/internal/testutil"
+)
 
 // runFio runs job j for one second with ioengine=psync on a small file and
 // returns fio's JSON.
@@ -61,7 +54,7 @@ func checkStats(t *testing.T, s Stats, bs int) {
 }
 
 func TestParseRealFioOutput(t *testing.T) {
-	requireFio(t)
+	testutil.RequireTool(t, "fio")
 	t.Run("randrw-mixed", func(t *testing.T) {
 		t.Parallel()
 		j := Job{Name: "mixed", RW: "randrw", BlockSize: 4096, IODepth: 1, RWMixRead: 50}

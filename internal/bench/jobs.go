@@ -53,6 +53,10 @@ const (
 	TargetBasaltR1 = "basalt-r1"
 )
 
+// BaselineSuffix marks a basalt target run with Config.Baseline's binary instead of
+// Config.Binary: "basalt-r3@base" is basalt-r3 as the baseline build serves it.
+const BaselineSuffix = "@base"
+
 // AllTargets is the default set, in table order (the durable raw row follows raw).
 var AllTargets = []string{TargetRaw, TargetNBDKit, TargetBasaltR3, TargetBasaltR1}
 

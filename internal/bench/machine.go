@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"debug/buildinfo"
 	"fmt"
 	"os"
 	"os/exec"
@@ -26,6 +27,7 @@ type Machine struct {
 	Fio      string
 	NBDKit   string
 	Basalt   string // VCS revision the binary was built from, if known
+	Baseline string // VCS revision of the baseline binary (Config.Baseline), if any
 	// LoadStart and LoadEnd are /proc/loadavg's 1-minute figure when the run began
 	// and ended: other work on the machine skews every figure.
 	LoadStart, LoadEnd string
@@ -126,6 +128,23 @@ func buildRevision() string {
 	if !ok {
 		return ""
 	}
+	return revision(bi)
+}
+
+// revisionOf names the VCS revision another Go binary was built from, or its path
+// when the binary does not record one.
+func revisionOf(path string) string {
+	bi, err := buildinfo.ReadFile(path)
+	if err != nil {
+		return path
+	}
+	if rev := revision(bi); rev != "" {
+		return rev + " (" + path + ")"
+	}
+	return path
+}
+
+func revision(bi *debug.BuildInfo) string {
 	var rev, modified string
 	for _, s := range bi.Settings {
 		switch s.Key {

@@ -26,6 +26,7 @@ type ProcPeak struct {
 	Name    string
 	PID     int
 	PeakRSS uint64
+	Binary  string // the basalt binary it ran
 }
 
 // Report is everything the markdown shows.
@@ -40,7 +41,9 @@ type Report struct {
 }
 
 // targetOrder is the row order within one job.
-var targetOrder = []string{TargetRaw, TargetRawSync, TargetNBDKit, TargetBasaltR3, TargetBasaltR1}
+// A baseline build's row sits right above the same target's current row.
+var targetOrder = []string{TargetRaw, TargetRawSync, TargetNBDKit, TargetBasaltR3 + BaselineSuffix, TargetBasaltR3,
+	TargetBasaltR1 + BaselineSuffix, TargetBasaltR1}
 
 func jobIndex(name string) int {
 	for i, j := range AllJobs {
@@ -85,6 +88,9 @@ func (r *Report) Markdown() string {
 		fmt.Fprintf(&b, "- load average (1 min) at start %s, at end %s\n", orDash(m.LoadStart), orDash(m.LoadEnd))
 	}
 	fmt.Fprintf(&b, "- tools: %s, %s; basalt %s\n", orDash(m.Fio), orDash(m.NBDKit), orDash(m.Basalt))
+	if m.Baseline != "" {
+		fmt.Fprintf(&b, "- baseline: rows `…%s` ran basalt %s, in the same sitting\n", BaselineSuffix, m.Baseline)
+	}
 	fmt.Fprintf(&b, "- each job: one fio process, numjobs=1, %s working set (written sequentially first), %s after a %s ramp\n\n",
 		sizeString(r.Size), r.Runtime, r.Ramp)
 
@@ -116,7 +122,7 @@ func (r *Report) Markdown() string {
 		b.WriteString("| " + strings.Join(cols, " | ") + " |\n")
 	}
 	b.WriteString("\nLatency is fio's total latency (lat_ns, submission to completion). " +
-		"Ratios: IOPS as basalt/baseline, mean latency as basalt/baseline (QD1 jobs only). " +
+		"Ratios: IOPS as basalt over raw or nbdkit, mean latency likewise (QD1 jobs only). " +
 		"CPU: utime+stime of the playground process (MDS, etcd, NBD front end) and every chunkserver " +
 		"from the end of the ramp to the end of the job, per 10,000 IOs; peak RSS: their summed VmHWM. " +
 		"`raw-fdatasync` is libaio direct=1 with fdatasync=1: its mean is the time per durable write (1/IOPS at QD1). " +
@@ -128,10 +134,29 @@ func (r *Report) Markdown() string {
 			b.WriteString("- " + g + "\n")
 		}
 	}
+	if cmp := r.againstBaseline(); len(cmp) > 0 {
+		b.WriteString("\n## Against the baseline build (same sitting)\n\n")
+		b.WriteString("| target | job | IOPS | MiB/s | mean lat | p99 lat | CPU / IO |\n|---|---|--:|--:|--:|--:|--:|\n")
+		for _, line := range cmp {
+			b.WriteString(line + "\n")
+		}
+		b.WriteString("\nEach figure is this build's over the baseline's: above 1 is more IOPS, MiB/s, latency or CPU per IO. " +
+			"`!` marks a row where this build is worse by more than 10 % (fewer IOPS, more latency or CPU per IO).\n")
+		if goals := r.baselineGoals(); len(goals) > 0 {
+			b.WriteString("\n## Issue 13 targets against the baseline (benchmarks, not pass/fail tests)\n\n")
+			for _, g := range goals {
+				b.WriteString("- " + g + "\n")
+			}
+		}
+	}
 	if len(r.Procs) > 0 {
 		b.WriteString("\n## basalt processes at the end (peak RSS)\n\n")
 		for _, p := range r.Procs {
-			fmt.Fprintf(&b, "- %s (pid %d): %s\n", p.Name, p.PID, mib(p.PeakRSS, "MiB"))
+			bin := ""
+			if p.Binary != "" {
+				bin = ", " + p.Binary
+			}
+			fmt.Fprintf(&b, "- %s (pid %d%s): %s\n", p.Name, p.PID, bin, mib(p.PeakRSS, "MiB"))
 		}
 	}
 	if len(r.Notes) > 0 {
@@ -160,6 +185,75 @@ func (r *Report) latRatio(row Row, base string) string {
 		return "—"
 	}
 	return ratio(row.Stats.MeanNs / br.Stats.MeanNs)
+}
+
+// cpuPerIO is the basalt CPU seconds per IO of a row, or 0 when not measured.
+func cpuPerIO(row Row) float64 {
+	if row.Stats.TotalIOs == 0 || row.CPU <= 0 {
+		return 0
+	}
+	return row.CPU.Seconds() / float64(row.Stats.TotalIOs)
+}
+
+// againstBaseline renders one table line per basalt row that has a baseline twin.
+func (r *Report) againstBaseline() []string {
+	var out []string
+	for _, row := range r.sortedRows() {
+		if !row.Basalt || row.Err != "" || strings.HasSuffix(row.Target, BaselineSuffix) {
+			continue
+		}
+		base, ok := r.find(row.Target+BaselineSuffix, row.Job.Name)
+		if !ok {
+			continue
+		}
+		s, bs := row.Stats, base.Stats
+		cell := func(v, b float64, higherIsWorse bool) string {
+			if b == 0 || v == 0 {
+				return "—"
+			}
+			q := v / b
+			mark := ""
+			if (higherIsWorse && q > 1.1) || (!higherIsWorse && q < 1/1.1) {
+				mark = " !"
+			}
+			return ratio(q) + mark
+		}
+		cols := []string{row.Target, row.Job.Name, cell(s.IOPS, bs.IOPS, false), cell(s.BWBytes, bs.BWBytes, false),
+			cell(s.MeanNs, bs.MeanNs, true), cell(s.P99Ns, bs.P99Ns, true), cell(cpuPerIO(row), cpuPerIO(base), true)}
+		out = append(out, "| "+strings.Join(cols, " | ")+" |")
+	}
+	return out
+}
+
+// baselineGoals evaluates issue 13's large-write targets: against the baseline
+// build, CPU per 256 KiB write at most half and MiB/s at least 1.5×; p99 under 5×
+// the mean.
+func (r *Report) baselineGoals() []string {
+	row, ok := r.find(TargetBasaltR3, JobSeqWrite.Name)
+	base, okb := r.find(TargetBasaltR3+BaselineSuffix, JobSeqWrite.Name)
+	if !ok || !okb {
+		return nil
+	}
+	check := func(text string, v, limit float64, atLeast bool, unit string) string {
+		verdict := "met"
+		if atLeast && v < limit {
+			verdict = fmt.Sprintf("MISSED by %.0f %%", 100*(limit-v)/limit)
+		} else if !atLeast && v > limit {
+			verdict = fmt.Sprintf("MISSED by %.0f %%", 100*(v-limit)/limit)
+		}
+		return fmt.Sprintf("%s: measured %s%s — %s", text, trimFloat(v), unit, verdict)
+	}
+	var out []string
+	if c, cb := cpuPerIO(row), cpuPerIO(base); c > 0 && cb > 0 {
+		out = append(out, check("basalt-r3 write-256k-qd8 CPU per IO ≤ 0.5 × the baseline's", c/cb, 0.5, false, "×"))
+	}
+	if base.Stats.BWBytes > 0 {
+		out = append(out, check("basalt-r3 write-256k-qd8 MiB/s ≥ 1.5 × the baseline's", row.Stats.BWBytes/base.Stats.BWBytes, 1.5, true, "×"))
+	}
+	if row.Stats.MeanNs > 0 {
+		out = append(out, check("basalt-r3 write-256k-qd8 p99 < 5 × its own mean", row.Stats.P99Ns/row.Stats.MeanNs, 5, false, "×"))
+	}
+	return out
 }
 
 // goal is one target of issue 4: measured = f(rows), met when measured <= limit

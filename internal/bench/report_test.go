@@ -98,6 +98,44 @@ func TestGoalMissed(t *testing.T) {
 	}
 }
 
+// TestAgainstBaseline: a run with --baseline compares each basalt row with the
+// baseline build's twin row and checks issue 13's large-write targets.
+func TestAgainstBaseline(t *testing.T) {
+	r := testReport()
+	r.Machine.Baseline = "efa97bd (/tmp/old/basalt)"
+	seq := func(target string, iops, meanUs, p99Us float64, cpu time.Duration) Row {
+		return Row{Target: target, Job: JobSeqWrite, Basalt: true, CPU: cpu, PeakRSS: 300 << 20,
+			Stats: Stats{IOPS: iops, BWBytes: iops * (256 << 10), MeanNs: meanUs * 1e3, P99Ns: p99Us * 1e3, TotalIOs: uint64(iops) * 20}}
+	}
+	r.Rows = append(r.Rows,
+		// Before: 750 IOPS, 1.6 ms CPU per IO. After: 1,200 IOPS (1.6×), 0.7 ms (0.4375×), p99 4× mean.
+		seq(TargetBasaltR3+BaselineSuffix, 750, 10800, 52000, 24*time.Second),
+		seq(TargetBasaltR3, 1200, 6600, 26400, time.Duration(0.7e-3*24000*float64(time.Second))),
+		// A 4 KiB row 20 % slower than its baseline is flagged.
+		Row{Target: TargetBasaltR3 + BaselineSuffix, Job: JobRandWriteQD1, Basalt: true, CPU: 4 * time.Second,
+			Stats: Stats{IOPS: 1000, BWBytes: 1000 * 4096, MeanNs: 1000e3, P99Ns: 2000e3, TotalIOs: 20000}},
+	)
+	md := r.Markdown()
+	for _, want := range []string{
+		"- baseline: rows `…@base` ran basalt efa97bd (/tmp/old/basalt), in the same sitting",
+		"| basalt-r3@base | write-256k-qd8 | 750 | 187.5 |",
+		"| basalt-r3 | write-256k-qd8 | 1.60× | 1.60× | 0.61× | 0.51× | 0.44× |",
+		// randwrite-4k-qd1: 800 against 1,000 IOPS, 1,250 against 1,000 µs; CPU 4 s/16k against 4 s/20k.
+		"| basalt-r3 | randwrite-4k-qd1 | 0.80× ! | 0.80× ! | 1.25× ! | 1.50× ! | 1.25× ! |",
+		"CPU per IO ≤ 0.5 × the baseline's: measured 0.44× — met",
+		"MiB/s ≥ 1.5 × the baseline's: measured 1.60× — met",
+		"p99 < 5 × its own mean: measured 4.00× — met",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	// The baseline's row sits right above the current build's.
+	if i, j := strings.Index(md, "| basalt-r3@base | write-256k-qd8"), strings.Index(md, "| basalt-r3 | write-256k-qd8 | 1,200"); i < 0 || j < i {
+		t.Errorf("baseline row not above the current row:\n%s", md)
+	}
+}
+
 func TestThousands(t *testing.T) {
 	for v, want := range map[float64]string{0: "0", 999.4: "999", 1000: "1,000", 1234567.8: "1,234,568", -4500: "-4,500"} {
 		if got := thousands(v); got != want {

@@ -192,19 +192,56 @@ func (p *playgroundProc) procs() procSet {
 	return ps
 }
 
-// playground starts the shared playground on first use.
-func (r *runner) playground(ctx context.Context) (*playgroundProc, error) {
-	if r.pg != nil {
+// isBasaltTarget reports whether target is served by a basalt playground.
+func isBasaltTarget(target string) bool {
+	t, _ := strings.CutSuffix(target, BaselineSuffix)
+	return t == TargetBasaltR3 || t == TargetBasaltR1
+}
+
+// binaryFor returns the basalt binary that serves target.
+func (r *runner) binaryFor(target string) string {
+	if strings.HasSuffix(target, BaselineSuffix) {
+		return r.cfg.Baseline
+	}
+	return r.cfg.Binary
+}
+
+// playground returns the playground running the binary target needs, starting it
+// on first use; a playground of another binary is stopped first, so only one
+// build's processes run (and load the machine) at a time.
+func (r *runner) playground(ctx context.Context, target string) (*playgroundProc, error) {
+	bin := r.binaryFor(target)
+	if r.pg != nil && r.pgBinary == bin {
 		return r.pg, nil
 	}
-	if r.pgErr != nil {
-		return nil, r.pgErr
+	if err := r.pgErr[bin]; err != nil {
+		return nil, err
 	}
-	r.pg, r.pgErr = r.startPlayground(ctx)
-	if r.pgErr == nil {
-		r.measureIdle(ctx, r.pg.procs())
+	r.closePlayground()
+	pg, err := r.startPlayground(ctx, bin)
+	if err != nil {
+		r.pgErr[bin] = err
+		return nil, err
 	}
-	return r.pg, r.pgErr
+	r.pg, r.pgBinary = pg, bin
+	r.measureIdle(ctx, pg.procs(), target)
+	return pg, nil
+}
+
+// closePlayground records the peak RSS of the running playground's processes and
+// stops it.
+func (r *runner) closePlayground() {
+	if r.pg == nil {
+		return
+	}
+	ps := r.pg.procs()
+	for i, pid := range ps.pids {
+		if s, err := SampleProc(pid); err == nil {
+			r.rep.Procs = append(r.rep.Procs, ProcPeak{Name: ps.names[i], PID: pid, PeakRSS: s.PeakRSS, Binary: r.pgBinary})
+		}
+	}
+	r.stopPlayground(r.pg)
+	r.pg = nil
 }
 
 // idleWindow is how long the bench watches the basalt processes before any IO.
@@ -212,7 +249,7 @@ const idleWindow = 3 * time.Second
 
 // measureIdle records the CPU the basalt processes burn with no IO (raft ticks,
 // heartbeats, etcd), so the CPU-per-IO column of slow jobs can be read against it.
-func (r *runner) measureIdle(ctx context.Context, ps procSet) {
+func (r *runner) measureIdle(ctx context.Context, ps procSet, target string) {
 	before, err := ps.sample()
 	if err != nil {
 		return
@@ -229,12 +266,13 @@ func (r *runner) measureIdle(ctx context.Context, ps procSet) {
 	}
 	cpu, _ := usage(before, after)
 	cores := cpu.Seconds() / time.Since(start).Seconds()
-	r.log.Info("basalt processes at idle", "cpu_cores", fmt.Sprintf("%.3f", cores))
-	r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("At idle (the %s after the playground was ready, before any IO) the basalt "+
-		"processes used %.3f CPU cores: in the CPU column that baseline alone is %.3f × 10,000 / IOPS seconds.", idleWindow, cores, cores))
+	r.log.Info("basalt processes at idle", "binary", r.binaryFor(target), "cpu_cores", fmt.Sprintf("%.3f", cores))
+	r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("At idle (the %s after the playground of %s was ready, before any IO) the basalt "+
+		"processes used %.3f CPU cores: in the CPU column that baseline alone is %.3f × 10,000 / IOPS seconds.",
+		idleWindow, r.binaryFor(target), cores, cores))
 }
 
-func (r *runner) startPlayground(ctx context.Context) (*playgroundProc, error) {
+func (r *runner) startPlayground(ctx context.Context, binary string) (*playgroundProc, error) {
 	dir := filepath.Join(r.cfg.Dir, "playground")
 	if b, err := os.ReadFile(filepath.Join(dir, "playground.json")); err == nil {
 		var old pgState
@@ -271,11 +309,11 @@ func (r *runner) startPlayground(ctx context.Context) (*playgroundProc, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.cmd = exec.Command(r.cfg.Binary, args...)
+	p.cmd = exec.Command(binary, args...)
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	// Its own process group: a Ctrl-C reaches the bench, which stops it in order.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	r.log.Info("starting playground", "cmd", r.cfg.Binary+" "+strings.Join(args, " "), "log", p.log)
+	r.log.Info("starting playground", "cmd", binary+" "+strings.Join(args, " "), "log", p.log)
 	if err := p.cmd.Start(); err != nil {
 		logf.Close()
 		return nil, fmt.Errorf("start playground: %w", err)
@@ -326,12 +364,12 @@ func (r *runner) stopPlayground(p *playgroundProc) {
 }
 
 // openBasaltR3 serves the playground's 3-replica volume.
-func (r *runner) openBasaltR3(ctx context.Context) (*target, error) {
-	p, err := r.playground(ctx)
+func (r *runner) openBasaltR3(ctx context.Context, name string) (*target, error) {
+	p, err := r.playground(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	return r.basaltTarget(TargetBasaltR3, p, volumeR3), nil
+	return r.basaltTarget(name, p, volumeR3), nil
 }
 
 // openBasaltR1 creates the 1-replica pool and volume through the MDS API. When
@@ -339,8 +377,8 @@ func (r *runner) openBasaltR3(ctx context.Context) (*target, error) {
 // the whole volume lives on one chunkserver (as DESIGN §9 places a local pool's
 // volume), and the volume is served by that chunkserver's own front end: the
 // local fast path (client.Config.Local), no socket between front end and copyset.
-func (r *runner) openBasaltR1(ctx context.Context) (*target, error) {
-	p, err := r.playground(ctx)
+func (r *runner) openBasaltR1(ctx context.Context, name string) (*target, error) {
+	p, err := r.playground(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -386,14 +424,16 @@ func (r *runner) openBasaltR1(ctx context.Context) (*target, error) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	t := r.basaltTarget(TargetBasaltR1, p, volumeR1)
+	t := r.basaltTarget(name, p, volumeR1)
 	if local {
 		sock, err := r1Socket(cctx, mc, p)
 		if err != nil {
 			return nil, err
 		}
 		t.engine = []string{"--ioengine=nbd", "--uri=nbd+unix:///" + volumeR1 + "?socket=" + sock}
-		r.r1Local = sock
+		if name == TargetBasaltR1 {
+			r.r1Local = sock
+		}
 		r.log.Info("basalt-r1 through the local fast path", "socket", sock)
 	}
 	return t, nil

@@ -92,13 +92,13 @@ func (hc *hostCollector) Collect(ch chan<- prometheus.Metric) {
 
 // hist exports a raftstore histogram as a Prometheus histogram.
 func hist(ch chan<- prometheus.Metric, d *prometheus.Desc, s raftstore.HistogramSnapshot) {
-	buckets := make(map[float64]uint64, len(s.BoundsMicros))
+	buckets := make(map[float64]uint64, len(s.Bounds))
 	var cum uint64
-	for i, b := range s.BoundsMicros {
+	for i, b := range s.Bounds {
 		if i < len(s.Buckets) {
 			cum += s.Buckets[i]
 		}
-		buckets[b/1e6] = cum
+		buckets[b.Seconds()] = cum
 	}
 	ch <- prometheus.MustNewConstHistogram(d, s.Count, s.Sum.Seconds(), buckets)
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/bufpool"
 	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
@@ -256,13 +257,14 @@ func (hd *handler) readNow(rw transport.ReplyWriter, h transport.Header, r *repl
 	if d, ok := rw.(interface{ readBuffer(n int) []byte }); ok {
 		buf = d.readBuffer(int(h.Length))
 	}
-	pooled := buf == nil
-	if pooled {
-		buf = getBuf(int(h.Length))
+	var pooled *[]byte
+	if buf == nil {
+		pooled = bufpool.Get(int(h.Length))
+		buf = *pooled
 	}
 	release := func() {
-		if pooled {
-			putBuf(buf)
+		if pooled != nil {
+			bufpool.Put(pooled)
 		}
 	}
 	id := chunkID{Volume: h.Volume, Index: h.Offset / uint64(r.chunkSize)}

@@ -5,12 +5,12 @@ import (
 	"context"
 	"errors"
 	"math/rand"
-	"net"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/mds"
+	"github.com/basalt-storage/basalt/internal/testutil"
 	"github.com/basalt-storage/basalt/pkg/api"
 	"github.com/basalt-storage/basalt/pkg/mdsclient"
 )
@@ -20,16 +20,6 @@ const (
 	mChunk   = 1 << 20
 	mVolSize = 8 * mChunk
 )
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 // startRealMDS runs internal/mds with embedded etcd in a temp dir.
 func startRealMDS(t *testing.T) string {
@@ -41,8 +31,8 @@ func startRealMDSWith(t *testing.T, tune func(*mds.Config)) string {
 	cfg := mds.Config{
 		Listen:           "127.0.0.1:0",
 		DataDir:          t.TempDir(),
-		EtcdClientURL:    "http://" + freePort(t),
-		EtcdPeerURL:      "http://" + freePort(t),
+		EtcdClientURL:    "http://" + testutil.FreeAddr(t),
+		EtcdPeerURL:      "http://" + testutil.FreeAddr(t),
 		HeartbeatTimeout: 2 * time.Second,
 		ElectionTTL:      2 * time.Second,
 		Logger:           testLogger(t).With("component", "mds"),

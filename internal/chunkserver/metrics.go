@@ -5,7 +5,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/basalt-storage/basalt/internal/latency"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -61,7 +63,7 @@ func newMetrics() *metrics {
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "basalt", Subsystem: "chunkserver", Name: "io_latency_seconds",
 			Help:    "Latency of successful data-plane IO, from frame read to reply queued.",
-			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16),
+			Buckets: latency.Seconds(),
 		}, []string{"op"}),
 	}
 	m.csOps = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -75,16 +77,16 @@ func newMetrics() *metrics {
 	m.walWrite = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: "basalt", Subsystem: "chunkserver", Name: "wal_write_seconds",
 		Help:    "WAL batch write (one pwrite) latency.",
-		Buckets: prometheus.ExponentialBuckets(5e-6, 2, 18),
+		Buckets: latency.Seconds(),
 	})
 	m.walSync = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: "basalt", Subsystem: "chunkserver", Name: "wal_fsync_seconds",
 		Help:    "WAL batch fdatasync latency (batches that need one).",
-		Buckets: prometheus.ExponentialBuckets(5e-6, 2, 18),
+		Buckets: latency.Seconds(),
 	})
 	m.reg.MustRegister(m.csOps, m.csBytes, m.walWrite, m.walSync)
 	m.reg.MustRegister(m.ops, m.bytes, m.latency,
-		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -19,6 +21,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/datastore"
 	"github.com/basalt-storage/basalt/internal/raftnet"
 	"github.com/basalt-storage/basalt/internal/raftstore"
+	"github.com/basalt-storage/basalt/internal/testutil"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -61,7 +64,7 @@ func TestNewConfig(t *testing.T) {
 // data directory: a second chunkserver can open it afterwards).
 func TestRunStopsWithoutMDS(t *testing.T) {
 	dir := t.TempDir()
-	cfg := Config{DataDir: dir, MDS: []string{freePort(t)}, Logger: testLogger(t), PreallocChunks: -1}
+	cfg := Config{DataDir: dir, MDS: []string{testutil.FreeAddr(t)}, Logger: testLogger(t), PreallocChunks: -1}
 	cs, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -143,7 +146,7 @@ func TestClusterGarbageAndMetrics(t *testing.T) {
 	tc := newTestCluster(t, clusterPool(2), []*api.Volume{{Id: ctVolume, Size: ctVolSize, PoolId: 1}},
 		func(c *Config) {
 			if metricsAddr == "" {
-				metricsAddr = freePort(t)
+				metricsAddr = testutil.FreeAddr(t)
 				c.MetricsListen = metricsAddr
 			}
 		})
@@ -184,6 +187,29 @@ func TestClusterGarbageAndMetrics(t *testing.T) {
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	// Every stage histogram counts into the same buckets (internal/latency),
+	// so the stages read on one scale.
+	bounds := map[string][]string{} // histogram name{labels} → its le bounds
+	for _, m := range regexp.MustCompile(`(?m)^(basalt_\w+_seconds)_bucket\{([^}]*,)?le="([^"]+)"\}`).FindAllStringSubmatch(string(body), -1) {
+		bounds[m[1]+"{"+m[2]+"}"] = append(bounds[m[1]+"{"+m[2]+"}"], m[3])
+	}
+	want := bounds["basalt_chunkserver_raft_propose_commit_seconds{}"]
+	if len(want) != 25 {
+		t.Fatalf("propose-commit histogram has %d buckets, want latency.Bounds() and +Inf: %v", len(want), want)
+	}
+	// (io_latency_seconds{op} appears once this node served IO as a leader; if
+	// it did, the loop below checks it.)
+	for _, name := range []string{"basalt_chunkserver_wal_write_seconds{}",
+		"basalt_chunkserver_wal_fsync_seconds{}", "basalt_chunkserver_raft_apply_seconds{}", "basalt_chunkserver_raft_log_save_seconds{}"} {
+		if !slices.Equal(bounds[name], want) {
+			t.Errorf("%s buckets %v, want those of propose-commit %v", name, bounds[name], want)
+		}
+	}
+	for name, b := range bounds {
+		if !slices.Equal(b, want) {
+			t.Errorf("%s buckets %v, want those of propose-commit %v", name, b, want)
 		}
 	}
 }

@@ -349,7 +349,7 @@ func TestSchedulerFailedMove(t *testing.T) {
 	var first *api.CopysetMove
 	var moved uint32
 	waitFor(t, 10*time.Second, "a move of the dead member", func() error {
-		var err error = fmt.Errorf("no move yet")
+		err := fmt.Errorf("no move yet")
 		s.with(func() {
 			for _, cs := range s.cur {
 				if cs.Move != nil {

@@ -163,6 +163,29 @@
 // INVARIANT: volume.writer != 0 implies the session of that id was opened
 // read-write with epoch == volume.epoch (it may have expired since).
 //
+// # API rules
+//
+// Each error of errors.go is one gRPC code; the message says what to do.
+//
+//   - InvalidArgument: a pool or volume name outside 1 to 128 characters of
+//     [A-Za-z0-9._-]; a volume size that is not a positive multiple of 4096
+//     or exceeds 4 PiB; replicas outside 1..MaxReplicas; a chunk size that is
+//     not a power of two from 1 MiB to 1 GiB; more than MaxCopysetsPerPool
+//     copysets; a resize that shrinks (resizing to the same size is a no-op);
+//     CreateVolume without a pool while several pools exist, none of them
+//     named "default" (with one pool, that pool is used).
+//   - NotFound: an unknown pool, volume or chunkserver (a Heartbeat from an
+//     unregistered id, a registration naming an id the MDS does not know); a
+//     RenewSession whose session lapsed or was closed, or whose volume was
+//     deleted.
+//   - AlreadyExists: a pool or volume name in use.
+//   - FailedPrecondition: CreatePool with fewer online chunkservers or failure
+//     domains than replicas; CreateVolume with no pool at all; DeleteVolume of a
+//     volume with a live writer session; RenewSession of a superseded writer.
+//   - Unavailable: this MDS is a standby (see above).
+//
+// CloseSession of an unknown or lapsed session succeeds: it is gone either way.
+//
 // # Health
 //
 // A chunkserver is online while its last heartbeat (or registration) is

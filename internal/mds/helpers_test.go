@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"net/url"
 	"path/filepath"
 	"testing"
@@ -15,21 +14,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/basalt-storage/basalt/internal/testutil"
 	"github.com/basalt-storage/basalt/pkg/mdsclient"
 )
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
-
-// freeAddr returns a 127.0.0.1 port free right now.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 // running is an MDS started by a test.
 type running struct {
@@ -67,13 +56,16 @@ func (r *running) crash(t *testing.T) {
 // on free ports.
 func startMDS(t *testing.T, cfg Config) *running {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("starts an MDS with etcd; skipped with -short")
+	}
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
 	}
 	if len(cfg.EtcdEndpoints) == 0 && cfg.DataDir == "" {
 		cfg.DataDir = t.TempDir()
-		cfg.EtcdClientURL = "http://" + freeAddr(t)
-		cfg.EtcdPeerURL = "http://" + freeAddr(t)
+		cfg.EtcdClientURL = "http://" + testutil.FreeAddr(t)
+		cfg.EtcdPeerURL = "http://" + testutil.FreeAddr(t)
 	}
 	if cfg.ElectionTTL == 0 {
 		cfg.ElectionTTL = 2 * time.Second
@@ -107,11 +99,14 @@ func waitActive(t *testing.T, r *running, within time.Duration) {
 // as an external cluster, and returns its client URL.
 func startEtcd(t *testing.T) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("starts etcd; skipped with -short")
+	}
 	ec := embed.NewConfig()
 	ec.Name = "test"
 	ec.Dir = filepath.Join(t.TempDir(), "etcd")
-	cu, _ := url.Parse("http://" + freeAddr(t))
-	pu, _ := url.Parse("http://" + freeAddr(t))
+	cu, _ := url.Parse("http://" + testutil.FreeAddr(t))
+	pu, _ := url.Parse("http://" + testutil.FreeAddr(t))
 	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/testutil"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -16,8 +17,8 @@ var update = flag.Bool("update", false, "rewrite testdata/records.golden")
 // directory: everything registered and created before is still there, and
 // ids and epochs continue where they were.
 func TestRestartKeepsState(t *testing.T) {
-	cfg := Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), EtcdClientURL: "http://" + freeAddr(t),
-		EtcdPeerURL: "http://" + freeAddr(t), ElectionTTL: 2 * time.Second, Logger: quietLogger()}
+	cfg := Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), EtcdClientURL: "http://" + testutil.FreeAddr(t),
+		EtcdPeerURL: "http://" + testutil.FreeAddr(t), ElectionTTL: 2 * time.Second, Logger: quietLogger()}
 	r := startMDS(t, cfg)
 	waitActive(t, r, 30*time.Second)
 	c := dial(t, r.s.Addr())

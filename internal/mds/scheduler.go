@@ -150,23 +150,52 @@ func leaderTransferTimeout(cfg Config) time.Duration {
 //     one replica is placed by fit, DESIGN §9), then — with no move in
 //     flight or planned — leaders (MaxLeaderTransfers in flight).
 func (s *Server) planRound(t *topology, now time.Time) plan {
-	online := map[uint64]bool{}
-	sick := map[uint64]bool{}
-	dead := map[uint64]bool{}
-	targets := map[uint64]bool{}
-	serving := map[uint64]bool{} // online with a healthy disk (may be full)
-	var nodes []placement.Node
+	nodes := s.classifyChunkservers(t, now) // 1
+	hints := s.leaderHints(now)
+	s.expireTransfers(hints, now)
+	r := s.surveyCopysets(t, nodes, hints, now) // 2
+	r.planRepairs()                             // 3
+	if !r.calm || s.cfg.DisableBalance {        // 4
+		return r.out
+	}
+	r.planBalance()
+	if r.out.inFlight > 0 || len(r.out.start) > 0 {
+		return r.out
+	}
+	r.out.transfers = s.planLeaderTransfers(r.all, nodes.serving)
+	return r.out
+}
+
+// nodeStates is how one round sees the chunkservers (planRound, step 1).
+type nodeStates struct {
+	all     []placement.Node
+	online  map[uint64]bool
+	sick    map[uint64]bool // online, disk state FULL or IO_ERROR
+	dead    map[uint64]bool // offline longer than RecoveryGrace
+	targets map[uint64]bool // may receive new replicas
+	serving map[uint64]bool // online with a healthy disk (may be full)
+}
+
+// classifyChunkservers is planRound's step 1. Caller holds s.mu.
+func (s *Server) classifyChunkservers(t *topology, now time.Time) nodeStates {
+	n := nodeStates{
+		online:  map[uint64]bool{},
+		sick:    map[uint64]bool{},
+		dead:    map[uint64]bool{},
+		targets: map[uint64]bool{},
+		serving: map[uint64]bool{},
+	}
 	for id, r := range t.chunkservers {
-		nodes = append(nodes, placement.Node{ID: id, Zone: r.Zone, Server: r.Server})
+		n.all = append(n.all, placement.Node{ID: id, Zone: r.Zone, Server: r.Server})
 		l := s.live[id]
 		if s.isOnline(id, now) {
-			online[id] = true
+			n.online[id] = true
 			// UNKNOWN: registered, no heartbeat yet.
 			okDisk := l.disk == api.DiskState_DISK_STATE_OK || l.disk == api.DiskState_DISK_STATE_UNKNOWN
-			sick[id] = !okDisk
+			n.sick[id] = !okDisk
 			full := l.capacity > 0 && l.used*100 >= l.capacity*fullPercent
-			targets[id] = okDisk && !full
-			serving[id] = okDisk
+			n.targets[id] = okDisk && !full
+			n.serving[id] = okDisk
 			continue
 		}
 		since := s.activeSince
@@ -174,18 +203,53 @@ func (s *Server) planRound(t *topology, now time.Time) plan {
 			since = l.last
 		}
 		if s.cfg.RecoveryGrace >= 0 && now.Sub(since) > s.cfg.RecoveryGrace {
-			dead[id] = true
+			n.dead[id] = true
 		}
 	}
-	hints := s.leaderHints(now)
+	return n
+}
+
+// expireTransfers forgets the leader transfers that took effect or timed
+// out. Caller holds s.mu.
+func (s *Server) expireTransfers(hints map[uint64]uint64, now time.Time) {
 	for g, tr := range s.transfers {
 		if hints[g] == tr.to || now.After(tr.until) {
 			delete(s.transfers, g)
 		}
 	}
+}
 
-	var out plan
-	budget := placement.NewBudget(s.cfg.MaxRecoveryMoves, s.cfg.MaxMovesPerChunkserver)
+// copysetRef names a copyset within its pool.
+type copysetRef struct {
+	pool uint32
+	id   uint32
+}
+
+// round is the working state of one planRound after its survey of the
+// copysets (step 2); the later steps add their moves to out.
+type round struct {
+	out     plan
+	budget  *placement.Budget
+	pools   map[uint32]*placement.Pool
+	reasons map[copysetRef]map[uint64]string // why each bad member must move
+	failed  map[copysetRef]uint64            // the target of a move that went bad
+	// all: every copyset by group id, leaders as planned (for leader balancing).
+	all []placement.Copyset
+	// calm: every member of every copyset serves and none needs repair.
+	calm bool
+}
+
+// surveyCopysets is planRound's step 2: which members are bad and why,
+// which moves are done, failed or in flight (they take their share of the
+// budget). Caller holds s.mu.
+func (s *Server) surveyCopysets(t *topology, nodes nodeStates, hints map[uint64]uint64, now time.Time) *round {
+	r := &round{
+		budget:  placement.NewBudget(s.cfg.MaxRecoveryMoves, s.cfg.MaxMovesPerChunkserver),
+		pools:   map[uint32]*placement.Pool{},
+		reasons: map[copysetRef]map[uint64]string{},
+		failed:  map[copysetRef]uint64{},
+		calm:    true,
+	}
 	load := map[uint64]int{}
 	for _, cs := range t.copysets {
 		for _, c := range cs {
@@ -194,66 +258,57 @@ func (s *Server) planRound(t *topology, now time.Time) plan {
 			}
 		}
 	}
-	calm := true
-	type key struct {
-		pool uint32
-		id   uint32
-	}
-	reasons := map[key]map[uint64]string{}
-	failed := map[key]uint64{}
-	pools := map[uint32]*placement.Pool{}
-	var all []placement.Copyset
 	for _, pool := range sortedPools(t.copysets) {
 		replicas := len(t.copysets[pool][0].Members)
 		if pr, ok := t.pools[pool]; ok {
 			replicas = int(pr.Replicas)
 		}
-		pp := &placement.Pool{Replicas: replicas, Nodes: nodes, Targets: targets, Load: load}
-		pools[pool] = pp
+		pp := &placement.Pool{Replicas: replicas, Nodes: nodes.all, Targets: nodes.targets, Load: load}
+		r.pools[pool] = pp
 		for _, c := range t.copysets[pool] {
 			g := placement.GroupID(pool, c.ID)
-			k := key{pool, c.ID}
+			k := copysetRef{pool, c.ID}
 			leader := hints[g]
-			if !slices.Contains(c.Members, leader) || !online[leader] {
+			if !slices.Contains(c.Members, leader) || !nodes.online[leader] {
 				leader = 0
 			}
 			pc := placement.Copyset{ID: uint64(c.ID), Members: c.Members, Leader: leader}
 			why := map[uint64]string{}
 			for _, m := range c.Members {
 				st := s.replicaStatus(m, g)
-				if sick[m] || (st != nil && !st.Healthy) {
+				if nodes.sick[m] || (st != nil && !st.Healthy) {
 					pc.Bad = append(pc.Bad, m)
 					why[m] = reasonDisk
 				}
 			}
 			for _, m := range c.Members {
-				if dead[m] {
+				if nodes.dead[m] {
 					pc.Bad = append(pc.Bad, m)
 					why[m] = reasonDead
 				}
-				if !serving[m] {
-					calm = false
+				if !nodes.serving[m] {
+					r.calm = false
 				}
 			}
-			reasons[k] = why
+			r.reasons[k] = why
 			converged := s.converged(g, c.Members, leader)
 			switch {
 			case c.Move != nil && converged:
-				out.done = append(out.done, move{pool: pool, copyset: c.ID, from: c.Move.From, to: c.Move.To,
+				r.out.done = append(r.out.done, move{pool: pool, copyset: c.ID, from: c.Move.From, to: c.Move.To,
 					reason: c.Move.Reason, leader: leader})
 			case c.Move != nil && why[c.Move.To] != "":
-				failed[k] = c.Move.To // target went bad: repair anew
+				r.failed[k] = c.Move.To // target went bad: repair anew
 			case c.Move != nil || (c.Epoch > 0 && s.changing(pool, c, now)):
 				pc.Busy = true
 				to := uint64(0)
 				if c.Move != nil {
 					to = c.Move.To
 				}
-				budget.Use(to, leader)
-				out.inFlight++
+				r.budget.Use(to, leader)
+				r.out.inFlight++
 			}
 			if len(pc.Bad) > 0 {
-				calm = false
+				r.calm = false
 			}
 			pp.Copysets = append(pp.Copysets, pc)
 			// A transfer in flight counts as done: planning from the old
@@ -262,38 +317,48 @@ func (s *Server) planRound(t *topology, now time.Time) plan {
 			if tr := s.transfers[g]; tr.to != 0 {
 				planned = tr.to
 			}
-			all = append(all, placement.Copyset{ID: g, Members: c.Members, Leader: planned,
+			r.all = append(r.all, placement.Copyset{ID: g, Members: c.Members, Leader: planned,
 				Busy: pc.Busy || s.transfers[g].to != 0})
 		}
 	}
-	for _, pool := range sortedPools(pools) {
-		for _, m := range placement.Repairs(*pools[pool], budget) {
-			k := key{pool, uint32(m.Copyset)}
-			out.start = append(out.start, move{pool: pool, copyset: uint32(m.Copyset), from: m.From, to: m.To,
-				reason: reasons[k][m.From], leader: leaderOf(pools[pool], m.Copyset), failed: failed[k]})
+	return r
+}
+
+// planRepairs is planRound's step 3: replace bad members, within the budget.
+func (r *round) planRepairs() {
+	for _, pool := range sortedPools(r.pools) {
+		for _, m := range placement.Repairs(*r.pools[pool], r.budget) {
+			k := copysetRef{pool, uint32(m.Copyset)}
+			r.out.start = append(r.out.start, move{pool: pool, copyset: uint32(m.Copyset), from: m.From, to: m.To,
+				reason: r.reasons[k][m.From], leader: leaderOf(r.pools[pool], m.Copyset), failed: r.failed[k]})
 		}
 	}
-	if !calm || s.cfg.DisableBalance {
-		return out
-	}
-	for _, pool := range sortedPools(pools) {
-		if pools[pool].Replicas < 2 {
+}
+
+// planBalance is the first half of planRound's step 4: even out copyset
+// counts per replicated pool, within the budget.
+func (r *round) planBalance() {
+	for _, pool := range sortedPools(r.pools) {
+		if r.pools[pool].Replicas < 2 {
 			continue // a local pool (DESIGN §9) is placed by fit, not count
 		}
-		for _, m := range placement.Balance(*pools[pool], budget) {
-			out.start = append(out.start, move{pool: pool, copyset: uint32(m.Copyset), from: m.From, to: m.To,
-				reason: reasonBalance, leader: leaderOf(pools[pool], m.Copyset)})
+		for _, m := range placement.Balance(*r.pools[pool], r.budget) {
+			r.out.start = append(r.out.start, move{pool: pool, copyset: uint32(m.Copyset), from: m.From, to: m.To,
+				reason: reasonBalance, leader: leaderOf(r.pools[pool], m.Copyset)})
 		}
 	}
-	if out.inFlight > 0 || len(out.start) > 0 {
-		return out
-	}
+}
+
+// planLeaderTransfers is the second half of planRound's step 4: even out
+// leaders, at most MaxLeaderTransfers in flight. Caller holds s.mu.
+func (s *Server) planLeaderTransfers(all []placement.Copyset, serving map[uint64]bool) map[uint64]placement.Transfer {
 	room := s.cfg.MaxLeaderTransfers - len(s.transfers)
-	if room > 0 {
-		out.transfers = map[uint64]placement.Transfer{}
-		for _, tr := range placement.LeaderTransfers(all, serving, room) {
-			out.transfers[tr.Copyset] = tr
-		}
+	if room <= 0 {
+		return nil
+	}
+	out := map[uint64]placement.Transfer{}
+	for _, tr := range placement.LeaderTransfers(all, serving, room) {
+		out[tr.Copyset] = tr
 	}
 	return out
 }

@@ -9,11 +9,12 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/basalt-storage/basalt/internal/testutil"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 func TestHeartbeatsAndStatus(t *testing.T) {
-	metrics := freeAddr(t)
+	metrics := testutil.FreeAddr(t)
 	r := startMDS(t, Config{HeartbeatTimeout: 700 * time.Millisecond, MetricsListen: metrics})
 	defer r.stop(t)
 	waitActive(t, r, 30*time.Second)

@@ -4,7 +4,15 @@
 // front end on TCP and a Unix socket. Everything lives under one directory; running
 // it again on the same directory brings the same data back.
 //
-// When the cluster is ready it writes DIR/playground.json (the State type: addresses,
-// PIDs, and the command that restarts each chunkserver) so scripts and tests can find
-// every process, then prints what to try next.
+// Run goes through the steps in order and undoes them in reverse on the way out:
+//
+//	config.go      Config and its defaults (ports counted from PortBase)
+//	cluster.go     1. the MDS and etcd in process, 2. the chunkserver children
+//	               (each with its own in-process NBD socket), 3. pool, volume and
+//	               a leader for every copyset
+//	frontend.go    4. the NBD front end and its metrics (package frontend/access)
+//	state.go       5. DIR/playground.json (the State type: addresses, PIDs, and the
+//	               command that restarts each chunkserver) for scripts and tests
+//	welcome.go     what to try next
+//	supervisor.go  starts the children and stops them, also ones restarted by hand
 package playground

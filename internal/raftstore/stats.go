@@ -3,19 +3,13 @@ package raftstore
 import (
 	"sync/atomic"
 	"time"
+
+	"github.com/basalt-storage/basalt/internal/latency"
 )
 
-// histBounds are the upper bounds of the latency buckets, in microseconds: 10 µs up
-// to ~42 s in powers of two. The last bucket catches everything above.
-var histBounds = func() []float64 {
-	b := make([]float64, 23)
-	v := 10.0
-	for i := range b {
-		b[i] = v
-		v *= 2
-	}
-	return b
-}()
+// histBounds are the upper bounds of the latency buckets, basalt's one
+// scheme (internal/latency). The last bucket catches everything above.
+var histBounds = latency.Bounds()
 
 // Histogram is a lock-free latency histogram with fixed exponential buckets. Its
 // zero value is not usable; the host creates its own.
@@ -34,9 +28,8 @@ func (h *Histogram) Observe(d time.Duration) {
 	if d < 0 {
 		d = 0
 	}
-	us := float64(d) / float64(time.Microsecond)
 	i := 0
-	for i < len(histBounds) && us > histBounds[i] {
+	for i < len(histBounds) && d > histBounds[i] {
 		i++
 	}
 	h.bucket[i].Add(1)
@@ -45,13 +38,13 @@ func (h *Histogram) Observe(d time.Duration) {
 }
 
 // HistogramSnapshot is a copy of a Histogram at one moment. Buckets[i] counts the
-// observations <= BoundsMicros[i] and > BoundsMicros[i-1] (not cumulative); the last
+// observations <= Bounds[i] and > Bounds[i-1] (not cumulative); the last
 // element counts those above every bound.
 type HistogramSnapshot struct {
-	Count        uint64
-	Sum          time.Duration
-	BoundsMicros []float64
-	Buckets      []uint64
+	Count   uint64
+	Sum     time.Duration
+	Bounds  []time.Duration
+	Buckets []uint64
 }
 
 // Mean is the average observation, 0 when empty.
@@ -75,21 +68,21 @@ func (s HistogramSnapshot) Quantile(q float64) time.Duration {
 	for i, n := range s.Buckets {
 		seen += n
 		if seen >= rank {
-			if i < len(s.BoundsMicros) {
-				return time.Duration(s.BoundsMicros[i] * float64(time.Microsecond))
+			if i < len(s.Bounds) {
+				return s.Bounds[i]
 			}
 			break
 		}
 	}
-	return time.Duration(s.BoundsMicros[len(s.BoundsMicros)-1] * float64(time.Microsecond))
+	return s.Bounds[len(s.Bounds)-1]
 }
 
 func (h *Histogram) snapshot() HistogramSnapshot {
 	s := HistogramSnapshot{
-		Count:        h.count.Load(),
-		Sum:          time.Duration(h.sumNs.Load()),
-		BoundsMicros: histBounds,
-		Buckets:      make([]uint64, len(h.bucket)),
+		Count:   h.count.Load(),
+		Sum:     time.Duration(h.sumNs.Load()),
+		Bounds:  histBounds,
+		Buckets: make([]uint64, len(h.bucket)),
 	}
 	for i := range h.bucket {
 		s.Buckets[i] = h.bucket[i].Load()

@@ -114,5 +114,5 @@
 //
 // Checker.Check runs on its caller's goroutine and starts one goroutine per
 // member for each round. Scrubber.Run owns its walk. A Dialer keeps one
-// transport.Conn per address, guarded by its mutex.
+// transport.Conn per address in a transport.ConnCache.
 package scrub

@@ -50,13 +50,13 @@ func DecodeChecksums(b []byte) ([]ChunkSum, error) {
 const minReplyBuf = 64 << 10
 
 // Dialer is the default Fetcher: one transport connection per chunkserver
-// address, kept open across requests and redialled once it died.
+// address (a transport.ConnCache), kept open across requests and redialled
+// once it died.
 type Dialer struct {
-	log *slog.Logger
+	conns *transport.ConnCache[string] // by address
 
-	mu    sync.Mutex                 // guards conns, sizes
-	conns map[string]*transport.Conn // by address
-	sizes map[uint64]int             // last reply size per copyset (pool<<32|id)
+	mu    sync.Mutex     // guards sizes
+	sizes map[uint64]int // last reply size per copyset (pool<<32|id)
 }
 
 // NewDialer returns a Dialer; Close it to drop its connections.
@@ -64,7 +64,11 @@ func NewDialer(log *slog.Logger) *Dialer {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Dialer{log: log, conns: map[string]*transport.Conn{}, sizes: map[uint64]int{}}
+	conns := transport.NewConnCache(transport.ConnCacheConfig[string]{
+		Addr: func(addr string) (string, error) { return addr, nil },
+		Conn: transport.ConnConfig{Logger: log},
+	})
+	return &Dialer{conns: conns, sizes: map[uint64]int{}}
 }
 
 // Checksums implements Fetcher. A transport failure or a non-OK status is
@@ -78,7 +82,7 @@ func (d *Dialer) Checksums(ctx context.Context, addr string, pool, copyset uint3
 	size := max(d.sizes[key], minReplyBuf)
 	d.mu.Unlock()
 	for attempt := 0; ; attempt++ {
-		conn, err := d.conn(ctx, addr)
+		conn, err := d.conns.Conn(ctx, addr)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, addr, err)
 		}
@@ -110,39 +114,8 @@ func (d *Dialer) Checksums(ctx context.Context, addr string, pool, copyset uint3
 	}
 }
 
-// conn returns a live connection to addr, dialling one if needed.
-func (d *Dialer) conn(ctx context.Context, addr string) (*transport.Conn, error) {
-	d.mu.Lock()
-	c := d.conns[addr]
-	d.mu.Unlock()
-	if c != nil && c.Err() == nil {
-		return c, nil
-	}
-	nc, err := transport.Dial(ctx, addr, transport.ConnConfig{Logger: d.log})
-	if err != nil {
-		return nil, err
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if old := d.conns[addr]; old != nil && old != c && old.Err() == nil {
-		// Another goroutine dialled meanwhile: use its connection.
-		_ = nc.Close()
-		return old, nil
-	}
-	if c != nil {
-		_ = c.Close()
-	}
-	d.conns[addr] = nc
-	return nc, nil
-}
-
 // Close closes every connection.
 func (d *Dialer) Close() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for addr, c := range d.conns {
-		_ = c.Close()
-		delete(d.conns, addr)
-	}
+	d.conns.Close()
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/basalt-storage/basalt/internal/raftstore"
+	"github.com/basalt-storage/basalt/internal/testutil"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -280,12 +281,7 @@ func TestCheckUnreachableMember(t *testing.T) {
 	rs[1].with(func(f *fakeReplica) { f.status = api.StatusNoSuchCopyset })
 	tg := target(rs)
 	// A fourth member whose address refuses connections.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := testutil.FreeAddr(t) // nobody listens there
 	tg.Members = append(tg.Members, Member{ID: 4, Addr: dead}, Member{ID: 5})
 	rep := fastChecker(t, Config{}).Check(context.Background(), tg)
 	if !errors.Is(rep.Err(), ErrIncomplete) {
@@ -367,9 +363,8 @@ func TestCheckRateLimited(t *testing.T) {
 
 // fakeClock drives a Limiter without sleeping.
 type fakeClock struct {
-	now    time.Time
-	slept  []time.Duration
-	cancel bool
+	now   time.Time
+	slept []time.Duration
 }
 
 func newFakeLimiter(rate, burst int64) (*Limiter, *fakeClock) {

@@ -1,6 +1,7 @@
 package testcluster
 
 import (
+	crand "crypto/rand"
 	"math/rand"
 	"os"
 	"path/filepath"
@@ -32,7 +33,7 @@ func benchCluster(b *testing.B) *client.Volume {
 	v := c.Open("bench", false)
 	// Write the region reads will use, so reads hit data.
 	buf := make([]byte, 1<<20)
-	rand.Read(buf)
+	crand.Read(buf)
 	for off := int64(0); off < 64<<20; off += int64(len(buf)) {
 		if _, err := v.WriteAt(buf, off); err != nil {
 			b.Fatal(err)

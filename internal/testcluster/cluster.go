@@ -3,18 +3,17 @@ package testcluster
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/testutil"
 	"github.com/basalt-storage/basalt/pkg/api"
 	"github.com/basalt-storage/basalt/pkg/client"
 	"github.com/basalt-storage/basalt/pkg/mdsclient"
@@ -80,6 +79,9 @@ var (
 
 // Binary returns the basalt binary the tests run.
 func Binary(t testing.TB) string {
+	if testing.Short() {
+		t.Skip("runs the basalt binary as real processes; skipped with -short")
+	}
 	if p := os.Getenv("BASALT_BIN"); p != "" {
 		return p
 	}
@@ -101,35 +103,13 @@ func Binary(t testing.TB) string {
 	return binPath
 }
 
-var (
-	portsMu    sync.Mutex
-	portsGiven = map[int]bool{}
-)
-
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago and that
-// this process has not handed out before: the kernel may offer a just-closed
-// port again, which once gave the embedded etcd the MDS's own port.
-func FreePort(t testing.TB) int {
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	for {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-		if !portsGiven[port] {
-			portsGiven[port] = true
-			return port
-		}
-	}
-}
-
 // Start starts the MDS and the chunkservers, creates the pool and waits until
 // every copyset has a leader. Everything is stopped by t.Cleanup.
 func Start(t testing.TB, opts Options) *Cluster {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("starts etcd, an MDS and chunkservers as real processes; skipped with -short")
+	}
 	if opts.Chunkservers == 0 {
 		opts.Chunkservers = 3
 	}
@@ -157,7 +137,7 @@ func Start(t testing.TB, opts Options) *Cluster {
 		if opts.Net != nil {
 			return fmt.Sprintf("%s:%d", opts.Net.IP(ns), port)
 		}
-		return "127.0.0.1:" + strconv.Itoa(FreePort(t))
+		return testutil.FreeAddr(t)
 	}
 	var mdsAddrs []string
 	for i := 0; i < opts.MDSCount; i++ {
@@ -173,7 +153,7 @@ func Start(t testing.TB, opts Options) *Cluster {
 		if len(opts.EtcdEndpoints) > 0 {
 			args = append(args, "--etcd-endpoints", strings.Join(opts.EtcdEndpoints, ","))
 		} else {
-			etcdC, etcdP := FreePort(t), FreePort(t)
+			etcdC, etcdP := testutil.FreePort(t), testutil.FreePort(t)
 			if opts.Net != nil {
 				etcdC, etcdP = 2379, 2380
 			}

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/basalt-storage/basalt/internal/testutil"
 )
 
 // Etcd is an external etcd cluster of real etcd processes on loopback, for
@@ -26,17 +28,14 @@ type Etcd struct {
 // installed. The members are killed by t.Cleanup.
 func StartEtcd(t testing.TB, n int) *Etcd {
 	t.Helper()
-	bin, err := exec.LookPath("etcd")
-	if err != nil {
-		t.Skipf("needs etcd (Debian package etcd-server; scripts/install-deps installs it): %v", err)
-	}
+	bin := testutil.RequireTool(t, "etcd")
 	dir := t.TempDir()
 	type member struct{ name, client, peer string }
 	var ms []member
 	var initial []string
 	for i := 0; i < n; i++ {
 		m := member{fmt.Sprintf("e%d", i+1),
-			fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)), fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))}
+			"http://" + testutil.FreeAddr(t), "http://" + testutil.FreeAddr(t)}
 		ms = append(ms, m)
 		initial = append(initial, m.name+"="+m.peer)
 	}

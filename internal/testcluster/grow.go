@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/testutil"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -23,7 +23,7 @@ func (c *Cluster) AddChunkserver(extra ...string) *Proc {
 	n := len(c.CS) + 1
 	name := fmt.Sprintf("cs%d", n)
 	dir := filepath.Join(c.Dir, name)
-	addr := "127.0.0.1:" + strconv.Itoa(FreePort(c.t))
+	addr := testutil.FreeAddr(c.t)
 	repl := map[string]string{
 		"--data": dir, "--listen": addr, "--zone": fmt.Sprintf("zone%d", n), "--server": fmt.Sprintf("host%d", n),
 		"--fault-slow-disk-file": filepath.Join(c.Dir, name+".slow"),

@@ -39,9 +39,9 @@ type moveWatch struct {
 	stop chan struct{}
 	wg   sync.WaitGroup
 
-	mu                      sync.Mutex
-	maxAll, maxTo, maxLed   int
-	polls, sawMoving, moves int
+	mu                    sync.Mutex
+	maxAll, maxTo, maxLed int
+	polls, sawMoving      int
 }
 
 func watchMoves(c *Cluster) *moveWatch {

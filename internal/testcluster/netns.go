@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/basalt-storage/basalt/internal/testutil"
 )
 
 // Net is a private network of network namespaces for one test: a hub namespace
@@ -69,11 +71,7 @@ func InNetns(t *testing.T, nodes ...string) *Net {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for network namespaces and iptables")
 	}
-	for _, tool := range []string{"ip", "iptables"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s (scripts/install-deps installs it): %v", tool, err)
-		}
-	}
+	testutil.RequireTools(t, "ip", "iptables")
 	removeStaleNets()
 	n := &Net{Prefix: fmt.Sprintf("bt%d", os.Getpid()), Addrs: map[string]string{}}
 	t.Cleanup(n.destroy)

@@ -63,11 +63,11 @@
 // its payload, raft batches) cost one read syscall; a payload larger than the
 // buffer goes straight to its destination. The client's reader reads a reply's
 // header, then its payload into the call's ReadBuf. The server's reader reads a
-// request's payload into a pooled buffer (power-of-two size classes) that goes
-// back to the pool when ServeFrame returns, unless the handler called Retain;
-// or, when the handler is a PayloadAllocator that asks for it, into a buffer
-// of the handler's own, of exactly the payload's size, which the server
-// never reuses.
+// request's payload into a pooled buffer (internal/bufpool) that goes back to
+// the pool when ServeFrame returns, unless the handler called Retain; or,
+// when the handler is a PayloadAllocator that asks for it, into a buffer of
+// the handler's own, of exactly the payload's size, which the server never
+// reuses.
 //
 // # Flow control
 //
@@ -87,6 +87,12 @@
 // caller's: Do takes a context, Go callers run their own timers and Abort the call.
 // After a call's done callback ran, the Conn never touches its buffers again, even
 // if a reply for it arrives later (it is read and discarded).
+//
+// A ConnCache is that owner for callers that talk to many servers (the client
+// library, keyed by chunkserver id; the scrubber, keyed by address): one Conn per
+// key, dialled on first use by a short-lived goroutine that every Get for the key
+// waits on, and dialled again once it died; after a failed dial the key may fail
+// fast for a while (RedialInterval) so callers move on to another replica.
 //
 // # Goroutines
 //

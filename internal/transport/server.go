@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/bufpool"
 	"github.com/basalt-storage/basalt/internal/sockio"
 )
 
@@ -404,6 +405,7 @@ func (sc *serverConn) readLoop() {
 			}
 		}
 		var payload []byte
+		var pooled *[]byte
 		sc.retained = false
 		if h.PayloadLen > 0 {
 			if sc.s.alloc != nil {
@@ -414,11 +416,12 @@ func (sc *serverConn) readLoop() {
 				sc.retained = payload != nil
 			}
 			if payload == nil {
-				payload = getBuf(int(h.PayloadLen))
+				pooled = bufpool.Get(int(h.PayloadLen))
+				payload = *pooled
 			}
 			if _, err := io.ReadFull(sc.br, payload); err != nil {
-				if !sc.retained {
-					putBuf(payload)
+				if pooled != nil {
+					bufpool.Put(pooled)
 				}
 				sc.close(err) // EOF mid-frame
 				return
@@ -428,8 +431,8 @@ func (sc *serverConn) readLoop() {
 			sc.more.Store(m)
 		}
 		sc.s.h.ServeFrame(sc, h, payload)
-		if payload != nil && !sc.retained {
-			putBuf(payload)
+		if pooled != nil && !sc.retained {
+			bufpool.Put(pooled)
 		}
 	}
 }

@@ -198,6 +198,16 @@
 // INVARIANT: after a write or fdatasync error the WAL accepts nothing more
 // (ErrFailed): what reached the disk is unknown until Open re-reads it.
 //
+// # Code map
+//
+//	wal.go      the WAL type, Open, the public calls, Close
+//	recover.go  Open's replay: segment scan, torn-tail cut, record replay
+//	segment.go  segment files: create, preallocate (zeros), spare, rollover
+//	commit.go   the commit pipeline: batches, validation, the committer, writes
+//	compact.go  snapshots, pinning, removing and recycling old segments
+//	format.go   record encoding; group.go the per-group index and entry cache;
+//	storage.go  raft.Storage; direct.go O_DIRECT writes; stats.go counters
+//
 // # Fault injection
 //
 // Config.Knobs has hooks after the write, before and after the fdatasync

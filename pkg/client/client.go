@@ -96,7 +96,7 @@ type Volume struct {
 	closeMDS  func() error
 	id        uint64
 	name      string
-	size      int64
+	size      atomic.Int64 // grows when Refresh finds the volume resized
 	epoch     uint64
 	session   uint64
 	pool      uint32
@@ -105,8 +105,8 @@ type Volume struct {
 	maxPiece  int64
 
 	routes routeTable
-	peers  peerSet
-	m      *volumeMetrics // nil: no metrics
+	conns  *transport.ConnCache[uint64] // one connection per chunkserver id
+	m      *volumeMetrics               // nil: no metrics
 
 	// base anchors monotonic times kept as nanoseconds in atomics.
 	base       time.Time
@@ -168,7 +168,6 @@ func Open(ctx context.Context, cfg Config) (*Volume, error) {
 		closeMDS:  closeMDS,
 		id:        vol.GetId(),
 		name:      vol.GetName(),
-		size:      int64(vol.GetSize()),
 		epoch:     resp.GetEpoch(),
 		session:   resp.GetSessionId(),
 		pool:      pool.GetId(),
@@ -178,6 +177,7 @@ func Open(ctx context.Context, cfg Config) (*Volume, error) {
 		stopRenew: make(chan struct{}),
 		renewDone: make(chan struct{}),
 	}
+	v.size.Store(int64(vol.GetSize()))
 	v.opIdle = sync.NewCond(&v.opMu)
 	v.m = cfg.Metrics.forVolume(vol.GetName())
 	if cfg.ReadOnly {
@@ -185,7 +185,7 @@ func Open(ctx context.Context, cfg Config) (*Volume, error) {
 	}
 	v.maxPiece = min(v.chunkSize, maxPieceBytes)
 	v.routes.init(v, pool.GetId(), resp.GetCopysets(), resp.GetChunkservers())
-	v.peers.init(v)
+	v.conns = newConnCache(v)
 	lease := time.Duration(resp.GetLeaseMs()) * time.Millisecond
 	if lease > 0 {
 		v.leaseUntil.Store(int64(lease))
@@ -193,13 +193,37 @@ func Open(ctx context.Context, cfg Config) (*Volume, error) {
 	} else {
 		close(v.renewDone)
 	}
-	v.log.Info("client: volume open", "epoch", v.epoch, "session", v.session, "size", v.size,
+	v.log.Info("client: volume open", "epoch", v.epoch, "session", v.session, "size", v.Size(),
 		"read_only", cfg.ReadOnly, "lease", lease)
 	return v, nil
 }
 
-// Size is the volume's size in bytes, as of Open.
-func (v *Volume) Size() int64 { return v.size }
+// Size is the volume's size in bytes, as of Open or the last Refresh.
+func (v *Volume) Size() int64 { return v.size.Load() }
+
+// Refresh reads the volume's size from the MDS again, so that IO reaches the part
+// a resize added. Volumes only grow; a smaller answer is ignored.
+func (v *Volume) Refresh(ctx context.Context) error {
+	resp, err := v.mds.GetVolume(ctx, &api.GetVolumeRequest{Id: v.id})
+	if err != nil {
+		return fmt.Errorf("client: refresh volume %q: %w", v.name, err)
+	}
+	n := int64(resp.GetVolume().GetSize())
+	for {
+		old := v.size.Load()
+		if n <= old {
+			return nil
+		}
+		if v.size.CompareAndSwap(old, n) {
+			v.log.Info("client: volume grew", "old_size", old, "size", n)
+			return nil
+		}
+	}
+}
+
+// Err returns why the volume stopped issuing IO (api.ErrFenced, ErrLeaseExpired,
+// ErrClosed), or nil while it serves IO.
+func (v *Volume) Err() error { return v.usable() }
 
 // Epoch is the writer epoch every IO of this session carries (0 when read-only).
 func (v *Volume) Epoch() uint64 { return v.epoch }
@@ -335,7 +359,7 @@ func (v *Volume) Close() error {
 		v.opMu.Lock()
 		v.closing = true
 		v.opMu.Unlock()
-		v.peers.closeAll() // in-flight calls fail; their retries see ErrClosed
+		v.conns.Close() // in-flight calls fail; their retries see ErrClosed
 		v.opMu.Lock()
 		for v.inflight > 0 {
 			v.opIdle.Wait()

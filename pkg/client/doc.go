@@ -28,8 +28,9 @@
 // error of any piece.
 //
 // Each copyset has a cached leader: first the MDS's leader hint, then whoever last
-// answered OK. Each chunkserver has one transport.Conn shared by all IO, dialed on
-// first use by a short-lived dialer goroutine and redialed after it died.
+// answered OK. Each chunkserver has one connection shared by all IO, dialed on
+// first use by a short-lived dialer goroutine and redialed after it died (the
+// transport's connection cache, keyed by chunkserver id).
 //
 // # Retries
 //

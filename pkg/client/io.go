@@ -89,7 +89,7 @@ func (v *Volume) Submit(op Op, buf []byte, off, length int64, done func(error)) 
 		done(api.ErrReadOnly)
 		return
 	}
-	if off < 0 || length < 0 || off > v.size || length > v.size-off {
+	if size := v.size.Load(); off < 0 || length < 0 || off > size || length > size-off {
 		done(api.ErrOutOfRange)
 		return
 	}
@@ -237,7 +237,7 @@ func (p *piece) dispatch() {
 		p.sendLocal(l)
 		return
 	}
-	v.peers.get(p.target, p.send)
+	v.conns.Get(p.target, p.send)
 }
 
 // sendLocal is send for the local fast path: no connection, no timer.
@@ -284,11 +284,12 @@ func (p *piece) timeoutErr() error {
 // send runs with the connection to p.target (or the dial error).
 func (p *piece) send(c *transport.Conn, err error) {
 	if err != nil {
-		if errors.Is(err, ErrClosed) {
-			p.finish(err)
+		if errors.Is(err, transport.ErrCacheClosed) {
+			p.finish(ErrClosed)
 			return
 		}
-		p.connFailed(err)
+		p.op.v.log.Debug("client: dial failed", "chunkserver", p.target, "err", err)
+		p.connFailed(fmt.Errorf("client: dial chunkserver %d: %w", p.target, err))
 		return
 	}
 	v := p.op.v

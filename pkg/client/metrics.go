@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/basalt-storage/basalt/internal/latency"
 )
 
 // Metrics are the client library's Prometheus metrics. One Metrics serves any
@@ -26,22 +28,18 @@ type Metrics struct {
 	ioByOp, attemptByOp  [OpWriteZeroes + 1]prometheus.Observer
 }
 
-// LatencyBuckets are the histogram buckets (seconds) of the client and NBD
-// metrics: 10 µs to about 5 s, doubling.
-var LatencyBuckets = prometheus.ExponentialBuckets(10e-6, 2, 20)
-
 // NewMetrics creates the client metrics and registers them with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		io: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "basalt", Subsystem: "client", Name: "io_seconds",
 			Help:    "Latency of one IO through the client library, from Submit to done, retries included.",
-			Buckets: LatencyBuckets,
+			Buckets: latency.Seconds(),
 		}, []string{"op"}),
 		attempt: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "basalt", Subsystem: "client", Name: "attempt_seconds",
 			Help:    "Latency of one attempt of one piece: frame handed to the connection (or Config.Local) to reply handled.",
-			Buckets: LatencyBuckets,
+			Buckets: latency.Seconds(),
 		}, []string{"op"}),
 		ops: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "basalt", Subsystem: "client", Name: "io_total",

@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,6 +17,22 @@ const minRefreshInterval = 200 * time.Millisecond
 // redialInterval: after a failed dial, a chunkserver is not dialed again for this
 // long; pieces asking meanwhile get the dial error at once and try another member.
 const redialInterval = 50 * time.Millisecond
+
+// newConnCache returns the volume's connections: one per chunkserver, dialled
+// (within IOTimeout) at the address the MDS gave for its id.
+func newConnCache(v *Volume) *transport.ConnCache[uint64] {
+	return transport.NewConnCache(transport.ConnCacheConfig[uint64]{
+		Addr: func(id uint64) (string, error) {
+			if addr := v.routes.addr(id); addr != "" {
+				return addr, nil
+			}
+			return "", errNoAddress
+		},
+		Conn:           transport.ConnConfig{Logger: v.log},
+		DialTimeout:    v.cfg.IOTimeout,
+		RedialInterval: redialInterval,
+	})
+}
 
 // copysetRoute is what the client knows of one copyset.
 type copysetRoute struct {
@@ -168,121 +183,3 @@ func (t *routeTable) refresh(then func()) {
 // errNoAddress: the MDS gave no address for a chunkserver id (a redirect to a
 // server the client has not heard of yet).
 var errNoAddress = errors.New("client: chunkserver address unknown")
-
-// peer is the connection to one chunkserver, shared by all IO of the volume.
-type peer struct {
-	mu       sync.Mutex
-	conn     *transport.Conn
-	dialing  bool
-	waiters  []func(*transport.Conn, error)
-	failedAt time.Time
-	failErr  error
-}
-
-// peerSet holds the connection per chunkserver, dialed lazily and redialed after a
-// failure (a dead transport.Conn is never reused).
-type peerSet struct {
-	v      *Volume
-	mu     sync.Mutex
-	closed bool
-	peers  map[uint64]*peer
-}
-
-func (ps *peerSet) init(v *Volume) {
-	ps.v = v
-	ps.peers = make(map[uint64]*peer)
-}
-
-// get calls cb with a live connection to chunkserver id, at once if one exists,
-// else when a dial finished (on the dialing goroutine).
-func (ps *peerSet) get(id uint64, cb func(*transport.Conn, error)) {
-	ps.mu.Lock()
-	if ps.closed {
-		ps.mu.Unlock()
-		cb(nil, ErrClosed)
-		return
-	}
-	p := ps.peers[id]
-	if p == nil {
-		p = &peer{}
-		ps.peers[id] = p
-	}
-	ps.mu.Unlock()
-
-	p.mu.Lock()
-	if p.conn != nil && p.conn.Err() == nil {
-		c := p.conn
-		p.mu.Unlock()
-		cb(c, nil)
-		return
-	}
-	p.conn = nil
-	if p.dialing {
-		p.waiters = append(p.waiters, cb)
-		p.mu.Unlock()
-		return
-	}
-	if time.Since(p.failedAt) < redialInterval {
-		err := p.failErr
-		p.mu.Unlock()
-		cb(nil, err)
-		return
-	}
-	addr := ps.v.routes.addr(id)
-	if addr == "" {
-		p.mu.Unlock()
-		cb(nil, fmt.Errorf("%w: id %d", errNoAddress, id))
-		return
-	}
-	p.dialing = true
-	p.waiters = append(p.waiters, cb)
-	p.mu.Unlock()
-	go ps.dial(id, p, addr)
-}
-
-func (ps *peerSet) dial(id uint64, p *peer, addr string) {
-	ctx, cancel := context.WithTimeout(context.Background(), ps.v.cfg.IOTimeout)
-	c, err := transport.Dial(ctx, addr, transport.ConnConfig{Logger: ps.v.log})
-	cancel()
-	if err != nil {
-		err = fmt.Errorf("client: dial chunkserver %d at %s: %w", id, addr, err)
-		ps.v.log.Debug("client: dial failed", "chunkserver", id, "err", err)
-	}
-	ps.mu.Lock()
-	closed := ps.closed
-	ps.mu.Unlock()
-	if closed && c != nil {
-		c.Close()
-		c, err = nil, ErrClosed
-	}
-	p.mu.Lock()
-	p.dialing = false
-	if err != nil {
-		p.failedAt, p.failErr = time.Now(), err
-	} else {
-		p.conn = c
-	}
-	ws := p.waiters
-	p.waiters = nil
-	p.mu.Unlock()
-	for _, w := range ws {
-		w(c, err)
-	}
-}
-
-// closeAll closes every connection and refuses new ones.
-func (ps *peerSet) closeAll() {
-	ps.mu.Lock()
-	ps.closed = true
-	peers := ps.peers
-	ps.mu.Unlock()
-	for _, p := range peers {
-		p.mu.Lock()
-		c := p.conn
-		p.conn = nil
-		p.mu.Unlock()
-		if c != nil {
-			c.Close()
-		}
-	}
-}

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/basalt-storage/basalt/internal/testutil"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -61,17 +62,6 @@ func serve(t *testing.T, f *fakeMDS) string {
 	return ln.Addr().String()
 }
 
-// deadAddr is an address nobody listens on.
-func deadAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := ln.Addr().String()
-	ln.Close()
-	return a
-}
-
 func standby(active string) error {
 	return status.Error(codes.Unavailable, "not the active MDS; active is "+active)
 }
@@ -93,7 +83,7 @@ func TestFollowsTheActiveMDS(t *testing.T) {
 	a.set(standby(addrC))
 	b.set(standby(addrC))
 
-	c, err := Dial([]string{addrA, deadAddr(t) + "," + addrB, addrC})
+	c, err := Dial([]string{addrA, testutil.FreeAddr(t) + "," + addrB, addrC})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +136,7 @@ func TestWaitsForAnActiveMDS(t *testing.T) {
 	a := &fakeMDS{name: "a"}
 	addrA := serve(t, a)
 	a.set(status.Error(codes.Unavailable, "not the active MDS; no MDS is active yet"))
-	c, err := Dial([]string{deadAddr(t), addrA})
+	c, err := Dial([]string{testutil.FreeAddr(t), addrA})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +190,7 @@ func TestDialAndClose(t *testing.T) {
 	if _, err := Dial([]string{" , "}); !errors.Is(err, ErrNoAddresses) {
 		t.Fatalf("Dial(blank): %v", err)
 	}
-	c, err := Dial([]string{deadAddr(t)})
+	c, err := Dial([]string{testutil.FreeAddr(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

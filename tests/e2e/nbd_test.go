@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/testutil"
 	"github.com/basalt-storage/basalt/pkg/api"
 	"github.com/basalt-storage/basalt/pkg/mdsclient"
 )
@@ -21,7 +22,7 @@ import (
 // Random 4 KiB and 64 KiB writes, verified; then the whole playground is stopped
 // with Ctrl-C, started again on the same directory, and everything read-verified.
 func TestFioVerifyAcrossRestart(t *testing.T) {
-	requireTools(t, "fio")
+	testutil.RequireTools(t, "fio")
 	p := startPlayground(t, "3GiB")
 	jobs := func(extra ...string) []string {
 		return append([]string{
@@ -40,7 +41,7 @@ func TestFioVerifyAcrossRestart(t *testing.T) {
 
 // Several jobs on several connections at once (NBD multi-conn), each verified.
 func TestFioMultiConn(t *testing.T) {
-	requireTools(t, "fio")
+	testutil.RequireTools(t, "fio")
 	p := startPlayground(t, "2GiB")
 	fio(t, p.tcpURI(), "--name=multi", "--rw=randwrite", "--bs=4k", "--numjobs=4",
 		"--size=256m", "--offset_increment=256m", "--io_size=8m", "--iodepth=8",
@@ -48,7 +49,7 @@ func TestFioMultiConn(t *testing.T) {
 }
 
 func TestQemuImgRoundTrip(t *testing.T) {
-	requireTools(t, "qemu-img")
+	testutil.RequireTools(t, "qemu-img")
 	p := startPlayground(t, "1GiB")
 	dir := t.TempDir()
 	in := filepath.Join(dir, "in.img")
@@ -78,7 +79,7 @@ func TestQemuImgRoundTrip(t *testing.T) {
 }
 
 func TestNbdinfo(t *testing.T) {
-	requireTools(t, "nbdinfo")
+	testutil.RequireTools(t, "nbdinfo")
 	p := startPlayground(t, "1GiB")
 	var info struct {
 		Exports []map[string]any `json:"exports"`
@@ -129,7 +130,7 @@ func TestNbdinfo(t *testing.T) {
 
 // TRIM and WRITE_ZEROES: the ranges read back as zeros, the rest is untouched.
 func TestTrimAndWriteZeroes(t *testing.T) {
-	requireTools(t, "qemu-io")
+	testutil.RequireTools(t, "qemu-io")
 	p := startPlayground(t, "1GiB")
 	uri := p.tcpURI()
 	qio := func(cmds ...string) string {
@@ -152,7 +153,7 @@ func TestTrimAndWriteZeroes(t *testing.T) {
 // ext4 on a real kernel block device: nbdfuse exposes the volume as a file, losetup
 // turns it into /dev/loopN.
 func TestExt4OnNbdfuse(t *testing.T) {
-	requireTools(t, "nbdfuse", "losetup", "mkfs.ext4", "mount", "umount", "fusermount3")
+	testutil.RequireTools(t, "nbdfuse", "losetup", "mkfs.ext4", "mount", "umount", "fusermount3")
 	if os.Geteuid() != 0 {
 		t.Skip("skipped: mounting a file system needs root")
 	}
@@ -229,7 +230,7 @@ func TestExt4OnNbdfuse(t *testing.T) {
 // kill -9 the chunkserver that leads the most copysets while a verified fio write
 // job runs: fio finishes with no IO error and the verify passes.
 func TestKillLeaderDuringFio(t *testing.T) {
-	requireTools(t, "fio")
+	testutil.RequireTools(t, "fio")
 	p := startPlayground(t, "2GiB")
 	victim := p.busiestLeader()
 	fioDone := make(chan string, 1)

@@ -2,9 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
-	"math/rand"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +13,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/playground"
 	"github.com/basalt-storage/basalt/internal/testcluster"
+	"github.com/basalt-storage/basalt/internal/testutil"
 	"github.com/basalt-storage/basalt/pkg/api"
 	"github.com/basalt-storage/basalt/pkg/mdsclient"
 )
@@ -32,38 +30,13 @@ type pg struct {
 	st       *playground.State
 }
 
-// requireTools skips the test, saying why, when a client it needs is missing.
-func requireTools(t *testing.T, tools ...string) {
-	t.Helper()
-	for _, tool := range tools {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("skipped: %s is not installed (run scripts/install-deps)", tool)
-		}
-	}
-}
-
-func portsFree(base, n int) bool {
-	for p := base; p < base+n; p++ {
-		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-		if err != nil {
-			return false
-		}
-		ln.Close()
-	}
-	return true
-}
-
 // startPlayground runs a playground in a fresh directory on free ports.
 func startPlayground(t *testing.T, size string) *pg {
 	t.Helper()
-	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
-	p := &pg{t: t, dir: t.TempDir(), size: size}
-	for {
-		p.portBase = 20000 + rng.Intn(20000)
-		if portsFree(p.portBase, 30) {
-			break
-		}
+	if testing.Short() {
+		t.Skip("starts a playground of real processes; skipped with -short")
 	}
+	p := &pg{t: t, dir: t.TempDir(), size: size, portBase: testutil.FreePortBase(t, 30)}
 	p.nbdPort = p.portBase + 29
 	p.logPath = filepath.Join(p.dir, "playground.log")
 	p.start()
@@ -161,7 +134,7 @@ func fio(t *testing.T, uri string, args ...string) string {
 	return out
 }
 
-func logf(t *testing.T, format string, args ...any) { t.Helper(); t.Log(fmt.Sprintf(format, args...)) }
+func logf(t *testing.T, format string, args ...any) { t.Helper(); t.Logf(format, args...) }
 
 func (p *pg) status() *api.ClusterStatusResponse {
 	p.t.Helper()

@@ -27,7 +27,7 @@ func BenchmarkRequest(b *testing.B) {
 
 func benchRequests(b *testing.B, write bool, bs, qd int) {
 	const size = 64 << 20
-	ts := startServer(b, Config{Exports: memExports{"disk": newMem(size)}})
+	ts := startServer(b, Config{Exports: memExports{"disk": newMem(size)}.exports()})
 	c := open(b, ts.sock, "disk")
 	blocks := uint64(size / bs)
 

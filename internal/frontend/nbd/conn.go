@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/bufpool"
 	"github.com/basalt-storage/basalt/internal/frontend"
 	"github.com/basalt-storage/basalt/internal/sockio"
 )
@@ -36,11 +37,15 @@ type conn struct {
 	nrejected int64 // answered with an error by validation or shutdown
 
 	// Set by the handshake, read-only afterwards.
-	export   string
-	backend  frontend.Backend
-	size     int64
-	readOnly bool
-	tflags   uint16
+	export     string
+	att        *frontend.Attachment // detached when serve ends
+	backend    frontend.Backend     // att.Backend()
+	size       int64
+	readOnly   bool
+	tflags     uint16
+	minBlock   uint32 // every offset and length is a multiple
+	prefBlock  uint32
+	maxPayload uint32 // the largest READ or WRITE
 
 	// replies carries finished requests to the writer. Its capacity is
 	// MaxInFlight and every queued request holds an in-flight slot, so a send
@@ -84,6 +89,7 @@ func (c *conn) serve() {
 		}
 		return
 	}
+	defer c.att.Detach() // after the last backend callback (waitIdle below)
 	c.mu.Lock()
 	if c.shutdown {
 		c.mu.Unlock()
@@ -200,7 +206,7 @@ func (c *conn) readLoop() (readEnd, error) {
 		errno := c.validate(flags, typ, off, length)
 
 		if typ == cmdWrite {
-			if length > c.s.cfg.MaxPayload {
+			if length > c.maxPayload {
 				// The payload cannot be skipped safely: answer, then close.
 				r.errno = EINVAL
 				c.replies <- r
@@ -213,7 +219,7 @@ func (c *conn) readLoop() (readEnd, error) {
 				}
 			} else {
 				c.acquireBytes(r, int64(length))
-				r.buf = getBuf(int(length))
+				r.buf = bufpool.Get(int(length))
 				if _, err := io.ReadFull(c.br, *r.buf); err != nil {
 					// Never submitted: a torn write changes nothing.
 					c.release(r)
@@ -238,7 +244,7 @@ func (c *conn) readLoop() (readEnd, error) {
 		switch typ {
 		case cmdRead:
 			c.acquireBytes(r, int64(length))
-			r.buf = getBuf(int(length))
+			r.buf = bufpool.Get(int(length))
 			b.Submit(frontend.OpRead, *r.buf, int64(off), int64(length), r.doneFn)
 		case cmdWrite:
 			b.Submit(frontend.OpWrite, *r.buf, int64(off), int64(length), r.doneFn)
@@ -282,7 +288,7 @@ func (c *conn) validate(flags, typ uint16, off uint64, length uint32) uint32 {
 		return EINVAL
 	}
 	if typ == cmdFlush {
-		if off != 0 || length != 0 {
+		if off != 0 || length != 0 || c.tflags&flagSendFlush == 0 {
 			return EINVAL
 		}
 		return 0
@@ -297,14 +303,17 @@ func (c *conn) validate(flags, typ uint16, off uint64, length uint32) uint32 {
 		}
 		return EINVAL
 	}
-	if m := uint64(c.s.cfg.MinBlockSize); m > 1 && (off%m != 0 || uint64(length)%m != 0) {
+	if m := uint64(c.minBlock); m > 1 && (off%m != 0 || uint64(length)%m != 0) {
 		return EINVAL
 	}
-	if (typ == cmdRead || typ == cmdWrite) && length > c.s.cfg.MaxPayload {
+	if (typ == cmdRead || typ == cmdWrite) && length > c.maxPayload {
 		return EINVAL
 	}
 	if c.readOnly && typ != cmdRead {
 		return EPERM
+	}
+	if (typ == cmdTrim && c.tflags&flagSendTrim == 0) || (typ == cmdWriteZeroes && c.tflags&flagSendWriteZeroes == 0) {
+		return EINVAL // not advertised: the backend cannot do it
 	}
 	return 0
 }
@@ -351,7 +360,7 @@ func (c *conn) waitIdle() {
 // release returns a request's buffer, slot and struct.
 func (c *conn) release(r *request) {
 	if r.buf != nil {
-		putBuf(r.buf)
+		bufpool.Put(r.buf)
 	}
 	c.releaseSlot(r.bytes)
 	*r = request{doneFn: r.doneFn}
@@ -433,7 +442,8 @@ func (r *request) complete(err error) {
 		r.finished = time.Now()
 	}
 	if err != nil {
-		r.errno = c.s.errorCode(c.backend, err)
+		err = c.att.Classify(err)
+		r.errno = errnoOf(err)
 		c.log.Debug("nbd: backend error", "cmd", r.typ, "err", err, "errno", r.errno)
 	}
 	c.replies <- r

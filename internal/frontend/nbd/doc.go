@@ -2,7 +2,8 @@
 // frontend.Exports (export name = volume name) over the Network Block Device
 // protocol, fixed newstyle, as specified in the NBD project's doc/proto.md. One
 // Server serves any number of listeners; TCP and Unix sockets work the same
-// (Server.Serve(net.Listener)).
+// (Server.Serve(net.Listener)). It is a parser and a mapper: the export
+// lifecycle, capabilities and error classes are package frontend's.
 //
 // # What is implemented
 //
@@ -17,8 +18,11 @@
 // NBD_OPT_ABORT (ACK, close), NBD_OPT_LIST (one NBD_REP_SERVER per export, ACK;
 // data → ERR_INVALID), NBD_OPT_INFO and NBD_OPT_GO (NBD_INFO_EXPORT always,
 // NBD_INFO_NAME and NBD_INFO_DESCRIPTION when asked (the latter if the backend
-// is a Describer), NBD_INFO_BLOCK_SIZE always; malformed data → ERR_INVALID,
-// unknown export → ERR_UNKNOWN). Everything else, including
+// has a description), NBD_INFO_BLOCK_SIZE always; malformed data →
+// ERR_INVALID, unknown export → ERR_UNKNOWN). NBD_OPT_INFO only describes the
+// export (Exports.Describe, from metadata); NBD_OPT_GO and NBD_OPT_EXPORT_NAME
+// attach the connection to it (Exports.Attach), and the connection detaches
+// when it ends, after its last backend callback. Everything else, including
 // NBD_OPT_STRUCTURED_REPLY and NBD_OPT_STARTTLS, is answered NBD_REP_ERR_UNSUP:
 // replies are always simple replies. Option data is bounded (maxOptionLen, a
 // 4 KiB name plus room); a longer option gets NBD_REP_ERR_TOO_BIG and the
@@ -26,13 +30,15 @@
 // a deadline (Config.HandshakeTimeout, restarted per option) and at most
 // maxOptions options.
 //
-// Transmission flags: HAS_FLAGS, SEND_FLUSH, CAN_MULTI_CONN, and either
-// READ_ONLY (a ReadOnlyBackend that says so) or SEND_FUA, SEND_TRIM and
-// SEND_WRITE_ZEROES. CAN_MULTI_CONN is honest because Exports returns one
-// shared Backend per name and every completed write is durable.
+// Transmission flags come from the export's frontend.Info: HAS_FLAGS,
+// CAN_MULTI_CONN, SEND_FLUSH (CanFlush), and either READ_ONLY or SEND_FUA,
+// SEND_TRIM and SEND_WRITE_ZEROES as far as the backend can do them. For a
+// basalt volume that is all of them. CAN_MULTI_CONN is honest because every
+// connection to a name shares one backend and every completed write is durable.
 //
-// Block sizes (NBD_INFO_BLOCK_SIZE): minimum Config.MinBlockSize (1 by
-// default), preferred 4096, maximum payload 32 MiB.
+// Block sizes (NBD_INFO_BLOCK_SIZE): the backend's minimum (1 for a volume) and
+// preferred (4096), and as maximum payload the smaller of the backend's maximum
+// and Config.MaxPayload (32 MiB by default).
 //
 // Requests (28 bytes: u32 0x25609513, u16 flags, u16 type, u64 cookie, u64
 // offset, u32 length, then length bytes for WRITE) are answered with simple
@@ -40,20 +46,22 @@
 // for a successful READ). Commands: READ, WRITE, FLUSH, TRIM, WRITE_ZEROES,
 // DISC. Validation happens before the backend sees anything, in this order:
 // unknown command → EINVAL; a flag other than FUA (if negotiated) or NO_HOLE
-// (WRITE_ZEROES only) → EINVAL; FLUSH with offset or length → EINVAL; length 0
-// → EINVAL; beyond the end → ENOSPC for WRITE and WRITE_ZEROES, EINVAL
-// otherwise; unaligned to the minimum block size → EINVAL; READ or WRITE
-// longer than the maximum payload → EINVAL; a write-type command on a
-// read-only export → EPERM. A rejected WRITE's payload is read and discarded,
+// (WRITE_ZEROES only) → EINVAL; FLUSH with offset or length, or not advertised
+// → EINVAL; length 0 → EINVAL; beyond the end → ENOSPC for WRITE and
+// WRITE_ZEROES, EINVAL otherwise; unaligned to the minimum block size →
+// EINVAL; READ or WRITE longer than the maximum payload → EINVAL; a write-type
+// command on a read-only export → EPERM; TRIM or WRITE_ZEROES not advertised →
+// EINVAL. A rejected WRITE's payload is read and discarded,
 // so the stream stays in step; a WRITE whose length exceeds the maximum
 // payload is answered EINVAL and then the connection is closed, because
 // skipping up to 4 GiB is not worth the risk. A write whose payload is cut
 // off by a disconnect is never submitted: no partial writes.
 //
-// Backend errors become NBD error values through, in order, Config.ErrorCode,
-// the backend's ErrorCoder, errors.Is against ErrPermission (EPERM),
-// ErrNoSpace (ENOSPC), ErrInvalid (EINVAL), ErrNotSupported (ENOTSUP),
-// ErrShuttingDown (ESHUTDOWN), and finally EIO.
+// A failed IO's error is classified by the export's Opener
+// (Attachment.Classify) and its class becomes the NBD error value:
+// frontend.ErrReadOnly and ErrFenced → EPERM, ErrNoSpace → ENOSPC,
+// ErrOutOfRange and ErrInvalid → EINVAL, ErrNotSupported → ENOTSUP,
+// ErrShuttingDown → ESHUTDOWN, anything else (ErrIO, ErrUnavailable) → EIO.
 //
 // # Connection state machine
 //

@@ -70,7 +70,7 @@ const (
 )
 
 func fuzzServer(t *testing.T, exports memExports) *Server {
-	s, err := NewServer(Config{Exports: exports, Logger: quietLogger(), MaxPayload: fuzzMaxPayload, MaxInFlight: 8})
+	s, err := NewServer(Config{Exports: exports.exports(), Logger: quietLogger(), MaxPayload: fuzzMaxPayload, MaxInFlight: 8})
 	if err != nil {
 		t.Fatal(err)
 	}

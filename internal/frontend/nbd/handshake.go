@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -89,7 +90,7 @@ func (c *conn) handshake() (handshakeResult, error) {
 		switch opt {
 		case optExportName:
 			name := string(data)
-			b, err := c.open(name)
+			a, err := c.attach(name)
 			if err != nil {
 				// No way to report an error to NBD_OPT_EXPORT_NAME: the spec
 				// says to terminate the session.
@@ -104,9 +105,10 @@ func (c *conn) handshake() (handshakeResult, error) {
 				w.Write(reply[:])
 			}
 			if err := w.Flush(); err != nil {
+				a.Detach()
 				return handshakeClose, err
 			}
-			c.use(name, b)
+			c.use(name, a)
 			return handshakeTransmit, nil
 
 		case optAbort:
@@ -119,7 +121,7 @@ func (c *conn) handshake() (handshakeResult, error) {
 				optReply(w, opt, repErrInvalid, []byte("NBD_OPT_LIST takes no data"))
 				break
 			}
-			for _, name := range c.s.cfg.Exports.List() {
+			for _, name := range c.list() {
 				if len(name) > maxStringLen {
 					continue
 				}
@@ -131,12 +133,13 @@ func (c *conn) handshake() (handshakeResult, error) {
 			optReply(w, opt, repAck, nil)
 
 		case optInfo, optGo:
-			b, name, ok := c.infoGo(w, opt, data)
+			a, name, ok := c.infoGo(w, opt, data)
 			if ok && opt == optGo {
 				if err := w.Flush(); err != nil {
+					a.Detach()
 					return handshakeClose, err
 				}
-				c.use(name, b)
+				c.use(name, a)
 				return handshakeTransmit, nil
 			}
 
@@ -151,8 +154,11 @@ func (c *conn) handshake() (handshakeResult, error) {
 	}
 }
 
-// infoGo answers NBD_OPT_INFO or NBD_OPT_GO. ok reports a final NBD_REP_ACK.
-func (c *conn) infoGo(w *bufio.Writer, opt uint32, data []byte) (b frontend.Backend, name string, ok bool) {
+// infoGo answers NBD_OPT_INFO or NBD_OPT_GO. ok reports a final NBD_REP_ACK;
+// for NBD_OPT_GO the connection is then attached to the export (a), while
+// NBD_OPT_INFO only describes it: it never opens the export, so it can never
+// take a writer role.
+func (c *conn) infoGo(w *bufio.Writer, opt uint32, data []byte) (a *frontend.Attachment, name string, ok bool) {
 	// Data: u32 name length, name, u16 n, n × u16 info types.
 	if len(data) < 6 {
 		optReply(w, opt, repErrInvalid, []byte("option data too short"))
@@ -184,8 +190,15 @@ func (c *conn) infoGo(w *bufio.Writer, opt uint32, data []byte) (b frontend.Back
 		}
 	}
 
-	b, err := c.open(name)
-	c.deadline() // Open may be slow (it can dial the cluster)
+	var info frontend.Info
+	var err error
+	if opt == optGo {
+		if a, err = c.attach(name); err == nil {
+			info = a.Info()
+		}
+	} else {
+		info, err = c.describe(name)
+	}
 	if err != nil {
 		if errors.Is(err, frontend.ErrNoSuchExport) {
 			optReply(w, opt, repErrUnknown, []byte("no such export: "+truncate(name)))
@@ -203,47 +216,104 @@ func (c *conn) infoGo(w *bufio.Writer, opt uint32, data []byte) (b frontend.Back
 	if wantName {
 		optReply(w, opt, repInfo, append([]byte{0, infoName}, name...))
 	}
-	if d, ok := b.(Describer); ok && wantDesc {
-		if desc := truncate(d.Description()); desc != "" {
-			optReply(w, opt, repInfo, append([]byte{0, infoDescription}, desc...))
-		}
+	if desc := truncate(info.Description); wantDesc && desc != "" {
+		optReply(w, opt, repInfo, append([]byte{0, infoDescription}, desc...))
 	}
 	// Always sent: the spec lets a server send info that was not asked for, and
 	// clients (nbdinfo, qemu) show or use it.
 	var bs [14]byte
 	binary.BigEndian.PutUint16(bs[0:], infoBlockSize)
-	binary.BigEndian.PutUint32(bs[2:], c.s.cfg.MinBlockSize)
-	binary.BigEndian.PutUint32(bs[6:], c.s.cfg.PreferredBlockSize)
-	binary.BigEndian.PutUint32(bs[10:], c.s.cfg.MaxPayload)
+	binary.BigEndian.PutUint32(bs[2:], c.minBlock)
+	binary.BigEndian.PutUint32(bs[6:], c.prefBlock)
+	binary.BigEndian.PutUint32(bs[10:], c.maxPayload)
 	optReply(w, opt, repInfo, bs[:])
 	optReply(w, opt, repAck, nil)
-	return b, name, true
+	return a, name, true
 }
 
-// open finds the export and computes its size and transmission flags into c.
-func (c *conn) open(name string) (frontend.Backend, error) {
-	b, err := c.s.cfg.Exports.Open(name)
+// attach joins the named export for transmission (NBD_OPT_GO,
+// NBD_OPT_EXPORT_NAME) and computes its size, flags and limits into c.
+func (c *conn) attach(name string) (*frontend.Attachment, error) {
+	ctx, cancel := context.WithTimeout(c.s.ctx, c.s.cfg.HandshakeTimeout)
+	a, err := c.s.cfg.Exports.Attach(ctx, name)
+	cancel()
+	c.deadline() // the open may have been slow (it can dial the cluster)
 	if err != nil {
 		return nil, err
 	}
-	c.size = max(b.Size(), 0)
-	c.readOnly = false
-	if ro, ok := b.(ReadOnlyBackend); ok && ro.ReadOnly() {
-		c.readOnly = true
+	if err := c.setExport(a.Info()); err != nil {
+		a.Detach()
+		return nil, err
 	}
-	c.tflags = flagHasFlags | flagSendFlush | flagCanMultiConn
+	return a, nil
+}
+
+// describe looks the named export up without attaching (NBD_OPT_INFO) and
+// computes its size, flags and limits into c.
+func (c *conn) describe(name string) (frontend.Info, error) {
+	ctx, cancel := context.WithTimeout(c.s.ctx, c.s.cfg.HandshakeTimeout)
+	info, err := c.s.cfg.Exports.Describe(ctx, name)
+	cancel()
+	c.deadline()
+	if err != nil {
+		return info, err
+	}
+	return info, c.setExport(info)
+}
+
+// setExport computes what the server advertises and enforces for an export.
+func (c *conn) setExport(info frontend.Info) error {
+	c.size = info.Size
+	c.readOnly = info.ReadOnly
+	c.minBlock = info.BlockSizes.Minimum
+	c.maxPayload = c.s.cfg.MaxPayload
+	if m := info.BlockSizes.Maximum; m != 0 && m < c.maxPayload {
+		c.maxPayload = m
+	}
+	c.maxPayload -= c.maxPayload % c.minBlock
+	if c.maxPayload == 0 {
+		return fmt.Errorf("%w: minimum block size %d exceeds the server's MaxPayload %d",
+			frontend.ErrBadInfo, c.minBlock, c.s.cfg.MaxPayload)
+	}
+	c.prefBlock = min(info.BlockSizes.Preferred, c.maxPayload)
+	c.tflags = flagHasFlags | flagCanMultiConn
+	if info.CanFlush {
+		c.tflags |= flagSendFlush
+	}
 	if c.readOnly {
 		c.tflags |= flagReadOnly
-	} else {
-		c.tflags |= flagSendFUA | flagSendTrim | flagSendWriteZeroes
+		return nil
 	}
-	return b, nil
+	if info.CanFUA {
+		c.tflags |= flagSendFUA
+	}
+	if info.CanTrim {
+		c.tflags |= flagSendTrim
+	}
+	if info.CanWriteZeroes {
+		c.tflags |= flagSendWriteZeroes
+	}
+	return nil
+}
+
+// list returns the export names for NBD_OPT_LIST; a failure is logged and
+// answered with an empty list.
+func (c *conn) list() []string {
+	ctx, cancel := context.WithTimeout(c.s.ctx, c.s.cfg.HandshakeTimeout)
+	names, err := c.s.cfg.Exports.List(ctx)
+	cancel()
+	c.deadline()
+	if err != nil {
+		c.log.Warn("nbd: listing exports for a client failed; answering an empty list", "err", err)
+	}
+	return names
 }
 
 // use records the export chosen for transmission.
-func (c *conn) use(name string, b frontend.Backend) {
+func (c *conn) use(name string, a *frontend.Attachment) {
 	c.export = name
-	c.backend = b
+	c.att = a
+	c.backend = a.Backend()
 	c.log = c.log.With("export", name)
 }
 

@@ -12,7 +12,7 @@ func handshakeServer(t *testing.T) *testServer {
 	disk.desc = "test disk"
 	ro := newMem(64 << 10)
 	ro.readOnly = true
-	return startServer(t, Config{Exports: memExports{"disk": disk, "ro": ro}})
+	return startServer(t, Config{Exports: memExports{"disk": disk, "ro": ro}.exports()})
 }
 
 func TestGoReportsExportInfo(t *testing.T) {

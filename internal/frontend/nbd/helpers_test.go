@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -27,6 +28,7 @@ type memBackend struct {
 
 	readOnly bool
 	desc     string
+	minBlock uint32 // BlockSizes.Minimum; 0: the default
 	// fail, if set, decides an error per IO (nil: do the IO).
 	fail func(op frontend.Op, off, length int64) error
 	// delay, if set, completes the IO on another goroutine after the duration.
@@ -38,14 +40,24 @@ type memBackend struct {
 	mutations  atomic.Int64 // Submits of write, trim, write-zeroes
 	violations atomic.Int64 // Submits that break the Backend contract
 	pending    atomic.Int64 // submitted, done not yet called
+	closes     atomic.Int64 // Close calls
 }
 
 func newMem(size int) *memBackend { return &memBackend{data: make([]byte, size)} }
 
-func (m *memBackend) Size() int64    { return int64(len(m.data)) }
-func (m *memBackend) ReadOnly() bool { return m.readOnly }
-func (m *memBackend) Description() string {
-	return m.desc
+func (m *memBackend) Info() frontend.Info {
+	return frontend.Info{
+		Size: int64(len(m.data)), ReadOnly: m.readOnly, Description: m.desc,
+		CanFlush: true, CanFUA: true, CanTrim: true, CanWriteZeroes: true,
+		BlockSizes: frontend.BlockSizes{Minimum: m.minBlock},
+	}
+}
+
+func (m *memBackend) Check(context.Context) error { return nil }
+
+func (m *memBackend) Close() error {
+	m.closes.Add(1)
+	return nil
 }
 
 func (m *memBackend) Submit(op frontend.Op, buf []byte, off, length int64, done func(error)) {
@@ -119,24 +131,40 @@ func (m *memBackend) snapshot(off, n int) []byte {
 	return append([]byte(nil), m.data[off:off+n]...)
 }
 
-// memExports serves a fixed set of memBackends; Open returns the same one for a
-// name every time, as CAN_MULTI_CONN requires.
+// memExports is a frontend.Opener over a fixed set of memBackends; Open
+// returns the same one for a name every time.
 type memExports map[string]frontend.Backend
 
-func (e memExports) Open(name string) (frontend.Backend, error) {
+func (e memExports) Open(_ context.Context, name string) (frontend.Backend, error) {
 	if b, ok := e[name]; ok {
 		return b, nil
 	}
 	return nil, fmt.Errorf("%w: %q", frontend.ErrNoSuchExport, name)
 }
 
-func (e memExports) List() []string {
+func (e memExports) Stat(ctx context.Context, name string) (frontend.Info, error) {
+	b, err := e.Open(ctx, name)
+	if err != nil {
+		return frontend.Info{}, err
+	}
+	return b.Info(), nil
+}
+
+func (e memExports) List(context.Context) ([]string, error) {
 	names := make([]string, 0, len(e))
 	for n := range e {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	return names
+	return names, nil
+}
+
+// Classify leaves errors as they are: tests inject classified ones.
+func (e memExports) Classify(err error) error { return err }
+
+// exports wraps e in the export lifecycle a Server serves.
+func (e memExports) exports() *frontend.Exports {
+	return frontend.NewExports(frontend.ExportsConfig{Opener: e, Logger: quietLogger()})
 }
 
 // testServer is a Server on a Unix socket in a short temp dir.

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/basalt-storage/basalt/internal/latency"
 )
 
 // Metrics are the NBD server's Prometheus metrics (Config.Metrics; nil records
@@ -20,7 +22,7 @@ type Metrics struct {
 
 // NewMetrics creates the NBD metrics and registers them with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
-	buckets := prometheus.ExponentialBuckets(10e-6, 2, 20)
+	buckets := latency.Seconds()
 	req := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "basalt", Subsystem: "nbd", Name: "request_seconds",
 		Help:    "NBD request latency: header parsed to reply written.",

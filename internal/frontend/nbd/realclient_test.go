@@ -15,18 +15,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-)
 
-func requireTool(t *testing.T, name string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		t.Skipf("SKIP: %s is not installed (Debian package: %s)", name, map[string]string{
-			"nbdinfo": "libnbd-bin", "qemu-img": "qemu-utils", "fio": "fio",
-		}[name])
-	}
-	return p
-}
+	"github.com/basalt-storage/basalt/internal/testutil"
+)
 
 func nbdURI(sock, export string) string {
 	return "nbd+unix:///" + export + "?socket=" + sock
@@ -46,10 +37,10 @@ func run(t *testing.T, name string, args ...string) []byte {
 }
 
 func TestNbdinfo(t *testing.T) {
-	requireTool(t, "nbdinfo")
+	testutil.RequireTool(t, "nbdinfo")
 	ro := newMem(1 << 20)
 	ro.readOnly = true
-	ts := startServer(t, Config{Exports: memExports{"disk": newMem(48 << 20), "ro": ro}})
+	ts := startServer(t, Config{Exports: memExports{"disk": newMem(48 << 20), "ro": ro}.exports()})
 
 	var info struct {
 		Exports []map[string]any `json:"exports"`
@@ -100,10 +91,10 @@ func TestNbdinfo(t *testing.T) {
 }
 
 func TestQemuImgConvertRoundTrip(t *testing.T) {
-	requireTool(t, "qemu-img")
+	testutil.RequireTool(t, "qemu-img")
 	const size = 24 << 20
 	disk := newMem(size)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 
 	dir := t.TempDir()
 	src := filepath.Join(dir, "src.img")
@@ -140,10 +131,10 @@ func TestQemuImgConvertRoundTrip(t *testing.T) {
 }
 
 func TestFioMultiConnVerify(t *testing.T) {
-	requireTool(t, "fio")
+	testutil.RequireTool(t, "fio")
 	const jobs, region = 4, 8 << 20
 	disk := newMem(jobs * region)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 	out := run(t, "fio",
 		"--name=nbdverify", "--ioengine=nbd", "--uri="+nbdURI(ts.sock, "disk"),
 		"--rw=randwrite", "--bssplit=4k/70:64k/30", "--iodepth=16",

@@ -14,9 +14,11 @@ import (
 
 // Config configures a Server. Only Exports is required.
 type Config struct {
-	// Exports finds a backend by export name (= volume name). All connections to
-	// one name must get the same Backend: the server advertises CAN_MULTI_CONN.
-	Exports frontend.Exports
+	// Exports attaches connections to exports (export name = volume name); every
+	// connection to one name shares its backend, so the server advertises
+	// CAN_MULTI_CONN. The block sizes and optional commands advertised are the
+	// backend's (frontend.Info).
+	Exports *frontend.Exports
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 	// MaxInFlight bounds the requests of one connection that are parsed but not yet
@@ -25,23 +27,18 @@ type Config struct {
 	// MaxInFlightBytes bounds the payload bytes (read and write buffers) of one
 	// connection's in-flight requests; one request may always proceed. Default 128 MiB.
 	MaxInFlightBytes int64
-	// MinBlockSize is the advertised minimum block size: 1 (default) or a power of
-	// two up to 64 KiB. Requests not aligned to it get NBD_EINVAL.
-	MinBlockSize uint32
-	// PreferredBlockSize is advertised in NBD_INFO_BLOCK_SIZE. Default 4096.
-	PreferredBlockSize uint32
-	// MaxPayload is the largest READ or WRITE length. Default and upper bound 32 MiB.
+	// MaxPayload is the largest READ or WRITE length this server takes (the
+	// advertised maximum block size is the smaller of it and the backend's).
+	// Default and upper bound maxPayload (32 MiB), lower bound 4 KiB.
 	MaxPayload uint32
 	// HandshakeTimeout bounds each option of the handshake (the timer restarts
-	// per option; at most maxOptions options). Default 30 s.
+	// per option; at most maxOptions options), including the wait for an
+	// export's backend to open. Default 30 s.
 	HandshakeTimeout time.Duration
 	// WriteTimeout bounds one batch of replies: a client that stops reading for
 	// that long is disconnected, so it cannot pin buffers and goroutines. An
 	// idle client is never timed out. Default 60 s.
 	WriteTimeout time.Duration
-	// ErrorCode, if set, maps a backend error to an NBD error value (EPERM, EIO, ...);
-	// 0 falls through to the backend's ErrorCoder and this package's sentinels.
-	ErrorCode func(err error) uint32
 	// Metrics, if set, records per-request latencies (NewMetrics).
 	Metrics *Metrics
 }
@@ -59,14 +56,8 @@ func (c *Config) setDefaults() error {
 	if c.MaxInFlightBytes <= 0 {
 		c.MaxInFlightBytes = 128 << 20
 	}
-	if c.MinBlockSize == 0 {
-		c.MinBlockSize = 1
-	}
-	if c.PreferredBlockSize == 0 {
-		c.PreferredBlockSize = 4096
-	}
 	if c.MaxPayload == 0 {
-		c.MaxPayload = 1 << maxBufShift
+		c.MaxPayload = maxPayload
 	}
 	if c.HandshakeTimeout <= 0 {
 		c.HandshakeTimeout = 30 * time.Second
@@ -74,17 +65,15 @@ func (c *Config) setDefaults() error {
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = 60 * time.Second
 	}
-	pow2 := func(v uint32) bool { return v&(v-1) == 0 }
-	switch {
-	case !pow2(c.MinBlockSize) || c.MinBlockSize > 64<<10:
-		return fmt.Errorf("%w: MinBlockSize %d is not a power of two <= 64 KiB", ErrBadConfig, c.MinBlockSize)
-	case !pow2(c.PreferredBlockSize) || c.PreferredBlockSize < max(c.MinBlockSize, 512):
-		return fmt.Errorf("%w: PreferredBlockSize %d", ErrBadConfig, c.PreferredBlockSize)
-	case c.MaxPayload > 1<<maxBufShift || c.MaxPayload < c.PreferredBlockSize || c.MaxPayload%c.MinBlockSize != 0:
-		return fmt.Errorf("%w: MaxPayload %d", ErrBadConfig, c.MaxPayload)
+	if c.MaxPayload > maxPayload || c.MaxPayload < 4096 {
+		return fmt.Errorf("%w: MaxPayload %d is not between 4 KiB and 32 MiB", ErrBadConfig, c.MaxPayload)
 	}
 	return nil
 }
+
+// maxPayload bounds Config.MaxPayload: 32 MiB, the largest request the NBD
+// protocol recommends a client to send.
+const maxPayload = 32 << 20
 
 // Server serves exports over NBD on any number of listeners (TCP, Unix).
 type Server struct {
@@ -92,6 +81,11 @@ type Server struct {
 	log *slog.Logger
 
 	reqPool sync.Pool // *request
+
+	// ctx ends when Shutdown or Close begins: it cuts short a handshake that
+	// waits for an export to open.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	conns sync.WaitGroup // one per accepted connection, until its goroutines ended
 
@@ -113,6 +107,7 @@ func NewServer(cfg Config) (*Server, error) {
 		listeners: map[net.Listener]struct{}{},
 		active:    map[*conn]struct{}{},
 	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.reqPool.New = func() any {
 		r := &request{}
 		r.doneFn = r.complete
@@ -214,6 +209,7 @@ func (s *Server) ServeConn(nc net.Conn) error {
 // first, the remaining connections are closed hard (as by Close) and ctx.Err()
 // is returned.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.cancel()
 	s.mu.Lock()
 	s.closing = true
 	for ln := range s.listeners {
@@ -243,6 +239,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // still complete in the backend (their buffers are only reused after that), but
 // their replies are dropped. It returns when every connection goroutine ended.
 func (s *Server) Close() error {
+	s.cancel()
 	s.mu.Lock()
 	s.closing = true
 	for ln := range s.listeners {

@@ -19,7 +19,7 @@ import (
 
 func TestCommandsRoundTrip(t *testing.T) {
 	disk := newMem(1 << 20)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 	c := open(t, ts.sock, "disk")
 
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -66,7 +66,8 @@ func TestValidationRejectsBeforeBackend(t *testing.T) {
 	for _, minBlock := range []uint32{1, 512} {
 		t.Run(fmt.Sprintf("min%d", minBlock), func(t *testing.T) {
 			disk := newMem(1 << 20)
-			ts := startServer(t, Config{Exports: memExports{"disk": disk}, MinBlockSize: minBlock, MaxPayload: 1 << 20})
+			disk.minBlock = minBlock
+			ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports(), MaxPayload: 1 << 20})
 			c := open(t, ts.sock, "disk")
 			type tc struct {
 				name    string
@@ -129,7 +130,7 @@ func TestValidationRejectsBeforeBackend(t *testing.T) {
 
 func TestOversizedWriteClosesWithoutWriting(t *testing.T) {
 	disk := newMem(64 << 20)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}, MaxPayload: 1 << 20})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports(), MaxPayload: 1 << 20})
 	c := open(t, ts.sock, "disk")
 	c.send(cmdWrite, 0, 5, 0, 2<<20, bytes.Repeat([]byte{1}, 4096))
 	if cookie, errno, _ := c.reply(nil); cookie != 5 || errno != EINVAL {
@@ -143,7 +144,7 @@ func TestOversizedWriteClosesWithoutWriting(t *testing.T) {
 
 func TestTornWriteIsNotSubmitted(t *testing.T) {
 	disk := newMem(1 << 20)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 	c := open(t, ts.sock, "disk")
 	c.send(cmdWrite, 0, 1, 0, 8192, bytes.Repeat([]byte{1}, 5000))
 	c.nc.Close()
@@ -166,43 +167,24 @@ func TestTornWriteIsNotSubmitted(t *testing.T) {
 	}
 }
 
-type codedErr struct{}
-
-func (codedErr) Error() string { return "coded" }
-
-type coderBackend struct{ *memBackend }
-
-func (coderBackend) ErrorCode(err error) uint32 {
-	if errors.Is(err, codedErr{}) {
-		return ENOTSUP
-	}
-	return 0
-}
-
 func TestBackendErrorsMapped(t *testing.T) {
-	errFenced := errors.New("fenced")
 	injected := map[int64]error{
-		0 * 4096: fmt.Errorf("wrapped: %w", ErrPermission),
-		1 * 4096: ErrNoSpace,
-		2 * 4096: ErrInvalid,
+		0 * 4096: fmt.Errorf("wrapped: %w", frontend.ErrFenced),
+		1 * 4096: frontend.ErrNoSpace,
+		2 * 4096: frontend.ErrInvalid,
 		3 * 4096: errors.New("disk on fire"),
-		4 * 4096: errFenced,
-		5 * 4096: codedErr{},
-		6 * 4096: ErrShuttingDown,
+		4 * 4096: frontend.ErrReadOnly,
+		5 * 4096: frontend.ErrNotSupported,
+		6 * 4096: frontend.ErrShuttingDown,
+		7 * 4096: frontend.ErrOutOfRange,
+		8 * 4096: frontend.ErrUnavailable,
+		9 * 4096: frontend.ErrIO,
 	}
 	disk := newMem(1 << 20)
 	disk.fail = func(op frontend.Op, off, length int64) error { return injected[off] }
-	ts := startServer(t, Config{
-		Exports: memExports{"disk": coderBackend{disk}},
-		ErrorCode: func(err error) uint32 {
-			if errors.Is(err, errFenced) {
-				return EPERM
-			}
-			return 0
-		},
-	})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 	c := open(t, ts.sock, "disk")
-	want := []uint32{EPERM, ENOSPC, EINVAL, EIO, EPERM, ENOTSUP, ESHUTDOWN, 0}
+	want := []uint32{EPERM, ENOSPC, EINVAL, EIO, EPERM, ENOTSUP, ESHUTDOWN, EINVAL, EIO, EIO, 0}
 	for i, w := range want {
 		if errno, _ := c.do(cmdRead, 0, uint64(i)*4096, 4096, nil); errno != w {
 			t.Errorf("read at block %d: errno %d, want %d", i, errno, w)
@@ -222,7 +204,7 @@ func TestRepliesOutOfOrder(t *testing.T) {
 		}
 		return time.Millisecond
 	}
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 	c := open(t, ts.sock, "disk")
 	c.send(cmdRead, 0, 100, 0, 4096, nil)
 	for i := uint64(1); i <= 8; i++ {
@@ -249,7 +231,7 @@ func TestRepliesOutOfOrder(t *testing.T) {
 func TestDiscAnswersInFlightFirst(t *testing.T) {
 	disk := newMem(1 << 20)
 	disk.delay = func(op frontend.Op, off, length int64) time.Duration { return 50 * time.Millisecond }
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 	c := open(t, ts.sock, "disk")
 	for i := range uint64(16) {
 		c.send(cmdWrite, 0, i, i*4096, 4096, bytes.Repeat([]byte{byte(i + 1)}, 4096))
@@ -277,7 +259,7 @@ func TestDiscAnswersInFlightFirst(t *testing.T) {
 func TestInFlightIsBounded(t *testing.T) {
 	disk := newMem(1 << 20)
 	disk.gate = make(chan struct{})
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}, MaxInFlight: 4})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports(), MaxInFlight: 4})
 	c := open(t, ts.sock, "disk")
 	for i := range uint64(10) {
 		c.send(cmdRead, 0, i, i*4096, 4096, nil)
@@ -298,7 +280,7 @@ func TestInFlightIsBounded(t *testing.T) {
 
 func TestMultiConnSharesBackend(t *testing.T) {
 	disk := newMem(1 << 20)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 	a := open(t, ts.sock, "disk")
 	b := open(t, ts.sock, "disk")
 	if a.flags&flagCanMultiConn == 0 {
@@ -315,7 +297,7 @@ func TestMultiConnSharesBackend(t *testing.T) {
 func TestShutdownFinishesInFlight(t *testing.T) {
 	disk := newMem(1 << 20)
 	disk.delay = func(op frontend.Op, off, length int64) time.Duration { return 100 * time.Millisecond }
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 	c := open(t, ts.sock, "disk")
 	idle := dial(t, ts.sock) // still in the handshake
 	idle.greet(flagCFixedNewstyle)
@@ -347,7 +329,7 @@ func TestShutdownFinishesInFlight(t *testing.T) {
 func TestShutdownAnswersBufferedWithESHUTDOWN(t *testing.T) {
 	disk := newMem(1 << 20)
 	disk.gate = make(chan struct{})
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}, MaxInFlight: 1})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports(), MaxInFlight: 1})
 	c := open(t, ts.sock, "disk")
 	// First read is held by the gate; the second waits in the server's buffer
 	// because only one request may be in flight.
@@ -375,7 +357,7 @@ func TestShutdownAnswersBufferedWithESHUTDOWN(t *testing.T) {
 func TestCloseDropsReplies(t *testing.T) {
 	disk := newMem(1 << 20)
 	disk.delay = func(op frontend.Op, off, length int64) time.Duration { return 50 * time.Millisecond }
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 	c := open(t, ts.sock, "disk")
 	c.send(cmdRead, 0, 1, 0, 4096, nil)
 	time.Sleep(10 * time.Millisecond)
@@ -388,7 +370,7 @@ func TestCloseDropsReplies(t *testing.T) {
 
 func TestBadRequestMagicCloses(t *testing.T) {
 	disk := newMem(1 << 20)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 	c := open(t, ts.sock, "disk")
 	c.write(make([]byte, requestHeaderLen))
 	c.expectEOF()
@@ -397,10 +379,8 @@ func TestBadRequestMagicCloses(t *testing.T) {
 func TestNewServerRejectsBadConfig(t *testing.T) {
 	for _, cfg := range []Config{
 		{},
-		{Exports: memExports{}, MinBlockSize: 3},
-		{Exports: memExports{}, MinBlockSize: 128 << 10},
-		{Exports: memExports{}, MaxPayload: 64 << 20},
-		{Exports: memExports{}, PreferredBlockSize: 256},
+		{Exports: memExports{}.exports(), MaxPayload: 64 << 20},
+		{Exports: memExports{}.exports(), MaxPayload: 2048},
 	} {
 		if _, err := NewServer(cfg); !errors.Is(err, ErrBadConfig) {
 			t.Errorf("NewServer(%+v) = %v, want ErrBadConfig", cfg, err)
@@ -411,7 +391,7 @@ func TestNewServerRejectsBadConfig(t *testing.T) {
 func TestShutdownDeadlineClosesHard(t *testing.T) {
 	disk := newMem(1 << 20)
 	disk.gate = make(chan struct{})
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 	c := open(t, ts.sock, "disk")
 	c.send(cmdRead, 0, 1, 0, 512, nil)
 	time.Sleep(20 * time.Millisecond)
@@ -433,7 +413,7 @@ func TestShutdownDeadlineClosesHard(t *testing.T) {
 
 func TestServeTCP(t *testing.T) {
 	disk := newMem(1 << 20)
-	s, err := NewServer(Config{Exports: memExports{"disk": disk}, Logger: quietLogger()})
+	s, err := NewServer(Config{Exports: memExports{"disk": disk}.exports(), Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -488,7 +468,7 @@ func TestPipelinedRandomIO(t *testing.T) {
 		defer mu.Unlock()
 		return time.Duration(rng.IntN(2000)) * time.Microsecond
 	}
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}, MaxInFlight: 32})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports(), MaxInFlight: 32})
 	pattern := func(block int) []byte {
 		return bytes.Repeat([]byte{byte(block), byte(block >> 8), 0xa5, 0x5a}, bs/4)
 	}
@@ -578,7 +558,7 @@ func pipeline(c *client, first int, order []int, pattern func(int) []byte, depth
 
 func TestClientThatStopsReadingIsDisconnected(t *testing.T) {
 	disk := newMem(32 << 20)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}, WriteTimeout: 100 * time.Millisecond})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports(), WriteTimeout: 100 * time.Millisecond})
 	c := open(t, ts.sock, "disk")
 	// 64 reads of 1 MiB: far more than the socket buffers hold; never read.
 	for i := range uint64(64) {
@@ -602,7 +582,7 @@ func TestClientThatStopsReadingIsDisconnected(t *testing.T) {
 func TestInFlightBytesAreBounded(t *testing.T) {
 	disk := newMem(1 << 20)
 	disk.gate = make(chan struct{})
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}, MaxInFlightBytes: 3 * 4096})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports(), MaxInFlightBytes: 3 * 4096})
 	c := open(t, ts.sock, "disk")
 	for i := range uint64(6) {
 		c.send(cmdRead, 0, i, i*4096, 4096, nil)
@@ -630,7 +610,7 @@ func TestLargeReplyToASlowReader(t *testing.T) {
 	for i := range disk.data {
 		disk.data[i] = byte(rng.Uint32())
 	}
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}, MaxPayload: 16 << 20})
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports(), MaxPayload: 16 << 20})
 	c := open(t, ts.sock, "disk")
 	c.send(cmdRead, 0, 1, 1<<20, 16<<20, nil)
 	time.Sleep(50 * time.Millisecond) // the reply waits in the socket, partly written

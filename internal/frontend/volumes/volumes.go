@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -17,106 +18,158 @@ import (
 	"github.com/basalt-storage/basalt/pkg/client"
 )
 
-// Config says how to reach the cluster.
+// Config says how to reach the cluster and how to open volumes.
 type Config struct {
-	MDS        []string
+	// MDS is the metadata service: volume lookups (Stat, List) and every
+	// volume's session. Required; the Opener does not close it.
+	MDS api.MDSClient
+	// ReadOnly opens every volume read-only: its exports never write, so they
+	// can serve alongside a writer elsewhere.
 	ReadOnly   bool
-	ClientName string
+	ClientName string // shown in the MDS's sessions
 	Logger     *slog.Logger
-	// Lister lists volume names for NBD_OPT_LIST; usually the MDS client.
-	Lister api.MDSClient
 	// Metrics, if set, is given to every volume's client (client.NewMetrics).
 	Metrics *client.Metrics
 	// Local, if set, is the in-process short cut to a chunkserver hosting
 	// this front end (client.Config.Local, the local fast path).
 	Local client.Local
+	// ClaimTimeout bounds taking the writer role on a volume's first write.
+	// Default 30 s.
+	ClaimTimeout time.Duration
 }
 
-// Exports opens volumes by name, one shared client per volume.
-type Exports struct {
+// refreshTimeout bounds Check's size lookup at the MDS.
+const refreshTimeout = 2 * time.Second
+
+// Opener opens basalt volumes as frontend backends.
+type Opener struct {
 	cfg Config
-
-	mu     sync.Mutex
-	opened map[string]*backend // guarded by mu
 }
 
-// New returns Exports over the cluster named by cfg.
-func New(cfg Config) *Exports {
+// New returns an Opener over the cluster named by cfg.
+func New(cfg Config) *Opener {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Exports{cfg: cfg, opened: map[string]*backend{}}
+	if cfg.ClaimTimeout <= 0 {
+		cfg.ClaimTimeout = 30 * time.Second
+	}
+	return &Opener{cfg: cfg}
 }
 
-// Open returns the shared backend of the named volume, opening it on first use.
-func (e *Exports) Open(name string) (frontend.Backend, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if b, ok := e.opened[name]; ok {
-		return b, nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+func (o *Opener) openVolume(ctx context.Context, name string, readOnly bool) (*client.Volume, error) {
 	v, err := client.Open(ctx, client.Config{
-		MDS:        e.cfg.MDS,
+		MDSClient:  o.cfg.MDS,
 		Volume:     name,
-		ReadOnly:   e.cfg.ReadOnly,
-		ClientName: e.cfg.ClientName,
-		Logger:     e.cfg.Logger,
-		Metrics:    e.cfg.Metrics,
-		Local:      e.cfg.Local,
+		ReadOnly:   readOnly,
+		ClientName: o.cfg.ClientName,
+		Logger:     o.cfg.Logger,
+		Metrics:    o.cfg.Metrics,
+		Local:      o.cfg.Local,
 	})
-	if err != nil {
-		if isNotFound(err) {
-			return nil, fmt.Errorf("%w: %q", frontend.ErrNoSuchExport, name)
-		}
-		return nil, fmt.Errorf("open volume %q: %w", name, err)
+	if isNotFound(err) {
+		return nil, fmt.Errorf("%w: %q", frontend.ErrNoSuchExport, name)
 	}
-	e.cfg.Logger.Info("volume opened for export", "volume", name, "size", v.Size(), "read_only", e.cfg.ReadOnly)
-	b := &backend{v: v, readOnly: e.cfg.ReadOnly}
-	e.opened[name] = b
-	return b, nil
+	return v, err
+}
+
+// Open opens the named volume with a read-only session: it takes no writer
+// role. The backend claims the role on its first write, trim or write-zeroes.
+func (o *Opener) Open(ctx context.Context, name string) (frontend.Backend, error) {
+	v, err := o.openVolume(ctx, name, true)
+	if err != nil {
+		return nil, err
+	}
+	return &backend{o: o, name: name, ro: v, writable: !o.cfg.ReadOnly}, nil
+}
+
+// Stat describes the named volume from the MDS's metadata; it opens no session.
+func (o *Opener) Stat(ctx context.Context, name string) (frontend.Info, error) {
+	resp, err := o.cfg.MDS.GetVolume(ctx, &api.GetVolumeRequest{Name: name})
+	if isNotFound(err) {
+		return frontend.Info{}, fmt.Errorf("%w: %q", frontend.ErrNoSuchExport, name)
+	}
+	if err != nil {
+		return frontend.Info{}, fmt.Errorf("look up volume %q: %w", name, err)
+	}
+	return o.info(int64(resp.GetVolume().GetSize())), nil
+}
+
+func (o *Opener) info(size int64) frontend.Info {
+	writable := !o.cfg.ReadOnly
+	return frontend.Info{
+		Size:           size,
+		ReadOnly:       !writable,
+		CanFlush:       true,
+		CanFUA:         writable,
+		CanTrim:        writable,
+		CanWriteZeroes: writable,
+		// Any byte range works; 4 KiB is what the chunk files and the WAL like.
+		BlockSizes: frontend.BlockSizes{Minimum: 1, Preferred: 4096},
+	}
 }
 
 // List returns the names of all volumes.
-func (e *Exports) List() []string {
-	if e.cfg.Lister == nil {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := e.cfg.Lister.ListVolumes(ctx, &api.ListVolumesRequest{})
+func (o *Opener) List(ctx context.Context) ([]string, error) {
+	resp, err := o.cfg.MDS.ListVolumes(ctx, &api.ListVolumesRequest{})
 	if err != nil {
-		e.cfg.Logger.Warn("listing volumes for an NBD client failed", "err", err)
-		return nil
+		return nil, fmt.Errorf("list volumes: %w", err)
 	}
 	names := make([]string, 0, len(resp.Volumes))
 	for _, v := range resp.Volumes {
 		names = append(names, v.Name)
 	}
 	sort.Strings(names)
-	return names
+	return names, nil
 }
 
-// Close closes every opened volume.
-func (e *Exports) Close() error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	var errs []error
-	for name, b := range e.opened {
-		errs = append(errs, b.v.Close())
-		delete(e.opened, name)
+// Classify maps the client library's errors to the frontend's error classes.
+func (o *Opener) Classify(err error) error {
+	var class error
+	switch {
+	case errors.Is(err, api.ErrFenced), errors.Is(err, client.ErrLeaseExpired):
+		class = frontend.ErrFenced
+	case errors.Is(err, api.ErrReadOnly):
+		class = frontend.ErrReadOnly
+	case errors.Is(err, api.ErrNoSpace):
+		class = frontend.ErrNoSpace
+	case errors.Is(err, api.ErrOutOfRange):
+		class = frontend.ErrOutOfRange
+	case errors.Is(err, api.ErrBadRequest):
+		class = frontend.ErrInvalid
+	case errors.Is(err, client.ErrTimeout), errors.Is(err, client.ErrNoRoute):
+		class = frontend.ErrUnavailable
+	default:
+		class = frontend.ErrIO
 	}
-	return errors.Join(errs...)
+	return fmt.Errorf("%w: %w", class, err)
 }
 
+// backend is one open volume. It starts with a read-only session and opens a
+// writer session on the first mutation (claim); from then on every IO goes to
+// the writer session. The read-only session stays open until Close, since IO
+// may still be on its way to it.
 type backend struct {
-	v        *client.Volume
-	readOnly bool
+	o        *Opener
+	name     string
+	ro       *client.Volume
+	writable bool // the export may take the writer role
+
+	rw atomic.Pointer[client.Volume] // the writer session, once claimed
+
+	mu       sync.Mutex
+	claiming bool        // a claim goroutine runs; guarded by mu
+	waiting  []pendingIO // IO that waits for the claim; guarded by mu
+	closed   bool        // guarded by mu
 }
 
-func (b *backend) Size() int64    { return b.v.Size() }
-func (b *backend) ReadOnly() bool { return b.readOnly }
+// pendingIO is an IO held until the writer role is claimed.
+type pendingIO struct {
+	op          client.Op
+	buf         []byte
+	off, length int64
+	done        func(error)
+}
 
 var ops = [...]client.Op{
 	frontend.OpRead:        client.OpRead,
@@ -131,13 +184,109 @@ func (b *backend) Submit(op frontend.Op, buf []byte, off, length int64, done fun
 		done(api.ErrBadRequest)
 		return
 	}
-	b.v.Submit(ops[op], buf, off, length, done)
+	if w := b.rw.Load(); w != nil {
+		w.Submit(ops[op], buf, off, length, done)
+		return
+	}
+	if op == frontend.OpRead || !b.writable {
+		b.ro.Submit(ops[op], buf, off, length, done)
+		return
+	}
+	b.beforeClaim(pendingIO{ops[op], buf, off, length, done})
 }
 
-func isNotFound(err error) bool {
-	s, ok := status.FromError(errors.Unwrap(err))
-	if !ok {
-		s, ok = status.FromError(err)
+// beforeClaim handles a mutation or flush that found no writer session: it
+// waits for the claim, which it starts if none runs. A flush with no claim
+// running has no write to wait for and completes on the read-only session.
+func (b *backend) beforeClaim(io pendingIO) {
+	b.mu.Lock()
+	if w := b.rw.Load(); w != nil { // claimed meanwhile
+		b.mu.Unlock()
+		w.Submit(io.op, io.buf, io.off, io.length, io.done)
+		return
 	}
-	return ok && s.Code() == codes.NotFound
+	if io.op == client.OpFlush && !b.claiming {
+		b.mu.Unlock()
+		b.ro.Submit(io.op, nil, 0, 0, io.done)
+		return
+	}
+	b.waiting = append(b.waiting, io)
+	if !b.claiming {
+		b.claiming = true
+		go b.claim()
+	}
+	b.mu.Unlock()
 }
+
+// claim opens the writer session (a new epoch: any other writer of the volume
+// is fenced) and hands it the IO that waited. If it fails, that IO fails and
+// the next mutation tries again.
+func (b *backend) claim() {
+	ctx, cancel := context.WithTimeout(context.Background(), b.o.cfg.ClaimTimeout)
+	v, err := b.o.openVolume(ctx, b.name, false)
+	cancel()
+	b.mu.Lock()
+	if err == nil && b.closed {
+		err = client.ErrClosed
+		defer v.Close()
+	}
+	if err == nil {
+		b.rw.Store(v)
+	}
+	waiting := b.waiting
+	b.waiting, b.claiming = nil, false
+	b.mu.Unlock()
+	if err != nil {
+		b.o.cfg.Logger.Warn("taking the writer role of a volume for its first write failed; failing the IO that waited",
+			"volume", b.name, "ios", len(waiting), "err", err)
+		for _, io := range waiting {
+			io.done(err)
+		}
+		return
+	}
+	b.o.cfg.Logger.Info("took the writer role of a volume on its first write", "volume", b.name, "epoch", v.Epoch())
+	for _, io := range waiting {
+		v.Submit(io.op, io.buf, io.off, io.length, io.done)
+	}
+}
+
+func (b *backend) session() *client.Volume {
+	if w := b.rw.Load(); w != nil {
+		return w
+	}
+	return b.ro
+}
+
+func (b *backend) Info() frontend.Info { return b.o.info(b.session().Size()) }
+
+// Check reports a session that stopped for good (fenced, lease lapsed) and
+// otherwise re-reads the volume's size, which a resize may have grown.
+func (b *backend) Check(ctx context.Context) error {
+	v := b.session()
+	if err := v.Err(); err != nil {
+		return b.o.Classify(err)
+	}
+	// Bounded: an MDS that is away (a failover) must not hold up attachments
+	// to a volume that is already open.
+	ctx, cancel := context.WithTimeout(ctx, refreshTimeout)
+	defer cancel()
+	if err := v.Refresh(ctx); err != nil {
+		b.o.cfg.Logger.Warn("could not re-read a volume's size; keeping the one known", "volume", b.name, "err", err)
+	}
+	return nil
+}
+
+func (b *backend) Close() error {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	var errs []error
+	if w := b.rw.Load(); w != nil {
+		errs = append(errs, w.Close())
+	}
+	errs = append(errs, b.ro.Close())
+	return errors.Join(errs...)
+}
+
+// isNotFound reports the MDS's NotFound, however wrapped.
+func isNotFound(err error) bool { return status.Code(err) == codes.NotFound }

@@ -1,0 +1,146 @@
+package access
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/basalt-storage/basalt/internal/frontend"
+	"github.com/basalt-storage/basalt/internal/frontend/nbd"
+	"github.com/basalt-storage/basalt/internal/frontend/volumes"
+	"github.com/basalt-storage/basalt/pkg/client"
+	"github.com/basalt-storage/basalt/pkg/mdsclient"
+)
+
+// Config says which front ends to start and how to reach the cluster.
+type Config struct {
+	MDS []string // MDS addresses; required
+	// ReadOnly opens every volume read-only, to serve alongside a writer elsewhere.
+	ReadOnly bool
+	// ClientName is shown in the MDS's sessions; default "frontend@HOST/PID".
+	ClientName string
+	Logger     *slog.Logger // default slog.Default()
+	// Registry, if set, receives the metrics of the client library and of every
+	// protocol server.
+	Registry prometheus.Registerer
+	// Local, if set, is the chunkserver this node runs inside: IO to copysets it
+	// leads takes the local fast path (client.Config.Local).
+	Local client.Local
+
+	NBD NBDConfig
+}
+
+// NBDConfig says where the NBD front end listens; both empty: no NBD.
+type NBDConfig struct {
+	Listen string // TCP address
+	Socket string // Unix socket path; a stale socket file is replaced
+}
+
+func (c NBDConfig) enabled() bool { return c.Listen != "" || c.Socket != "" }
+
+// ErrNothingToServe: Start was given no front end to run.
+var ErrNothingToServe = errors.New("access: no front end configured (give an NBD TCP address or Unix socket)")
+
+// Node is a running set of front ends over one export lifecycle.
+type Node struct {
+	log     *slog.Logger
+	mds     *mdsclient.Client
+	exports *frontend.Exports
+	nbd     *nbd.Server
+	addrs   []net.Addr
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Start starts the front ends cfg names; they serve until Close.
+func Start(cfg Config) (*Node, error) {
+	if !cfg.NBD.enabled() {
+		return nil, ErrNothingToServe
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.ClientName == "" {
+		host, _ := os.Hostname()
+		cfg.ClientName = fmt.Sprintf("frontend@%s/%d", host, os.Getpid())
+	}
+	mc, err := mdsclient.Dial(cfg.MDS)
+	if err != nil {
+		return nil, err
+	}
+	var cm *client.Metrics
+	var nm *nbd.Metrics
+	if cfg.Registry != nil {
+		cm, nm = client.NewMetrics(cfg.Registry), nbd.NewMetrics(cfg.Registry)
+	}
+	n := &Node{log: cfg.Logger, mds: mc}
+	n.exports = frontend.NewExports(frontend.ExportsConfig{
+		Logger: cfg.Logger,
+		Opener: volumes.New(volumes.Config{
+			MDS: mc, ReadOnly: cfg.ReadOnly, ClientName: cfg.ClientName,
+			Logger: cfg.Logger, Metrics: cm, Local: cfg.Local,
+		}),
+	})
+	if err := n.startNBD(cfg.NBD, nm); err != nil {
+		n.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *Node) startNBD(cfg NBDConfig, m *nbd.Metrics) error {
+	srv, err := nbd.NewServer(nbd.Config{Exports: n.exports, Logger: n.log, Metrics: m})
+	if err != nil {
+		return err
+	}
+	n.nbd = srv
+	var lns []net.Listener
+	if cfg.Listen != "" {
+		ln, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			return fmt.Errorf("NBD listen on %s: %w", cfg.Listen, err)
+		}
+		lns = append(lns, ln)
+	}
+	if cfg.Socket != "" {
+		_ = os.Remove(cfg.Socket)
+		ln, err := net.Listen("unix", cfg.Socket)
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			return fmt.Errorf("NBD listen on %s: %w", cfg.Socket, err)
+		}
+		lns = append(lns, ln)
+	}
+	for _, ln := range lns {
+		n.addrs = append(n.addrs, ln.Addr())
+		n.log.Info("serving NBD", "addr", ln.Addr().String(), "network", ln.Addr().Network())
+		go srv.Serve(ln)
+	}
+	return nil
+}
+
+// Addrs returns the addresses the front ends listen on.
+func (n *Node) Addrs() []net.Addr { return n.addrs }
+
+// Close stops the front ends (their connections end at once; IO in flight
+// completes first), then closes every volume and the MDS connection. Later
+// calls return the first one's result.
+func (n *Node) Close() error {
+	n.closeOnce.Do(func() {
+		var errs []error
+		if n.nbd != nil {
+			errs = append(errs, n.nbd.Close())
+		}
+		errs = append(errs, n.exports.Close(), n.mds.Close())
+		n.closeErr = errors.Join(errs...)
+	})
+	return n.closeErr
+}

@@ -1,0 +1,82 @@
+package playground
+
+import (
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+)
+
+// Config describes the playground to run.
+type Config struct {
+	Dir          string // all data and logs; default ./basalt-data
+	Volume       string // default "demo"
+	Size         uint64 // volume size; default 8 GiB
+	NBDListen    string // default 127.0.0.1:10809
+	NBDSocket    string // default DIR/nbd.sock
+	PortBase     int    // MDS on PortBase, etcd on +1/+2, chunkservers on +11.., metrics on +21..; default 6700
+	Chunkservers int    // default 3
+	Copysets     uint32 // copysets of the pool; 0 = the MDS default
+	Binary       string // the basalt binary to start chunkservers with; default this executable
+	// Metrics: where this process serves /metrics (NBD front end, client library,
+	// Go runtime) and /debug/pprof/; "" = nowhere.
+	Metrics string
+	// Procs is GOMAXPROCS for this process and each chunkserver: 0 shares the CPUs
+	// among them (NumCPU / (Chunkservers+1), at least 1) unless the GOMAXPROCS
+	// environment variable is set; negative leaves Go's default.
+	Procs  int
+	Logger *slog.Logger
+	Out    io.Writer // where the welcome text goes; default os.Stdout
+}
+
+// maxSocketPath: longer Unix socket paths do not fit sockaddr_un.
+const maxSocketPath = 100
+
+func (c *Config) setDefaults() error {
+	if c.Dir == "" {
+		c.Dir = "basalt-data"
+	}
+	abs, err := filepath.Abs(c.Dir)
+	if err != nil {
+		return err
+	}
+	c.Dir = abs
+	if c.Volume == "" {
+		c.Volume = "demo"
+	}
+	if c.Size == 0 {
+		c.Size = 8 << 30
+	}
+	if c.NBDListen == "" {
+		c.NBDListen = "127.0.0.1:10809"
+	}
+	if c.NBDSocket == "" {
+		c.NBDSocket = filepath.Join(c.Dir, "nbd.sock")
+	}
+	if c.PortBase == 0 {
+		c.PortBase = 6700
+	}
+	if c.Chunkservers == 0 {
+		c.Chunkservers = 3
+	}
+	if c.Binary == "" {
+		if c.Binary, err = os.Executable(); err != nil {
+			return err
+		}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Procs == 0 && os.Getenv("GOMAXPROCS") == "" {
+		c.Procs = max(1, runtime.NumCPU()/(c.Chunkservers+1))
+	}
+	if c.Out == nil {
+		c.Out = os.Stdout
+	}
+	return nil
+}
+
+func addr(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }

@@ -1,0 +1,38 @@
+package playground
+
+import (
+	"fmt"
+
+	"github.com/basalt-storage/basalt/internal/debughttp"
+	"github.com/basalt-storage/basalt/internal/frontend/access"
+)
+
+// startFrontEnd serves NBD on TCP and on a Unix socket from this process, and
+// the front end's metrics if cfg asks; stop ends both.
+func startFrontEnd(cfg Config, st *State) (stop func(), err error) {
+	fcfg := access.Config{
+		MDS: []string{st.MDS}, ClientName: "playground-nbd",
+		Logger: cfg.Logger.With("component", "frontend"),
+		NBD:    access.NBDConfig{Listen: cfg.NBDListen, Socket: cfg.NBDSocket},
+	}
+	stopMetrics := func() {}
+	if cfg.Metrics != "" {
+		reg := debughttp.NewRegistry()
+		hs, a, err := debughttp.Serve(cfg.Metrics, reg)
+		if err != nil {
+			return nil, fmt.Errorf("metrics listen on %s: %w", cfg.Metrics, err)
+		}
+		stopMetrics = func() { hs.Close() }
+		st.Metrics = a.String()
+		fcfg.Registry = reg
+	}
+	node, err := access.Start(fcfg)
+	if err != nil {
+		stopMetrics()
+		return nil, fmt.Errorf("%w (is another playground running? use --nbd-listen)", err)
+	}
+	return func() {
+		node.Close()
+		stopMetrics()
+	}, nil
+}

@@ -1,0 +1,104 @@
+package playground
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// ChunkserverState is one chunkserver of the playground.
+type ChunkserverState struct {
+	Index   int    `json:"index"`
+	Addr    string `json:"addr"`
+	Metrics string `json:"metrics"`
+	// NBDSocket: the NBD front end inside this chunkserver (basalt chunkserver
+	// --nbd-socket); volumes whose copysets it leads take the local fast path.
+	NBDSocket  string   `json:"nbd_socket,omitempty"`
+	PID        int      `json:"pid"`
+	DataDir    string   `json:"data_dir"`
+	Log        string   `json:"log"`
+	RestartCmd []string `json:"restart_cmd"`
+}
+
+// State is what playground.json holds.
+type State struct {
+	Dir          string             `json:"dir"`
+	PID          int                `json:"pid"` // the playground process (MDS, etcd, NBD)
+	MDS          string             `json:"mds"`
+	Etcd         string             `json:"etcd"`
+	NBD          string             `json:"nbd"`
+	NBDSocket    string             `json:"nbd_socket"`
+	NBDURI       string             `json:"nbd_uri"`
+	NBDUnixURI   string             `json:"nbd_unix_uri"`
+	Metrics      string             `json:"metrics,omitempty"` // this process's /metrics and /debug/pprof/
+	Volume       string             `json:"volume"`
+	Size         uint64             `json:"size"`
+	Chunkservers []ChunkserverState `json:"chunkservers"`
+}
+
+// StateFile is the name of the state file inside the playground directory.
+const StateFile = "playground.json"
+
+// newState is the State of a playground about to start: every address is
+// fixed by cfg; the chunkservers and the front end's metrics fill in later.
+func newState(cfg Config) State {
+	st := State{
+		Dir:       cfg.Dir,
+		PID:       os.Getpid(),
+		MDS:       addr(cfg.PortBase),
+		Etcd:      "http://" + addr(cfg.PortBase+1),
+		NBD:       cfg.NBDListen,
+		NBDSocket: cfg.NBDSocket,
+		Volume:    cfg.Volume,
+		Size:      cfg.Size,
+	}
+	st.NBDURI = "nbd://" + st.NBD + "/" + cfg.Volume
+	st.NBDUnixURI = "nbd+unix:///" + cfg.Volume + "?socket=" + st.NBDSocket
+	return st
+}
+
+func writeState(path string, st *State) error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// ReadState reads DIR/playground.json.
+func ReadState(dir string) (*State, error) {
+	b, err := os.ReadFile(filepath.Join(dir, StateFile))
+	if err != nil {
+		return nil, err
+	}
+	var st State
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("%s: %w", StateFile, err)
+	}
+	return &st, nil
+}
+
+var errNotReady = errors.New("playground: not ready")
+
+// WaitReady waits until DIR/playground.json exists and returns it.
+func WaitReady(ctx context.Context, dir string) (*State, error) {
+	for {
+		st, err := ReadState(dir)
+		if err == nil {
+			return st, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: %v", errNotReady, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
