@@ -148,7 +148,7 @@
 // # Volumes and sessions (DESIGN §6)
 //
 // A volume is one small record whatever its size; routing is computed
-// (placement.CopysetOf). OpenVolume read-write increments the volume's
+// (api.CopysetOf). OpenVolume read-write increments the volume's
 // epoch, makes the new session its writer and so supersedes the previous
 // writer: that session's RenewSession then fails with FailedPrecondition
 // "superseded by a newer writer". Read-only sessions have epoch 0 and
