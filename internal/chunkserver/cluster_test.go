@@ -457,7 +457,7 @@ func TestClusterWriteReadRestart(t *testing.T) {
 	var writes uint64
 	for id := uint64(1); id <= 3; id++ {
 		hb := tc.mds.heartbeat(id)
-		if hb == nil || len(hb.GetCopysets()) != 4 || hb.GetState() != "ok" {
+		if hb == nil || len(hb.GetCopysets()) != 4 || hb.GetDiskState() != api.DiskState_DISK_STATE_OK {
 			t.Fatalf("heartbeat: %v", hb)
 		}
 		writes += hb.GetWriteOps()

@@ -3,7 +3,6 @@ package chunkserver
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"hash/crc32"
 	"log/slog"
 	"slices"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/bufpool"
 	"github.com/basalt-storage/basalt/internal/placement"
-	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -43,6 +41,12 @@ type replica struct {
 	store     replicaStore
 }
 
+// peerHandler is the inbound peer transport (*raftnet.Receiver).
+type peerHandler interface {
+	transport.Handler
+	transport.PayloadAllocator
+}
+
 // handler is the data-plane transport.Handler: it validates every request at
 // the edge (STYLE 6) and turns it into a Raft proposal or a local read.
 type handler struct {
@@ -51,9 +55,8 @@ type handler struct {
 	vols    *volumeCache
 	host    raftHost
 	replica func(group uint64) *replica
-	// raftIn steps a received OpRaft frame; snapIn serves OpSnapshot frames.
-	raftIn  func(h transport.Header, payload []byte)
-	snapIn  func(rw transport.ReplyWriter, h transport.Header, payload []byte)
+	// peerIn serves the peer traffic: OpRaft and OpSnapshot frames.
+	peerIn  peerHandler
 	metrics *metrics
 	stats   *ioStats // heartbeat counters; nil in tests
 
@@ -64,10 +67,8 @@ type handler struct {
 // blocks on the network.
 func (hd *handler) ServeFrame(rw transport.ReplyWriter, h transport.Header, payload []byte) {
 	switch h.Op {
-	case transport.OpRaft:
-		hd.raftIn(h, payload)
-	case transport.OpSnapshot:
-		hd.snapIn(rw, h, payload)
+	case transport.OpRaft, transport.OpSnapshot:
+		hd.peerIn.ServeFrame(rw, h, payload)
 	case transport.OpPing, transport.OpFlush:
 		// Flush: every acknowledged write is already durable (in the WAL).
 		hd.reply(rw, h, api.StatusOK, 0)
@@ -78,6 +79,15 @@ func (hd *handler) ServeFrame(rw transport.ReplyWriter, h transport.Header, payl
 	default:
 		hd.reply(rw, h, api.StatusBadRequest, 0)
 	}
+}
+
+// AllocPayload implements transport.PayloadAllocator: the peer transport
+// keeps the payloads of large raft frames.
+func (hd *handler) AllocPayload(h transport.Header, n int) []byte {
+	if h.Op == transport.OpRaft || h.Op == transport.OpSnapshot {
+		return hd.peerIn.AllocPayload(h, n)
+	}
+	return nil
 }
 
 func (hd *handler) reply(rw transport.ReplyWriter, h transport.Header, st api.Status, hint uint64) {
@@ -117,24 +127,6 @@ func (hd *handler) count(h transport.Header, n int) {
 	}
 	hd.stats.writeOps.Add(1)
 	hd.stats.writeBytes.Add(uint64(n))
-}
-
-// statusOf maps a proposal or read result to a wire status.
-func statusOf(err error) (api.Status, uint64) {
-	if err == nil {
-		return api.StatusOK, 0
-	}
-	var ae *api.Error
-	if errors.As(err, &ae) {
-		return ae.Status, ae.Hint
-	}
-	if isNoSpace(err) {
-		return api.StatusNoSpace, 0
-	}
-	if isNoGroup(err) {
-		return api.StatusNoSuchCopyset, 0
-	}
-	return api.StatusIOError, 0
 }
 
 // validate checks an IO request against the volume cache and the hosted
@@ -182,7 +174,8 @@ func (hd *handler) validate(h transport.Header, payload []byte) (*replica, volum
 		// This replica stopped after a disk error and serves nothing more; the
 		// other members elect a leader without it. NO_SPACE / IO_ERROR sends the
 		// client on to them, and is final once a majority of them answers so.
-		return nil, vi, stoppedStatus(err)
+		st, _ := statusOf(err)
+		return nil, vi, st
 	}
 	if h.Epoch != 0 && h.Epoch < r.sm.epochOf(h.Volume) {
 		return nil, vi, api.StatusFenced
@@ -224,33 +217,7 @@ func (hd *handler) serveIO(rw transport.ReplyWriter, h transport.Header, payload
 	}
 	c.Volume, c.Epoch, c.Offset, c.Length = h.Volume, h.Epoch, h.Offset, h.Length
 	data := proposalOf(c) // copies the payload: it is not ours after return
-	hd.host.Propose(r.group, data, func(err error) { hd.replyErr(rw, h, hd.stoppedErr(r, err), start) })
-}
-
-// groupStatuser is the optional ability of a raftHost to tell a group's
-// status (*raftstore.Host has it).
-type groupStatuser interface {
-	Status(id uint64) (raftstore.GroupStatus, bool)
-}
-
-// stoppedErr turns the IO_ERROR a stopped group answers (raftstore does,
-// whatever stopped it) into NO_SPACE when this replica's disk is full, so an
-// IO caught by the stop answers as a later one does (validate).
-func (hd *handler) stoppedErr(r *replica, err error) error {
-	var ae *api.Error
-	if !errors.As(err, &ae) || ae.Status != api.StatusIOError {
-		return err
-	}
-	cause := r.sm.Failed()
-	if s, ok := hd.host.(groupStatuser); ok && cause == nil {
-		if st, ok := s.Status(r.group); ok {
-			cause = st.Err
-		}
-	}
-	if cause != nil && isNoSpace(cause) {
-		return api.ErrNoSpace
-	}
-	return err
+	hd.host.Propose(r.group, data, func(err error) { hd.replyErr(rw, h, err, start) })
 }
 
 // read serves a read on the leader: fence first if the epoch is new here, then
@@ -258,7 +225,7 @@ func (hd *handler) stoppedErr(r *replica, err error) error {
 func (hd *handler) read(rw transport.ReplyWriter, h transport.Header, r *replica, start time.Time) {
 	doRead := func(err error) {
 		if err != nil {
-			hd.replyErr(rw, h, hd.stoppedErr(r, err), start)
+			hd.replyErr(rw, h, err, start)
 			return
 		}
 		hd.readNow(rw, h, r, start)
@@ -268,7 +235,7 @@ func (hd *handler) read(rw transport.ReplyWriter, h transport.Header, r *replica
 		fence := proposalOf(command{Op: cmdFence, Volume: h.Volume, Epoch: h.Epoch})
 		hd.host.Propose(r.group, fence, func(err error) {
 			if err != nil {
-				hd.replyErr(rw, h, hd.stoppedErr(r, err), start)
+				hd.replyErr(rw, h, err, start)
 				return
 			}
 			barrier()

@@ -141,11 +141,7 @@ func newHandlerEnv(t *testing.T) *handlerEnv {
 		vols:    vc,
 		host:    host,
 		replica: func(g uint64) *replica { host.mu.Lock(); defer host.mu.Unlock(); return host.replicas[g] },
-		raftIn:  func(transport.Header, []byte) {},
-		snapIn: func(rw transport.ReplyWriter, h transport.Header, _ []byte) {
-			h.Status = api.StatusBadRequest
-			rw.Reply(h, nil, nil)
-		},
+		peerIn:  noPeers{},
 		metrics: newMetrics(),
 	}
 	srv := transport.NewServer(transport.ServerConfig{Logger: log}, hd)
@@ -455,3 +451,16 @@ func (c *captureRW) Reply(h transport.Header, _ []byte, release func()) {
 }
 func (c *captureRW) Retain()              {}
 func (c *captureRW) RemoteAddr() net.Addr { return &net.TCPAddr{} }
+
+// noPeers is the peer transport of a handler without peers: raft frames are
+// dropped, snapshot frames refused.
+type noPeers struct{}
+
+func (noPeers) ServeFrame(rw transport.ReplyWriter, h transport.Header, _ []byte) {
+	if h.Op == transport.OpSnapshot {
+		h.Status = api.StatusBadRequest
+		rw.Reply(h, nil, nil)
+	}
+}
+
+func (noPeers) AllocPayload(transport.Header, int) []byte { return nil }

@@ -79,10 +79,11 @@
 //   - dead: offline, its last heartbeat older than Config.RecoveryGrace
 //     (10 min by default; counted from the takeover for a chunkserver the
 //     new active MDS never heard from; never with a negative grace);
-//   - sick: online, but its heartbeat state is not "ok" ("disk full",
-//     "io error": a replica stopped on a disk error);
-//   - serving: online with state "ok"; a target besides when its disk is
-//     less than 95% full. Only targets receive replicas.
+//   - sick: online, but its heartbeat's disk state (api.DiskState) is FULL
+//     or IO_ERROR: a replica stopped on a disk error;
+//   - serving: online with disk state OK (or UNKNOWN: no heartbeat yet); a
+//     target besides when its disk is less than 95% full. Only targets
+//     receive replicas.
 //
 // A member move replaces one member of a copyset in its record, bumps the
 // copyset's epoch and records the move ("move": from, to, reason,

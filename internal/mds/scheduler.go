@@ -133,9 +133,9 @@ func leaderTransferTimeout(cfg Config) time.Duration {
 
 // planRound decides one round. Caller holds s.mu.
 //
-//  1. Chunkservers: online, sick (online, disk state not "ok"), dead
+//  1. Chunkservers: online, sick (online, disk state FULL or IO_ERROR), dead
 //     (offline longer than RecoveryGrace; never with a negative grace),
-//     target (online, disk "ok" and below fullPercent used).
+//     target (online, disk state OK and below fullPercent used).
 //  2. Copysets: a move in flight is one with a move record whose leader
 //     does not report the listed members as its voters yet (or, without a
 //     record, a leader reporting other voters); once reported it is done.
@@ -170,7 +170,7 @@ func (s *Server) planRound(t *topology, now time.Time) plan {
 type nodeStates struct {
 	all     []placement.Node
 	online  map[uint64]bool
-	sick    map[uint64]bool // online, disk state not "ok"
+	sick    map[uint64]bool // online, disk state FULL or IO_ERROR
 	dead    map[uint64]bool // offline longer than RecoveryGrace
 	targets map[uint64]bool // may receive new replicas
 	serving map[uint64]bool // online with a healthy disk (may be full)
@@ -190,7 +190,8 @@ func (s *Server) classifyChunkservers(t *topology, now time.Time) nodeStates {
 		l := s.live[id]
 		if s.isOnline(id, now) {
 			n.online[id] = true
-			okDisk := l.state == "" || l.state == "ok"
+			// UNKNOWN: registered, no heartbeat yet.
+			okDisk := l.disk == api.DiskState_DISK_STATE_OK || l.disk == api.DiskState_DISK_STATE_UNKNOWN
 			n.sick[id] = !okDisk
 			full := l.capacity > 0 && l.used*100 >= l.capacity*fullPercent
 			n.targets[id] = okDisk && !full

@@ -21,7 +21,7 @@ type liveCS struct {
 	online   bool // as last logged by monitor
 	capacity uint64
 	used     uint64
-	state    string
+	disk     api.DiskState // from the last heartbeat; UNKNOWN before the first
 	// copysets: the replica statuses of its last heartbeat, by group id.
 	copysets map[uint64]*api.CopysetStatus
 }
@@ -283,7 +283,7 @@ func copysetProto(pool uint32, c copysetRecord, hints map[uint64]uint64) *api.Co
 // Caller holds s.mu.
 func (s *Server) chunkserverProto(r chunkserverRecord, now time.Time) *api.ChunkServer {
 	cs := &api.ChunkServer{Id: r.ID, Zone: r.Zone, Server: r.Server, Addr: r.Addr, DataDir: r.DataDir,
-		CapacityBytes: r.Capacity, State: "unknown"}
+		CapacityBytes: r.Capacity}
 	if l := s.live[r.ID]; l != nil {
 		cs.Online = s.isOnline(r.ID, now)
 		cs.LastHeartbeatUnixMs = l.last.UnixMilli()
@@ -291,9 +291,7 @@ func (s *Server) chunkserverProto(r chunkserverRecord, now time.Time) *api.Chunk
 			cs.CapacityBytes = l.capacity
 		}
 		cs.UsedBytes = l.used
-		if l.state != "" {
-			cs.State = l.state
-		}
+		cs.DiskState = l.disk
 	}
 	return cs
 }
@@ -316,7 +314,7 @@ func (h *handler) Heartbeat(ctx context.Context, req *api.HeartbeatRequest) (*ap
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l := s.touch(req.Id, now)
-	l.used, l.state = req.UsedBytes, req.State
+	l.used, l.disk = req.UsedBytes, req.DiskState
 	if req.CapacityBytes != 0 {
 		l.capacity = req.CapacityBytes
 	}

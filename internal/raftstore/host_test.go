@@ -37,8 +37,8 @@ func TestProposeApplyReplicate(t *testing.T) {
 	var got error
 	c.hosts[f].Propose(7, propData("a=b"), func(err error) { got = err })
 	c.step()
-	var ae *api.Error
-	if !errors.As(got, &ae) || ae.Status != api.StatusNotLeader || ae.Hint != l {
+	var nl *NotLeaderError
+	if !errors.As(got, &nl) || nl.Leader != l {
 		t.Fatalf("follower propose: got %v, want NOT_LEADER hint %d", got, l)
 	}
 	st, _ := c.hosts[l].Status(7)

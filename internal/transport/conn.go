@@ -37,6 +37,9 @@ type ConnConfig struct {
 type Call struct {
 	Header  Header // ID and PayloadLen are assigned by Conn
 	Payload []byte // request payload (write data, raft batch), sent without copying
+	// Vec is more request payload after Payload, in pieces: each is written
+	// from where it lies (one iovec each), never copied or gathered first.
+	Vec     [][]byte
 	ReadBuf []byte // reply payload is read straight into it; len must be >= reply PayloadLen
 	Reply   Header // filled on completion
 	Err     error  // transport error (conn closed, aborted); a non-OK Reply.Status is not an Err
@@ -171,7 +174,7 @@ func (c *Conn) enqueue(call *Call) {
 	}
 	c.nextID++
 	call.Header.ID = c.nextID
-	call.Header.PayloadLen = uint32(len(call.Payload))
+	call.Header.PayloadLen = uint32(len(call.Payload) + sockio.Len(call.Vec))
 	call.Header.Flags &^= FlagReply
 	if !call.oneWay {
 		c.pending[call.Header.ID] = call
@@ -284,6 +287,11 @@ func (c *Conn) encodeBatch() {
 		if len(call.Payload) > 0 {
 			c.bufs = append(c.bufs, call.Payload)
 		}
+		for _, p := range call.Vec {
+			if len(p) > 0 {
+				c.bufs = append(c.bufs, p)
+			}
+		}
 	}
 }
 
@@ -326,11 +334,13 @@ func (c *Conn) Send(h Header, payload []byte) error {
 	return call.Err
 }
 
-// SendAsync queues a one-way frame and returns at once, without waiting for
-// the write; done (may be nil) runs once it was written or the connection
-// failed, on a connection goroutine. payload must stay untouched until then.
-func (c *Conn) SendAsync(h Header, payload []byte, done func(error)) {
-	call := &Call{Header: h, Payload: payload, oneWay: true}
+// SendAsync queues a one-way frame whose payload is the concatenation of
+// pieces and returns at once, without waiting for the write; done (may be
+// nil) runs once it was written or the connection failed, on a connection
+// goroutine. The pieces are written from where they lie (no copy) and must
+// stay untouched until then.
+func (c *Conn) SendAsync(h Header, pieces [][]byte, done func(error)) {
+	call := &Call{Header: h, Vec: pieces, oneWay: true}
 	if done == nil {
 		call.done, call.inlineDone = noDone, true
 	} else {

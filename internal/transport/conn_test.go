@@ -391,6 +391,70 @@ func TestRetain(t *testing.T) {
 	}
 }
 
+// allocHandler keeps every payload, in buffers it allocates for frames of
+// at least min bytes.
+type allocHandler struct {
+	min   int
+	mu    sync.Mutex
+	given map[*byte]bool // buffers AllocPayload returned
+	kept  [][]byte
+	own   []bool // kept[i] is a buffer AllocPayload returned
+}
+
+func (a *allocHandler) AllocPayload(h Header, n int) []byte {
+	if n < a.min {
+		return nil
+	}
+	b := make([]byte, n)
+	a.mu.Lock()
+	a.given[&b[0]] = true
+	a.mu.Unlock()
+	return b
+}
+
+func (a *allocHandler) ServeFrame(rw ReplyWriter, h Header, p []byte) {
+	a.mu.Lock()
+	own := a.given[&p[0]]
+	a.mu.Unlock()
+	if !own {
+		rw.Retain()
+	}
+	a.mu.Lock()
+	a.kept = append(a.kept, p)
+	a.own = append(a.own, own)
+	a.mu.Unlock()
+	rw.Reply(h, nil, nil)
+}
+
+// A PayloadAllocator's buffers receive the payloads it asked for, exactly,
+// and the server never reuses them; a vectored payload (Call.Vec) arrives
+// as its pieces concatenated.
+func TestPayloadAllocatorAndVec(t *testing.T) {
+	a := &allocHandler{min: 1000, given: map[*byte]bool{}}
+	_, addr := startServer(t, ServerConfig{}, a)
+	c := dial(t, addr)
+	var want [][]byte
+	for i, n := range []int{10, 5000, 999, 1000, 70000, 20} {
+		p := make([]byte, n)
+		pattern(p, uint64(i))
+		want = append(want, p)
+		call := &Call{Header: Header{Op: OpWrite}, Payload: p[:n/3], Vec: [][]byte{p[n/3 : n/2], nil, p[n/2:]}}
+		if err := c.Do(context.Background(), call); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for i, p := range want {
+		if string(a.kept[i]) != string(p) {
+			t.Fatalf("payload %d (%d bytes) arrived as %d bytes, or was overwritten later", i, len(p), len(a.kept[i]))
+		}
+		if own := len(p) >= a.min; a.own[i] != own {
+			t.Fatalf("payload %d (%d bytes): in an allocated buffer %v, want %v", i, len(p), a.own[i], own)
+		}
+	}
+}
+
 // TestServerBadInput: garbage closes the connection; the server keeps serving.
 func TestServerBadInput(t *testing.T) {
 	_, addr := startServer(t, ServerConfig{}, echoHandler(3, 0))

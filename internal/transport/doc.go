@@ -26,7 +26,9 @@
 //	56     8     Hint        NOT_LEADER: leader's chunkserver id; OpRaft: sender's id
 //
 // Payloads: a write carries Length bytes of data; the reply to a read carries
-// Length bytes; the other IO ops carry none. A request for one IO never crosses a
+// Length bytes; the other IO ops carry none. Peer traffic (OpRaft, OpSnapshot)
+// has payloads and uses Volume, Offset and Length as internal/raftnet
+// specifies. A request for one IO never crosses a
 // chunk boundary (the client splits). A reply repeats its request's header with
 // FlagReply set, Status (and Hint) filled in and its own PayloadLen. The encoding is
 // frozen by testdata/*.golden (TestHeaderGolden): changing it is a new Version.
@@ -47,7 +49,8 @@
 //
 // Each side's writer takes every frame queued at that moment and sends them in one
 // writev (sockio.Writer): headers are encoded into one scratch buffer, payloads are
-// passed as their own iovecs, never copied. A frame queued while nothing is being
+// passed as their own iovecs, never copied — a payload may itself be several
+// pieces (Call.Vec, SendAsync), each its own iovec. A frame queued while nothing is being
 // written and no other request is in flight on the connection (for a request:
 // and the previous write carried one frame alone; for a reply: and the reader
 // has no further request buffered) is written by the queuing goroutine itself:
@@ -60,8 +63,11 @@
 // its payload, raft batches) cost one read syscall; a payload larger than the
 // buffer goes straight to its destination. The client's reader reads a reply's
 // header, then its payload into the call's ReadBuf. The server's reader reads a
-// request's payload into a pooled buffer (internal/bufpool) that goes
-// back to the pool when ServeFrame returns, unless the handler called Retain.
+// request's payload into a pooled buffer (internal/bufpool) that goes back to
+// the pool when ServeFrame returns, unless the handler called Retain; or,
+// when the handler is a PayloadAllocator that asks for it, into a buffer of
+// the handler's own, of exactly the payload's size, which the server never
+// reuses.
 //
 // # Flow control
 //

@@ -112,11 +112,11 @@ func TestInlinePartialWriteHandedOff(t *testing.T) {
 	within(t, 2*time.Second, "SendAsync and Go", func() {
 		// The idle connection writes 32 MiB inline: the socket takes a part,
 		// the writer goroutine must finish the rest before anything else.
-		c.SendAsync(Header{Op: OpRaft, Offset: 1}, big, sent(1))
+		c.SendAsync(Header{Op: OpRaft, Offset: 1}, [][]byte{big[:1<<20], big[1<<20:]}, sent(1))
 		if !c.handedOff() {
 			t.Error("a 32 MiB frame did not fit the socket, yet the writer goroutine does not own the rest")
 		}
-		c.SendAsync(Header{Op: OpRaft, Offset: 2}, small, sent(2))
+		c.SendAsync(Header{Op: OpRaft, Offset: 2}, [][]byte{small}, sent(2))
 		c.Go(call, func(cl *Call) { replied <- cl })
 	})
 
@@ -171,7 +171,7 @@ func TestPeerThatStopsReadingDoesNotBlockSenders(t *testing.T) {
 	within(t, 5*time.Second, "SendAsync", func() {
 		for i := range frames {
 			start := time.Now()
-			c.SendAsync(Header{Op: OpRaft, Offset: uint64(i)}, payload, func(error) { done.Add(1) })
+			c.SendAsync(Header{Op: OpRaft, Offset: uint64(i)}, [][]byte{payload}, func(error) { done.Add(1) })
 			if d := time.Since(start); d > time.Second {
 				t.Errorf("SendAsync %d took %v", i, d)
 			}
@@ -262,7 +262,7 @@ func TestConcurrentSendersKeepOrder(t *testing.T) {
 					}
 					continue
 				}
-				c.SendAsync(Header{Op: OpRaft, Offset: off}, p, nil)
+				c.SendAsync(Header{Op: OpRaft, Offset: off}, [][]byte{p}, nil)
 			}
 		}()
 	}

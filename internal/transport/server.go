@@ -3,6 +3,7 @@ package transport
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -44,6 +45,17 @@ type Handler interface {
 	ServeFrame(rw ReplyWriter, h Header, payload []byte)
 }
 
+// PayloadAllocator is an optional ability of a Handler: it provides the
+// buffers some frames' payloads are read into. A handler that keeps a payload
+// beyond ServeFrame (Retain) gets a buffer of exactly the payload's size this
+// way, instead of a pooled one of the next power of two.
+type PayloadAllocator interface {
+	// AllocPayload returns a buffer of length n for the payload of the frame
+	// h, or nil for a pooled buffer. A buffer it returned belongs to the
+	// handler: the server reads the payload into it and never reuses it.
+	AllocPayload(h Header, n int) []byte
+}
+
 // ReplyWriter answers the requests of one connection.
 type ReplyWriter interface {
 	// Reply queues a reply. h: the request header with Status/Hint set; PayloadLen and
@@ -71,9 +83,10 @@ func (o Op) OneWay() bool { return o == OpRaft || o == OpSnapshot }
 // one non-blocking writev; the writer goroutine takes over what that left and
 // batches the replies queued meanwhile into one writev each time.
 type Server struct {
-	cfg ServerConfig
-	h   Handler
-	log *slog.Logger
+	cfg   ServerConfig
+	h     Handler
+	alloc PayloadAllocator // h, if it is one
+	log   *slog.Logger
 
 	mu     sync.Mutex
 	closed bool
@@ -94,9 +107,11 @@ func NewServer(cfg ServerConfig, h Handler) *Server {
 	if log == nil {
 		log = slog.Default()
 	}
+	alloc, _ := h.(PayloadAllocator)
 	return &Server{
 		cfg:   cfg,
 		h:     h,
+		alloc: alloc,
 		log:   log,
 		lns:   make(map[net.Listener]struct{}),
 		conns: make(map[*serverConn]struct{}),
@@ -391,16 +406,27 @@ func (sc *serverConn) readLoop() {
 		}
 		var payload []byte
 		var pooled *[]byte
+		sc.retained = false
 		if h.PayloadLen > 0 {
-			pooled = bufpool.Get(int(h.PayloadLen))
-			payload = *pooled
+			if sc.s.alloc != nil {
+				payload = sc.s.alloc.AllocPayload(h, int(h.PayloadLen))
+				if payload != nil && len(payload) != int(h.PayloadLen) {
+					panic(fmt.Sprintf("transport: AllocPayload gave %d bytes for a %d-byte payload", len(payload), h.PayloadLen))
+				}
+				sc.retained = payload != nil
+			}
+			if payload == nil {
+				pooled = bufpool.Get(int(h.PayloadLen))
+				payload = *pooled
+			}
 			if _, err := io.ReadFull(sc.br, payload); err != nil {
-				bufpool.Put(pooled)
+				if pooled != nil {
+					bufpool.Put(pooled)
+				}
 				sc.close(err) // EOF mid-frame
 				return
 			}
 		}
-		sc.retained = false
 		if m := sc.br.Buffered() >= HeaderSize; m != sc.more.Load() {
 			sc.more.Store(m)
 		}

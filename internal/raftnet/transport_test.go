@@ -1,12 +1,14 @@
-package chunkserver
+package raftnet
 
 import (
 	"bytes"
 	"context"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -18,9 +20,19 @@ import (
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+func testLogger(testing.TB) *slog.Logger {
+	if os.Getenv("BASALT_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
 
 func testMsg(typ raftpb.MessageType, from, to, index uint64, data string) *raftpb.Message {
 	m := &raftpb.Message{Type: &typ, From: &from, To: &to, Index: &index, Term: proto.Uint64(3)}
@@ -30,17 +42,67 @@ func testMsg(typ raftpb.MessageType, from, to, index uint64, data string) *raftp
 	return m
 }
 
-// TestRaftBatchGolden freezes the OpRaft payload format.
-func TestRaftBatchGolden(t *testing.T) {
-	var b []byte
-	var err error
-	b, err = appendRaftRecord(b, 0x100000002, testMsg(raftpb.MsgApp, 1, 2, 7, "cmd"))
-	if err != nil {
-		t.Fatal(err)
+// goldenBatch is the batch of TestBatchGolden: a MsgApp with an entry whose
+// data travels as a piece of its own, a small one, a conf change and a
+// leader's empty entry; a heartbeat; a vote with a context.
+func goldenBatch() []raftstore.Message {
+	app := testMsg(raftpb.MsgApp, 1, 2, 7, "")
+	app.LogTerm, app.Commit = proto.Uint64(3), proto.Uint64(6)
+	cc := raftpb.EntryConfChangeV2
+	app.Entries = []*raftpb.Entry{
+		{Term: proto.Uint64(3), Index: proto.Uint64(8), Data: bytes.Repeat([]byte("basalt!"), 100)},
+		{Term: proto.Uint64(3), Index: proto.Uint64(9), Data: []byte("cmd")},
+		{Term: proto.Uint64(3), Index: proto.Uint64(10), Type: &cc, Data: []byte{}},
+		{Term: proto.Uint64(4), Index: proto.Uint64(11)},
 	}
-	b, err = appendRaftRecord(b, 0x100000003, testMsg(raftpb.MsgHeartbeat, 1, 2, 0, ""))
-	if err != nil {
-		t.Fatal(err)
+	vote := testMsg(raftpb.MsgPreVote, 1, 2, 11, "")
+	vote.Context = []byte("campaign")
+	return []raftstore.Message{
+		{Group: 0x100000002, Msg: app},
+		{Group: 0x100000003, Msg: testMsg(raftpb.MsgHeartbeat, 1, 2, 0, "")},
+		{Group: 0x100000004, Msg: vote},
+	}
+}
+
+// encodeBatch encodes msgs as Send does, and as one contiguous payload.
+func encodeBatch(t testing.TB, msgs []raftstore.Message) (pieces [][]byte, flat []byte) {
+	t.Helper()
+	var f frameBuilder
+	for _, m := range msgs {
+		r := newRecord(m)
+		if err := f.add(&r); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if flat, err = appendRecord(flat, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pieces = f.pieces()
+	if got := bytes.Join(pieces, nil); !bytes.Equal(got, flat) || len(got) != f.size {
+		t.Fatalf("Send's pieces (%d bytes, size %d) differ from appendRecord's %d bytes", len(got), f.size, len(flat))
+	}
+	return pieces, flat
+}
+
+func sameMessages(t *testing.T, got, want []raftstore.Message) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%d messages, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i].Group != want[i].Group || !proto.Equal(got[i].Msg, want[i].Msg) {
+			t.Fatalf("message %d: group %d %v, want group %d %v", i, got[i].Group, got[i].Msg, want[i].Group, want[i].Msg)
+		}
+	}
+}
+
+// TestBatchGolden freezes the OpRaft payload format (doc.go).
+func TestBatchGolden(t *testing.T) {
+	msgs := goldenBatch()
+	pieces, b := encodeBatch(t, msgs)
+	if len(pieces) != 3 {
+		t.Fatalf("%d pieces, want 3: the 700-byte entry's data is a piece of its own", len(pieces))
 	}
 	got := hex.EncodeToString(b) + "\n"
 	path := filepath.Join("testdata", "raftbatch.golden")
@@ -54,65 +116,125 @@ func TestRaftBatchGolden(t *testing.T) {
 	if got != string(want) {
 		t.Fatalf("OpRaft batch encoding changed:\n got %s\nwant %s", got, want)
 	}
-	msgs, err := decodeRaftBatch(b)
-	if err != nil || len(msgs) != 2 || msgs[0].Group != 0x100000002 || msgs[1].Group != 0x100000003 ||
-		string(msgs[0].Msg.GetEntries()[0].GetData()) != "cmd" || msgs[1].Msg.GetType() != raftpb.MsgHeartbeat {
-		t.Fatalf("round trip: %v %v", msgs, err)
-	}
-	// Decoded messages do not alias the frame (its buffer is reused).
-	for i := range b {
-		b[i] = 0xff
-	}
-	if string(msgs[0].Msg.GetEntries()[0].GetData()) != "cmd" {
-		t.Fatal("decoded message aliases the payload")
+	for _, alias := range []bool{false, true} {
+		buf := bytes.Clone(b)
+		dec, err := decodeBatch(buf, alias)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sameMessages(t, dec, msgs)
+		// Without alias nothing points into the payload (its buffer is
+		// reused); with alias the data is the payload's.
+		for i := range buf {
+			buf[i] = 0xff
+		}
+		data := dec[0].Msg.GetEntries()[0].GetData()
+		if aliased := data[0] == 0xff; aliased != alias {
+			t.Fatalf("alias %v: decoded data aliases the payload: %v", alias, aliased)
+		}
+		if e := dec[0].Msg.GetEntries()[3]; e.Data != nil || dec[0].Msg.GetEntries()[2].Data == nil {
+			t.Fatal("absent and empty entry data are not told apart")
+		}
 	}
 }
 
-func TestRaftBatchGarbage(t *testing.T) {
-	good, _ := appendRaftRecord(nil, 1, testMsg(raftpb.MsgApp, 1, 2, 7, "cmd"))
-	huge := bytes.Clone(good)
-	huge[8], huge[9], huge[10], huge[11] = 0xff, 0xff, 0xff, 0xff
+// TestMessageFields: withoutEntries copies every field of a raftpb.Message
+// but its entries, and the record encodes every field of a raftpb.Entry. A
+// raft upgrade that adds a field fails here until the codec handles it.
+func TestMessageFields(t *testing.T) {
+	fields := func(m proto.Message) map[string]bool {
+		out := map[string]bool{}
+		fd := m.ProtoReflect().Descriptor().Fields()
+		for i := range fd.Len() {
+			out[string(fd.Get(i).Name())] = true
+		}
+		return out
+	}
+	wantMsg := []string{"type", "to", "from", "term", "logTerm", "index", "entries", "commit", "vote",
+		"snapshot", "reject", "rejectHint", "context", "responses"}
+	got := fields(&raftpb.Message{})
+	for _, f := range wantMsg {
+		delete(got, f)
+	}
+	if len(got) != 0 {
+		t.Fatalf("raftpb.Message has fields withoutEntries does not copy: %v", got)
+	}
+	got = fields(&raftpb.Entry{})
+	for _, f := range []string{"Term", "Index", "Type", "Data"} {
+		delete(got, f)
+	}
+	if len(got) != 0 {
+		t.Fatalf("raftpb.Entry has fields the record does not encode: %v", got)
+	}
+	// Every field set: the copy without entries loses nothing else.
+	typ, b := raftpb.MsgApp, true
+	m := &raftpb.Message{Type: &typ, To: proto.Uint64(2), From: proto.Uint64(1), Term: proto.Uint64(3),
+		LogTerm: proto.Uint64(4), Index: proto.Uint64(5), Commit: proto.Uint64(6), Vote: proto.Uint64(7),
+		Snapshot: &raftpb.Snapshot{Data: []byte("s")}, Reject: &b, RejectHint: proto.Uint64(8),
+		Context: []byte("c"), Responses: []*raftpb.Message{{To: proto.Uint64(9)}},
+		Entries: []*raftpb.Entry{{Data: []byte("e")}}}
+	want := proto.Clone(m).(*raftpb.Message)
+	want.Entries = nil
+	if c := withoutEntries(m); !proto.Equal(c, want) {
+		t.Fatalf("withoutEntries lost a field:\n got %v\nwant %v", c, want)
+	}
+}
+
+func TestBatchGarbage(t *testing.T) {
+	_, good := encodeBatch(t, []raftstore.Message{{Group: 1, Msg: testMsg(raftpb.MsgApp, 1, 2, 7, "cmd")}})
+	withEntries, _ := proto.Marshal(testMsg(raftpb.MsgApp, 1, 2, 7, "cmd"))
+	corrupt := func(at int, b ...byte) []byte {
+		c := bytes.Clone(good)
+		copy(c[at:], b)
+		return c
+	}
+	msgLen := int(good[11])
+	table := recordHeader + msgLen
 	for name, b := range map[string][]byte{
-		"short header":    good[:5],
-		"truncated body":  good[:len(good)-1],
-		"huge length":     huge,
-		"not a protobuf":  append([]byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 3}, 0xff, 0xff, 0xff),
-		"trailing record": append(bytes.Clone(good), 1, 2, 3),
+		"short header":      good[:5],
+		"truncated data":    good[:len(good)-1],
+		"truncated table":   good[:table+5],
+		"huge message":      corrupt(8, 0xff, 0xff, 0xff, 0xff),
+		"huge entry count":  corrupt(12, 0xff, 0xff, 0xff, 0xff),
+		"huge data length":  corrupt(table+18, 0xff, 0xff, 0xff, 0xff),
+		"unknown flag":      corrupt(table, 0x80),
+		"data without flag": corrupt(table, entryHasTerm|entryHasIndex),
+		"not a protobuf":    append([]byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 3, 0, 0, 0, 0}, 0xff, 0xff, 0xff),
+		"entries inside":    append([]byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, byte(len(withEntries)), 0, 0, 0, 0}, withEntries...),
+		"trailing record":   append(bytes.Clone(good), 1, 2, 3),
 	} {
-		if _, err := decodeRaftBatch(b); !errors.Is(err, ErrBadRaftBatch) {
+		if _, err := decodeBatch(b, false); !errors.Is(err, ErrBadBatch) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	if msgs, err := decodeRaftBatch(nil); err != nil || len(msgs) != 0 {
+	if msgs, err := decodeBatch(nil, false); err != nil || len(msgs) != 0 {
 		t.Fatalf("empty batch: %v %v", msgs, err)
 	}
 }
 
-func FuzzDecodeRaftBatch(f *testing.F) {
-	good, _ := appendRaftRecord(nil, 1, testMsg(raftpb.MsgApp, 1, 2, 7, "cmd"))
+// FuzzDecodeBatch: no input crashes the decoder, and what it accepts
+// encodes and decodes again to the same messages.
+func FuzzDecodeBatch(f *testing.F) {
+	_, good := encodeBatch(f, goldenBatch())
 	f.Add(good)
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		msgs, err := decodeRaftBatch(b)
-		if err == nil {
+		for _, alias := range []bool{false, true} {
+			msgs, err := decodeBatch(b, alias)
+			if err != nil {
+				continue
+			}
 			for _, m := range msgs {
 				if m.Msg == nil {
 					t.Fatal("nil message without error")
 				}
 			}
-		}
-	})
-}
-
-func FuzzDecodeCommand(f *testing.F) {
-	f.Add(encodeCommand(command{Op: cmdWrite, Volume: 1, Epoch: 2, Offset: 3, Length: 2, Data: []byte("ab")}))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		c, err := decodeCommand(b)
-		if err != nil {
-			return
-		}
-		if !bytes.Equal(encodeCommand(c), b) {
-			t.Fatalf("decode/encode of %x is not the identity", b)
+			_, again := encodeBatch(t, msgs)
+			msgs2, err := decodeBatch(again, false)
+			if err != nil {
+				t.Fatalf("re-encoded batch does not decode: %v", err)
+			}
+			sameMessages(t, msgs2, msgs)
 		}
 	})
 }
@@ -121,12 +243,12 @@ func FuzzDecodeCommand(f *testing.F) {
 type frameSink struct {
 	mu     sync.Mutex
 	frames []transport.Header
-	msgs   [][]raftMessage
+	msgs   [][]raftstore.Message
 	got    chan struct{}
 }
 
 func (s *frameSink) ServeFrame(rw transport.ReplyWriter, h transport.Header, payload []byte) {
-	msgs, _ := decodeRaftBatch(payload)
+	msgs, _ := decodeBatch(payload, false)
 	s.mu.Lock()
 	s.frames = append(s.frames, h)
 	s.msgs = append(s.msgs, msgs)
@@ -158,10 +280,10 @@ func serveSink(t testing.TB, h transport.Handler) string {
 func TestPeerTransportBatches(t *testing.T) {
 	sink := &frameSink{got: make(chan struct{}, 16)}
 	addr := serveSink(t, sink)
-	pt := newPeerTransport(1, testLogger(t))
-	defer pt.close()
-	pt.setPeers(map[uint64]string{2: addr, 3: "127.0.0.1:1", 1: "self-ignored"})
-	msgs := []raftMessage{
+	pt := New(Config{Self: 1, Logger: testLogger(t), SnapshotRate: -1})
+	defer pt.Close()
+	pt.SetPeers(map[uint64]string{2: addr, 3: "127.0.0.1:1", 1: "self-ignored"})
+	msgs := []raftstore.Message{
 		{Group: 10, Msg: testMsg(raftpb.MsgApp, 1, 2, 1, "a")},
 		{Group: 11, Msg: testMsg(raftpb.MsgHeartbeat, 1, 2, 0, "")},
 		{Group: 10, Msg: testMsg(raftpb.MsgApp, 1, 3, 1, "a")}, // unreachable peer
@@ -198,19 +320,19 @@ func TestPeerTransportBatches(t *testing.T) {
 func TestPeerSendSplitsFrames(t *testing.T) {
 	sink := &frameSink{got: make(chan struct{}, 16)}
 	addr := serveSink(t, sink)
-	pt := newPeerTransport(1, testLogger(t))
-	defer pt.close()
-	one, _ := appendRaftRecord(nil, 0, testMsg(raftpb.MsgApp, 1, 2, 0, "0123456789"))
+	pt := New(Config{Self: 1, Logger: testLogger(t), SnapshotRate: -1})
+	defer pt.Close()
+	one, _ := appendRecord(nil, raftstore.Message{Msg: testMsg(raftpb.MsgApp, 1, 2, 0, "0123456789")})
 	pt.frameLimit = 2*len(one) + 1
-	pt.setPeers(map[uint64]string{2: addr, 3: "127.0.0.1:1"})
-	var msgs []raftMessage
+	pt.SetPeers(map[uint64]string{2: addr, 3: "127.0.0.1:1"})
+	var msgs []raftstore.Message
 	for i := 0; i < 5; i++ {
-		msgs = append(msgs, raftMessage{Group: uint64(i), Msg: testMsg(raftpb.MsgApp, 1, 2, uint64(i), "0123456789")},
-			raftMessage{Group: 99, Msg: testMsg(raftpb.MsgApp, 1, 3, uint64(i), "x")})
+		msgs = append(msgs, raftstore.Message{Group: uint64(i), Msg: testMsg(raftpb.MsgApp, 1, 2, uint64(i), "0123456789")},
+			raftstore.Message{Group: 99, Msg: testMsg(raftpb.MsgApp, 1, 3, uint64(i), "x")})
 	}
-	msgs = append(msgs, raftMessage{Group: 5, Msg: testMsg(raftpb.MsgApp, 1, 2, 5, string(make([]byte, 3*len(one))))})
+	msgs = append(msgs, raftstore.Message{Group: 5, Msg: testMsg(raftpb.MsgApp, 1, 2, 5, string(make([]byte, 3*len(one))))})
 	pt.Send(msgs)
-	var got [][]raftMessage
+	var got [][]raftstore.Message
 	for len(got) < 4 {
 		select {
 		case <-sink.got:
@@ -244,7 +366,7 @@ type checkSink struct {
 }
 
 func (s *checkSink) ServeFrame(rw transport.ReplyWriter, h transport.Header, payload []byte) {
-	msgs, err := decodeRaftBatch(payload)
+	msgs, err := decodeBatch(payload, false)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, m := range msgs {
@@ -278,9 +400,9 @@ func reuseData(i uint64) []byte {
 func TestPeerSendBufferReuse(t *testing.T) {
 	sink := &checkSink{}
 	addr := serveSink(t, sink)
-	pt := newPeerTransport(1, testLogger(t))
-	defer pt.close()
-	pt.setPeers(map[uint64]string{2: addr})
+	pt := New(Config{Self: 1, Logger: testLogger(t), SnapshotRate: -1})
+	defer pt.Close()
+	pt.SetPeers(map[uint64]string{2: addr})
 	p := pt.peerOf(2)
 	const total = 2000
 	for i := uint64(0); i < total; i++ {
@@ -290,7 +412,7 @@ func TestPeerSendBufferReuse(t *testing.T) {
 			p.conn = nil
 			p.mu.Unlock()
 		}
-		pt.Send([]raftMessage{{Group: 7, Msg: testMsg(raftpb.MsgApp, 1, 2, i, string(reuseData(i)))}})
+		pt.Send([]raftstore.Message{{Group: 7, Msg: testMsg(raftpb.MsgApp, 1, 2, i, string(reuseData(i)))}})
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for sink.n.Load() < total && time.Now().Before(deadline) {
@@ -312,18 +434,32 @@ func TestPeerSendBufferReuse(t *testing.T) {
 	}
 }
 
-// snapHandler serves only OpSnapshot frames through a snapReceiver.
-type snapHandler struct{ r *snapReceiver }
+// funcHost is a Host whose ReceiveSnapshot is receive; Step records.
+type funcHost struct {
+	receive func(m raftstore.Message, r io.Reader) error
+	mu      sync.Mutex
+	stepped []raftstore.Message
+}
 
-func (s snapHandler) ServeFrame(rw transport.ReplyWriter, h transport.Header, payload []byte) {
-	s.r.serve(rw, h, payload)
+func (h *funcHost) Step(msgs []raftstore.Message) {
+	h.mu.Lock()
+	h.stepped = append(h.stepped, msgs...)
+	h.mu.Unlock()
+}
+
+func (h *funcHost) ReceiveSnapshot(m raftstore.Message, r io.Reader) error { return h.receive(m, r) }
+
+// newReceiver returns the Receiver of chunkserver 2 with receive as its
+// host's ReceiveSnapshot.
+func newReceiver(t testing.TB, receive func(m raftstore.Message, r io.Reader) error) *Receiver {
+	return New(Config{Self: 2, Logger: testLogger(t), SnapshotRate: -1}).Receiver(&funcHost{receive: receive})
 }
 
 func TestSnapshotTransfer(t *testing.T) {
 	var mu sync.Mutex
 	var got []byte
-	var gotMsg raftMessage
-	recv := newSnapReceiver(2, testLogger(t), func(m raftMessage, r io.Reader) error {
+	var gotMsg raftstore.Message
+	recv := newReceiver(t, func(m raftstore.Message, r io.Reader) error {
 		b, err := io.ReadAll(r)
 		mu.Lock()
 		got, gotMsg = b, m
@@ -333,17 +469,17 @@ func TestSnapshotTransfer(t *testing.T) {
 		}
 		return err
 	})
-	defer recv.close()
-	addr := serveSink(t, snapHandler{recv})
-	pt := newPeerTransport(1, testLogger(t))
-	defer pt.close()
-	pt.setPeers(map[uint64]string{2: addr})
+	defer recv.Close()
+	addr := serveSink(t, recv)
+	pt := New(Config{Self: 1, Logger: testLogger(t), SnapshotRate: -1})
+	defer pt.Close()
+	pt.SetPeers(map[uint64]string{2: addr})
 
 	snapType := raftpb.MsgSnap
 	msg := &raftpb.Message{Type: &snapType, From: proto.Uint64(1), To: proto.Uint64(2),
 		Snapshot: &raftpb.Snapshot{Metadata: &raftpb.SnapshotMetadata{Index: proto.Uint64(99), Term: proto.Uint64(2)}}}
 	data := bytes.Repeat([]byte("0123456789abcdef"), (3*snapFrameSize)/16+123)
-	err := pt.SendSnapshot(raftMessage{Group: 77, Msg: msg}, func(w io.Writer) error {
+	err := pt.SendSnapshot(raftstore.Message{Group: 77, Msg: msg}, func(w io.Writer) error {
 		for p := data; len(p) > 0; {
 			n := min(len(p), 100000)
 			if _, err := w.Write(p[:n]); err != nil {
@@ -363,7 +499,7 @@ func TestSnapshotTransfer(t *testing.T) {
 	mu.Unlock()
 
 	// A receiver that fails makes SendSnapshot fail.
-	err = pt.SendSnapshot(raftMessage{Group: 77, Msg: msg}, func(w io.Writer) error {
+	err = pt.SendSnapshot(raftstore.Message{Group: 77, Msg: msg}, func(w io.Writer) error {
 		_, err := w.Write([]byte("fail please"))
 		return err
 	})
@@ -372,7 +508,7 @@ func TestSnapshotTransfer(t *testing.T) {
 	}
 	// Unknown peer.
 	msg.To = proto.Uint64(5)
-	if err := pt.SendSnapshot(raftMessage{Group: 77, Msg: msg}, func(io.Writer) error { return nil }); !errors.Is(err, ErrUnknownPeer) {
+	if err := pt.SendSnapshot(raftstore.Message{Group: 77, Msg: msg}, func(io.Writer) error { return nil }); !errors.Is(err, ErrUnknownPeer) {
 		t.Fatalf("unknown peer: %v", err)
 	}
 }
@@ -380,14 +516,14 @@ func TestSnapshotTransfer(t *testing.T) {
 func TestSnapshotReceiverBadFrames(t *testing.T) {
 	calls := 0
 	var mu sync.Mutex
-	recv := newSnapReceiver(2, testLogger(t), func(m raftMessage, r io.Reader) error {
+	recv := newReceiver(t, func(m raftstore.Message, r io.Reader) error {
 		mu.Lock()
 		calls++
 		mu.Unlock()
 		_, err := io.Copy(io.Discard, r)
 		return err
 	})
-	addr := serveSink(t, snapHandler{recv})
+	addr := serveSink(t, recv)
 	c, err := transport.Dial(context.Background(), addr, transport.ConnConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -409,9 +545,9 @@ func TestSnapshotReceiverBadFrames(t *testing.T) {
 	do := func(h transport.Header, p []byte) api.Status { return doOn(c, h, p) }
 	snapType := raftpb.MsgSnap
 	okMsg := &raftpb.Message{Type: &snapType, To: proto.Uint64(2), Snapshot: &raftpb.Snapshot{}}
-	begin, _ := appendRaftRecord(nil, 5, okMsg)
-	wrongTo, _ := appendRaftRecord(nil, 5, testMsg(raftpb.MsgSnap, 1, 3, 0, ""))
-	notSnap, _ := appendRaftRecord(nil, 5, testMsg(raftpb.MsgApp, 1, 2, 0, ""))
+	begin, _ := appendRecord(nil, raftstore.Message{Group: 5, Msg: okMsg})
+	wrongTo, _ := appendRecord(nil, raftstore.Message{Group: 5, Msg: testMsg(raftpb.MsgSnap, 1, 3, 0, "")})
+	notSnap, _ := appendRecord(nil, raftstore.Message{Group: 5, Msg: testMsg(raftpb.MsgApp, 1, 2, 0, "")})
 	for name, tc := range map[string]struct {
 		h transport.Header
 		p []byte
@@ -445,7 +581,7 @@ func TestSnapshotReceiverBadFrames(t *testing.T) {
 	if st := doOn(c2, transport.Header{Volume: 3, Offset: 1, Length: snapData}, []byte("x")); st != api.StatusBadRequest {
 		t.Fatalf("data frame on another connection: %v", st)
 	}
-	recv.close()
+	recv.Close()
 	mu.Lock()
 	defer mu.Unlock()
 	if calls != 2 {
