@@ -1,9 +1,3 @@
-package wire for the framing). Commands run
-// concurrently. When the host says Poweroff, or the channel closes, the agent
-// exits and the guest's /init syncs, unmounts and powers the machine off.
-//
-// It is built static (CGO_ENABLED=0) by package testhost and put into the
-// initramfs; nothing else runs it.
 package main
 
 import (
