@@ -10,7 +10,11 @@ import (
 	"github.com/basalt-storage/basalt/internal/raftstore"
 )
 
-// cmdOp is the operation of one replicated command (a Raft log entry).
+// cmdOp is the operation of one replicated command (a Raft log entry). It is
+// not api.Op, the request enum, on purpose: a command is what a request
+// became once validated — reads and flushes never become one, a fence is no
+// request at all — and its codes are in the WAL on disk (frozen by
+// testdata/command.golden), numbered before api.Op existed.
 type cmdOp uint8
 
 // Command ops. Part of the on-disk format of the WAL: never renumber.
