@@ -19,10 +19,9 @@ func statusOf(err error) (api.Status, uint64) {
 		return api.StatusOK, 0
 	case errors.As(err, &ae):
 		return ae.Status, ae.Hint
-	case errors.As(err, &nl):
+	case errors.As(err, &nl): // ErrStopped too: the client tries the leader
 		return api.StatusNotLeader, nl.Leader
 	case errors.Is(err, raftstore.ErrStopped):
-		// Shutting down: the client tries the other members.
 		return api.StatusNotLeader, 0
 	case errors.Is(err, raftstore.ErrNoGroup):
 		return api.StatusNoSuchCopyset, 0

@@ -223,7 +223,7 @@ func (h *Host) Start() {
 }
 
 // Stop stops ticking and the workers, fails every outstanding callback with
-// ErrStopped, and waits for snapshot creation and streaming in progress to end (so
+// ErrStopped (wrapping a *NotLeaderError that names the leader), and waits for snapshot creation and streaming in progress to end (so
 // the state machines are not used after Stop; the Transport must bound
 // SendSnapshot). Groups stay in the LogStore.
 func (h *Host) Stop() {
@@ -239,7 +239,9 @@ func (h *Host) Stop() {
 	h.sched.stop()
 	h.workers.Wait()
 	for _, g := range groups {
-		g.shutdown(ErrStopped)
+		// ErrStopped, and who leads as far as this node knows: the proposer
+		// can go there straight away.
+		g.shutdown(fmt.Errorf("%w: %w", ErrStopped, g.notLeader()))
 	}
 	h.bg.Wait()
 }
