@@ -227,6 +227,10 @@ func decodeEntries(table []byte, count int, b []byte, alias bool) ([]*raftpb.Ent
 		e := &ents[i]
 		flags := t[0]
 		if flags&entryHasType != 0 {
+			if _, known := raftpb.EntryType_name[int32(t[1])]; !known {
+				// Raft would store it and apply nothing; the WAL keeps only 7 bits.
+				return nil, nil, fmt.Errorf("%w: entry type %d", ErrBadBatch, t[1])
+			}
 			types[i] = raftpb.EntryType(t[1])
 			e.Type = &types[i]
 		} else if t[1] != 0 {

@@ -25,7 +25,7 @@
 // which optional fields of the raftpb.Entry are set (bit 0 Term, bit 1
 // Index, bit 2 Type, bit 3 Data; other bits 0), so that absent and empty
 // data stay apart (raft's empty entry has none); an unset field is 0 on the
-// wire. testdata/raftbatch.golden freezes the format (TestBatchGolden);
+// wire; type is one of raft's entry types (0-2). testdata/raftbatch.golden freezes the format (TestBatchGolden);
 // FuzzDecodeBatch feeds the decoder garbage.
 //
 // Why the entries are not inside the protobuf message: a 256 KiB write is

@@ -199,9 +199,12 @@ func TestBatchGarbage(t *testing.T) {
 		"huge data length":  corrupt(table+18, 0xff, 0xff, 0xff, 0xff),
 		"unknown flag":      corrupt(table, 0x80),
 		"data without flag": corrupt(table, entryHasTerm|entryHasIndex),
-		"not a protobuf":    append([]byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 3, 0, 0, 0, 0}, 0xff, 0xff, 0xff),
-		"entries inside":    append([]byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, byte(len(withEntries)), 0, 0, 0, 0}, withEntries...),
-		"trailing record":   append(bytes.Clone(good), 1, 2, 3),
+		// Raft has three entry types; the WAL keeps the type in 7 bits.
+		"unknown entry type": corrupt(table, entryFlags, 3),
+		"entry type 0x80":    corrupt(table, entryFlags, 0x80),
+		"not a protobuf":     append([]byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 3, 0, 0, 0, 0}, 0xff, 0xff, 0xff),
+		"entries inside":     append([]byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, byte(len(withEntries)), 0, 0, 0, 0}, withEntries...),
+		"trailing record":    append(bytes.Clone(good), 1, 2, 3),
 	} {
 		if _, err := decodeBatch(b, false); !errors.Is(err, ErrBadBatch) {
 			t.Errorf("%s: %v", name, err)
