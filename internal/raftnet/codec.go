@@ -181,6 +181,11 @@ func decodeBatch(b []byte, alias bool) ([]raftstore.Message, error) {
 		if len(msg.Entries) != 0 {
 			return nil, fmt.Errorf("%w: entries inside the message", ErrBadBatch)
 		}
+		if len(msg.ProtoReflect().GetUnknown()) != 0 {
+			// A field this raft does not know (another version's, or entries
+			// with a wrong wire type): withoutEntries would drop it.
+			return nil, fmt.Errorf("%w: message has fields unknown to this version", ErrBadBatch)
+		}
 		b = b[msgLen:]
 		table := b[:count*entryHeader]
 		b = b[count*entryHeader:]

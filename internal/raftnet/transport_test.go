@@ -183,6 +183,9 @@ func TestMessageFields(t *testing.T) {
 func TestBatchGarbage(t *testing.T) {
 	_, good := encodeBatch(t, []raftstore.Message{{Group: 1, Msg: testMsg(raftpb.MsgApp, 1, 2, 7, "cmd")}})
 	withEntries, _ := proto.Marshal(testMsg(raftpb.MsgApp, 1, 2, 7, "cmd"))
+	// Field 7 (entries) as a varint: protobuf keeps it as an unknown field.
+	unknown, _ := proto.Marshal(testMsg(raftpb.MsgHeartbeat, 1, 2, 0, ""))
+	unknown = append(unknown, 0x38, 0x30)
 	corrupt := func(at int, b ...byte) []byte {
 		c := bytes.Clone(good)
 		copy(c[at:], b)
@@ -205,6 +208,7 @@ func TestBatchGarbage(t *testing.T) {
 		"not a protobuf":     append([]byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 3, 0, 0, 0, 0}, 0xff, 0xff, 0xff),
 		"entries inside":     append([]byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, byte(len(withEntries)), 0, 0, 0, 0}, withEntries...),
 		"trailing record":    append(bytes.Clone(good), 1, 2, 3),
+		"unknown field":      append([]byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, byte(len(unknown)), 0, 0, 0, 0}, unknown...),
 	} {
 		if _, err := decodeBatch(b, false); !errors.Is(err, ErrBadBatch) {
 			t.Errorf("%s: %v", name, err)
