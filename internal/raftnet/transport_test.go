@@ -636,3 +636,29 @@ func TestSnapshotReceiverBadFrames(t *testing.T) {
 		t.Fatalf("%d receives started, want 2", calls)
 	}
 }
+
+// A closed Receiver starts no snapshot transfer: Close waits for the receive
+// goroutines, and one started later would outlive it (and the raft host).
+func TestSnapshotReceiverClosed(t *testing.T) {
+	recv := newReceiver(t, func(m raftstore.Message, r io.Reader) error {
+		_, err := io.Copy(io.Discard, r)
+		return err
+	})
+	addr := serveSink(t, recv)
+	c, err := transport.Dial(context.Background(), addr, transport.ConnConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	recv.Close()
+	snapType := raftpb.MsgSnap
+	begin, _ := appendRecord(nil, raftstore.Message{Group: 5,
+		Msg: &raftpb.Message{Type: &snapType, To: proto.Uint64(2), Snapshot: &raftpb.Snapshot{}}})
+	call := &transport.Call{Header: api.Header{Op: api.OpSnapshot, Volume: 1, Length: snapBegin}, Payload: begin}
+	if err := c.Do(context.Background(), call); err != nil {
+		t.Fatal(err)
+	}
+	if call.Reply.Status != api.StatusIOError {
+		t.Fatalf("snapshot begin after Close: %v, want IO_ERROR", call.Reply.Status)
+	}
+}
