@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -479,6 +480,40 @@ func TestReceivedEntriesKeepTheirData(t *testing.T) {
 		if d := m.Msg.GetEntries()[0].GetData(); !bytes.Equal(d, data(i)) {
 			t.Fatalf("message %d: its %d bytes of entry data changed after the frame was served", i, len(d))
 		}
+	}
+}
+
+// A MsgApp with an entry of MaxEntryData bytes, every field at its largest,
+// fits in a frame and arrives.
+func TestLargestEntryArrives(t *testing.T) {
+	host := &funcHost{}
+	recv := New(Config{Self: 2, Logger: testLogger(t), SnapshotRate: -1}).Receiver(host)
+	defer recv.Close()
+	addr := serveSink(t, recv)
+	pt := New(Config{Self: 1, Logger: testLogger(t), SnapshotRate: -1})
+	defer pt.Close()
+	pt.SetPeers(map[uint64]string{2: addr})
+	big := uint64(math.MaxUint64)
+	cc := raftpb.EntryConfChangeV2
+	m := testMsg(raftpb.MsgApp, big, 2, big, "")
+	m.Term, m.LogTerm, m.Commit = &big, &big, &big
+	m.Entries = []*raftpb.Entry{{Term: &big, Index: &big, Type: &cc, Data: make([]byte, MaxEntryData)}}
+	if r := newRecord(raftstore.Message{Group: big, Msg: m}); r.size > api.MaxPayload {
+		t.Fatalf("record of %d bytes, more than a frame's %d", r.size, api.MaxPayload)
+	}
+	pt.Send([]raftstore.Message{{Group: big, Msg: m}})
+	var n int
+	for deadline := time.Now().Add(20 * time.Second); n == 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+		host.mu.Lock()
+		n = len(host.stepped)
+		if n > 0 && len(host.stepped[0].Msg.GetEntries()[0].GetData()) != MaxEntryData {
+			t.Errorf("entry of %d bytes arrived", len(host.stepped[0].Msg.GetEntries()[0].GetData()))
+		}
+		host.mu.Unlock()
+	}
+	if n != 1 {
+		t.Fatal("the largest entry did not arrive")
 	}
 }
 
