@@ -93,7 +93,7 @@
 //
 // # Data plane (handler)
 //
-// Frames are internal/transport's. Each IO request is checked once, here, in
+// Frames are pkg/api's (moved by internal/transport). Each IO request is checked once, here, in
 // this order, and answered with the first status that applies:
 //
 //	unknown op                                   BAD_REQUEST
@@ -103,8 +103,8 @@
 //	  refresh of the volume cache) or deleted    NO_SUCH_VOLUME
 //	Offset+Length > volume size, or the IO
 //	  crosses a chunk boundary                   OUT_OF_RANGE
-//	Length > 64 MiB (transport.MaxPayload)       BAD_REQUEST
-//	Copyset != placement.CopysetOf(...)          BAD_REQUEST
+//	Length > 64 MiB (api.MaxPayload)             BAD_REQUEST
+//	Copyset != api.CopysetOf(...)                BAD_REQUEST
 //	copyset not hosted here                      NO_SUCH_COPYSET
 //	write/trim/zeroes with Epoch 0               READ_ONLY
 //	replica stopped by a disk error              NO_SPACE (disk full) or
@@ -113,8 +113,10 @@
 //	                                             up once a majority says so
 //	Epoch (non-zero) < the copyset's epoch       FENCED
 //
-// Writes, trims and write-zeroes are proposed; the reply is sent from the
-// proposal's callback. statusOf (classify.go) is the one place that maps an
+// Writes, trims and write-zeroes are proposed (the command is encoded into a
+// pooled buffer that goes back to the pool when the proposal is answered:
+// raft copies it into its log); the reply is sent from the proposal's
+// callback. statusOf (classify.go) is the one place that maps an
 // outcome to a wire status: a replicated result (*api.Error) as it is;
 // raftstore's typed errors as ErrNotLeader → NOT_LEADER with the leader in
 // Header.Hint, ErrStopped → NOT_LEADER (no hint), ErrNoGroup →
@@ -184,11 +186,10 @@
 // ChunkServer as client.Config.Local. ChunkServer.LocalID is this chunkserver's
 // id; ChunkServer.Go takes an attempt the client would have sent here over a
 // socket and hands it to the same handler (serveIO: same validation, same
-// statuses, same raft path), with a ReplyWriter (localReply) that completes
-// the client's transport.Call in place: a read is made straight into the
+// statuses, same raft path), with a ReplyWriter (localReply) that hands the
+// reply header to the client's callback: a read is made straight into the
 // client's buffer (handler.readNow asks the ReplyWriter for it), a write's
-// payload is the client's buffer (copied once, into the raft entry, as for a
-// frame). The callback runs on whichever goroutine answers (a raft worker for
+// payload is the client's buffer (copied into the proposal, as for a frame). The callback runs on whichever goroutine answers (a raft worker for
 // writes, the reading goroutine for reads) and never blocks. Before Run serves
 // the data plane and from shutdown on, Go answers NOT_LEADER with no hint
 // (the client retries with backoff). Attempts to copysets another chunkserver

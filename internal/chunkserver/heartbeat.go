@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -87,7 +86,7 @@ func (c *ChunkServer) sendHeartbeat(ctx context.Context) (*api.HeartbeatResponse
 		ReadBytes: c.stats.readBytes.Load(), WriteBytes: c.stats.writeBytes.Load(),
 	}
 	for _, gs := range c.host.Groups() {
-		pool, id := placement.SplitGroupID(gs.ID)
+		pool, id := api.SplitGroupID(gs.ID)
 		req.Copysets = append(req.Copysets, &api.CopysetStatus{
 			PoolId: pool, CopysetId: id, Leader: gs.IsLeader, Term: gs.Term,
 			AppliedIndex: gs.Applied, CommitIndex: gs.Commit, Voters: gs.Voters,
@@ -127,7 +126,7 @@ func (c *ChunkServer) learn(ctx context.Context, resp *api.HeartbeatResponse) {
 // joined empty and filled by its leader.
 func (c *ChunkServer) startListed(ctx context.Context, listed []*api.Copyset) error {
 	for _, cs := range listed {
-		g := placement.GroupID(cs.GetPoolId(), cs.GetId())
+		g := api.GroupID(cs.GetPoolId(), cs.GetId())
 		if c.replica(g) != nil {
 			continue
 		}
@@ -156,7 +155,7 @@ func (c *ChunkServer) reconcileListed(listed []*api.Copyset) {
 	c.want = make(map[uint64][]uint64)
 	for _, cs := range listed {
 		if cs.GetEpoch() != 0 {
-			g := placement.GroupID(cs.GetPoolId(), cs.GetId())
+			g := api.GroupID(cs.GetPoolId(), cs.GetId())
 			c.want[g] = cs.GetMembers()
 			c.reconcileMembers(g, cs.GetMembers())
 		}
@@ -174,11 +173,11 @@ func (c *ChunkServer) transferLeaders(listed []*api.Copyset, transfers []*api.Le
 	}
 	members := make(map[uint64][]uint64, len(listed))
 	for _, cs := range listed {
-		members[placement.GroupID(cs.GetPoolId(), cs.GetId())] = cs.GetMembers()
+		members[api.GroupID(cs.GetPoolId(), cs.GetId())] = cs.GetMembers()
 	}
 	now := time.Now()
 	for _, tl := range transfers {
-		g, to := placement.GroupID(tl.GetPoolId(), tl.GetCopysetId()), tl.GetTo()
+		g, to := api.GroupID(tl.GetPoolId(), tl.GetCopysetId()), tl.GetTo()
 		st, ok := c.host.Status(g)
 		if !ok || !st.IsLeader || to == c.ID() || !slices.Contains(st.Voters, to) ||
 			!slices.Contains(members[g], to) || st.Progress[to]+learnerCatchUp < st.Applied ||
@@ -196,7 +195,7 @@ func (c *ChunkServer) transferLeaders(listed []*api.Copyset, transfers []*api.Le
 func (c *ChunkServer) dropUnlisted(listed []*api.Copyset) {
 	isListed := make(map[uint64]bool, len(listed))
 	for _, cs := range listed {
-		isListed[placement.GroupID(cs.GetPoolId(), cs.GetId())] = true
+		isListed[api.GroupID(cs.GetPoolId(), cs.GetId())] = true
 	}
 	now := time.Now()
 	for _, st := range c.host.Groups() {

@@ -22,7 +22,6 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/datastore"
 	"github.com/basalt-storage/basalt/internal/debughttp"
-	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/internal/raftnet"
 	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/scrub"
@@ -462,7 +461,7 @@ func (c *ChunkServer) register(ctx context.Context) error {
 // recoverGroups restarts every group found in the WAL.
 func (c *ChunkServer) recoverGroups() error {
 	for _, g := range c.wal.Groups() {
-		pool, _ := placement.SplitGroupID(g)
+		pool, _ := api.SplitGroupID(g)
 		chunkSize, ok := c.vols.poolChunkSize(pool)
 		if !ok {
 			// The heartbeat restarts it once the pool is known.
@@ -490,7 +489,7 @@ func (c *ChunkServer) startGroup(g uint64, chunkSize int64, peers []uint64, join
 	c.mu.Lock()
 	c.replicas[g] = &replica{group: g, chunkSize: chunkSize, sm: sm, store: cs}
 	c.mu.Unlock()
-	pool, id := placement.SplitGroupID(g)
+	pool, id := api.SplitGroupID(g)
 	c.log.Debug("copyset started", "copyset", g, "pool", pool, "id", id, "join", join, "peers", peers)
 	return nil
 }
@@ -525,7 +524,7 @@ func (c *ChunkServer) replicaFailed(g uint64, err error) {
 	// stops now and the other members elect a leader. A follower stops at the
 	// leader's next entry anyway. Off the calling (raft) goroutine.
 	if h := c.ready.Load(); h != nil {
-		go h.Propose(g, proposalOf(command{Op: cmdFence}), func(error) {})
+		go propose(h, g, command{Op: cmdFence}, func(error) {})
 	}
 }
 

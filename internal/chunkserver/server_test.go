@@ -157,13 +157,13 @@ func TestClusterGarbageAndMetrics(t *testing.T) {
 		c := tc.conn(n.cs.Addr())
 		for _, p := range [][]byte{{1, 2, 3}, make([]byte, 100), {0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff}, make([]byte, 100<<10)} {
 			for _, version := range []uint32{0, raftnet.BatchVersion} {
-				if err := c.Send(transport.Header{Op: transport.OpRaft, Length: version, Hint: 99}, p); err != nil {
+				if err := c.Send(api.Header{Op: api.OpRaft, Length: version, Hint: 99}, p); err != nil {
 					t.Fatal(err)
 				}
 			}
 		}
 		// A snapshot data frame (kind 2) of a transfer that never began.
-		call := &transport.Call{Header: transport.Header{Op: transport.OpSnapshot, Length: 2, Offset: 3}, Payload: []byte("x")}
+		call := &transport.Call{Header: api.Header{Op: api.OpSnapshot, Length: 2, Offset: 3}, Payload: []byte("x")}
 		if err := c.Do(context.Background(), call); err != nil || call.Reply.Status != api.StatusBadRequest {
 			t.Fatalf("snapshot garbage: %v %v", call.Reply.Status, err)
 		}

@@ -10,7 +10,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
-	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -276,7 +275,7 @@ func (s *Server) leaderHints(now time.Time) map[uint64]uint64 {
 // copysetProto builds the wire form of a copyset with its leader hint.
 func copysetProto(pool uint32, c copysetRecord, hints map[uint64]uint64) *api.Copyset {
 	return &api.Copyset{PoolId: pool, Id: c.ID, Members: append([]uint64(nil), c.Members...),
-		LeaderHint: hints[placement.GroupID(pool, c.ID)], Epoch: c.Epoch, Move: c.Move.proto()}
+		LeaderHint: hints[api.GroupID(pool, c.ID)], Epoch: c.Epoch, Move: c.Move.proto()}
 }
 
 // chunkserverProto builds the wire form of a chunkserver with its liveness.
@@ -320,7 +319,7 @@ func (h *handler) Heartbeat(ctx context.Context, req *api.HeartbeatRequest) (*ap
 	}
 	l.copysets = make(map[uint64]*api.CopysetStatus, len(req.Copysets))
 	for _, st := range req.Copysets {
-		l.copysets[placement.GroupID(st.PoolId, st.CopysetId)] = st
+		l.copysets[api.GroupID(st.PoolId, st.CopysetId)] = st
 	}
 	hints := s.leaderHints(now)
 	for _, pool := range sortedPools(t.copysets) {
@@ -352,7 +351,7 @@ func (h *handler) Heartbeat(ctx context.Context, req *api.HeartbeatRequest) (*ap
 	}
 	for g, tr := range s.transfers {
 		if tr.from == req.Id {
-			pool, id := placement.SplitGroupID(g)
+			pool, id := api.SplitGroupID(g)
 			resp.TransferLeaders = append(resp.TransferLeaders, &api.LeaderTransfer{PoolId: pool, CopysetId: id, To: tr.to})
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/transport"
+	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // benchSizes are the write sizes the peer benchmarks sweep.
@@ -39,7 +40,7 @@ type countSink struct {
 	slots chan struct{}
 }
 
-func (s *countSink) ServeFrame(rw transport.ReplyWriter, h transport.Header, payload []byte) {
+func (s *countSink) ServeFrame(rw transport.ReplyWriter, h api.Header, payload []byte) {
 	s.n.Add(1)
 	<-s.slots
 }

@@ -80,19 +80,19 @@ func (t *Transport) Receiver(host Host) *Receiver {
 
 // AllocPayload gives large OpRaft payloads a buffer of their own, which the
 // decoded entries keep (transport.PayloadAllocator).
-func (s *Receiver) AllocPayload(h transport.Header, n int) []byte {
-	if h.Op != transport.OpRaft || n < aliasMinFrame {
+func (s *Receiver) AllocPayload(h api.Header, n int) []byte {
+	if h.Op != api.OpRaft || n < aliasMinFrame {
 		return nil
 	}
 	return make([]byte, n)
 }
 
 // ServeFrame handles an OpRaft or OpSnapshot frame (transport.Handler).
-func (s *Receiver) ServeFrame(rw transport.ReplyWriter, h transport.Header, payload []byte) {
+func (s *Receiver) ServeFrame(rw transport.ReplyWriter, h api.Header, payload []byte) {
 	switch h.Op {
-	case transport.OpRaft:
+	case api.OpRaft:
 		s.serveRaft(rw, h, payload)
-	case transport.OpSnapshot:
+	case api.OpSnapshot:
 		s.serveSnapshot(rw, h, payload)
 	default:
 		h.Status = api.StatusBadRequest
@@ -103,7 +103,7 @@ func (s *Receiver) ServeFrame(rw transport.ReplyWriter, h transport.Header, payl
 // serveRaft steps an OpRaft frame's messages into the host. Messages not
 // addressed to this chunkserver, and MsgSnap (valid only with its data,
 // through a snapshot transfer), are dropped.
-func (s *Receiver) serveRaft(rw transport.ReplyWriter, h transport.Header, payload []byte) {
+func (s *Receiver) serveRaft(rw transport.ReplyWriter, h api.Header, payload []byte) {
 	if h.Length != BatchVersion {
 		s.logBad("raft frame of another batch format dropped; upgrade the chunkservers to one version",
 			"from", h.Hint, "format", h.Length, "want", BatchVersion)
@@ -141,7 +141,7 @@ func (s *Receiver) logBad(msg string, args ...any) {
 	}
 }
 
-func (s *Receiver) serveSnapshot(rw transport.ReplyWriter, h transport.Header, payload []byte) {
+func (s *Receiver) serveSnapshot(rw transport.ReplyWriter, h api.Header, payload []byte) {
 	reply := func(st api.Status) {
 		h.Status = st
 		rw.Reply(h, nil, nil)

@@ -195,7 +195,7 @@ func (t *Transport) Send(msgs []raftstore.Message) {
 			t.log.Error("cannot encode raft message", "copyset", m.Group, "err", err)
 		}
 	}
-	h := transport.Header{Op: transport.OpRaft, Length: BatchVersion, Hint: t.self}
+	h := api.Header{Op: api.OpRaft, Length: BatchVersion, Hint: t.self}
 	for i := range frames {
 		p := frames[i].p
 		if p == nil {
@@ -280,7 +280,7 @@ func (t *Transport) runPeer(p *peer) {
 		}
 		// Queued, not waited for: the writer sends the backlog in one writev; a
 		// failed write kills conn, which Send and the next round notice.
-		h := transport.Header{Op: transport.OpRaft, Length: BatchVersion, Hint: t.self}
+		h := api.Header{Op: api.OpRaft, Length: BatchVersion, Hint: t.self}
 		for _, f := range batch {
 			conn.SendAsync(h, f.pieces, nil)
 		}
@@ -385,7 +385,7 @@ func (w *snapWriter) flush() error {
 // frame sends one frame and waits for its answer.
 func (w *snapWriter) frame(kind uint32, payload []byte) error {
 	call := &transport.Call{
-		Header:  transport.Header{Op: transport.OpSnapshot, Volume: w.id, Offset: w.seq, Length: kind, Hint: w.from},
+		Header:  api.Header{Op: api.OpSnapshot, Volume: w.id, Offset: w.seq, Length: kind, Hint: w.from},
 		Payload: payload,
 	}
 	w.seq++

@@ -242,12 +242,12 @@ func FuzzDecodeBatch(f *testing.F) {
 // frameSink is a transport.Handler that records the frames it gets.
 type frameSink struct {
 	mu     sync.Mutex
-	frames []transport.Header
+	frames []api.Header
 	msgs   [][]raftstore.Message
 	got    chan struct{}
 }
 
-func (s *frameSink) ServeFrame(rw transport.ReplyWriter, h transport.Header, payload []byte) {
+func (s *frameSink) ServeFrame(rw transport.ReplyWriter, h api.Header, payload []byte) {
 	msgs, _ := decodeBatch(payload, false)
 	s.mu.Lock()
 	s.frames = append(s.frames, h)
@@ -306,7 +306,7 @@ func TestPeerTransportBatches(t *testing.T) {
 	if len(sink.frames) != 1 {
 		t.Fatalf("%d frames, want 1", len(sink.frames))
 	}
-	if h := sink.frames[0]; h.Op != transport.OpRaft || h.Hint != 1 {
+	if h := sink.frames[0]; h.Op != api.OpRaft || h.Hint != 1 {
 		t.Fatalf("frame header %+v", h)
 	}
 	got := sink.msgs[0]
@@ -365,7 +365,7 @@ type checkSink struct {
 	n    atomic.Int64
 }
 
-func (s *checkSink) ServeFrame(rw transport.ReplyWriter, h transport.Header, payload []byte) {
+func (s *checkSink) ServeFrame(rw transport.ReplyWriter, h api.Header, payload []byte) {
 	msgs, err := decodeBatch(payload, false)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -534,51 +534,51 @@ func TestSnapshotReceiverBadFrames(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c2.Close()
-	doOn := func(c *transport.Conn, h transport.Header, p []byte) api.Status {
-		h.Op = transport.OpSnapshot
+	doOn := func(c *transport.Conn, h api.Header, p []byte) api.Status {
+		h.Op = api.OpSnapshot
 		call := &transport.Call{Header: h, Payload: p}
 		if err := c.Do(context.Background(), call); err != nil {
 			t.Fatal(err)
 		}
 		return call.Reply.Status
 	}
-	do := func(h transport.Header, p []byte) api.Status { return doOn(c, h, p) }
+	do := func(h api.Header, p []byte) api.Status { return doOn(c, h, p) }
 	snapType := raftpb.MsgSnap
 	okMsg := &raftpb.Message{Type: &snapType, To: proto.Uint64(2), Snapshot: &raftpb.Snapshot{}}
 	begin, _ := appendRecord(nil, raftstore.Message{Group: 5, Msg: okMsg})
 	wrongTo, _ := appendRecord(nil, raftstore.Message{Group: 5, Msg: testMsg(raftpb.MsgSnap, 1, 3, 0, "")})
 	notSnap, _ := appendRecord(nil, raftstore.Message{Group: 5, Msg: testMsg(raftpb.MsgApp, 1, 2, 0, "")})
 	for name, tc := range map[string]struct {
-		h transport.Header
+		h api.Header
 		p []byte
 	}{
-		"data without begin": {transport.Header{Volume: 1, Offset: 1, Length: snapData}, []byte("x")},
-		"end without begin":  {transport.Header{Volume: 1, Offset: 1, Length: snapEnd}, nil},
-		"bad kind":           {transport.Header{Volume: 1, Length: 9}, nil},
-		"begin garbage":      {transport.Header{Volume: 1, Length: snapBegin}, []byte("garbage")},
-		"begin not MsgSnap":  {transport.Header{Volume: 1, Length: snapBegin}, notSnap},
-		"begin for another":  {transport.Header{Volume: 1, Length: snapBegin}, wrongTo},
-		"begin with seq 4":   {transport.Header{Volume: 1, Offset: 4, Length: snapBegin}, begin},
+		"data without begin": {api.Header{Volume: 1, Offset: 1, Length: snapData}, []byte("x")},
+		"end without begin":  {api.Header{Volume: 1, Offset: 1, Length: snapEnd}, nil},
+		"bad kind":           {api.Header{Volume: 1, Length: 9}, nil},
+		"begin garbage":      {api.Header{Volume: 1, Length: snapBegin}, []byte("garbage")},
+		"begin not MsgSnap":  {api.Header{Volume: 1, Length: snapBegin}, notSnap},
+		"begin for another":  {api.Header{Volume: 1, Length: snapBegin}, wrongTo},
+		"begin with seq 4":   {api.Header{Volume: 1, Offset: 4, Length: snapBegin}, begin},
 	} {
 		if st := do(tc.h, tc.p); st != api.StatusBadRequest {
 			t.Errorf("%s: %v", name, st)
 		}
 	}
 	// Out of sequence after a good begin abandons the transfer.
-	if st := do(transport.Header{Volume: 2, Length: snapBegin}, begin); st != api.StatusOK {
+	if st := do(api.Header{Volume: 2, Length: snapBegin}, begin); st != api.StatusOK {
 		t.Fatalf("begin: %v", st)
 	}
-	if st := do(transport.Header{Volume: 2, Offset: 5, Length: snapData}, []byte("x")); st != api.StatusBadRequest {
+	if st := do(api.Header{Volume: 2, Offset: 5, Length: snapData}, []byte("x")); st != api.StatusBadRequest {
 		t.Fatalf("out of sequence: %v", st)
 	}
-	if st := do(transport.Header{Volume: 2, Offset: 1, Length: snapEnd}, nil); st != api.StatusBadRequest {
+	if st := do(api.Header{Volume: 2, Offset: 1, Length: snapEnd}, nil); st != api.StatusBadRequest {
 		t.Fatalf("end after abandon: %v", st)
 	}
 	// A transfer's frames come on the connection that began it only.
-	if st := do(transport.Header{Volume: 3, Length: snapBegin}, begin); st != api.StatusOK {
+	if st := do(api.Header{Volume: 3, Length: snapBegin}, begin); st != api.StatusOK {
 		t.Fatalf("begin: %v", st)
 	}
-	if st := doOn(c2, transport.Header{Volume: 3, Offset: 1, Length: snapData}, []byte("x")); st != api.StatusBadRequest {
+	if st := doOn(c2, api.Header{Volume: 3, Offset: 1, Length: snapData}, []byte("x")); st != api.StatusBadRequest {
 		t.Fatalf("data frame on another connection: %v", st)
 	}
 	recv.Close()

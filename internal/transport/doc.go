@@ -4,34 +4,11 @@
 // after the server's TCP address instead (local.go); the frames are the same.
 // Sockets are read and written with raw system calls (package sockio).
 //
-// # Frame format
+// # Frames
 //
-// A frame is a fixed 64-byte header followed by PayloadLen bytes of payload. All
-// integers are big-endian:
-//
-//	offset size  field
-//	 0     4     Magic       0x42534c54 ("BSLT")
-//	 4     1     Version     1
-//	 5     1     Op          1 read, 2 write, 3 trim, 4 write-zeroes, 5 flush, 6 ping,
-//	                         7 checksum, 16 raft (one-way), 17 snapshot (peer traffic)
-//	 6     2     Flags       bit 0 FUA, bit 15 reply
-//	 8     8     ID          chosen by the sender of a request, echoed by its reply
-//	16     4     Status      api.Status; 0 in requests
-//	20     4     PayloadLen  bytes after the header, at most MaxPayload (64 MiB)
-//	24     8     Volume      volume id
-//	32     8     Epoch       writer epoch of the session (0 = read-only)
-//	40     8     Offset      byte offset in the volume
-//	48     4     Length      byte count of the IO
-//	52     4     Copyset     copyset id within the volume's pool
-//	56     8     Hint        NOT_LEADER: leader's chunkserver id; OpRaft: sender's id
-//
-// Payloads: a write carries Length bytes of data; the reply to a read carries
-// Length bytes; the other IO ops carry none. Peer traffic (OpRaft, OpSnapshot)
-// has payloads and uses Volume, Offset and Length as internal/raftnet
-// specifies. A request for one IO never crosses a
-// chunk boundary (the client splits). A reply repeats its request's header with
-// FlagReply set, Status (and Hint) filled in and its own PayloadLen. The encoding is
-// frozen by testdata/*.golden (TestHeaderGolden): changing it is a new Version.
+// The frame format — a 64-byte header (api.Header), then PayloadLen bytes of
+// payload — is part of the public wire API and is specified in package api
+// (pkg/api), with its ops and flags; this package moves frames.
 //
 // A receiver checks only what keeps the stream in sync — magic, version, the payload
 // bound, and request-vs-reply direction — and closes the connection on a violation,

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/internal/testcluster"
 	"github.com/basalt-storage/basalt/pkg/api"
 	"github.com/basalt-storage/basalt/pkg/client"
@@ -124,7 +123,7 @@ func (f *fc) chunksNotLedBy(p *testcluster.Proc) []int64 {
 	led := f.c.CopysetsLedBy(f.c.IDOf(p))
 	var out []int64
 	for i := int64(0); i < volSize/chunkSize; i++ {
-		if !led[placement.CopysetOf(f.v.ID(), uint64(i), f.c.Pool.CopysetCount)] {
+		if !led[api.CopysetOf(f.v.ID(), uint64(i), f.c.Pool.CopysetCount)] {
 			out = append(out, i)
 		}
 	}
@@ -491,7 +490,7 @@ func TestLostChunkserver(t *testing.T) {
 	}
 	var chunks int64
 	for i := uint64(0); i < size/chunkSize; i++ {
-		cs := placement.CopysetOf(f.v.ID(), i, f.c.Pool.CopysetCount)
+		cs := api.CopysetOf(f.v.ID(), i, f.c.Pool.CopysetCount)
 		for _, c := range f.c.Status().Copysets {
 			if c.Id == cs && containsID(c.Members, id) {
 				chunks++

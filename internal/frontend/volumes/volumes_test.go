@@ -72,7 +72,7 @@ func (f *fixture) attach(name string) *frontend.Attachment {
 }
 
 // do runs one IO on a's backend and returns its error, classified.
-func do(a *frontend.Attachment, op frontend.Op, buf []byte, off int64) error {
+func do(a *frontend.Attachment, op api.Op, buf []byte, off int64) error {
 	ch := make(chan error, 1)
 	a.Backend().Submit(op, buf, off, int64(len(buf)), func(err error) { ch <- err })
 	if err := <-ch; err != nil {
@@ -112,10 +112,10 @@ func TestVolumesOnACluster(t *testing.T) {
 		}
 		a := f.attach("quiet")
 		buf := make([]byte, 6)
-		if err := do(a, frontend.OpRead, buf, 0); err != nil || string(buf) != "theirs" {
+		if err := do(a, api.OpRead, buf, 0); err != nil || string(buf) != "theirs" {
 			t.Fatalf("read through the export: %q, %v", buf, err)
 		}
-		if err := do(a, frontend.OpFlush, nil, 0); err != nil {
+		if err := do(a, api.OpFlush, nil, 0); err != nil {
 			t.Fatalf("flush before any write: %v", err)
 		}
 		if e := f.epoch("quiet"); e != before {
@@ -125,7 +125,7 @@ func TestVolumesOnACluster(t *testing.T) {
 			t.Fatalf("the other writer was disturbed: %v", err)
 		}
 		// The first write takes the role: the other writer is fenced.
-		if err := do(a, frontend.OpWrite, []byte("mine"), 0); err != nil {
+		if err := do(a, api.OpWrite, []byte("mine"), 0); err != nil {
 			t.Fatalf("first write through the export: %v", err)
 		}
 		if e := f.epoch("quiet"); e != before+1 {
@@ -134,7 +134,7 @@ func TestVolumesOnACluster(t *testing.T) {
 		if _, err := writer.WriteAt([]byte("late"), 0); !errors.Is(err, api.ErrFenced) {
 			t.Fatalf("the superseded writer's write: %v, want FENCED", err)
 		}
-		if err := do(a, frontend.OpRead, buf[:4], 0); err != nil || string(buf[:4]) != "mine" {
+		if err := do(a, api.OpRead, buf[:4], 0); err != nil || string(buf[:4]) != "mine" {
 			t.Fatalf("read back: %q, %v", buf[:4], err)
 		}
 		if !strings.Contains(f.logs.String(), "took the writer role") {
@@ -145,14 +145,14 @@ func TestVolumesOnACluster(t *testing.T) {
 	t.Run("a fenced export re-opens for a new attachment", func(t *testing.T) {
 		f := newFixture(t, c, false)
 		old := f.attach("fenced")
-		if err := do(old, frontend.OpWrite, []byte("one"), 0); err != nil {
+		if err := do(old, api.OpWrite, []byte("one"), 0); err != nil {
 			t.Fatal(err)
 		}
 		other := c.Open("fenced", false) // another host takes over
 		if _, err := other.WriteAt([]byte("two"), 0); err != nil {
 			t.Fatal(err)
 		}
-		if err := do(old, frontend.OpWrite, []byte("one"), 0); !errors.Is(err, frontend.ErrFenced) {
+		if err := do(old, api.OpWrite, []byte("one"), 0); !errors.Is(err, frontend.ErrFenced) {
 			t.Fatalf("write through the superseded export: %v, want ErrFenced", err)
 		}
 		fresh := f.attach("fenced")
@@ -162,10 +162,10 @@ func TestVolumesOnACluster(t *testing.T) {
 		if !strings.Contains(f.logs.String(), "opening the export again") {
 			t.Errorf("no log line says the fenced export was re-opened:\n%s", f.logs)
 		}
-		if err := do(fresh, frontend.OpWrite, []byte("three"), 0); err != nil {
+		if err := do(fresh, api.OpWrite, []byte("three"), 0); err != nil {
 			t.Fatalf("write through the re-opened export: %v", err)
 		}
-		if err := do(old, frontend.OpRead, make([]byte, 3), 0); !errors.Is(err, frontend.ErrFenced) {
+		if err := do(old, api.OpRead, make([]byte, 3), 0); !errors.Is(err, frontend.ErrFenced) {
 			t.Fatalf("the old attachment still works (%v); its client must reconnect", err)
 		}
 	})
@@ -189,7 +189,7 @@ func TestVolumesOnACluster(t *testing.T) {
 		// The chunkservers learn of the resize with their next heartbeat; until
 		// then they refuse IO in the added part.
 		eventually(t, "a write in the added part", func() error {
-			return do(second, frontend.OpWrite, []byte("grown"), 100<<20)
+			return do(second, api.OpWrite, []byte("grown"), 100<<20)
 		})
 	})
 
@@ -200,7 +200,7 @@ func TestVolumesOnACluster(t *testing.T) {
 		if !a.Info().ReadOnly || a.Info().CanTrim {
 			t.Fatalf("read-only export info: %+v", a.Info())
 		}
-		if err := do(a, frontend.OpWrite, []byte("no"), 0); !errors.Is(err, frontend.ErrReadOnly) {
+		if err := do(a, api.OpWrite, []byte("no"), 0); !errors.Is(err, frontend.ErrReadOnly) {
 			t.Fatalf("write on a read-only export: %v, want ErrReadOnly", err)
 		}
 		if e := f.epoch("ro"); e != before {
@@ -214,7 +214,7 @@ func TestVolumesOnACluster(t *testing.T) {
 	t.Run("an attachment of a deleted volume never writes to its successor", func(t *testing.T) {
 		f := newFixture(t, c, false)
 		a := f.attach("deleted")
-		if err := do(a, frontend.OpRead, make([]byte, 4), 0); err != nil {
+		if err := do(a, api.OpRead, make([]byte, 4), 0); err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -224,7 +224,7 @@ func TestVolumesOnACluster(t *testing.T) {
 		}
 		c.CreateVolume("deleted", 64<<20)
 		waitServed(t, c, "deleted")
-		if err := do(a, frontend.OpWrite, []byte("stale"), 0); err == nil {
+		if err := do(a, api.OpWrite, []byte("stale"), 0); err == nil {
 			t.Fatal("a write through an attachment of the deleted volume succeeded")
 		}
 		if e := f.epoch("deleted"); e != 0 {
@@ -235,7 +235,7 @@ func TestVolumesOnACluster(t *testing.T) {
 			t.Fatalf("the new volume reads %q, %v; want zeros", buf, err)
 		}
 		// A new attachment opens the new volume.
-		if err := do(f.attach("deleted"), frontend.OpWrite, []byte("new"), 0); err != nil {
+		if err := do(f.attach("deleted"), api.OpWrite, []byte("new"), 0); err != nil {
 			t.Fatalf("write through a new attachment: %v", err)
 		}
 	})
@@ -250,7 +250,7 @@ func TestVolumesOnACluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		ch := make(chan error, 1)
-		b.Submit(frontend.OpWrite, []byte("late"), 0, 4, func(err error) { ch <- err })
+		b.Submit(api.OpWrite, []byte("late"), 0, 4, func(err error) { ch <- err })
 		if err := o.Classify(<-ch); !errors.Is(err, frontend.ErrShuttingDown) {
 			t.Errorf("write on a closed backend: %v, want ErrShuttingDown", err)
 		}
@@ -288,7 +288,7 @@ func TestVolumesOnACluster(t *testing.T) {
 			}
 			return nil
 		})
-		err := do(a, frontend.OpWrite, []byte("x"), 0)
+		err := do(a, api.OpWrite, []byte("x"), 0)
 		c.Resume(c.MDS)
 		if !errors.Is(err, frontend.ErrUnavailable) {
 			t.Fatalf("first write with the MDS stopped: %v, want ErrUnavailable (a multipath host retries that on another path)", err)
@@ -297,7 +297,7 @@ func TestVolumesOnACluster(t *testing.T) {
 			t.Errorf("no log line says the writer role could not be taken and what happens next:\n%s", f.logs)
 		}
 		eventually(t, "a write after the MDS is back", func() error {
-			return do(a, frontend.OpWrite, []byte("y"), 0)
+			return do(a, api.OpWrite, []byte("y"), 0)
 		})
 	})
 }
