@@ -258,7 +258,7 @@ func (s clusterStatus) table(w io.Writer) {
 	fmt.Fprintf(w, "pools:\t%d\nvolumes:\t%d\n\n", len(s.Pools), s.Volumes)
 	fmt.Fprintln(w, "ID\tADDRESS\tZONE\tSERVER\tSTATE\tONLINE\tCOPYSETS\tLEADERS\tUSED\tCAPACITY")
 	for _, c := range s.Chunkservers {
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%v\t%d\t%d\t%s\t%s\n", c.Id, c.Addr, c.Zone, c.Server, c.State, c.Online,
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%v\t%d\t%d\t%s\t%s\n", c.Id, c.Addr, c.Zone, c.Server, diskStateText(c.DiskState), c.Online,
 			members[c.Id], s.LeadersPerChunkserver[c.Id], formatBytes(c.UsedBytes), formatBytes(c.CapacityBytes))
 	}
 }
@@ -320,4 +320,17 @@ func formatBytes(n uint64) string {
 		}
 	}
 	return fmt.Sprintf("%dB", n)
+}
+
+// diskStateText is how status shows a chunkserver's disk state.
+func diskStateText(s api.DiskState) string {
+	switch s {
+	case api.DiskState_DISK_STATE_OK:
+		return "ok"
+	case api.DiskState_DISK_STATE_FULL:
+		return "disk full"
+	case api.DiskState_DISK_STATE_IO_ERROR:
+		return "io error"
+	}
+	return "unknown"
 }

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/internal/scrub"
 	"github.com/basalt-storage/basalt/internal/testcluster"
 	"github.com/basalt-storage/basalt/pkg/api"
@@ -152,8 +151,8 @@ func TestCheckCluster(t *testing.T) {
 	// Corrupt chunk 5 on one member, in a range no write touched (a WAL replay
 	// at restart rewrites only what was written).
 	const chunk = 5
-	copyset := placement.CopysetOf(vol.Id, chunk, c.Pool.CopysetCount)
-	group := placement.GroupID(c.Pool.Id, copyset)
+	copyset := api.CopysetOf(vol.Id, chunk, c.Pool.CopysetCount)
+	group := api.GroupID(c.Pool.Id, copyset)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cr, err := c.API.GetCopysets(ctx, &api.GetCopysetsRequest{PoolId: c.Pool.Id})

@@ -16,7 +16,6 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/scrub"
 	"github.com/basalt-storage/basalt/internal/transport"
@@ -268,7 +267,7 @@ func (tc *testCluster) conn(addr string) *transport.Conn {
 
 // do sends one request to the copyset's leader, following NOT_LEADER hints and
 // retrying while there is no leader, like the client library does.
-func (tc *testCluster) do(h transport.Header, payload, readBuf []byte) (transport.Header, error) {
+func (tc *testCluster) do(h api.Header, payload, readBuf []byte) (api.Header, error) {
 	deadline := time.Now().Add(15 * time.Second)
 	try := 0
 	for time.Now().Before(deadline) {
@@ -320,13 +319,13 @@ func (tc *testCluster) do(h transport.Header, payload, readBuf []byte) (transpor
 		tc.mu.Unlock()
 		return call.Reply, nil
 	}
-	return transport.Header{}, errors.New("no leader answered")
+	return api.Header{}, errors.New("no leader answered")
 }
 
 func (tc *testCluster) write(vol, epoch, off uint64, data []byte) api.Status {
 	tc.t.Helper()
-	cs := placement.CopysetOf(vol, off/tc.pool.GetChunkSize(), tc.pool.GetCopysetCount())
-	r, err := tc.do(transport.Header{Op: transport.OpWrite, Volume: vol, Epoch: epoch, Offset: off,
+	cs := api.CopysetOf(vol, off/tc.pool.GetChunkSize(), tc.pool.GetCopysetCount())
+	r, err := tc.do(api.Header{Op: api.OpWrite, Volume: vol, Epoch: epoch, Offset: off,
 		Length: uint32(len(data)), Copyset: cs}, data, nil)
 	if err != nil {
 		tc.t.Fatalf("write at %d: %v", off, err)
@@ -336,9 +335,9 @@ func (tc *testCluster) write(vol, epoch, off uint64, data []byte) api.Status {
 
 func (tc *testCluster) read(vol, off uint64, n int) []byte {
 	tc.t.Helper()
-	cs := placement.CopysetOf(vol, off/tc.pool.GetChunkSize(), tc.pool.GetCopysetCount())
+	cs := api.CopysetOf(vol, off/tc.pool.GetChunkSize(), tc.pool.GetCopysetCount())
 	buf := make([]byte, n)
-	r, err := tc.do(transport.Header{Op: transport.OpRead, Volume: vol, Offset: off, Length: uint32(n), Copyset: cs}, nil, buf)
+	r, err := tc.do(api.Header{Op: api.OpRead, Volume: vol, Offset: off, Length: uint32(n), Copyset: cs}, nil, buf)
 	if err != nil || r.Status != api.StatusOK {
 		tc.t.Fatalf("read at %d: %v %v", off, r.Status, err)
 	}
@@ -349,7 +348,7 @@ func (tc *testCluster) read(vol, off uint64, n int) []byte {
 func (tc *testCluster) checksums(i int, c uint32) []scrub.ChunkSum {
 	tc.t.Helper()
 	conn := tc.conn(tc.nodes[i].cs.Addr())
-	call := &transport.Call{Header: transport.Header{Op: transport.OpChecksum, Volume: uint64(tc.pool.GetId()), Copyset: c},
+	call := &transport.Call{Header: api.Header{Op: api.OpChecksum, Volume: uint64(tc.pool.GetId()), Copyset: c},
 		ReadBuf: make([]byte, 4<<20)}
 	if err := conn.Do(context.Background(), call); err != nil || call.Reply.Status != api.StatusOK {
 		tc.t.Fatalf("checksum of copyset %d on node %d: %v %v", c, i, call.Reply.Status, err)
@@ -367,7 +366,7 @@ func (tc *testCluster) converged() {
 	tc.t.Helper()
 	tc.waitFor("replicas to apply the same index", func() bool {
 		for c := uint32(0); c < tc.pool.GetCopysetCount(); c++ {
-			g := placement.GroupID(tc.pool.GetId(), c)
+			g := api.GroupID(tc.pool.GetId(), c)
 			var want uint64
 			for i, n := range tc.nodes {
 				var st raftstore.GroupStatus
@@ -457,7 +456,7 @@ func TestClusterWriteReadRestart(t *testing.T) {
 	var writes uint64
 	for id := uint64(1); id <= 3; id++ {
 		hb := tc.mds.heartbeat(id)
-		if hb == nil || len(hb.GetCopysets()) != 4 || hb.GetState() != "ok" {
+		if hb == nil || len(hb.GetCopysets()) != 4 || hb.GetDiskState() != api.DiskState_DISK_STATE_OK {
 			t.Fatalf("heartbeat: %v", hb)
 		}
 		writes += hb.GetWriteOps()
@@ -512,16 +511,16 @@ func TestClusterFencing(t *testing.T) {
 	// A newer writer's first IO on the other chunk's copyset is a read: it
 	// fences through raft before reading; the epoch-2 writer is then refused there.
 	off := uint64(ctChunk) // chunk 1: another copyset than chunk 0
-	cs := placement.CopysetOf(ctVolume, 1, tc.pool.GetCopysetCount())
+	cs := api.CopysetOf(ctVolume, 1, tc.pool.GetCopysetCount())
 	buf := make([]byte, 6)
-	r, err := tc.do(transport.Header{Op: transport.OpRead, Volume: ctVolume, Epoch: 3, Offset: off, Length: 6, Copyset: cs}, nil, buf)
+	r, err := tc.do(api.Header{Op: api.OpRead, Volume: ctVolume, Epoch: 3, Offset: off, Length: 6, Copyset: cs}, nil, buf)
 	if err != nil || r.Status != api.StatusOK {
 		t.Fatalf("fencing read: %v %v", r.Status, err)
 	}
 	if st := tc.write(ctVolume, 2, off, []byte("late!!")); st != api.StatusFenced {
 		t.Fatalf("write after a newer reader fenced: %v", st)
 	}
-	r, err = tc.do(transport.Header{Op: transport.OpRead, Volume: ctVolume, Epoch: 2, Offset: off, Length: 6, Copyset: cs}, nil, buf)
+	r, err = tc.do(api.Header{Op: api.OpRead, Volume: ctVolume, Epoch: 2, Offset: off, Length: 6, Copyset: cs}, nil, buf)
 	if err != nil || r.Status != api.StatusFenced {
 		t.Fatalf("stale read: %v %v", r.Status, err)
 	}
@@ -530,7 +529,7 @@ func TestClusterFencing(t *testing.T) {
 
 // groupStatus returns node i's status of copyset c.
 func (tc *testCluster) groupStatus(i int, c uint32) (raftstore.GroupStatus, bool) {
-	g := placement.GroupID(tc.pool.GetId(), c)
+	g := api.GroupID(tc.pool.GetId(), c)
 	for _, s := range tc.nodes[i].cs.Copysets() {
 		if s.ID == g {
 			return s, true
@@ -642,7 +641,7 @@ func TestClusterVolumeResizeDelete(t *testing.T) {
 	tc.waitFor("the resize to arrive", func() bool {
 		return tc.write(ctVolume, 1, ctChunk, []byte("x")) == api.StatusOK
 	})
-	cs := placement.CopysetOf(8, 0, 2)
+	cs := api.CopysetOf(8, 0, 2)
 	tc.waitFor("the deleted volume's chunks to go", func() bool {
 		for i := range tc.nodes {
 			for _, s := range tc.checksums(i, cs) {

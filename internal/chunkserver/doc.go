@@ -7,12 +7,12 @@
 //	network ──▶ transport.Server ──▶ handler (validate at the edge)
 //	                                   │ write/trim/zeroes: raftstore.Host.Propose
 //	                                   │ read: [fence] → ReadBarrier → Copyset.ReadAt
-//	                                   │ OpRaft: decode batch → Host.Step
-//	                                   │ OpSnapshot: snapReceiver → Host.ReceiveSnapshot
+//	                                   │ OpRaft, OpSnapshot: raftnet.Receiver → Host.Step,
+//	                                   │                     Host.ReceiveSnapshot
 //	                                   ▼
 //	raftstore.Host (workers) ──▶ stateMachine (one per copyset) ──▶ datastore.Copyset
 //	       │  └─▶ wal.WAL (one per chunkserver, group commit)
-//	       └─▶ peerTransport (one connection and sender goroutine per peer)
+//	       └─▶ raftnet.Transport (one connection and sender goroutine per peer)
 //
 // A ChunkServer's Run registers with the MDS (retrying until it answers),
 // restarts the groups found in the WAL, serves the listener, and heartbeats
@@ -77,8 +77,9 @@
 // command is a blind overwrite, so applying an entry twice (WAL replay after a
 // crash, a log replayed over a snapshot taken while writes went on) converges.
 // A rejection is a result; a disk error is not: Apply returns a non-api error,
-// raftstore stops the group, and the heartbeat state becomes "disk full" or
-// "io error".
+// raftstore stops the group, and the heartbeat's disk state becomes FULL or
+// IO_ERROR (api.DiskState; raftstore.DiskFailure tells a full disk from other
+// errors, for the state machine and the raft host alike).
 //
 // Capture is the epoch table: uint8 version (1), uint32 count, then count ×
 // (uint64 volume, uint64 epoch) sorted by volume. Persist(index, state) syncs
@@ -92,7 +93,7 @@
 //
 // # Data plane (handler)
 //
-// Frames are internal/transport's. Each IO request is checked once, here, in
+// Frames are pkg/api's (moved by internal/transport). Each IO request is checked once, here, in
 // this order, and answered with the first status that applies:
 //
 //	unknown op                                   BAD_REQUEST
@@ -102,8 +103,8 @@
 //	  refresh of the volume cache) or deleted    NO_SUCH_VOLUME
 //	Offset+Length > volume size, or the IO
 //	  crosses a chunk boundary                   OUT_OF_RANGE
-//	Length > 64 MiB (transport.MaxPayload)       BAD_REQUEST
-//	Copyset != placement.CopysetOf(...)          BAD_REQUEST
+//	Length > 64 MiB (api.MaxPayload)             BAD_REQUEST
+//	Copyset != api.CopysetOf(...)                BAD_REQUEST
 //	copyset not hosted here                      NO_SUCH_COPYSET
 //	write/trim/zeroes with Epoch 0               READ_ONLY
 //	replica stopped by a disk error              NO_SPACE (disk full) or
@@ -112,11 +113,15 @@
 //	                                             up once a majority says so
 //	Epoch (non-zero) < the copyset's epoch       FENCED
 //
-// Writes, trims and write-zeroes are proposed; the reply is sent from the
-// proposal's callback (NOT_LEADER carries the leader in Header.Hint; an IO
-// caught by a disk error that stops the replica answers as the table says:
-// NO_SPACE when the cause is a full disk — the chunk files' or the WAL's —
-// IO_ERROR otherwise). A read
+// Writes, trims and write-zeroes are proposed (the command is encoded into a
+// pooled buffer that goes back to the pool when the proposal is answered:
+// raft copies it into its log); the reply is sent from the proposal's
+// callback. statusOf (classify.go) is the one place that maps an
+// outcome to a wire status: a replicated result (*api.Error) as it is;
+// raftstore's typed errors as ErrNotLeader → NOT_LEADER with the leader in
+// Header.Hint, ErrStopped → NOT_LEADER (no hint), ErrNoGroup →
+// NO_SUCH_COPYSET, ErrDiskFull → NO_SPACE (a full disk, the chunk files' or
+// the WAL's), ErrIO and any failed read → IO_ERROR. A read
 // whose epoch is newer than the copyset's first commits a fence, then waits
 // for Host.ReadBarrier (lease read, or ReadIndex) and reads the chunk file
 // into a pooled buffer that is released once the reply was written. Flush and
@@ -130,43 +135,13 @@
 // Chunks that read as all zeros are left out, so a never-written chunk and a
 // trimmed one compare equal across replicas. scrub.DecodeChecksums parses it.
 //
-// # Peer transport (raftstore.Transport)
+// # Peer transport
 //
-// OpRaft frame (one-way, Hint = sender's chunkserver id): a payload of
-// records, each uint64 group id, uint32 n, n bytes of a marshalled
-// raftpb.Message. Send only encodes and queues (it never blocks): messages to
-// one peer from one Send (one Ready round) become one frame (split at 16 MiB).
-// While the peer's connection is up and nothing waits in its queue, Send hands
-// the frame to the connection's writer itself (transport.Conn.SendAsync: one
-// goroutine hand-off less on every replication round trip); otherwise the
-// frame is queued and the peer's sender goroutine dials, drains the queue in
-// order, and then lets Send write directly again.
-// An unreachable peer's messages are dropped (raft retries) and it is redialed
-// at most every 200 ms; more than 64 MiB queued for one peer is dropped too.
-// Received messages not addressed to this chunkserver, and MsgSnap outside a
-// snapshot transfer, are dropped.
-//
-// Snapshot transfer: SendSnapshot opens a dedicated connection and sends
-// OpSnapshot frames, each answered before the next is sent:
-//
-//	Volume  transfer id (random, odd), Offset  sequence number from 0,
-//	Length  kind: 1 begin, 2 data, 3 end,      Hint    sender's id
-//	begin:  payload = one OpRaft record holding the MsgSnap
-//	data:   payload = the next ≤ 1 MiB of StateMachine.WriteSnapshot's stream
-//	end:    no payload; answered once Host.ReceiveSnapshot returned:
-//	        OK when the data is staged, IO_ERROR otherwise
-//
-// The receiver pipes data frames into Host.ReceiveSnapshot running on its own
-// goroutine; an out-of-sequence frame answers BAD_REQUEST and abandons the
-// transfer; a transfer idle for 30 s is abandoned.
-//
-// Bandwidth: one token bucket per chunkserver (Config.SnapshotRate, default
-// 64 MiB/s, burst one frame; throttle.go) covers the snapshot bytes it sends
-// and receives together: the sender waits for a data frame's bytes before
-// sending it, the receiver before handing it on (holding the connection's
-// reader, so the sender, waiting for each answer, slows down too). Rebuilds
-// and rebalancing thus leave disk and network to foreground IO; the MDS
-// bounds how many run at once (internal/mds doc.go, "Scheduler").
+// internal/raftnet carries the raft traffic between chunkservers: a
+// raftnet.Transport is the raft host's raftstore.Transport, and its Receiver
+// serves the OpRaft and OpSnapshot frames the handler passes on. The
+// chunkserver only wires them: peer addresses from every heartbeat answer
+// (Transport.SetPeers), the snapshot bandwidth (Config.SnapshotRate).
 //
 // # Goroutines and ownership
 //
@@ -183,18 +158,16 @@
 //     unknown volume waits for the cache refresh on a goroutine of its own.
 //   - raftstore workers: Apply/Capture/InstallSnapshot; a snapshot goroutine:
 //     Persist, WriteSnapshot, SendSnapshot.
-//   - peerTransport: one sender goroutine per peer owns that peer's Conn
-//     (dials, closes, drains the queue); once drained it publishes the Conn in
-//     peer.conn (under peer.mu) for Send to queue frames on directly.
-//   - snapReceiver: one goroutine per incoming transfer.
+//   - raftnet: a sender goroutine per peer, a goroutine per incoming
+//     snapshot transfer (see its doc).
 //
 // Fault injection: Config.Knobs hands wal.Knobs and datastore.Knobs down
 // (slow or failing fsync, full disk).
 //
 // Lock order: volumeCache.refreshMu (held across the MDS calls of a refresh)
 // → volumeCache.mu, and → ChunkServer.mu (deleting a volume's chunks).
-// ChunkServer.mu, volumeCache.mu, stateMachine.mu, peer.mu and snapReceiver.mu
-// are leaves: nothing else is locked while one is held.
+// ChunkServer.mu, volumeCache.mu and stateMachine.mu are leaves: nothing else
+// is locked while one is held.
 //
 // # Metrics
 //
@@ -213,11 +186,10 @@
 // ChunkServer as client.Config.Local. ChunkServer.LocalID is this chunkserver's
 // id; ChunkServer.Go takes an attempt the client would have sent here over a
 // socket and hands it to the same handler (serveIO: same validation, same
-// statuses, same raft path), with a ReplyWriter (localReply) that completes
-// the client's transport.Call in place: a read is made straight into the
+// statuses, same raft path), with a ReplyWriter (localReply) that hands the
+// reply header to the client's callback: a read is made straight into the
 // client's buffer (handler.readNow asks the ReplyWriter for it), a write's
-// payload is the client's buffer (copied once, into the raft entry, as for a
-// frame). The callback runs on whichever goroutine answers (a raft worker for
+// payload is the client's buffer (copied into the proposal, as for a frame). The callback runs on whichever goroutine answers (a raft worker for
 // writes, the reading goroutine for reads) and never blocks. Before Run serves
 // the data plane and from shutdown on, Go answers NOT_LEADER with no hint
 // (the client retries with backoff). Attempts to copysets another chunkserver

@@ -3,7 +3,6 @@ package chunkserver
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"hash/crc32"
 	"log/slog"
 	"slices"
@@ -11,8 +10,6 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/bufpool"
-	"github.com/basalt-storage/basalt/internal/placement"
-	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -43,6 +40,12 @@ type replica struct {
 	store     replicaStore
 }
 
+// peerHandler is the inbound peer transport (*raftnet.Receiver).
+type peerHandler interface {
+	transport.Handler
+	transport.PayloadAllocator
+}
+
 // handler is the data-plane transport.Handler: it validates every request at
 // the edge (STYLE 6) and turns it into a Raft proposal or a local read.
 type handler struct {
@@ -51,9 +54,8 @@ type handler struct {
 	vols    *volumeCache
 	host    raftHost
 	replica func(group uint64) *replica
-	// raftIn steps a received OpRaft frame; snapIn serves OpSnapshot frames.
-	raftIn  func(h transport.Header, payload []byte)
-	snapIn  func(rw transport.ReplyWriter, h transport.Header, payload []byte)
+	// peerIn serves the peer traffic: OpRaft and OpSnapshot frames.
+	peerIn  peerHandler
 	metrics *metrics
 	stats   *ioStats // heartbeat counters; nil in tests
 
@@ -62,25 +64,32 @@ type handler struct {
 
 // ServeFrame implements transport.Handler. It never panics on input and never
 // blocks on the network.
-func (hd *handler) ServeFrame(rw transport.ReplyWriter, h transport.Header, payload []byte) {
+func (hd *handler) ServeFrame(rw transport.ReplyWriter, h api.Header, payload []byte) {
 	switch h.Op {
-	case transport.OpRaft:
-		hd.raftIn(h, payload)
-	case transport.OpSnapshot:
-		hd.snapIn(rw, h, payload)
-	case transport.OpPing, transport.OpFlush:
+	case api.OpRaft, api.OpSnapshot:
+		hd.peerIn.ServeFrame(rw, h, payload)
+	case api.OpPing, api.OpFlush:
 		// Flush: every acknowledged write is already durable (in the WAL).
 		hd.reply(rw, h, api.StatusOK, 0)
-	case transport.OpChecksum:
+	case api.OpChecksum:
 		hd.checksum(rw, h)
-	case transport.OpRead, transport.OpWrite, transport.OpTrim, transport.OpWriteZeroes:
+	case api.OpRead, api.OpWrite, api.OpTrim, api.OpWriteZeroes:
 		hd.serveIO(rw, h, payload, true)
 	default:
 		hd.reply(rw, h, api.StatusBadRequest, 0)
 	}
 }
 
-func (hd *handler) reply(rw transport.ReplyWriter, h transport.Header, st api.Status, hint uint64) {
+// AllocPayload implements transport.PayloadAllocator: the peer transport
+// keeps the payloads of large raft frames.
+func (hd *handler) AllocPayload(h api.Header, n int) []byte {
+	if h.Op == api.OpRaft || h.Op == api.OpSnapshot {
+		return hd.peerIn.AllocPayload(h, n)
+	}
+	return nil
+}
+
+func (hd *handler) reply(rw transport.ReplyWriter, h api.Header, st api.Status, hint uint64) {
 	h.Status = st
 	h.Hint = hint
 	rw.Reply(h, nil, nil)
@@ -88,13 +97,13 @@ func (hd *handler) reply(rw transport.ReplyWriter, h transport.Header, st api.St
 }
 
 // replyErr answers with the status err maps to.
-func (hd *handler) replyErr(rw transport.ReplyWriter, h transport.Header, err error, start time.Time) {
+func (hd *handler) replyErr(rw transport.ReplyWriter, h api.Header, err error, start time.Time) {
 	st, hint := statusOf(err)
 	h.Status = st
 	h.Hint = hint
 	rw.Reply(h, nil, nil)
 	n := 0
-	if st == api.StatusOK && h.Op != transport.OpRead {
+	if st == api.StatusOK && h.Op != api.OpRead {
 		n = int(h.Length)
 		hd.count(h, n)
 	}
@@ -102,15 +111,15 @@ func (hd *handler) replyErr(rw transport.ReplyWriter, h transport.Header, err er
 }
 
 // count adds a successful IO to the heartbeat counters and the per-copyset metrics.
-func (hd *handler) count(h transport.Header, n int) {
+func (hd *handler) count(h api.Header, n int) {
 	op := h.Op
 	if vi, ok := hd.vols.lookup(h.Volume); ok && hd.metrics != nil {
-		hd.metrics.copysetDone(placement.GroupID(vi.Pool, h.Copyset), op, n)
+		hd.metrics.copysetDone(api.GroupID(vi.Pool, h.Copyset), op, n)
 	}
 	if hd.stats == nil {
 		return
 	}
-	if op == transport.OpRead {
+	if op == api.OpRead {
 		hd.stats.readOps.Add(1)
 		hd.stats.readBytes.Add(uint64(n))
 		return
@@ -119,31 +128,13 @@ func (hd *handler) count(h transport.Header, n int) {
 	hd.stats.writeBytes.Add(uint64(n))
 }
 
-// statusOf maps a proposal or read result to a wire status.
-func statusOf(err error) (api.Status, uint64) {
-	if err == nil {
-		return api.StatusOK, 0
-	}
-	var ae *api.Error
-	if errors.As(err, &ae) {
-		return ae.Status, ae.Hint
-	}
-	if isNoSpace(err) {
-		return api.StatusNoSpace, 0
-	}
-	if isNoGroup(err) {
-		return api.StatusNoSuchCopyset, 0
-	}
-	return api.StatusIOError, 0
-}
-
 // validate checks an IO request against the volume cache and the hosted
 // copysets. It returns the replica to use, or the status to answer with.
-func (hd *handler) validate(h transport.Header, payload []byte) (*replica, volumeInfo, api.Status) {
+func (hd *handler) validate(h api.Header, payload []byte) (*replica, volumeInfo, api.Status) {
 	if h.Length == 0 {
 		return nil, volumeInfo{}, api.StatusBadRequest
 	}
-	if h.Op == transport.OpWrite {
+	if h.Op == api.OpWrite {
 		if len(payload) != int(h.Length) {
 			return nil, volumeInfo{}, api.StatusBadRequest
 		}
@@ -160,29 +151,30 @@ func (hd *handler) validate(h transport.Header, payload []byte) (*replica, volum
 	if h.Offset%vi.ChunkSize+uint64(h.Length) > vi.ChunkSize {
 		return nil, vi, api.StatusOutOfRange
 	}
-	if h.Length > transport.MaxPayload {
+	if h.Length > api.MaxPayload {
 		// Possible with chunks over 64 MiB: the reply would not fit in one
 		// frame; the client splits such IO.
 		return nil, vi, api.StatusBadRequest
 	}
-	if h.Copyset != placement.CopysetOf(h.Volume, h.Offset/vi.ChunkSize, vi.CopysetCount) {
+	if h.Copyset != api.CopysetOf(h.Volume, h.Offset/vi.ChunkSize, vi.CopysetCount) {
 		return nil, vi, api.StatusBadRequest
 	}
-	r := hd.replica(placement.GroupID(vi.Pool, h.Copyset))
+	r := hd.replica(api.GroupID(vi.Pool, h.Copyset))
 	if r == nil {
 		return nil, vi, api.StatusNoSuchCopyset
 	}
 	if uint64(r.chunkSize) != vi.ChunkSize {
 		return nil, vi, api.StatusBadRequest // cannot happen: pools never change chunk size
 	}
-	if h.Op != transport.OpRead && h.Epoch == 0 {
+	if h.Op != api.OpRead && h.Epoch == 0 {
 		return nil, vi, api.StatusReadOnly
 	}
 	if err := r.sm.Failed(); err != nil {
 		// This replica stopped after a disk error and serves nothing more; the
 		// other members elect a leader without it. NO_SPACE / IO_ERROR sends the
 		// client on to them, and is final once a majority of them answers so.
-		return nil, vi, stoppedStatus(err)
+		st, _ := statusOf(err)
+		return nil, vi, st
 	}
 	if h.Epoch != 0 && h.Epoch < r.sm.epochOf(h.Volume) {
 		return nil, vi, api.StatusFenced
@@ -192,7 +184,7 @@ func (hd *handler) validate(h transport.Header, payload []byte) (*replica, volum
 
 // serveIO handles read, write, trim and write-zeroes. mayRefresh: an unknown
 // volume may trigger one (rate-limited) volume-cache refresh.
-func (hd *handler) serveIO(rw transport.ReplyWriter, h transport.Header, payload []byte, mayRefresh bool) {
+func (hd *handler) serveIO(rw transport.ReplyWriter, h api.Header, payload []byte, mayRefresh bool) {
 	start := time.Now()
 	r, _, st := hd.validate(h, payload)
 	if st == api.StatusNoSuchVolume && mayRefresh && !hd.vols.isDeleted(h.Volume) {
@@ -212,63 +204,36 @@ func (hd *handler) serveIO(rw transport.ReplyWriter, h transport.Header, payload
 	}
 	var c command
 	switch h.Op {
-	case transport.OpRead:
+	case api.OpRead:
 		hd.read(rw, h, r, start)
 		return
-	case transport.OpWrite:
+	case api.OpWrite:
 		c = command{Op: cmdWrite, Data: payload}
-	case transport.OpTrim:
+	case api.OpTrim:
 		c = command{Op: cmdTrim}
-	case transport.OpWriteZeroes:
+	case api.OpWriteZeroes:
 		c = command{Op: cmdWriteZeroes}
 	}
 	c.Volume, c.Epoch, c.Offset, c.Length = h.Volume, h.Epoch, h.Offset, h.Length
-	data := proposalOf(c) // copies the payload: it is not ours after return
-	hd.host.Propose(r.group, data, func(err error) { hd.replyErr(rw, h, hd.stoppedErr(r, err), start) })
-}
-
-// groupStatuser is the optional ability of a raftHost to tell a group's
-// status (*raftstore.Host has it).
-type groupStatuser interface {
-	Status(id uint64) (raftstore.GroupStatus, bool)
-}
-
-// stoppedErr turns the IO_ERROR a stopped group answers (raftstore does,
-// whatever stopped it) into NO_SPACE when this replica's disk is full, so an
-// IO caught by the stop answers as a later one does (validate).
-func (hd *handler) stoppedErr(r *replica, err error) error {
-	var ae *api.Error
-	if !errors.As(err, &ae) || ae.Status != api.StatusIOError {
-		return err
-	}
-	cause := r.sm.Failed()
-	if s, ok := hd.host.(groupStatuser); ok && cause == nil {
-		if st, ok := s.Status(r.group); ok {
-			cause = st.Err
-		}
-	}
-	if cause != nil && isNoSpace(cause) {
-		return api.ErrNoSpace
-	}
-	return err
+	// The payload is copied: it is not ours after return.
+	propose(hd.host, r.group, c, func(err error) { hd.replyErr(rw, h, err, start) })
 }
 
 // read serves a read on the leader: fence first if the epoch is new here, then
 // wait for the read barrier, then read the chunk file.
-func (hd *handler) read(rw transport.ReplyWriter, h transport.Header, r *replica, start time.Time) {
+func (hd *handler) read(rw transport.ReplyWriter, h api.Header, r *replica, start time.Time) {
 	doRead := func(err error) {
 		if err != nil {
-			hd.replyErr(rw, h, hd.stoppedErr(r, err), start)
+			hd.replyErr(rw, h, err, start)
 			return
 		}
 		hd.readNow(rw, h, r, start)
 	}
 	barrier := func() { hd.host.ReadBarrier(r.group, doRead) }
 	if h.Epoch > r.sm.epochOf(h.Volume) {
-		fence := proposalOf(command{Op: cmdFence, Volume: h.Volume, Epoch: h.Epoch})
-		hd.host.Propose(r.group, fence, func(err error) {
+		propose(hd.host, r.group, command{Op: cmdFence, Volume: h.Volume, Epoch: h.Epoch}, func(err error) {
 			if err != nil {
-				hd.replyErr(rw, h, hd.stoppedErr(r, err), start)
+				hd.replyErr(rw, h, err, start)
 				return
 			}
 			barrier()
@@ -283,7 +248,7 @@ func (hd *handler) read(rw transport.ReplyWriter, h transport.Header, r *replica
 // cache holds right here; a read that would wait for the disk goes to a
 // goroutine of its own, so it holds up neither the connection's next frames
 // nor the worker's other groups.
-func (hd *handler) readNow(rw transport.ReplyWriter, h transport.Header, r *replica, start time.Time) {
+func (hd *handler) readNow(rw transport.ReplyWriter, h api.Header, r *replica, start time.Time) {
 	// An in-process caller (the local fast path) has its own buffer: read
 	// straight into it, no pooled buffer and no copy.
 	var buf []byte
@@ -314,7 +279,7 @@ func (hd *handler) readNow(rw transport.ReplyWriter, h transport.Header, r *repl
 }
 
 // readDone replies to a read with buf (or err) and hands release to the reply.
-func (hd *handler) readDone(rw transport.ReplyWriter, h transport.Header, r *replica, buf []byte, release func(), err error, start time.Time) {
+func (hd *handler) readDone(rw transport.ReplyWriter, h api.Header, r *replica, buf []byte, release func(), err error, start time.Time) {
 	if err != nil {
 		release()
 		hd.log.Warn("read failed", "copyset", r.group, "volume", h.Volume, "offset", h.Offset, "err", err)
@@ -330,12 +295,12 @@ func (hd *handler) readDone(rw transport.ReplyWriter, h transport.Header, r *rep
 
 // checksum answers OpChecksum: Volume carries the pool id, Copyset the copyset
 // id; the reply payload is the checksum list described in doc.go.
-func (hd *handler) checksum(rw transport.ReplyWriter, h transport.Header) {
+func (hd *handler) checksum(rw transport.ReplyWriter, h api.Header) {
 	if h.Volume > 0xffffffff {
 		hd.reply(rw, h, api.StatusBadRequest, 0)
 		return
 	}
-	r := hd.replica(placement.GroupID(uint32(h.Volume), h.Copyset))
+	r := hd.replica(api.GroupID(uint32(h.Volume), h.Copyset))
 	if r == nil {
 		hd.reply(rw, h, api.StatusNoSuchCopyset, 0)
 		return

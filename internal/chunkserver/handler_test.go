@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/basalt-storage/basalt/internal/datastore"
-	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/scrub"
 	"github.com/basalt-storage/basalt/internal/transport"
@@ -118,7 +117,7 @@ func newHandlerEnv(t *testing.T) *handlerEnv {
 	vc := newVolumeCache(mds, log, nil)
 	vc.missInterval = 0
 	for c := uint32(0); c < hCopysets; c++ {
-		g := placement.GroupID(hPool, c)
+		g := api.GroupID(hPool, c)
 		cs, err := st.Copyset(g, hChunk)
 		if err != nil {
 			t.Fatal(err)
@@ -141,11 +140,7 @@ func newHandlerEnv(t *testing.T) *handlerEnv {
 		vols:    vc,
 		host:    host,
 		replica: func(g uint64) *replica { host.mu.Lock(); defer host.mu.Unlock(); return host.replicas[g] },
-		raftIn:  func(transport.Header, []byte) {},
-		snapIn: func(rw transport.ReplyWriter, h transport.Header, _ []byte) {
-			h.Status = api.StatusBadRequest
-			rw.Reply(h, nil, nil)
-		},
+		peerIn:  noPeers{},
 		metrics: newMetrics(),
 	}
 	srv := transport.NewServer(transport.ServerConfig{Logger: log}, hd)
@@ -169,7 +164,7 @@ func (e *handlerEnv) dial() *transport.Conn {
 }
 
 // io sends one IO frame and returns the reply status and payload.
-func (e *handlerEnv) do(c *transport.Conn, h transport.Header, payload []byte) (transport.Header, []byte) {
+func (e *handlerEnv) do(c *transport.Conn, h api.Header, payload []byte) (api.Header, []byte) {
 	e.t.Helper()
 	call := &transport.Call{Header: h, Payload: payload, ReadBuf: make([]byte, hChunk+1)}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -180,17 +175,17 @@ func (e *handlerEnv) do(c *transport.Conn, h transport.Header, payload []byte) (
 	return call.Reply, call.ReadBuf[:call.Reply.PayloadLen]
 }
 
-func csOf(vol, off uint64) uint32 { return placement.CopysetOf(vol, off/hChunk, hCopysets) }
+func csOf(vol, off uint64) uint32 { return api.CopysetOf(vol, off/hChunk, hCopysets) }
 
-func ioHdr(op transport.Op, off uint64, n uint32) transport.Header {
-	return transport.Header{Op: op, Volume: hVolume, Epoch: hEpoch, Offset: off, Length: n, Copyset: csOf(hVolume, off)}
+func ioHdr(op api.Op, off uint64, n uint32) api.Header {
+	return api.Header{Op: op, Volume: hVolume, Epoch: hEpoch, Offset: off, Length: n, Copyset: csOf(hVolume, off)}
 }
 
 // snapshotData reads the whole volume through the handler.
 func (e *handlerEnv) snapshotData(c *transport.Conn) []byte {
 	var out []byte
 	for off := uint64(0); off < hVolSize; off += hChunk {
-		h := ioHdr(transport.OpRead, off, hChunk)
+		h := ioHdr(api.OpRead, off, hChunk)
 		h.Epoch = 0
 		r, p := e.do(c, h, nil)
 		if r.Status != api.StatusOK {
@@ -208,55 +203,55 @@ func TestHandlerIO(t *testing.T) {
 	data := make([]byte, 8192)
 	rng.Read(data)
 	off := uint64(3*hChunk - 4096) // last 4 KiB of chunk 2
-	if r, _ := e.do(c, ioHdr(transport.OpWrite, off, 4096), data[:4096]); r.Status != api.StatusOK {
+	if r, _ := e.do(c, ioHdr(api.OpWrite, off, 4096), data[:4096]); r.Status != api.StatusOK {
 		t.Fatalf("write: %v", r.Status)
 	}
-	if r, _ := e.do(c, ioHdr(transport.OpWrite, off+4096, 4096), data[4096:]); r.Status != api.StatusOK {
+	if r, _ := e.do(c, ioHdr(api.OpWrite, off+4096, 4096), data[4096:]); r.Status != api.StatusOK {
 		t.Fatalf("write: %v", r.Status)
 	}
-	r, p := e.do(c, ioHdr(transport.OpRead, off, 4096), nil)
+	r, p := e.do(c, ioHdr(api.OpRead, off, 4096), nil)
 	if r.Status != api.StatusOK || !bytes.Equal(p, data[:4096]) {
 		t.Fatalf("read back: %v, equal=%v", r.Status, bytes.Equal(p, data[:4096]))
 	}
-	if r, _ := e.do(c, ioHdr(transport.OpWriteZeroes, off, 100), nil); r.Status != api.StatusOK {
+	if r, _ := e.do(c, ioHdr(api.OpWriteZeroes, off, 100), nil); r.Status != api.StatusOK {
 		t.Fatalf("zeroes: %v", r.Status)
 	}
-	if r, _ := e.do(c, ioHdr(transport.OpTrim, off+100, 100), nil); r.Status != api.StatusOK {
+	if r, _ := e.do(c, ioHdr(api.OpTrim, off+100, 100), nil); r.Status != api.StatusOK {
 		t.Fatalf("trim: %v", r.Status)
 	}
-	_, p = e.do(c, ioHdr(transport.OpRead, off, 300), nil)
+	_, p = e.do(c, ioHdr(api.OpRead, off, 300), nil)
 	want := append(make([]byte, 200), data[200:300]...)
 	if !bytes.Equal(p, want) {
 		t.Fatal("zeroes/trim did not read back as zeros")
 	}
-	for _, op := range []transport.Op{transport.OpFlush, transport.OpPing} {
-		if r, _ := e.do(c, transport.Header{Op: op}, nil); r.Status != api.StatusOK {
+	for _, op := range []api.Op{api.OpFlush, api.OpPing} {
+		if r, _ := e.do(c, api.Header{Op: op}, nil); r.Status != api.StatusOK {
 			t.Fatalf("%v: %v", op, r.Status)
 		}
 	}
 	// A newer writer's read fences the old writer out.
-	h := ioHdr(transport.OpRead, off, 10)
+	h := ioHdr(api.OpRead, off, 10)
 	h.Epoch = hEpoch + 1
 	if r, _ := e.do(c, h, nil); r.Status != api.StatusOK {
 		t.Fatalf("fencing read: %v", r.Status)
 	}
-	if r, _ := e.do(c, ioHdr(transport.OpWrite, off, 4), []byte("old!")); r.Status != api.StatusFenced {
+	if r, _ := e.do(c, ioHdr(api.OpWrite, off, 4), []byte("old!")); r.Status != api.StatusFenced {
 		t.Fatalf("stale write after fence: %v", r.Status)
 	}
-	if r, _ := e.do(c, ioHdr(transport.OpRead, off, 4), nil); r.Status != api.StatusFenced {
+	if r, _ := e.do(c, ioHdr(api.OpRead, off, 4), nil); r.Status != api.StatusFenced {
 		t.Fatalf("stale read after fence: %v", r.Status)
 	}
 	// NOT_LEADER carries the hint.
 	e.host.mu.Lock()
 	e.host.notLead = 77
 	e.host.mu.Unlock()
-	w := ioHdr(transport.OpWrite, 0, 1)
+	w := ioHdr(api.OpWrite, 0, 1)
 	w.Epoch = hEpoch + 1
 	if r, _ := e.do(c, w, []byte{1}); r.Status != api.StatusNotLeader || r.Hint != 77 {
 		t.Fatalf("not leader: %v hint %d", r.Status, r.Hint)
 	}
 	// Checksums: one copyset holds chunk 2; its list names it.
-	ch := transport.Header{Op: transport.OpChecksum, Volume: hPool, Copyset: csOf(hVolume, off)}
+	ch := api.Header{Op: api.OpChecksum, Volume: hPool, Copyset: csOf(hVolume, off)}
 	r, p = e.do(c, ch, nil)
 	sums, err := scrub.DecodeChecksums(p)
 	if r.Status != api.StatusOK || err != nil || len(sums) != 1 || sums[0].Volume != hVolume || sums[0].Index != 2 {
@@ -270,7 +265,7 @@ func TestHandlerBadInput(t *testing.T) {
 	// Some data to protect.
 	seed := bytes.Repeat([]byte("basalt!!"), hChunk/8)
 	for off := uint64(0); off < hVolSize; off += hChunk {
-		if r, _ := e.do(c, ioHdr(transport.OpWrite, off, hChunk), seed); r.Status != api.StatusOK {
+		if r, _ := e.do(c, ioHdr(api.OpWrite, off, hChunk), seed); r.Status != api.StatusOK {
 			t.Fatalf("seed write: %v", r.Status)
 		}
 	}
@@ -279,52 +274,52 @@ func TestHandlerBadInput(t *testing.T) {
 	proposedBefore := e.host.proposed
 	e.host.mu.Unlock()
 
-	wrongCS := ioHdr(transport.OpWrite, 0, 4)
+	wrongCS := ioHdr(api.OpWrite, 0, 4)
 	wrongCS.Copyset = (wrongCS.Copyset + 1) % hCopysets
-	bigCS := ioHdr(transport.OpWrite, 0, 4)
+	bigCS := ioHdr(api.OpWrite, 0, 4)
 	bigCS.Copyset = 1 << 30
-	epoch0 := ioHdr(transport.OpWrite, 0, 4)
+	epoch0 := ioHdr(api.OpWrite, 0, 4)
 	epoch0.Epoch = 0
-	trim0 := ioHdr(transport.OpTrim, 0, 4)
+	trim0 := ioHdr(api.OpTrim, 0, 4)
 	trim0.Epoch = 0
-	unknown := ioHdr(transport.OpWrite, 0, 4)
+	unknown := ioHdr(api.OpWrite, 0, 4)
 	unknown.Volume = 999
-	deleted := ioHdr(transport.OpWrite, 0, 4)
+	deleted := ioHdr(api.OpWrite, 0, 4)
 	deleted.Volume = hDeleted
 	deleted.Copyset = csOf(hDeleted, 0)
-	stale := ioHdr(transport.OpWrite, 0, 4)
+	stale := ioHdr(api.OpWrite, 0, 4)
 	stale.Epoch = 0
-	badOp := ioHdr(transport.Op(99), 0, 4)
-	zeroLen := ioHdr(transport.OpWrite, 0, 0)
-	readPayload := ioHdr(transport.OpRead, 0, 4)
-	badChecksum := transport.Header{Op: transport.OpChecksum, Volume: 1 << 40}
-	noCS := transport.Header{Op: transport.OpChecksum, Volume: hOtherPool}
+	badOp := ioHdr(api.Op(99), 0, 4)
+	zeroLen := ioHdr(api.OpWrite, 0, 0)
+	readPayload := ioHdr(api.OpRead, 0, 4)
+	badChecksum := api.Header{Op: api.OpChecksum, Volume: 1 << 40}
+	noCS := api.Header{Op: api.OpChecksum, Volume: hOtherPool}
 	cases := []struct {
 		name    string
-		h       transport.Header
+		h       api.Header
 		payload []byte
 		want    api.Status
 	}{
 		{"unknown op", badOp, []byte("abcd"), api.StatusBadRequest},
-		{"past the end", ioHdr(transport.OpWrite, hVolSize-2, 4), []byte("abcd"), api.StatusOutOfRange},
-		{"offset far past the end", ioHdr(transport.OpRead, 1<<62, 4), nil, api.StatusOutOfRange},
-		{"offset+length overflows", ioHdr(transport.OpRead, ^uint64(0)-1, 4), nil, api.StatusOutOfRange},
-		{"crosses a chunk", ioHdr(transport.OpWrite, hChunk-2, 4), []byte("abcd"), api.StatusOutOfRange},
-		{"zeroes cross a chunk", ioHdr(transport.OpWriteZeroes, hChunk-2, 4), nil, api.StatusOutOfRange},
-		{"huge length", ioHdr(transport.OpRead, 0, 1<<31), nil, api.StatusOutOfRange},
+		{"past the end", ioHdr(api.OpWrite, hVolSize-2, 4), []byte("abcd"), api.StatusOutOfRange},
+		{"offset far past the end", ioHdr(api.OpRead, 1<<62, 4), nil, api.StatusOutOfRange},
+		{"offset+length overflows", ioHdr(api.OpRead, ^uint64(0)-1, 4), nil, api.StatusOutOfRange},
+		{"crosses a chunk", ioHdr(api.OpWrite, hChunk-2, 4), []byte("abcd"), api.StatusOutOfRange},
+		{"zeroes cross a chunk", ioHdr(api.OpWriteZeroes, hChunk-2, 4), nil, api.StatusOutOfRange},
+		{"huge length", ioHdr(api.OpRead, 0, 1<<31), nil, api.StatusOutOfRange},
 		{"unknown volume", unknown, []byte("abcd"), api.StatusNoSuchVolume},
 		{"deleted volume", deleted, []byte("abcd"), api.StatusNoSuchVolume},
 		{"wrong copyset", wrongCS, []byte("abcd"), api.StatusBadRequest},
 		{"copyset out of range", bigCS, []byte("abcd"), api.StatusBadRequest},
 		{"write with epoch 0", epoch0, []byte("abcd"), api.StatusReadOnly},
 		{"trim with epoch 0", trim0, nil, api.StatusReadOnly},
-		{"payload shorter than length", ioHdr(transport.OpWrite, 0, 8), []byte("abcd"), api.StatusBadRequest},
-		{"payload longer than length", ioHdr(transport.OpWrite, 0, 2), []byte("abcd"), api.StatusBadRequest},
+		{"payload shorter than length", ioHdr(api.OpWrite, 0, 8), []byte("abcd"), api.StatusBadRequest},
+		{"payload longer than length", ioHdr(api.OpWrite, 0, 2), []byte("abcd"), api.StatusBadRequest},
 		{"zero length", zeroLen, nil, api.StatusBadRequest},
 		{"read with payload", readPayload, []byte("abcd"), api.StatusBadRequest},
-		{"trim with payload", ioHdr(transport.OpTrim, 0, 4), []byte("abcd"), api.StatusBadRequest},
+		{"trim with payload", ioHdr(api.OpTrim, 0, 4), []byte("abcd"), api.StatusBadRequest},
 		{"checksum of a bad pool id", badChecksum, nil, api.StatusBadRequest},
-		{"read longer than a frame", transport.Header{Op: transport.OpRead, Volume: hBigChunks, Length: transport.MaxPayload + 1}, nil, api.StatusBadRequest},
+		{"read longer than a frame", api.Header{Op: api.OpRead, Volume: hBigChunks, Length: api.MaxPayload + 1}, nil, api.StatusBadRequest},
 		{"checksum of a copyset not here", noCS, nil, api.StatusNoSuchCopyset},
 	}
 	_ = stale
@@ -339,11 +334,11 @@ func TestHandlerBadInput(t *testing.T) {
 	}
 	// A copyset not hosted here.
 	e.host.mu.Lock()
-	g := placement.GroupID(hPool, csOf(hVolume, 0))
+	g := api.GroupID(hPool, csOf(hVolume, 0))
 	saved := e.host.replicas[g]
 	delete(e.host.replicas, g)
 	e.host.mu.Unlock()
-	if r, _ := e.do(c, ioHdr(transport.OpWrite, 0, 4), []byte("abcd")); r.Status != api.StatusNoSuchCopyset {
+	if r, _ := e.do(c, ioHdr(api.OpWrite, 0, 4), []byte("abcd")); r.Status != api.StatusNoSuchCopyset {
 		t.Errorf("copyset not hosted: %v", r.Status)
 	}
 	e.host.mu.Lock()
@@ -354,10 +349,10 @@ func TestHandlerBadInput(t *testing.T) {
 	garbage := [][]byte{
 		[]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n" + string(make([]byte, 64))),
 		badHeader(func(b []byte) { b[4] = 9 }),                                                              // bad version
-		badHeader(func(b []byte) { binary.BigEndian.PutUint32(b[20:], transport.MaxPayload+1) }),            // huge payload
+		badHeader(func(b []byte) { binary.BigEndian.PutUint32(b[20:], api.MaxPayload+1) }),                  // huge payload
 		append(badHeader(func(b []byte) { binary.BigEndian.PutUint32(b[20:], 1000) }), make([]byte, 10)...), // truncated payload
 		badHeader(nil)[:30], // truncated header
-		badHeader(func(b []byte) { binary.BigEndian.PutUint16(b[6:], uint16(transport.FlagReply)) }), // a reply as request
+		badHeader(func(b []byte) { binary.BigEndian.PutUint16(b[6:], uint16(api.FlagReply)) }), // a reply as request
 	}
 	for i, g := range garbage {
 		nc, err := net.Dial("tcp", e.addr)
@@ -383,11 +378,11 @@ func TestHandlerBadInput(t *testing.T) {
 	}
 	// Raft and snapshot garbage must not crash anything either.
 	var rw captureRW
-	e.hd.ServeFrame(&rw, transport.Header{Op: transport.OpRaft}, []byte{1, 2, 3})
+	e.hd.ServeFrame(&rw, api.Header{Op: api.OpRaft}, []byte{1, 2, 3})
 
 	// The process is up, the good connection still works, no data changed and
 	// nothing was proposed.
-	if r, _ := e.do(c, transport.Header{Op: transport.OpPing}, nil); r.Status != api.StatusOK {
+	if r, _ := e.do(c, api.Header{Op: api.OpPing}, nil); r.Status != api.StatusOK {
 		t.Fatalf("ping after bad input: %v", r.Status)
 	}
 	if !bytes.Equal(e.snapshotData(e.dial()), before) {
@@ -409,7 +404,7 @@ func TestHandlerUnknownVolumeRefresh(t *testing.T) {
 	e.mds.vols = append(e.mds.vols, &api.Volume{Id: 500, Size: hChunk, PoolId: hPool})
 	lists := e.mds.lists
 	e.mds.mu.Unlock()
-	h := transport.Header{Op: transport.OpWrite, Volume: 500, Epoch: 1, Length: 3, Copyset: csOf(500, 0)}
+	h := api.Header{Op: api.OpWrite, Volume: 500, Epoch: 1, Length: 3, Copyset: csOf(500, 0)}
 	if r, _ := e.do(c, h, []byte("new")); r.Status != api.StatusOK {
 		t.Fatalf("write to a new volume: %v", r.Status)
 	}
@@ -431,8 +426,8 @@ func TestHandlerUnknownVolumeRefresh(t *testing.T) {
 }
 
 func badHeader(mod func([]byte)) []byte {
-	h := ioHdr(transport.OpPing, 0, 0)
-	b := make([]byte, transport.HeaderSize)
+	h := ioHdr(api.OpPing, 0, 0)
+	b := make([]byte, api.HeaderSize)
 	h.Encode(b)
 	if mod != nil {
 		mod(b)
@@ -442,10 +437,10 @@ func badHeader(mod func([]byte)) []byte {
 
 type captureRW struct {
 	mu      sync.Mutex
-	replies []transport.Header
+	replies []api.Header
 }
 
-func (c *captureRW) Reply(h transport.Header, _ []byte, release func()) {
+func (c *captureRW) Reply(h api.Header, _ []byte, release func()) {
 	c.mu.Lock()
 	c.replies = append(c.replies, h)
 	c.mu.Unlock()
@@ -455,3 +450,16 @@ func (c *captureRW) Reply(h transport.Header, _ []byte, release func()) {
 }
 func (c *captureRW) Retain()              {}
 func (c *captureRW) RemoteAddr() net.Addr { return &net.TCPAddr{} }
+
+// noPeers is the peer transport of a handler without peers: raft frames are
+// dropped, snapshot frames refused.
+type noPeers struct{}
+
+func (noPeers) ServeFrame(rw transport.ReplyWriter, h api.Header, _ []byte) {
+	if h.Op == api.OpSnapshot {
+		h.Status = api.StatusBadRequest
+		rw.Reply(h, nil, nil)
+	}
+}
+
+func (noPeers) AllocPayload(api.Header, int) []byte { return nil }

@@ -3,7 +3,6 @@ package chunkserver
 import (
 	"net"
 
-	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -20,45 +19,43 @@ func (c *ChunkServer) LocalID() uint64 { return c.ID() }
 // Go serves one client IO request in process (client.Local): read, write, trim or
 // write-zeroes, validated exactly like a frame. done runs once, on a handler or
 // raft goroutine (or before Go returns for a refused request).
-func (c *ChunkServer) Go(call *transport.Call, done func(*transport.Call)) {
-	rw := &localReply{call: call, done: done}
+func (c *ChunkServer) Go(req api.Header, payload, readBuf []byte, done func(reply api.Header)) {
+	rw := &localReply{readBuf: readBuf, done: done}
 	hd := c.local.Load()
 	if hd == nil { // not serving yet, or stopped: the client tries again later
-		h := call.Header
-		h.Status = api.StatusNotLeader
-		rw.Reply(h, nil, nil)
+		req.Status = api.StatusNotLeader
+		rw.Reply(req, nil, nil)
 		return
 	}
-	switch call.Header.Op {
-	case transport.OpRead, transport.OpWrite, transport.OpTrim, transport.OpWriteZeroes:
-		hd.serveIO(rw, call.Header, call.Payload, true)
-	case transport.OpFlush, transport.OpPing:
-		hd.reply(rw, call.Header, api.StatusOK, 0)
+	switch req.Op {
+	case api.OpRead, api.OpWrite, api.OpTrim, api.OpWriteZeroes:
+		hd.serveIO(rw, req, payload, true)
+	case api.OpFlush, api.OpPing:
+		hd.reply(rw, req, api.StatusOK, 0)
 	default:
-		hd.reply(rw, call.Header, api.StatusBadRequest, 0)
+		hd.reply(rw, req, api.StatusBadRequest, 0)
 	}
 }
 
 // localReply is the transport.ReplyWriter of an in-process request.
 type localReply struct {
-	call *transport.Call
-	done func(*transport.Call)
+	readBuf []byte // a read's destination, the caller's buffer
+	done    func(reply api.Header)
 }
 
-// Reply completes the call: payload (a read's data) is copied into the caller's
-// buffer unless it already is that buffer (readBuffer).
-func (r *localReply) Reply(h transport.Header, payload []byte, release func()) {
+// Reply completes the request: payload (a read's data) is copied into the
+// caller's buffer unless it already is that buffer (readBuffer).
+func (r *localReply) Reply(h api.Header, payload []byte, release func()) {
 	n := len(payload)
-	if n > 0 && (len(r.call.ReadBuf) == 0 || &payload[0] != &r.call.ReadBuf[0]) {
-		n = copy(r.call.ReadBuf, payload)
+	if n > 0 && (len(r.readBuf) == 0 || &payload[0] != &r.readBuf[0]) {
+		n = copy(r.readBuf, payload)
 	}
 	if release != nil {
 		release()
 	}
 	h.PayloadLen = uint32(n)
-	h.Flags |= transport.FlagReply
-	r.call.Reply = h
-	r.done(r.call)
+	h.Flags |= api.FlagReply
+	r.done(h)
 }
 
 // Retain: the payload is the caller's buffer, valid until done anyway.
@@ -69,10 +66,10 @@ func (*localReply) RemoteAddr() net.Addr { return localAddr{} }
 
 // readBuffer is where a read of n bytes goes: the caller's own buffer.
 func (r *localReply) readBuffer(n int) []byte {
-	if len(r.call.ReadBuf) < n {
+	if len(r.readBuf) < n {
 		return nil
 	}
-	return r.call.ReadBuf[:n]
+	return r.readBuf[:n]
 }
 
 type localAddr struct{}

@@ -144,8 +144,8 @@ func TestRealMDSCluster(t *testing.T) {
 		return err == nil && st.GetCopysetsHealthy() == 4
 	})
 	for _, cs := range st.GetChunkservers() {
-		if !cs.GetOnline() || cs.GetState() != "ok" {
-			t.Fatalf("chunkserver %d: online=%v state=%q", cs.GetId(), cs.GetOnline(), cs.GetState())
+		if !cs.GetOnline() || cs.GetDiskState() != api.DiskState_DISK_STATE_OK {
+			t.Fatalf("chunkserver %d: online=%v disk state %v", cs.GetId(), cs.GetOnline(), cs.GetDiskState())
 		}
 	}
 }

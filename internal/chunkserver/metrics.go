@@ -8,7 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/basalt-storage/basalt/internal/latency"
-	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -23,30 +22,6 @@ type metrics struct {
 	csOps, csBytes *prometheus.CounterVec
 	// WAL batches: write and fdatasync time (wal.Config.OnCommit).
 	walWrite, walSync prometheus.Histogram
-}
-
-func opName(op transport.Op) string {
-	switch op {
-	case transport.OpRead:
-		return "read"
-	case transport.OpWrite:
-		return "write"
-	case transport.OpTrim:
-		return "trim"
-	case transport.OpWriteZeroes:
-		return "write_zeroes"
-	case transport.OpFlush:
-		return "flush"
-	case transport.OpPing:
-		return "ping"
-	case transport.OpChecksum:
-		return "checksum"
-	case transport.OpRaft:
-		return "raft"
-	case transport.OpSnapshot:
-		return "snapshot"
-	}
-	return "unknown"
 }
 
 func newMetrics() *metrics {
@@ -91,11 +66,11 @@ func newMetrics() *metrics {
 }
 
 // done records one answered request. n: payload bytes moved; start zero: no latency.
-func (m *metrics) done(op transport.Op, st api.Status, n int, start time.Time) {
+func (m *metrics) done(op api.Op, st api.Status, n int, start time.Time) {
 	if m == nil {
 		return
 	}
-	name := opName(op)
+	name := op.String()
 	m.ops.WithLabelValues(name, st.String()).Inc()
 	if st != api.StatusOK {
 		return
@@ -109,11 +84,11 @@ func (m *metrics) done(op transport.Op, st api.Status, n int, start time.Time) {
 }
 
 // copysetDone counts one successful IO of n bytes on raft group g.
-func (m *metrics) copysetDone(g uint64, op transport.Op, n int) {
+func (m *metrics) copysetDone(g uint64, op api.Op, n int) {
 	if m == nil {
 		return
 	}
-	id, name := strconv.FormatUint(g, 16), opName(op)
+	id, name := strconv.FormatUint(g, 16), op.String()
 	m.csOps.WithLabelValues(id, name).Inc()
 	m.csBytes.WithLabelValues(id, name).Add(float64(n))
 }

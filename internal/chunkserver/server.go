@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,13 +17,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/basalt-storage/basalt/internal/datastore"
 	"github.com/basalt-storage/basalt/internal/debughttp"
-	"github.com/basalt-storage/basalt/internal/placement"
+	"github.com/basalt-storage/basalt/internal/raftnet"
 	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/scrub"
 	"github.com/basalt-storage/basalt/internal/transport"
@@ -68,7 +66,7 @@ type Config struct {
 	// SnapshotRate bounds this chunkserver's InstallSnapshot traffic, bytes
 	// sent plus received per second, so that rebuilding and rebalancing
 	// copysets leave disk and network to foreground IO (0:
-	// DefaultSnapshotRate; < 0: no limit).
+	// raftnet.DefaultSnapshotRate; < 0: no limit).
 	SnapshotRate int64
 	// Knobs are fault-injection points for tests, handed to the WAL and the
 	// datastore (slow or failing fsync, full disk).
@@ -118,13 +116,13 @@ type ChunkServer struct {
 	id      atomic.Uint64
 
 	// Set up by Run before the listener is served.
-	mds   *mdsclient.Client
-	vols  *volumeCache
-	host  *raftstore.Host
-	peers *peerTransport
-	snaps *snapReceiver
-	srv   *transport.Server
-	hd    *handler
+	mds    *mdsclient.Client
+	vols   *volumeCache
+	host   *raftstore.Host
+	peers  *raftnet.Transport
+	peerIn *raftnet.Receiver
+	srv    *transport.Server
+	hd     *handler
 	// local is hd once the data plane serves, nil before and from shutdown on:
 	// what Go (the local fast path, local.go) hands requests to.
 	local atomic.Pointer[handler]
@@ -186,7 +184,7 @@ func (c *ChunkServer) scrubTargets() []scrub.Target {
 		if id == self {
 			return c.addr
 		}
-		return c.peers.addrOf(id)
+		return c.peers.Addr(id)
 	}
 	chunkSize := func(pool uint32) uint64 {
 		cs, _ := c.vols.poolChunkSize(pool)
@@ -317,9 +315,7 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 	}
 	id := c.ID()
 	c.log = c.cfg.Logger.With("component", "chunkserver", "chunkserver", id)
-	c.peers = newPeerTransport(id, c.log)
-	snapLimit := newSnapshotLimiter(c.cfg.SnapshotRate)
-	c.peers.snapLimit = snapLimit
+	c.peers = raftnet.New(raftnet.Config{Self: id, Logger: c.log, SnapshotRate: c.cfg.SnapshotRate})
 	c.host, err = raftstore.New(raftstore.Config{
 		NodeID:          id,
 		Log:             c.wal,
@@ -336,16 +332,14 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 	c.host.Start()
 	c.ready.Store(c.host)
 	c.metrics.reg.MustRegister(newHostCollector(c))
-	c.snaps = newSnapReceiver(id, c.log, c.host.ReceiveSnapshot)
-	c.snaps.limit = snapLimit
+	c.peerIn = c.peers.Receiver(c.host)
 	c.hd = &handler{
 		log:     c.log,
 		ctx:     ctx,
 		vols:    c.vols,
 		host:    c.host,
 		replica: c.replica,
-		raftIn:  c.raftIn,
-		snapIn:  c.snaps.serve,
+		peerIn:  c.peerIn,
 		metrics: c.metrics,
 		stats:   &c.stats,
 	}
@@ -402,14 +396,14 @@ func (c *ChunkServer) shutdown() {
 	if c.hd != nil {
 		c.hd.missWG.Wait()
 	}
-	if c.snaps != nil {
-		c.snaps.close()
+	if c.peerIn != nil {
+		c.peerIn.Close()
 	}
 	if c.host != nil {
 		c.host.Stop()
 	}
 	if c.peers != nil {
-		c.peers.close()
+		c.peers.Close()
 	}
 	if err := c.wal.Close(); err != nil {
 		c.log.Warn("closing the WAL", "err", err)
@@ -467,7 +461,7 @@ func (c *ChunkServer) register(ctx context.Context) error {
 // recoverGroups restarts every group found in the WAL.
 func (c *ChunkServer) recoverGroups() error {
 	for _, g := range c.wal.Groups() {
-		pool, _ := placement.SplitGroupID(g)
+		pool, _ := api.SplitGroupID(g)
 		chunkSize, ok := c.vols.poolChunkSize(pool)
 		if !ok {
 			// The heartbeat restarts it once the pool is known.
@@ -495,7 +489,7 @@ func (c *ChunkServer) startGroup(g uint64, chunkSize int64, peers []uint64, join
 	c.mu.Lock()
 	c.replicas[g] = &replica{group: g, chunkSize: chunkSize, sm: sm, store: cs}
 	c.mu.Unlock()
-	pool, id := placement.SplitGroupID(g)
+	pool, id := api.SplitGroupID(g)
 	c.log.Debug("copyset started", "copyset", g, "pool", pool, "id", id, "join", join, "peers", peers)
 	return nil
 }
@@ -530,7 +524,7 @@ func (c *ChunkServer) replicaFailed(g uint64, err error) {
 	// stops now and the other members elect a leader. A follower stops at the
 	// leader's next entry anyway. Off the calling (raft) goroutine.
 	if h := c.ready.Load(); h != nil {
-		go h.Propose(g, proposalOf(command{Op: cmdFence}), func(error) {})
+		go propose(h, g, command{Op: cmdFence}, func(error) {})
 	}
 }
 
@@ -548,215 +542,6 @@ func (c *ChunkServer) deleteVolumes(ids []uint64) {
 				c.log.Warn("deleting a volume's chunks", "copyset", r.group, "volume", v, "err", err)
 			}
 		}
-	}
-}
-
-// raftIn steps an OpRaft frame's messages into the host.
-func (c *ChunkServer) raftIn(h transport.Header, payload []byte) {
-	msgs, err := decodeRaftBatch(payload)
-	if err != nil {
-		c.log.Warn("bad raft frame dropped", "from", h.Hint, "err", err)
-		return
-	}
-	self := c.ID()
-	keep := msgs[:0]
-	for _, m := range msgs {
-		if m.Msg.GetTo() == self && m.Msg.GetType() != raftpb.MsgSnap {
-			keep = append(keep, m)
-		}
-	}
-	c.host.Step(keep)
-}
-
-// heartbeatLoop heartbeats until ctx is done or the server fails.
-func (c *ChunkServer) heartbeatLoop(ctx context.Context, srvDone <-chan error) error {
-	t := time.NewTicker(c.cfg.HeartbeatInterval)
-	defer t.Stop()
-	rt := time.NewTicker(min(reconcileInterval, c.cfg.HeartbeatInterval))
-	defer rt.Stop()
-	failures := 0
-	for {
-		if err := c.heartbeat(ctx); err != nil {
-			failures++
-			if failures == 1 || failures%30 == 0 {
-				c.log.Warn("heartbeat failed", "err", err, "failures", failures)
-			}
-		} else {
-			if failures > 0 {
-				c.log.Info("heartbeat succeeded again", "after_failures", failures)
-			}
-			failures = 0
-		}
-		c.compactWAL()
-		for waiting := true; waiting; {
-			select {
-			case <-ctx.Done():
-				return nil
-			case err := <-srvDone:
-				if errors.Is(err, transport.ErrServerClosed) {
-					return nil
-				}
-				return err
-			case <-rt.C:
-				// A membership change steps on as soon as the last one is
-				// applied (or the learner caught up), not a heartbeat later.
-				for g, members := range c.want {
-					c.reconcileMembers(g, members)
-				}
-			case <-t.C:
-				waiting = false
-			}
-		}
-	}
-}
-
-// heartbeat sends one heartbeat and acts on the answer.
-func (c *ChunkServer) heartbeat(ctx context.Context) error {
-	capacity, used, err := c.store.Usage()
-	if err != nil {
-		c.log.Warn("disk usage unavailable", "err", err)
-	}
-	req := &api.HeartbeatRequest{
-		Id: c.ID(), Addr: c.addr, CapacityBytes: capacity, UsedBytes: used, State: c.state(),
-		ReadOps: c.stats.readOps.Load(), WriteOps: c.stats.writeOps.Load(),
-		ReadBytes: c.stats.readBytes.Load(), WriteBytes: c.stats.writeBytes.Load(),
-	}
-	for _, gs := range c.host.Groups() {
-		pool, id := placement.SplitGroupID(gs.ID)
-		req.Copysets = append(req.Copysets, &api.CopysetStatus{
-			PoolId: pool, CopysetId: id, Leader: gs.IsLeader, Term: gs.Term,
-			AppliedIndex: gs.Applied, CommitIndex: gs.Commit, Voters: gs.Voters,
-			Learners: gs.Learners, Healthy: gs.Healthy, LeaderId: gs.Leader,
-		})
-	}
-	hctx, cancel := context.WithTimeout(ctx, max(c.cfg.HeartbeatInterval, time.Second))
-	defer cancel()
-	resp, err := c.mds.Heartbeat(hctx, req)
-	if status.Code(err) == codes.NotFound {
-		// The MDS does not know this chunkserver (its metadata was reset):
-		// register again, with the id this data directory holds.
-		c.log.Warn("MDS forgot this chunkserver; registering again", "err", err)
-		return c.register(ctx)
-	}
-	if err != nil {
-		return err
-	}
-	addrs := make(map[uint64]string, len(resp.GetPeers()))
-	for _, p := range resp.GetPeers() {
-		addrs[p.GetId()] = p.GetAddr()
-	}
-	c.peers.setPeers(addrs)
-	c.vols.addPools(resp.GetPools())
-	if c.vols.stale(resp.GetVolumesRevision()) {
-		if err := c.vols.refresh(ctx); err != nil {
-			c.log.Warn("volume list refresh failed", "err", err)
-		}
-	}
-	for _, cs := range resp.GetCopysets() {
-		g := placement.GroupID(cs.GetPoolId(), cs.GetId())
-		if c.replica(g) != nil {
-			continue
-		}
-		chunkSize, ok := c.vols.poolChunkSize(cs.GetPoolId())
-		if !ok {
-			if err := c.vols.refresh(ctx); err != nil {
-				return err
-			}
-			if chunkSize, ok = c.vols.poolChunkSize(cs.GetPoolId()); !ok {
-				c.log.Warn("copyset of an unknown pool", "copyset", g)
-				continue
-			}
-		}
-		join := cs.GetEpoch() != 0
-		if err := c.startGroup(g, int64(chunkSize), cs.GetMembers(), join); err != nil {
-			c.log.Error("cannot start copyset", "copyset", g, "err", err)
-		}
-	}
-	now := time.Now()
-	listed := make(map[uint64]bool, len(resp.GetCopysets()))
-	c.want = make(map[uint64][]uint64)
-	for _, cs := range resp.GetCopysets() {
-		g := placement.GroupID(cs.GetPoolId(), cs.GetId())
-		listed[g] = true
-		if cs.GetEpoch() != 0 {
-			c.want[g] = cs.GetMembers()
-			c.reconcileMembers(g, cs.GetMembers())
-		}
-	}
-	// Leader balancing: hand leadership to the member the MDS names, if it is
-	// a listed member and a voter here that is caught up (a dead one soon is
-	// not). Raft refuses every proposal while a
-	// transfer runs (until it succeeds or times out after an election
-	// timeout), so a transfer is started at most once per transferBackoff.
-	members := make(map[uint64][]uint64, len(resp.GetCopysets()))
-	for _, cs := range resp.GetCopysets() {
-		members[placement.GroupID(cs.GetPoolId(), cs.GetId())] = cs.GetMembers()
-	}
-	for _, tl := range resp.GetTransferLeaders() {
-		g, to := placement.GroupID(tl.GetPoolId(), tl.GetCopysetId()), tl.GetTo()
-		st, ok := c.host.Status(g)
-		if !ok || !st.IsLeader || to == c.ID() || !slices.Contains(st.Voters, to) ||
-			!slices.Contains(members[g], to) || st.Progress[to]+learnerCatchUp < st.Applied ||
-			now.Sub(c.transferAt[g]) < transferBackoff {
-			continue
-		}
-		c.transferAt[g] = now
-		c.host.TransferLeader(g, to)
-	}
-	for _, st := range c.host.Groups() {
-		if listed[st.ID] {
-			delete(c.unlisted, st.ID)
-			continue
-		}
-		since, ok := c.unlisted[st.ID]
-		if !ok {
-			since = now
-			c.unlisted[st.ID] = now
-		}
-		c.handOver(st)
-		c.removeIfGone(st, now.Sub(since))
-		if c.replica(st.ID) == nil {
-			delete(c.unlisted, st.ID)
-		}
-	}
-	return nil
-}
-
-// state is the heartbeat state: "ok", or why this chunkserver cannot serve.
-func (c *ChunkServer) state() string {
-	c.mu.RLock()
-	err := c.diskErr
-	c.mu.RUnlock()
-	if err == nil && c.host != nil {
-		// A group the raft host stopped because the WAL failed (ENOSPC, EIO)
-		// never reached an Apply: record its error too.
-		for _, st := range c.host.Groups() {
-			if !st.Healthy && st.Err != nil {
-				c.mu.Lock()
-				if c.diskErr == nil {
-					c.diskErr = st.Err
-					c.log.Error("copyset replica stopped by a WAL error", "copyset", st.ID, "err", st.Err)
-				}
-				err = c.diskErr
-				c.mu.Unlock()
-				break
-			}
-		}
-	}
-	if err != nil {
-		return diskState(err)
-	}
-	return "ok"
-}
-
-// compactWAL makes the groups that pin the oldest WAL segment snapshot when
-// the WAL holds more segments than it should.
-func (c *ChunkServer) compactWAL() {
-	if c.wal.SegmentCount() <= c.cfg.MaxWALSegments {
-		return
-	}
-	for _, g := range c.wal.PinningGroups() {
-		c.host.Snapshot(g)
 	}
 }
 

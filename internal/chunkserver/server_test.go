@@ -19,6 +19,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/basalt-storage/basalt/internal/datastore"
+	"github.com/basalt-storage/basalt/internal/raftnet"
+	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/testutil"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
@@ -90,27 +92,47 @@ func TestRunStopsWithoutMDS(t *testing.T) {
 	}
 }
 
-func TestDiskState(t *testing.T) {
-	if s := diskState(fmt.Errorf("apply: %w", datastore.ErrNoSpace)); s != "disk full" {
-		t.Fatalf("no space: %q", s)
-	}
-	if s := diskState(fmt.Errorf("apply: %w", datastore.ErrIO)); s != "io error" {
-		t.Fatalf("io: %q", s)
+// The heartbeat's disk state and the wire status of every kind of outcome:
+// the mapping of raftstore's typed errors happens in statusOf alone.
+func TestDiskStateAndStatus(t *testing.T) {
+	full := raftstore.DiskFailure(fmt.Errorf("apply: %w: write: %w", datastore.ErrNoSpace, unix.ENOSPC))
+	broken := raftstore.DiskFailure(fmt.Errorf("apply: %w: write: %w", datastore.ErrIO, unix.EIO))
+	walFull := raftstore.DiskFailure(fmt.Errorf("wal: write failed: %w", unix.EDQUOT))
+	for err, want := range map[error]api.DiskState{
+		nil: api.DiskState_DISK_STATE_OK, full: api.DiskState_DISK_STATE_FULL,
+		walFull: api.DiskState_DISK_STATE_FULL, broken: api.DiskState_DISK_STATE_IO_ERROR,
+	} {
+		if got := diskStateOf(err); got != want {
+			t.Errorf("diskStateOf(%v) = %v, want %v", err, got, want)
+		}
 	}
 	c := &ChunkServer{log: testLogger(t), replicas: map[uint64]*replica{}}
-	if c.state() != "ok" {
-		t.Fatal("fresh state")
+	if got := c.diskState(); got != api.DiskState_DISK_STATE_OK {
+		t.Fatalf("fresh disk state %v", got)
 	}
-	c.replicaFailed(5, fmt.Errorf("x: %w", datastore.ErrNoSpace))
-	c.replicaFailed(6, fmt.Errorf("x: %w", datastore.ErrIO))
-	if c.state() != "disk full" {
-		t.Fatalf("state %q, want the first error's", c.state())
+	c.replicaFailed(5, full)
+	c.replicaFailed(6, broken)
+	if got := c.diskState(); got != api.DiskState_DISK_STATE_FULL {
+		t.Fatalf("disk state %v, want the first error's", got)
 	}
-	if st, _ := statusOf(fmt.Errorf("x: %w", datastore.ErrNoSpace)); st != api.StatusNoSpace {
-		t.Fatalf("status %v", st)
-	}
-	if st, _ := statusOf(errors.New("boom")); st != api.StatusIOError {
-		t.Fatalf("status %v", st)
+	for _, tc := range []struct {
+		err  error
+		st   api.Status
+		hint uint64
+	}{
+		{nil, api.StatusOK, 0},
+		{&api.Error{Status: api.StatusFenced}, api.StatusFenced, 0},
+		{&raftstore.NotLeaderError{Leader: 7}, api.StatusNotLeader, 7},
+		{raftstore.ErrStopped, api.StatusNotLeader, 0},
+		{fmt.Errorf("%w: 3", raftstore.ErrNoGroup), api.StatusNoSuchCopyset, 0},
+		{full, api.StatusNoSpace, 0},
+		{walFull, api.StatusNoSpace, 0},
+		{broken, api.StatusIOError, 0},
+		{fmt.Errorf("read: %w", datastore.ErrIO), api.StatusIOError, 0},
+	} {
+		if st, hint := statusOf(tc.err); st != tc.st || hint != tc.hint {
+			t.Errorf("statusOf(%v) = %v hint %d, want %v hint %d", tc.err, st, hint, tc.st, tc.hint)
+		}
 	}
 }
 
@@ -133,12 +155,15 @@ func TestClusterGarbageAndMetrics(t *testing.T) {
 	}
 	for _, n := range tc.nodes {
 		c := tc.conn(n.cs.Addr())
-		for _, p := range [][]byte{{1, 2, 3}, make([]byte, 100), {0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff}} {
-			if err := c.Send(transport.Header{Op: transport.OpRaft, Hint: 99}, p); err != nil {
-				t.Fatal(err)
+		for _, p := range [][]byte{{1, 2, 3}, make([]byte, 100), {0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff}, make([]byte, 100<<10)} {
+			for _, version := range []uint32{0, raftnet.BatchVersion} {
+				if err := c.Send(api.Header{Op: api.OpRaft, Length: version, Hint: 99}, p); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
-		call := &transport.Call{Header: transport.Header{Op: transport.OpSnapshot, Length: snapData, Offset: 3}, Payload: []byte("x")}
+		// A snapshot data frame (kind 2) of a transfer that never began.
+		call := &transport.Call{Header: api.Header{Op: api.OpSnapshot, Length: 2, Offset: 3}, Payload: []byte("x")}
 		if err := c.Do(context.Background(), call); err != nil || call.Reply.Status != api.StatusBadRequest {
 			t.Fatalf("snapshot garbage: %v %v", call.Reply.Status, err)
 		}
@@ -233,7 +258,7 @@ func TestClusterDiskFull(t *testing.T) {
 	}
 	tc.waitFor("node 1 to report a full disk", func() bool {
 		hb := tc.mds.heartbeat(1)
-		if hb == nil || hb.GetState() != "disk full" {
+		if hb == nil || hb.GetDiskState() != api.DiskState_DISK_STATE_FULL {
 			return false
 		}
 		for _, cs := range hb.GetCopysets() {

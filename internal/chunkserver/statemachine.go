@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/basalt-storage/basalt/internal/datastore"
+	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -135,14 +136,18 @@ func (sm *stateMachine) apply(c command) (error, error) {
 	panic("unreachable: decodeCommand checked the op")
 }
 
+// fail stops the replica for good after the disk error err; the error it
+// keeps tells a full disk from other errors (raftstore.DiskFailure).
 func (sm *stateMachine) fail(err error) error {
+	err = raftstore.DiskFailure(err)
 	if sm.failed.CompareAndSwap(nil, &err) {
 		sm.onFail(sm.group, err)
 	}
 	return *sm.failed.Load()
 }
 
-// Failed returns the disk error that stopped the replica, or nil.
+// Failed returns the disk error that stopped the replica (wrapping
+// raftstore.ErrDiskFull or raftstore.ErrIO), or nil.
 func (sm *stateMachine) Failed() error {
 	if p := sm.failed.Load(); p != nil {
 		return *p

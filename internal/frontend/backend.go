@@ -3,17 +3,8 @@ package frontend
 import (
 	"context"
 	"fmt"
-)
 
-// Op is one kind of block IO.
-type Op uint8
-
-const (
-	OpRead Op = iota + 1
-	OpWrite
-	OpFlush
-	OpTrim
-	OpWriteZeroes
+	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // Backend is one open block device: what a protocol server submits IO to.
@@ -26,7 +17,7 @@ type Backend interface {
 	// Every completed write is durable. The protocol server has already checked
 	// the request against Info (range, alignment, read-only, capabilities). A
 	// failure is classified by the Opener's Classify.
-	Submit(op Op, buf []byte, off, length int64, done func(error))
+	Submit(op api.Op, buf []byte, off, length int64, done func(error))
 	// Info describes the device as it is now: its size may grow while it is open.
 	Info() Info
 	// Check is called when another attachment joins the open backend. It

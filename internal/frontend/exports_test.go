@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // testBackend is a Backend whose death (a fence) and closing tests control.
@@ -22,7 +24,7 @@ type testBackend struct {
 	closes atomic.Int32
 }
 
-func (b *testBackend) Submit(op Op, buf []byte, off, length int64, done func(error)) {
+func (b *testBackend) Submit(op api.Op, buf []byte, off, length int64, done func(error)) {
 	if p := b.dead.Load(); p != nil {
 		done(*p)
 		return
@@ -274,7 +276,7 @@ func TestFencedExportReopens(t *testing.T) {
 		t.Errorf("no log line says the export was re-opened and why:\n%s", logs)
 	}
 	var got error
-	old.Backend().Submit(OpWrite, make([]byte, 1), 0, 1, func(err error) { got = err })
+	old.Backend().Submit(api.OpWrite, make([]byte, 1), 0, 1, func(err error) { got = err })
 	if !errors.Is(got, ErrFenced) {
 		t.Errorf("IO on the old attachment: %v, want ErrFenced", got)
 	}

@@ -15,7 +15,7 @@ import (
 // simCS is one simulated chunkserver of sim.
 type simCS struct {
 	id        uint64
-	state     string          // heartbeat state; "" = "ok"
+	disk      api.DiskState   // heartbeat disk state; UNKNOWN is sent as OK
 	down      bool            // sends no heartbeats
 	unhealthy map[uint32]bool // copysets whose replica reports itself stopped
 }
@@ -109,7 +109,7 @@ func (s *sim) tick(ctx context.Context, c *mdsclient.Client) {
 		for _, cs := range cur.Copysets {
 			up := func(m uint64) bool {
 				x := s.cs[m]
-				return x != nil && !x.down && !x.unhealthy[cs.Id] && (x.state == "" || x.state == "ok")
+				return x != nil && !x.down && !x.unhealthy[cs.Id] && (x.disk == api.DiskState_DISK_STATE_UNKNOWN || x.disk == api.DiskState_DISK_STATE_OK)
 			}
 			if cs.Epoch != s.epoch[cs.Id] {
 				s.epoch[cs.Id], s.listedAt[cs.Id] = cs.Epoch, now
@@ -143,7 +143,11 @@ func (s *sim) tick(ctx context.Context, c *mdsclient.Client) {
 			if x.down {
 				continue
 			}
-			req := &api.HeartbeatRequest{Id: x.id, State: x.state}
+			disk := x.disk
+			if disk == api.DiskState_DISK_STATE_UNKNOWN {
+				disk = api.DiskState_DISK_STATE_OK
+			}
+			req := &api.HeartbeatRequest{Id: x.id, DiskState: disk}
 			for _, cs := range cur.Copysets {
 				if !slices.Contains(cs.Members, x.id) {
 					continue
@@ -269,7 +273,7 @@ func TestSchedulerBalanceNewChunkserver(t *testing.T) {
 	t.Logf("max moves in flight %d, per chunkserver %d; %d leader transfers", s.maxMoves, s.maxPerCS, s.transfers)
 }
 
-// TestSchedulerDiskTrouble: a chunkserver whose disk state is "disk full"
+// TestSchedulerDiskTrouble: a chunkserver whose disk state is FULL
 // has its copysets moved at once (RecoveryGrace is an hour), a replica
 // reporting itself stopped on a healthy chunkserver is moved too, and
 // neither goes to a chunkserver in trouble.
@@ -291,7 +295,7 @@ func TestSchedulerDiskTrouble(t *testing.T) {
 	var stopped uint32
 	var stoppedOn uint64
 	s.with(func() {
-		s.cs[full].state = "disk full"
+		s.cs[full].disk = api.DiskState_DISK_STATE_FULL
 		for _, cs := range s.cur {
 			if !slices.Contains(cs.Members, full) {
 				stopped, stoppedOn = cs.Id, cs.Members[len(cs.Members)-1]
@@ -364,7 +368,7 @@ func TestSchedulerFailedMove(t *testing.T) {
 	if _, _, moving := s.counts(); moving != 1 {
 		t.Fatalf("%d moves in flight, limit 1", moving)
 	}
-	s.with(func() { s.cs[first.To].state = "io error" })
+	s.with(func() { s.cs[first.To].disk = api.DiskState_DISK_STATE_IO_ERROR })
 	waitFor(t, 10*time.Second, "the failed move re-planned", func() error {
 		var err error
 		s.with(func() {

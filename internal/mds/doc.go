@@ -79,10 +79,11 @@
 //   - dead: offline, its last heartbeat older than Config.RecoveryGrace
 //     (10 min by default; counted from the takeover for a chunkserver the
 //     new active MDS never heard from; never with a negative grace);
-//   - sick: online, but its heartbeat state is not "ok" ("disk full",
-//     "io error": a replica stopped on a disk error);
-//   - serving: online with state "ok"; a target besides when its disk is
-//     less than 95% full. Only targets receive replicas.
+//   - sick: online, but its heartbeat's disk state (api.DiskState) is FULL
+//     or IO_ERROR: a replica stopped on a disk error;
+//   - serving: online with disk state OK (or UNKNOWN: no heartbeat yet); a
+//     target besides when its disk is less than 95% full. Only targets
+//     receive replicas.
 //
 // A member move replaces one member of a copyset in its record, bumps the
 // copyset's epoch and records the move ("move": from, to, reason,
@@ -113,9 +114,10 @@
 //     one sharing fewest copysets with the remaining members.
 //  2. Copyset balancing, only when every member of every copyset is
 //     serving (nothing to repair, nobody down even within the grace). Per
-//     replicated pool (a pool of one replica is placed by fit, DESIGN §9,
-//     not by count), the most loaded target gives a copyset to the least
-//     loaded one that can take it while their counts differ by two or more
+//     replicated pool (a pool of one replica is left as placed: it is meant
+//     to be placed by fit, not by count, DESIGN §9, which is not built yet),
+//     the most loaded target gives a copyset to the least loaded one that
+//     can take it while their counts differ by two or more
 //     (reason "balance"); copysets with a member too full to be a target
 //     stay put. A chunkserver that joins thus receives copysets until
 //     counts are even.
@@ -147,7 +149,7 @@
 // # Volumes and sessions (DESIGN §6)
 //
 // A volume is one small record whatever its size; routing is computed
-// (placement.CopysetOf). OpenVolume read-write increments the volume's
+// (api.CopysetOf). OpenVolume read-write increments the volume's
 // epoch, makes the new session its writer and so supersedes the previous
 // writer: that session's RenewSession then fails with FailedPrecondition
 // "superseded by a newer writer". Read-only sessions have epoch 0 and

@@ -114,7 +114,7 @@ func (s *Server) scheduleOnce(ctx context.Context) error {
 	s.mu.Unlock()
 	s.m.movesInFlight.Set(float64(p.inFlight + len(p.start) - len(p.done)))
 	for g, tr := range p.transfers {
-		pool, id := placement.SplitGroupID(g)
+		pool, id := api.SplitGroupID(g)
 		s.m.transfers.Inc()
 		s.log.Info("copyset leader transfer", "copyset", g, "pool", pool, "id", id,
 			"from", tr.From, "to", tr.To, "reason", reasonBalance)
@@ -133,9 +133,9 @@ func leaderTransferTimeout(cfg Config) time.Duration {
 
 // planRound decides one round. Caller holds s.mu.
 //
-//  1. Chunkservers: online, sick (online, disk state not "ok"), dead
+//  1. Chunkservers: online, sick (online, disk state FULL or IO_ERROR), dead
 //     (offline longer than RecoveryGrace; never with a negative grace),
-//     target (online, disk "ok" and below fullPercent used).
+//     target (online, disk state OK and below fullPercent used).
 //  2. Copysets: a move in flight is one with a move record whose leader
 //     does not report the listed members as its voters yet (or, without a
 //     record, a leader reporting other voters); once reported it is done.
@@ -170,7 +170,7 @@ func (s *Server) planRound(t *topology, now time.Time) plan {
 type nodeStates struct {
 	all     []placement.Node
 	online  map[uint64]bool
-	sick    map[uint64]bool // online, disk state not "ok"
+	sick    map[uint64]bool // online, disk state FULL or IO_ERROR
 	dead    map[uint64]bool // offline longer than RecoveryGrace
 	targets map[uint64]bool // may receive new replicas
 	serving map[uint64]bool // online with a healthy disk (may be full)
@@ -190,7 +190,8 @@ func (s *Server) classifyChunkservers(t *topology, now time.Time) nodeStates {
 		l := s.live[id]
 		if s.isOnline(id, now) {
 			n.online[id] = true
-			okDisk := l.state == "" || l.state == "ok"
+			// UNKNOWN: registered, no heartbeat yet.
+			okDisk := l.disk == api.DiskState_DISK_STATE_OK || l.disk == api.DiskState_DISK_STATE_UNKNOWN
 			n.sick[id] = !okDisk
 			full := l.capacity > 0 && l.used*100 >= l.capacity*fullPercent
 			n.targets[id] = okDisk && !full
@@ -265,7 +266,7 @@ func (s *Server) surveyCopysets(t *topology, nodes nodeStates, hints map[uint64]
 		pp := &placement.Pool{Replicas: replicas, Nodes: nodes.all, Targets: nodes.targets, Load: load}
 		r.pools[pool] = pp
 		for _, c := range t.copysets[pool] {
-			g := placement.GroupID(pool, c.ID)
+			g := api.GroupID(pool, c.ID)
 			k := copysetRef{pool, c.ID}
 			leader := hints[g]
 			if !slices.Contains(c.Members, leader) || !nodes.online[leader] {
@@ -397,7 +398,7 @@ func (s *Server) converged(g uint64, members []uint64, leader uint64) bool {
 // configuration other than the listed members: a move still in flight.
 // Caller holds s.mu.
 func (s *Server) changing(pool uint32, c copysetRecord, now time.Time) bool {
-	g := placement.GroupID(pool, c.ID)
+	g := api.GroupID(pool, c.ID)
 	for _, m := range c.Members {
 		if !s.isOnline(m, now) {
 			continue
@@ -487,11 +488,11 @@ func (s *Server) commitMoves(ctx context.Context, start, done []move) error {
 		}
 		s.m.moves.Add(float64(len(started)))
 		for i, m := range cleared {
-			s.log.Info("copyset move done", "copyset", placement.GroupID(m.pool, m.copyset), "pool", m.pool,
+			s.log.Info("copyset move done", "copyset", api.GroupID(m.pool, m.copyset), "pool", m.pool,
 				"id", m.copyset, "from", m.from, "to", m.to, "reason", m.reason, "took", took[i].Round(time.Millisecond))
 		}
 		for i, m := range started {
-			args := []any{"copyset", placement.GroupID(m.pool, m.copyset), "pool", m.pool, "id", m.copyset,
+			args := []any{"copyset", api.GroupID(m.pool, m.copyset), "pool", m.pool, "id", m.copyset,
 				"from", m.from, "to", m.to, "reason", m.reason, "leader", m.leader, "epoch", epochs[i]}
 			if m.failed != 0 {
 				args = append(args, "replaces_failed_target", m.failed)

@@ -8,7 +8,6 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -160,7 +159,7 @@ func TestRecoveryScheduler(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, cs := range hb.Copysets {
-		if placement.GroupID(cs.PoolId, cs.Id) == 0 || len(cs.Members) != 3 {
+		if api.GroupID(cs.PoolId, cs.Id) == 0 || len(cs.Members) != 3 {
 			t.Fatalf("heartbeat copyset %v", cs)
 		}
 	}

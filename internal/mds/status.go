@@ -6,7 +6,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -27,7 +26,7 @@ const (
 
 // copysetHealth classifies one copyset. Caller holds s.mu.
 func (s *Server) copysetHealth(pool uint32, c copysetRecord, leader uint64, now time.Time) health {
-	g := placement.GroupID(pool, c.ID)
+	g := api.GroupID(pool, c.ID)
 	up, leaderUp := 0, false
 	for _, m := range c.Members {
 		if !s.isOnline(m, now) {

@@ -36,7 +36,7 @@ func TestHeartbeatsAndStatus(t *testing.T) {
 	beat := func(ids ...uint64) {
 		t.Helper()
 		for _, id := range ids {
-			req := &api.HeartbeatRequest{Id: id, CapacityBytes: 100, UsedBytes: 10, State: "ok"}
+			req := &api.HeartbeatRequest{Id: id, CapacityBytes: 100, UsedBytes: 10, DiskState: api.DiskState_DISK_STATE_OK}
 			for cs := range uint32(4) {
 				req.Copysets = append(req.Copysets, &api.CopysetStatus{PoolId: pool.Pool.Id, CopysetId: cs,
 					Leader: id == ids[0], LeaderId: ids[0], Term: 2, Healthy: true})
@@ -72,14 +72,14 @@ func TestHeartbeatsAndStatus(t *testing.T) {
 		}
 	}
 	for _, cs := range st.Chunkservers {
-		if !cs.Online || cs.UsedBytes != 10 || cs.State != "ok" {
+		if !cs.Online || cs.UsedBytes != 10 || cs.DiskState != api.DiskState_DISK_STATE_OK {
 			t.Fatalf("chunkserver %v", cs)
 		}
 	}
 
 	// A leader whose Raft voters differ from the listed members (a move
 	// in flight) makes its copyset degraded.
-	moving := &api.HeartbeatRequest{Id: ids[0], CapacityBytes: 100, UsedBytes: 10, State: "ok"}
+	moving := &api.HeartbeatRequest{Id: ids[0], CapacityBytes: 100, UsedBytes: 10, DiskState: api.DiskState_DISK_STATE_OK}
 	for cs := range uint32(4) {
 		voters := []uint64{ids[0], ids[1], ids[2]}
 		if cs == 0 {

@@ -10,7 +10,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
-	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -21,7 +20,7 @@ type liveCS struct {
 	online   bool // as last logged by monitor
 	capacity uint64
 	used     uint64
-	state    string
+	disk     api.DiskState // from the last heartbeat; UNKNOWN before the first
 	// copysets: the replica statuses of its last heartbeat, by group id.
 	copysets map[uint64]*api.CopysetStatus
 }
@@ -276,14 +275,14 @@ func (s *Server) leaderHints(now time.Time) map[uint64]uint64 {
 // copysetProto builds the wire form of a copyset with its leader hint.
 func copysetProto(pool uint32, c copysetRecord, hints map[uint64]uint64) *api.Copyset {
 	return &api.Copyset{PoolId: pool, Id: c.ID, Members: append([]uint64(nil), c.Members...),
-		LeaderHint: hints[placement.GroupID(pool, c.ID)], Epoch: c.Epoch, Move: c.Move.proto()}
+		LeaderHint: hints[api.GroupID(pool, c.ID)], Epoch: c.Epoch, Move: c.Move.proto()}
 }
 
 // chunkserverProto builds the wire form of a chunkserver with its liveness.
 // Caller holds s.mu.
 func (s *Server) chunkserverProto(r chunkserverRecord, now time.Time) *api.ChunkServer {
 	cs := &api.ChunkServer{Id: r.ID, Zone: r.Zone, Server: r.Server, Addr: r.Addr, DataDir: r.DataDir,
-		CapacityBytes: r.Capacity, State: "unknown"}
+		CapacityBytes: r.Capacity}
 	if l := s.live[r.ID]; l != nil {
 		cs.Online = s.isOnline(r.ID, now)
 		cs.LastHeartbeatUnixMs = l.last.UnixMilli()
@@ -291,9 +290,7 @@ func (s *Server) chunkserverProto(r chunkserverRecord, now time.Time) *api.Chunk
 			cs.CapacityBytes = l.capacity
 		}
 		cs.UsedBytes = l.used
-		if l.state != "" {
-			cs.State = l.state
-		}
+		cs.DiskState = l.disk
 	}
 	return cs
 }
@@ -316,13 +313,13 @@ func (h *handler) Heartbeat(ctx context.Context, req *api.HeartbeatRequest) (*ap
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l := s.touch(req.Id, now)
-	l.used, l.state = req.UsedBytes, req.State
+	l.used, l.disk = req.UsedBytes, req.DiskState
 	if req.CapacityBytes != 0 {
 		l.capacity = req.CapacityBytes
 	}
 	l.copysets = make(map[uint64]*api.CopysetStatus, len(req.Copysets))
 	for _, st := range req.Copysets {
-		l.copysets[placement.GroupID(st.PoolId, st.CopysetId)] = st
+		l.copysets[api.GroupID(st.PoolId, st.CopysetId)] = st
 	}
 	hints := s.leaderHints(now)
 	for _, pool := range sortedPools(t.copysets) {
@@ -354,7 +351,7 @@ func (h *handler) Heartbeat(ctx context.Context, req *api.HeartbeatRequest) (*ap
 	}
 	for g, tr := range s.transfers {
 		if tr.from == req.Id {
-			pool, id := placement.SplitGroupID(g)
+			pool, id := api.SplitGroupID(g)
 			resp.TransferLeaders = append(resp.TransferLeaders, &api.LeaderTransfer{PoolId: pool, CopysetId: id, To: tr.to})
 		}
 	}

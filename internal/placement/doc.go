@@ -1,19 +1,9 @@
-// Package placement is the pure arithmetic of where data lives: which
-// copyset holds a chunk (routing) and which chunkservers are the members of
-// each copyset (placement). It does no I/O, keeps no state and is
-// deterministic, so the MDS, the chunkservers, the client library and
-// simulations all get the same answer from the same input.
-//
-// # Routing (DESIGN §2)
-//
-// Chunk i of volume v lives in copyset (VolumeHash(v) + i) mod copysetCount
-// of the volume's pool (CopysetOf). VolumeHash is FNV-1a 64 over the eight
-// big-endian bytes of the volume id.
-//
-// INVARIANT: VolumeHash and CopysetOf never change; changing either would
-// move every chunk of every volume.
-//
-// A copyset's Raft group id is pool<<32 | copyset (GroupID, SplitGroupID).
+// Package placement is the pure arithmetic of which chunkservers are the
+// members of each copyset (placement) and which members move when the cluster
+// changes (the scheduler's decisions). It does no I/O, keeps no state and is
+// deterministic, so the MDS and simulations get the same answer from the same
+// input. Which copyset holds a chunk (routing) is part of the wire contract
+// between client and chunkserver and lives in pkg/api (CopysetOf, GroupID).
 //
 // # Placement
 //

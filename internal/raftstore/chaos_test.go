@@ -7,8 +7,6 @@ import (
 	"maps"
 	"slices"
 	"testing"
-
-	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // chaosGroups: five hosts, four groups of three, overlapping.
@@ -118,8 +116,7 @@ func runChaos(t *testing.T, seed int64, steps int) string {
 					c.fatalf("read barrier answered twice")
 				}
 				if err != nil {
-					var ae *api.Error
-					if !errors.As(err, &ae) || ae.Status != api.StatusNotLeader {
+					if !errors.Is(err, ErrNotLeader) && !errors.Is(err, ErrStopped) { // a restart
 						c.fatalf("read barrier: unexpected error %v", err)
 					}
 					return
@@ -155,11 +152,10 @@ func runChaos(t *testing.T, seed int64, steps int) string {
 		if p.calls != 1 {
 			c.fatalf("proposal %s answered %d times", p.key, p.calls)
 		}
-		var ae *api.Error
 		switch {
 		case p.err == nil:
 			ok++
-		case errors.As(p.err, &ae) && ae.Status == api.StatusNotLeader:
+		case errors.Is(p.err, ErrNotLeader) || errors.Is(p.err, ErrStopped): // ErrStopped: its host restarted
 			notLeader++
 		default:
 			c.fatalf("proposal %s: unexpected result %v", p.key, p.err)

@@ -96,11 +96,12 @@
 // term) identifies the proposal; the id is checked as well.
 //
 // INVARIANT: every proposal's done runs exactly once: with Apply's result (nil or an
-// *api.Error), with NOT_LEADER (not leader; raft dropped it; leadership or term lost
+// *api.Error), with ErrNotLeader (not leader; raft dropped it; leadership or term lost
 // before it applied — then it may still have been committed by the next leader, which
 // is harmless because every basalt operation is an idempotent blind overwrite and the
-// client retries), with IO_ERROR (the group failed), or with NO_SUCH_COPYSET /
-// NOT_LEADER when the group is removed or the host stops.
+// client retries), with ErrDiskFull or ErrIO (the group failed), with ErrNoGroup when
+// the group is removed, or with ErrStopped when the host stops. These are the host's
+// typed errors (errors.go); the data plane maps them to wire statuses in one place.
 //
 // # Reads: the leader lease
 //
@@ -134,7 +135,7 @@
 //
 // (b) of a barrier: done(nil) only once applied >= the read index, which is >= the
 // commit index known when the read arrived. A barrier still waiting when leadership
-// is lost gets NOT_LEADER. Followers never serve reads.
+// is lost gets ErrNotLeader. Followers never serve reads.
 //
 // Fast path: at the end of each round a leader whose lease is valid and that has
 // applied everything it knows committed publishes its lease end in an atomic
@@ -196,7 +197,10 @@
 // An Apply error that is not an *api.Error is a disk failure: the group stops for
 // good (it never applies past the failed entry, never advances), GroupStatus.Healthy
 // turns false with the cause in GroupStatus.Err, it is logged with the group id, and
-// every pending and later callback gets IO_ERROR (NO_SPACE when the disk is full). Other groups go on.
+// every pending and later callback gets that error. A failed log append stops the
+// groups of its round the same way. The error wraps ErrDiskFull when the cause is a
+// full disk (ENOSPC, EDQUOT), ErrIO otherwise (DiskFailure, the one place that tells
+// them apart). Other groups go on.
 //
 // # Tests drive the host
 //

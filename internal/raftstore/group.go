@@ -2,14 +2,12 @@ package raftstore
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"go.etcd.io/raft/v3"
@@ -18,7 +16,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/basalt-storage/basalt/internal/wal"
-	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // group is one raft group (copyset) on this host.
@@ -75,7 +72,7 @@ type group struct {
 
 	// INVARIANT: every proposal accepted by raft is in exactly one of unindexed
 	// (accepted this round, before the Ready told its index) or pending (by index),
-	// until its done ran. Both are emptied with NOT_LEADER when leadership is lost.
+	// until its done ran. Both are emptied with ErrNotLeader when leadership is lost.
 	unindexed []*proposal
 	pending   map[uint64]*proposal
 
@@ -224,7 +221,7 @@ func (g *group) prepare() (raft.Ready, bool) {
 	ev := g.in.drain()
 	for _, r := range ev.appended {
 		if !g.appendDone(r) {
-			failEvents(ev, g.ioError())
+			failEvents(ev, g.failed)
 			return raft.Ready{}, false
 		}
 	}
@@ -307,20 +304,18 @@ func (g *group) refresh() {
 	}
 }
 
-func (g *group) notLeader() error {
-	hint := g.leader
-	if hint == g.h.cfg.NodeID {
-		hint = 0
+func (g *group) notLeader() error { return g.notLeaderHint(g.leader) }
+
+// notLeaderHint is the ErrNotLeader naming leader (none if it is this node).
+func (g *group) notLeaderHint(leader uint64) error {
+	if leader == g.h.cfg.NodeID {
+		leader = 0
 	}
-	return &api.Error{Status: api.StatusNotLeader, Hint: hint}
+	return &NotLeaderError{Leader: leader}
 }
 
 func (g *group) loseLeadership(newLeader uint64) {
-	hint := newLeader
-	if hint == g.h.cfg.NodeID {
-		hint = 0
-	}
-	g.failAll(&api.Error{Status: api.StatusNotLeader, Hint: hint})
+	g.failAll(g.notLeaderHint(newLeader))
 	g.dropLease()
 	g.renewAt = 0
 }
@@ -366,27 +361,19 @@ func (g *group) failAll(err error) {
 	}
 }
 
-// fail stops the group for good after a disk failure.
+// fail stops the group for good after a disk failure: from now on every
+// callback gets g.failed (ErrDiskFull or ErrIO, and err).
 func (g *group) fail(err error) {
 	if g.failed != nil {
 		return
 	}
-	g.failed = fmt.Errorf("%w: %w", ErrGroupFailed, err)
+	g.failed = DiskFailure(err)
 	g.dropLease()
 	g.statusDirty = true
-	g.log.Error("raftstore: group stopped", "err", err)
-	ioErr := g.ioError()
-	ev := g.in.close(ioErr)
-	failEvents(ev, ioErr)
-	g.failAll(ioErr)
-}
-
-// ioError is what callbacks get once the group failed.
-func (g *group) ioError() error {
-	if errors.Is(g.failed, syscall.ENOSPC) || errors.Is(g.failed, syscall.EDQUOT) {
-		return &api.Error{Status: api.StatusNoSpace} // the client reports a full disk as such
-	}
-	return &api.Error{Status: api.StatusIOError}
+	g.log.Error("raftstore: group stopped by a disk error", "err", g.failed)
+	ev := g.in.close(g.failed)
+	failEvents(ev, g.failed)
+	g.failAll(g.failed)
 }
 
 // shutdown ends the group on this host (RemoveGroup, Stop): callbacks get err.
@@ -580,7 +567,7 @@ func (g *group) applyEntries(ents []*raftpb.Entry) bool {
 	return true
 }
 
-// restore puts p back so that fail answers it (with IO_ERROR).
+// restore puts p back so that fail answers it (with the disk error).
 func (g *group) restore(p *proposal) {
 	if p != nil {
 		g.pending[p.index] = p

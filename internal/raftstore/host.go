@@ -223,7 +223,7 @@ func (h *Host) Start() {
 }
 
 // Stop stops ticking and the workers, fails every outstanding callback with
-// NOT_LEADER, and waits for snapshot creation and streaming in progress to end (so
+// ErrStopped, and waits for snapshot creation and streaming in progress to end (so
 // the state machines are not used after Stop; the Transport must bound
 // SendSnapshot). Groups stay in the LogStore.
 func (h *Host) Stop() {
@@ -239,7 +239,7 @@ func (h *Host) Stop() {
 	h.sched.stop()
 	h.workers.Wait()
 	for _, g := range groups {
-		g.shutdown(g.notLeader())
+		g.shutdown(ErrStopped)
 	}
 	h.bg.Wait()
 }
@@ -393,7 +393,7 @@ func (h *Host) CreateGroup(id uint64, peers []uint64, sm StateMachine, join bool
 	return nil
 }
 
-// RemoveGroup stops hosting group id, fails its callbacks with NO_SUCH_COPYSET, waits
+// RemoveGroup stops hosting group id, fails its callbacks with ErrNoGroup, waits
 // for its snapshot work and removes its log. The caller removes the state machine's
 // data afterwards.
 func (h *Host) RemoveGroup(id uint64) error {
@@ -405,7 +405,7 @@ func (h *Host) RemoveGroup(id uint64) error {
 	if g == nil {
 		return fmt.Errorf("%w: %d", ErrNoGroup, id)
 	}
-	g.shutdown(api.ErrNoSuchCopyset)
+	g.shutdown(fmt.Errorf("%w: %d removed", ErrNoGroup, id))
 	g.bg.Wait()
 	return h.cfg.Log.RemoveGroup(id)
 }
@@ -415,11 +415,13 @@ func (h *Host) RemoveGroup(id uint64) error {
 const ProposalHeader = 8
 
 // Propose replicates data[ProposalHeader:] through group id; the host owns data
-// from now on and writes the first ProposalHeader bytes. done runs exactly once:
+// until done runs and writes the first ProposalHeader bytes — then the caller
+// may reuse it: raft copies a proposal into its log (TestProposalBufferReused
+// guards this). done runs exactly once:
 // with the StateMachine.Apply result on this node when the entry applied, or with
-// *api.Error{NOT_LEADER, Hint: leader} when this node is not the leader, loses
-// leadership before the entry applied, or raft dropped the proposal; with
-// ErrConfig at once if data is shorter than ProposalHeader.
+// a *NotLeaderError when this node is not the leader, loses leadership before the
+// entry applied, or raft dropped the proposal; with ErrConfig at once if data is
+// shorter than ProposalHeader; or with the other errors of errors.go.
 func (h *Host) Propose(id uint64, data []byte, done func(error)) {
 	if len(data) < ProposalHeader {
 		done(fmt.Errorf("%w: proposal of %d bytes has no room for its header", ErrConfig, len(data)))
@@ -430,7 +432,7 @@ func (h *Host) Propose(id uint64, data []byte, done func(error)) {
 }
 
 // ProposeConfChange proposes a membership change. done gets nil once it applied here,
-// NOT_LEADER, or ErrConfChangeRejected when another change was still pending.
+// ErrNotLeader, or ErrConfChangeRejected when another change was still pending.
 func (h *Host) ProposeConfChange(id uint64, cc *raftpb.ConfChangeV2, done func(error)) {
 	h.submit(id, &proposal{cc: cc, done: done, start: time.Now()})
 }
@@ -438,7 +440,7 @@ func (h *Host) ProposeConfChange(id uint64, cc *raftpb.ConfChangeV2, done func(e
 func (h *Host) submit(id uint64, p *proposal) {
 	g := h.group(id)
 	if g == nil {
-		p.done(api.ErrNoSuchCopyset)
+		p.done(fmt.Errorf("%w: %d", ErrNoGroup, id))
 		return
 	}
 	if err := g.in.add(func(in *events) { in.props = append(in.props, p) }); err != nil {
@@ -451,11 +453,11 @@ func (h *Host) submit(id uint64, p *proposal) {
 // ReadBarrier calls done(nil) once a read served from this node's local state is
 // linearizable: this node leads group id with a valid lease (or a ReadIndex a quorum
 // confirmed), and the group applied every entry committed before the call. Otherwise
-// done gets NOT_LEADER with a hint. done runs exactly once.
+// done gets a *NotLeaderError (or another error of errors.go). done runs exactly once.
 func (h *Host) ReadBarrier(id uint64, done func(error)) {
 	g := h.group(id)
 	if g == nil {
-		done(api.ErrNoSuchCopyset)
+		done(fmt.Errorf("%w: %d", ErrNoGroup, id))
 		return
 	}
 	// Fast path: a leader with a valid lease that had applied everything it knew

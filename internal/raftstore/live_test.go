@@ -16,7 +16,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/basalt-storage/basalt/internal/raftstore/memlog"
-	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // liveNet connects hosts running their own workers and tickers: each host has an
@@ -156,13 +155,13 @@ func TestLiveConcurrent(t *testing.T) {
 						acked.Add(1)
 						break
 					}
-					var ae *api.Error
-					if !errors.As(err, &ae) || ae.Status != api.StatusNotLeader {
+					var nl *NotLeaderError
+					if !errors.As(err, &nl) {
 						t.Errorf("%s: %v", key, err)
 						return
 					}
-					if ae.Hint != 0 {
-						target = ae.Hint
+					if nl.Leader != 0 {
+						target = nl.Leader
 					} else {
 						target = target%nodes + 1
 						time.Sleep(2 * time.Millisecond)

@@ -7,8 +7,6 @@ import (
 	"testing"
 
 	"go.etcd.io/raft/v3/raftpb"
-
-	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 func confChange(typ raftpb.ConfChangeType, node uint64) *raftpb.ConfChangeV2 {
@@ -82,7 +80,7 @@ func TestMembershipMove(t *testing.T) {
 	}
 	var perr error
 	c.hosts[l].Propose(1, propData("x=y"), func(err error) { perr = err })
-	if !errors.Is(perr, api.ErrNoSuchCopyset) {
+	if !errors.Is(perr, ErrNoGroup) {
 		t.Fatalf("propose on removed group: %v", perr)
 	}
 	nl := c.waitLeader(1)
@@ -149,7 +147,6 @@ func TestProposalsUnderLeaderChange(t *testing.T) {
 		if p.calls != 1 {
 			t.Fatalf("%s answered %d times", p.key, p.calls)
 		}
-		var ae *api.Error
 		switch {
 		case p.err == nil:
 			ok++
@@ -158,7 +155,7 @@ func TestProposalsUnderLeaderChange(t *testing.T) {
 					t.Fatalf("acknowledged %s missing on node %d", p.key, id)
 				}
 			}
-		case errors.As(p.err, &ae) && ae.Status == api.StatusNotLeader:
+		case errors.Is(p.err, ErrNotLeader):
 			notLeader++
 		default:
 			t.Fatalf("%s: unexpected result %v", p.key, p.err)
@@ -190,17 +187,17 @@ func TestApplyFailureStopsGroup(t *testing.T) {
 		t.Fatalf("%d of 3 proposals answered", len(errs))
 	}
 	for _, err := range errs {
-		if !errors.Is(err, api.ErrIO) {
-			t.Fatalf("pending proposal on a failed group: %v, want IO_ERROR", err)
+		if !errors.Is(err, ErrIO) || !errors.Is(err, errDisk) {
+			t.Fatalf("pending proposal on a failed group: %v, want ErrIO and its cause", err)
 		}
 	}
 	st, _ = c.hosts[l].Status(1)
-	if st.Healthy || !errors.Is(st.Err, ErrGroupFailed) || !errors.Is(st.Err, errDisk) {
+	if st.Healthy || !errors.Is(st.Err, ErrIO) || !errors.Is(st.Err, errDisk) {
 		t.Fatalf("failed group status %+v", st)
 	}
 	var late error
 	c.hosts[l].Propose(1, propData("c=1"), func(err error) { late = err })
-	if !errors.Is(late, api.ErrIO) {
+	if !errors.Is(late, ErrIO) {
 		t.Fatalf("propose after failure: %v", late)
 	}
 	// The other group on the same host goes on; group 1 re-elects among the others.

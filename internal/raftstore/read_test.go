@@ -3,8 +3,6 @@ package raftstore
 import (
 	"errors"
 	"testing"
-
-	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 func TestReadBarrier(t *testing.T) {
@@ -24,8 +22,8 @@ func TestReadBarrier(t *testing.T) {
 	var ferr error
 	c.hosts[f].ReadBarrier(1, func(err error) { ferr = err })
 	c.step()
-	var ae *api.Error
-	if !errors.As(ferr, &ae) || ae.Status != api.StatusNotLeader || ae.Hint != l {
+	var nl *NotLeaderError
+	if !errors.As(ferr, &nl) || nl.Leader != l {
 		t.Fatalf("follower read: %v, want NOT_LEADER hint %d", ferr, l)
 	}
 
@@ -114,7 +112,7 @@ func TestReadBarrier(t *testing.T) {
 	if stale != 0 {
 		t.Fatalf("%d reads on the isolated old leader succeeded after a newer write was acknowledged", stale)
 	}
-	if !errors.As(oldErr, &ae) || ae.Status != api.StatusNotLeader {
+	if !errors.Is(oldErr, ErrNotLeader) {
 		t.Fatalf("old leader reads: %v, want NOT_LEADER", oldErr)
 	}
 

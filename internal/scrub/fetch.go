@@ -87,7 +87,7 @@ func (d *Dialer) Checksums(ctx context.Context, addr string, pool, copyset uint3
 			return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, addr, err)
 		}
 		call := &transport.Call{
-			Header:  transport.Header{Op: transport.OpChecksum, Volume: uint64(pool), Copyset: copyset},
+			Header:  api.Header{Op: api.OpChecksum, Volume: uint64(pool), Copyset: copyset},
 			ReadBuf: make([]byte, size),
 		}
 		err = conn.Do(ctx, call)

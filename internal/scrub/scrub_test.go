@@ -37,8 +37,8 @@ type fakeReplica struct {
 	asked  [][2]uint32 // (pool, copyset) of every request
 }
 
-func (f *fakeReplica) ServeFrame(rw transport.ReplyWriter, h transport.Header, _ []byte) {
-	if h.Op != transport.OpChecksum {
+func (f *fakeReplica) ServeFrame(rw transport.ReplyWriter, h api.Header, _ []byte) {
+	if h.Op != api.OpChecksum {
 		h.Status = api.StatusBadRequest
 		rw.Reply(h, nil, nil)
 		return

@@ -8,8 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/internal/raftstore"
+	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // ScrubberConfig configures a background Scrubber. Zero values take the defaults.
@@ -129,7 +129,7 @@ func (s *Scrubber) pass(ctx context.Context) int {
 		if !ok {
 			break
 		}
-		key := placement.GroupID(t.Pool, t.Copyset)
+		key := api.GroupID(t.Pool, t.Copyset)
 		next = key + 1
 		rep := s.chk.Check(ctx, t)
 		if ctx.Err() != nil {
@@ -159,7 +159,7 @@ func (s *Scrubber) record(rep *Report, warned map[uint64]bool) {
 	s.bytes.Add(uint64(rep.Bytes))
 	for _, d := range rep.Mismatches {
 		s.log.Warn("replicas differ", "pool", d.Pool, "copyset", d.Copyset,
-			"group", placement.GroupID(d.Pool, d.Copyset), "volume", d.Volume, "chunk", d.Index,
+			"group", api.GroupID(d.Pool, d.Copyset), "volume", d.Volume, "chunk", d.Index,
 			"differ", d.Differ, "replicas", crcList(d.Replicas))
 	}
 	for _, u := range rep.Unreachable {
@@ -169,7 +169,7 @@ func (s *Scrubber) record(rep *Report, warned map[uint64]bool) {
 		}
 		warned[u.Member] = true
 		s.log.Log(context.Background(), level, "replica could not be scrubbed", "pool", rep.Pool, "copyset", rep.Copyset,
-			"group", placement.GroupID(rep.Pool, rep.Copyset), "chunkserver", u.Member, "addr", u.Addr, "err", u.Err)
+			"group", api.GroupID(rep.Pool, rep.Copyset), "chunkserver", u.Member, "addr", u.Addr, "err", u.Err)
 	}
 	if n := len(rep.Unsettled); n > 0 {
 		s.log.Info("chunks kept changing while re-checked; judged next pass", "pool", rep.Pool,
@@ -181,8 +181,8 @@ func (s *Scrubber) record(rep *Report, warned map[uint64]bool) {
 func nextTarget(ts []Target, from uint64) (Target, bool) {
 	var best *Target
 	for i := range ts {
-		k := placement.GroupID(ts[i].Pool, ts[i].Copyset)
-		if k >= from && (best == nil || k < placement.GroupID(best.Pool, best.Copyset)) {
+		k := api.GroupID(ts[i].Pool, ts[i].Copyset)
+		if k >= from && (best == nil || k < api.GroupID(best.Pool, best.Copyset)) {
 			best = &ts[i]
 		}
 	}
@@ -208,7 +208,7 @@ func LeaderTargets(groups []raftstore.GroupStatus, addrOf func(id uint64) string
 		if !g.IsLeader || !g.Healthy || len(g.Learners) > 0 || len(g.Voters) < 2 {
 			continue
 		}
-		pool, id := placement.SplitGroupID(g.ID)
+		pool, id := api.SplitGroupID(g.ID)
 		t := Target{Pool: pool, Copyset: id, ChunkSize: chunkSize(pool)}
 		ok := t.ChunkSize > 0
 		for _, v := range g.Voters {
@@ -222,7 +222,7 @@ func LeaderTargets(groups []raftstore.GroupStatus, addrOf func(id uint64) string
 		}
 	}
 	slices.SortFunc(out, func(a, b Target) int {
-		return cmp.Compare(placement.GroupID(a.Pool, a.Copyset), placement.GroupID(b.Pool, b.Copyset))
+		return cmp.Compare(api.GroupID(a.Pool, a.Copyset), api.GroupID(b.Pool, b.Copyset))
 	})
 	return out
 }

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/basalt-storage/basalt/pkg/api"
 	"github.com/basalt-storage/basalt/pkg/client"
 )
 
@@ -48,13 +49,13 @@ func BenchmarkClusterIO(b *testing.B) {
 	v := benchCluster(b)
 	for _, tc := range []struct {
 		name  string
-		op    client.Op
+		op    api.Op
 		depth int
 	}{
-		{"write-4k-qd1", client.OpWrite, 1},
-		{"read-4k-qd1", client.OpRead, 1},
-		{"write-4k-qd32", client.OpWrite, 32},
-		{"read-4k-qd32", client.OpRead, 32},
+		{"write-4k-qd1", api.OpWrite, 1},
+		{"read-4k-qd1", api.OpRead, 1},
+		{"write-4k-qd32", api.OpWrite, 32},
+		{"read-4k-qd32", api.OpRead, 32},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.SetBytes(4096)
@@ -64,7 +65,7 @@ func BenchmarkClusterIO(b *testing.B) {
 }
 
 // runDepth keeps depth IOs in flight through Submit until b.N completed.
-func runDepth(b *testing.B, v *client.Volume, op client.Op, depth int) {
+func runDepth(b *testing.B, v *client.Volume, op api.Op, depth int) {
 	var (
 		wg      sync.WaitGroup
 		mu      sync.Mutex

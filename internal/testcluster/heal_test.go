@@ -252,8 +252,8 @@ func TestDiskErrorsMoveCopysets(t *testing.T) {
 	watch.check(t)
 	st := c.Status()
 	for _, cs := range st.Chunkservers {
-		if cs.Id == sid && cs.State != "io error" {
-			t.Errorf("chunkserver %d reports state %q, want \"io error\"", sid, cs.State)
+		if cs.Id == sid && cs.DiskState != api.DiskState_DISK_STATE_IO_ERROR {
+			t.Errorf("chunkserver %d reports disk state %v, want IO_ERROR", sid, cs.DiskState)
 		}
 	}
 	if c.CountLog(sick, "disk error") == 0 {
@@ -304,14 +304,14 @@ func TestDiskFullMovesCopysets(t *testing.T) {
 	start := time.Now()
 	c.Eventually(180*time.Second, "copysets moved off the full disk", func(context.Context) error {
 		p := c.Placement()
-		var state string
+		var state api.DiskState
 		for _, cs := range c.Status().Chunkservers {
 			if cs.Id == fid {
-				state = cs.State
+				state = cs.DiskState
 			}
 		}
-		if state != "disk full" || p.Members[fid] != 0 || p.Moves != 0 || p.Healthy != p.Total {
-			return fmt.Errorf("chunkserver %d state %q, still in %d copysets, %d moves in flight, %d/%d healthy",
+		if state != api.DiskState_DISK_STATE_FULL || p.Members[fid] != 0 || p.Moves != 0 || p.Healthy != p.Total {
+			return fmt.Errorf("chunkserver %d disk state %v, still in %d copysets, %d moves in flight, %d/%d healthy",
 				fid, state, p.Members[fid], p.Moves, p.Healthy, p.Total)
 		}
 		return nil
@@ -407,8 +407,8 @@ func TestClusterFullNoSpace(t *testing.T) {
 			return err
 		}
 		for _, cs := range st.Chunkservers {
-			if cs.State != "disk full" {
-				return fmt.Errorf("chunkserver %d state %q", cs.Id, cs.State)
+			if cs.DiskState != api.DiskState_DISK_STATE_FULL {
+				return fmt.Errorf("chunkserver %d disk state %v", cs.Id, cs.DiskState)
 			}
 		}
 		return nil

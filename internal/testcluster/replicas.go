@@ -20,7 +20,7 @@ func ReplicaChecksums(ctx context.Context, addr string, pool, copyset uint32) ([
 	}
 	defer conn.Close()
 	call := &transport.Call{
-		Header:  transport.Header{Op: transport.OpChecksum, Volume: uint64(pool), Copyset: copyset},
+		Header:  api.Header{Op: api.OpChecksum, Volume: uint64(pool), Copyset: copyset},
 		ReadBuf: make([]byte, 4<<20),
 	}
 	if err := conn.Do(ctx, call); err != nil {

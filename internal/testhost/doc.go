@@ -52,11 +52,13 @@
 //
 // # Costs, measured on the 2-core CI machine
 //
-// The guest is ready about 6-8 s after QEMU starts (the kernel reaches /init in
-// about 3 s of its own clock), the initramfs with fio is about 95 MiB (fio's
-// libraries are most of it; 20 MiB without fio), and the kernel's NBD client
-// writes 4 KiB blocks with fio verify at some hundreds to a thousand IOPS:
-// slow, but a real kernel.
+// The guest is ready 6.7-7.3 s after QEMU starts on a quiet machine (the kernel
+// reaches /init about 3 s into its own clock) and 10-17 s when other work
+// shares the two cores. The initramfs with nbd-client, mkfs.ext4 and fio is
+// 95 MiB (fio's libraries are most of it; 20 MiB without fio). Emulation costs
+// QEMU about 1.3 ms of CPU per 4 KiB write through the kernel's NBD client
+// (basalt itself, three replicas, about 0.64 ms), so fio in the guest writes at
+// most about 1,000 IOPS here, and 300-500 under load: slow, but a real kernel.
 //
 // Where QEMU, the kernel or a named tool is missing, Boot returns an error
 // wrapping ErrUnavailable that names what is missing, and Start skips the test

@@ -43,9 +43,6 @@ type Config struct {
 // it; tests skip on it (Start does).
 var ErrUnavailable = errors.New("testhost: cannot run a test host here")
 
-// agentPort names the virtio-serial port of the command channel (see the agent).
-const agentPort = "org.basalt.testhost.agent"
-
 // Stats describe one boot.
 type Stats struct {
 	Kernel          string        // release, e.g. 6.1.0-56-amd64
@@ -55,7 +52,9 @@ type Stats struct {
 	InitramfsCached bool // the image came from the cache instead of being built
 }
 
-// Host is a running guest.
+// Host is a running guest. Two goroutines serve it: readLoop alone reads conn
+// and hands each Result to its Run call; a waiter sets waitErr when QEMU exits
+// and closes exited.
 type Host struct {
 	cfg     Config
 	stats   Stats
@@ -207,7 +206,7 @@ func qemuArgs(cfg Config, k *kernel, initramfs, sock string) []string {
 		"-serial", "stdio", // the console: output only, so the 16550's small input FIFO does not matter
 		"-device", "virtio-serial-pci",
 		"-chardev", "socket,id=agent,path=" + sock,
-		"-device", "virtserialport,chardev=agent,name=" + agentPort,
+		"-device", "virtserialport,chardev=agent,name=" + wire.PortName,
 		"-netdev", "user,id=net0", // the guest reaches the host's loopback as 10.0.2.2
 		"-device", "virtio-net-pci,netdev=net0",
 	}

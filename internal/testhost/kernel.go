@@ -25,7 +25,7 @@ func findKernel(cacheDir string) (*kernel, []string, error) {
 	root := filepath.Join(cacheDir, "kernel", "current")
 	images, _ := filepath.Glob(filepath.Join(root, "boot", "vmlinuz-*"))
 	if len(images) != 1 {
-		return nil, []string{fmt.Sprintf("the test kernel (%s: Debian's linux-image-amd64, which scripts/install-deps downloads there)", filepath.Join(root, "boot", "vmlinuz-*"))}, nil
+		return nil, []string{fmt.Sprintf("the test kernel (Debian's linux-image-amd64, extracted in %s)", root)}, nil
 	}
 	k := &kernel{root: root, vmlinuz: images[0], release: strings.TrimPrefix(filepath.Base(images[0]), "vmlinuz-")}
 	k.modDir = filepath.Join(root, "lib", "modules", k.release)

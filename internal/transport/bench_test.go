@@ -4,14 +4,16 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+
+	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // benchHandler answers reads with a shared buffer and writes with an empty reply,
 // at once, like a chunkserver serving from page cache.
 func benchHandler() Handler {
 	data := make([]byte, 1<<20)
-	return handlerFunc(func(rw ReplyWriter, h Header, _ []byte) {
-		if h.Op == OpRead {
+	return handlerFunc(func(rw ReplyWriter, h api.Header, _ []byte) {
+		if h.Op == api.OpRead {
 			rw.Reply(h, data[:h.Length], nil)
 			return
 		}
@@ -24,15 +26,15 @@ func benchHandler() Handler {
 func BenchmarkConnRoundTrip(b *testing.B) {
 	_, addr := startServer(b, ServerConfig{}, benchHandler())
 	c := dial(b, addr)
-	for _, op := range []Op{OpRead, OpWrite} {
+	for _, op := range []api.Op{api.OpRead, api.OpWrite} {
 		for _, size := range []int{4 << 10, 64 << 10} {
 			for _, depth := range []int{1, 32} {
-				name := fmt.Sprintf("op=%s/size=%dKiB/inflight=%d", map[Op]string{OpRead: "read", OpWrite: "write"}[op], size>>10, depth)
+				name := fmt.Sprintf("op=%s/size=%dKiB/inflight=%d", map[api.Op]string{api.OpRead: "read", api.OpWrite: "write"}[op], size>>10, depth)
 				b.Run(name, func(b *testing.B) {
 					free := make(chan *Call, depth)
 					for range depth {
-						call := &Call{Header: Header{Op: op, Length: uint32(size)}}
-						if op == OpRead {
+						call := &Call{Header: api.Header{Op: op, Length: uint32(size)}}
+						if op == api.OpRead {
 							call.ReadBuf = make([]byte, size)
 						} else {
 							call.Payload = make([]byte, size)

@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/basalt-storage/basalt/internal/sockio"
+	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // Errors of the client side. A call that fails because its connection died carries
@@ -35,11 +36,14 @@ type ConnConfig struct {
 // Call is one request and, when it completes, its reply. A Call may be reused once
 // its done callback ran.
 type Call struct {
-	Header  Header // ID and PayloadLen are assigned by Conn
-	Payload []byte // request payload (write data, raft batch), sent without copying
-	ReadBuf []byte // reply payload is read straight into it; len must be >= reply PayloadLen
-	Reply   Header // filled on completion
-	Err     error  // transport error (conn closed, aborted); a non-OK Reply.Status is not an Err
+	Header  api.Header // ID and PayloadLen are assigned by Conn
+	Payload []byte     // request payload (write data, raft batch), sent without copying
+	// Vec is more request payload after Payload, in pieces: each is written
+	// from where it lies (one iovec each), never copied or gathered first.
+	Vec     [][]byte
+	ReadBuf []byte     // reply payload is read straight into it; len must be >= reply PayloadLen
+	Reply   api.Header // filled on completion
+	Err     error      // transport error (conn closed, aborted); a non-OK Reply.Status is not an Err
 
 	// Owned by the Conn between Go and done, guarded by Conn.mu.
 	done     func(*Call)
@@ -152,7 +156,7 @@ func (c *Conn) Err() error {
 func (c *Conn) Go(call *Call, done func(*Call)) {
 	call.done = done
 	call.Err = nil
-	call.Reply = Header{}
+	call.Reply = api.Header{}
 	call.finished = false
 	call.oneWay = false
 	call.inlineDone = false
@@ -171,8 +175,8 @@ func (c *Conn) enqueue(call *Call) {
 	}
 	c.nextID++
 	call.Header.ID = c.nextID
-	call.Header.PayloadLen = uint32(len(call.Payload))
-	call.Header.Flags &^= FlagReply
+	call.Header.PayloadLen = uint32(len(call.Payload) + sockio.Len(call.Vec))
+	call.Header.Flags &^= api.FlagReply
 	if !call.oneWay {
 		c.pending[call.Header.ID] = call
 	}
@@ -272,17 +276,22 @@ func (c *Conn) releaseBatchLocked() {
 
 // encodeBatch encodes c.batch into c.hdrs and lists its frames in c.bufs.
 func (c *Conn) encodeBatch() {
-	if need := len(c.batch) * HeaderSize; cap(c.hdrs) < need {
+	if need := len(c.batch) * api.HeaderSize; cap(c.hdrs) < need {
 		c.hdrs = make([]byte, need)
 	}
-	c.hdrs = c.hdrs[:len(c.batch)*HeaderSize]
+	c.hdrs = c.hdrs[:len(c.batch)*api.HeaderSize]
 	c.bufs = c.bufs[:0]
 	for i, call := range c.batch {
-		hb := c.hdrs[i*HeaderSize : (i+1)*HeaderSize]
+		hb := c.hdrs[i*api.HeaderSize : (i+1)*api.HeaderSize]
 		call.Header.Encode(hb)
 		c.bufs = append(c.bufs, hb)
 		if len(call.Payload) > 0 {
 			c.bufs = append(c.bufs, call.Payload)
+		}
+		for _, p := range call.Vec {
+			if len(p) > 0 {
+				c.bufs = append(c.bufs, p)
+			}
 		}
 	}
 }
@@ -318,7 +327,7 @@ func (c *Conn) Abort(call *Call, cause error) {
 
 // Send writes a one-way frame (no reply is expected) and returns once it was
 // written (payload may be reused then) or the connection failed.
-func (c *Conn) Send(h Header, payload []byte) error {
+func (c *Conn) Send(h api.Header, payload []byte) error {
 	ch := make(chan struct{})
 	call := &Call{Header: h, Payload: payload, oneWay: true, inlineDone: true, done: func(*Call) { close(ch) }}
 	c.enqueue(call)
@@ -326,11 +335,13 @@ func (c *Conn) Send(h Header, payload []byte) error {
 	return call.Err
 }
 
-// SendAsync queues a one-way frame and returns at once, without waiting for
-// the write; done (may be nil) runs once it was written or the connection
-// failed, on a connection goroutine. payload must stay untouched until then.
-func (c *Conn) SendAsync(h Header, payload []byte, done func(error)) {
-	call := &Call{Header: h, Payload: payload, oneWay: true}
+// SendAsync queues a one-way frame whose payload is the concatenation of
+// pieces and returns at once, without waiting for the write; done (may be
+// nil) runs once it was written or the connection failed, on a connection
+// goroutine. The pieces are written from where they lie (no copy) and must
+// stay untouched until then.
+func (c *Conn) SendAsync(h api.Header, pieces [][]byte, done func(error)) {
+	call := &Call{Header: h, Vec: pieces, oneWay: true}
 	if done == nil {
 		call.done, call.inlineDone = noDone, true
 	} else {
@@ -494,13 +505,13 @@ func runDone(calls []*Call) []*Call {
 // readLoop owns the socket's read side.
 func (c *Conn) readLoop() {
 	defer close(c.readerDone)
-	var hb [HeaderSize]byte
+	var hb [api.HeaderSize]byte
 	for {
 		if _, err := io.ReadFull(c.br, hb[:]); err != nil {
 			c.fail(err)
 			return
 		}
-		h, err := DecodeHeader(hb[:])
+		h, err := api.DecodeHeader(hb[:])
 		if err != nil {
 			c.fail(err)
 			return

@@ -16,9 +16,9 @@ import (
 )
 
 // handlerFunc adapts a function to Handler.
-type handlerFunc func(rw ReplyWriter, h Header, payload []byte)
+type handlerFunc func(rw ReplyWriter, h api.Header, payload []byte)
 
-func (f handlerFunc) ServeFrame(rw ReplyWriter, h Header, payload []byte) { f(rw, h, payload) }
+func (f handlerFunc) ServeFrame(rw ReplyWriter, h api.Header, payload []byte) { f(rw, h, payload) }
 
 // startServer serves h on a loopback listener and returns its address.
 func startServer(t testing.TB, cfg ServerConfig, h Handler) (*Server, string) {
@@ -62,16 +62,16 @@ func pattern(b []byte, off uint64) {
 func echoHandler(seed uint64, maxDelay time.Duration) Handler {
 	var mu sync.Mutex
 	r := rand.New(rand.NewPCG(seed, seed))
-	return handlerFunc(func(rw ReplyWriter, h Header, payload []byte) {
+	return handlerFunc(func(rw ReplyWriter, h api.Header, payload []byte) {
 		mu.Lock()
 		d := time.Duration(r.Int64N(int64(maxDelay) + 1))
 		mu.Unlock()
 		var out []byte
 		switch h.Op {
-		case OpRead:
+		case api.OpRead:
 			out = make([]byte, h.Length)
 			pattern(out, h.Offset)
-		case OpWrite:
+		case api.OpWrite:
 			h.Hint = uint64(crc32.ChecksumIEEE(payload))
 		}
 		time.AfterFunc(d, func() { rw.Reply(h, out, nil) })
@@ -99,12 +99,12 @@ func pipelineOutOfOrder(t *testing.T, c *Conn, maxLen, perWorker int) {
 			for i := range perWorker {
 				n := 1 + r.IntN(len(buf))
 				off := uint64(w)<<32 | uint64(i)<<12
-				call := &Call{Header: Header{Offset: off, Length: uint32(n)}}
+				call := &Call{Header: api.Header{Offset: off, Length: uint32(n)}}
 				if i%2 == 0 {
-					call.Header.Op = OpRead
+					call.Header.Op = api.OpRead
 					call.ReadBuf = buf
 				} else {
-					call.Header.Op = OpWrite
+					call.Header.Op = api.OpWrite
 					call.Payload = buf[:n]
 					pattern(call.Payload, off)
 				}
@@ -116,7 +116,7 @@ func pipelineOutOfOrder(t *testing.T, c *Conn, maxLen, perWorker int) {
 					errs <- errors.New("reply header does not match request")
 					return
 				}
-				if call.Header.Op == OpRead {
+				if call.Header.Op == api.OpRead {
 					want := make([]byte, n)
 					pattern(want, off)
 					if int(call.Reply.PayloadLen) != n || string(buf[:n]) != string(want) {
@@ -143,11 +143,11 @@ func TestRepliesReversed(t *testing.T) {
 	const n = 50
 	type held struct {
 		rw ReplyWriter
-		h  Header
+		h  api.Header
 	}
 	var mu sync.Mutex
 	var all []held
-	_, addr := startServer(t, ServerConfig{}, handlerFunc(func(rw ReplyWriter, h Header, _ []byte) {
+	_, addr := startServer(t, ServerConfig{}, handlerFunc(func(rw ReplyWriter, h api.Header, _ []byte) {
 		mu.Lock()
 		defer mu.Unlock()
 		all = append(all, held{rw, h})
@@ -163,7 +163,7 @@ func TestRepliesReversed(t *testing.T) {
 	calls := make([]*Call, n)
 	var wg sync.WaitGroup
 	for i := range calls {
-		calls[i] = &Call{Header: Header{Op: OpRead, Offset: uint64(i) * 1000, Length: 8}, ReadBuf: make([]byte, 8)}
+		calls[i] = &Call{Header: api.Header{Op: api.OpRead, Offset: uint64(i) * 1000, Length: 8}, ReadBuf: make([]byte, 8)}
 		wg.Add(1)
 		c.Go(calls[i], func(*Call) { wg.Done() })
 	}
@@ -180,7 +180,7 @@ func TestRepliesReversed(t *testing.T) {
 
 func TestConnDeathFailsPending(t *testing.T) {
 	var got atomic.Int32
-	srv, addr := startServer(t, ServerConfig{}, handlerFunc(func(ReplyWriter, Header, []byte) {
+	srv, addr := startServer(t, ServerConfig{}, handlerFunc(func(ReplyWriter, api.Header, []byte) {
 		got.Add(1) // never replies
 	}))
 	c := dial(t, addr)
@@ -188,7 +188,7 @@ func TestConnDeathFailsPending(t *testing.T) {
 	var wg sync.WaitGroup
 	calls := make([]*Call, n)
 	for i := range calls {
-		calls[i] = &Call{Header: Header{Op: OpPing}}
+		calls[i] = &Call{Header: api.Header{Op: api.OpPing}}
 		wg.Add(1)
 		c.Go(calls[i], func(*Call) { wg.Done() })
 	}
@@ -205,21 +205,21 @@ func TestConnDeathFailsPending(t *testing.T) {
 	if !errors.Is(c.Err(), ErrClosed) {
 		t.Fatalf("Err() = %v", c.Err())
 	}
-	if err := c.Do(context.Background(), &Call{Header: Header{Op: OpPing}}); !errors.Is(err, ErrClosed) {
+	if err := c.Do(context.Background(), &Call{Header: api.Header{Op: api.OpPing}}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("call on dead conn: %v", err)
 	}
-	if err := c.Send(Header{Op: OpRaft}, []byte("x")); !errors.Is(err, ErrClosed) {
+	if err := c.Send(api.Header{Op: api.OpRaft}, []byte("x")); !errors.Is(err, ErrClosed) {
 		t.Fatalf("send on dead conn: %v", err)
 	}
 }
 
 func TestCloseFailsQueued(t *testing.T) {
-	_, addr := startServer(t, ServerConfig{}, handlerFunc(func(ReplyWriter, Header, []byte) {}))
+	_, addr := startServer(t, ServerConfig{}, handlerFunc(func(ReplyWriter, api.Header, []byte) {}))
 	c := dial(t, addr)
 	var wg sync.WaitGroup
 	calls := make([]*Call, 100)
 	for i := range calls {
-		calls[i] = &Call{Header: Header{Op: OpWrite}, Payload: make([]byte, 64<<10)}
+		calls[i] = &Call{Header: api.Header{Op: api.OpWrite}, Payload: make([]byte, 64<<10)}
 		wg.Add(1)
 		c.Go(calls[i], func(*Call) { wg.Done() })
 	}
@@ -233,11 +233,11 @@ func TestCloseFailsQueued(t *testing.T) {
 }
 
 func TestDoContextAbort(t *testing.T) {
-	_, addr := startServer(t, ServerConfig{}, handlerFunc(func(rw ReplyWriter, h Header, _ []byte) {
-		if h.Op == OpPing {
+	_, addr := startServer(t, ServerConfig{}, handlerFunc(func(rw ReplyWriter, h api.Header, _ []byte) {
+		if h.Op == api.OpPing {
 			rw.Reply(h, nil, nil)
 		} // reads are never answered... until much later
-		if h.Op == OpRead {
+		if h.Op == api.OpRead {
 			time.AfterFunc(50*time.Millisecond, func() { rw.Reply(h, make([]byte, h.Length), nil) })
 		}
 	}))
@@ -245,7 +245,7 @@ func TestDoContextAbort(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
 	buf := []byte("untouched")
-	err := c.Do(ctx, &Call{Header: Header{Op: OpRead, Length: uint32(len(buf))}, ReadBuf: buf})
+	err := c.Do(ctx, &Call{Header: api.Header{Op: api.OpRead, Length: uint32(len(buf))}, ReadBuf: buf})
 	if !errors.Is(err, ErrAborted) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Do: %v", err)
 	}
@@ -253,7 +253,7 @@ func TestDoContextAbort(t *testing.T) {
 	if string(buf) != "untouched" {
 		t.Fatalf("aborted call's ReadBuf was written: %q", buf)
 	}
-	ping := &Call{Header: Header{Op: OpPing}}
+	ping := &Call{Header: api.Header{Op: api.OpPing}}
 	if err := c.Do(context.Background(), ping); err != nil || ping.Reply.Status != api.StatusOK {
 		t.Fatalf("conn unusable after abort: %v", err)
 	}
@@ -262,23 +262,23 @@ func TestDoContextAbort(t *testing.T) {
 func TestShortReadBuf(t *testing.T) {
 	_, addr := startServer(t, ServerConfig{}, echoHandler(2, 0))
 	c := dial(t, addr)
-	err := c.Do(context.Background(), &Call{Header: Header{Op: OpRead, Length: 100}, ReadBuf: make([]byte, 10)})
+	err := c.Do(context.Background(), &Call{Header: api.Header{Op: api.OpRead, Length: 100}, ReadBuf: make([]byte, 10)})
 	if !errors.Is(err, ErrShortBuffer) {
 		t.Fatalf("Do: %v", err)
 	}
-	call := &Call{Header: Header{Op: OpRead, Length: 10}, ReadBuf: make([]byte, 10)}
+	call := &Call{Header: api.Header{Op: api.OpRead, Length: 10}, ReadBuf: make([]byte, 10)}
 	if err := c.Do(context.Background(), call); err != nil || call.Reply.PayloadLen != 10 {
 		t.Fatalf("next call: %v", err)
 	}
 }
 
 func TestStatusIsNotErr(t *testing.T) {
-	_, addr := startServer(t, ServerConfig{}, handlerFunc(func(rw ReplyWriter, h Header, _ []byte) {
+	_, addr := startServer(t, ServerConfig{}, handlerFunc(func(rw ReplyWriter, h api.Header, _ []byte) {
 		h.Status, h.Hint = api.StatusNotLeader, 5
 		rw.Reply(h, nil, nil)
 	}))
 	c := dial(t, addr)
-	call := &Call{Header: Header{Op: OpWrite, Copyset: 3}, Payload: []byte("data")}
+	call := &Call{Header: api.Header{Op: api.OpWrite, Copyset: 3}, Payload: []byte("data")}
 	if err := c.Do(context.Background(), call); err != nil {
 		t.Fatal(err)
 	}
@@ -291,12 +291,12 @@ func TestStatusIsNotErr(t *testing.T) {
 // requests; one-way frames are not held back by the bound; answering frees slots.
 func TestBackpressure(t *testing.T) {
 	var mu sync.Mutex
-	var held []Header
+	var held []api.Header
 	var raft atomic.Int32
 	var rws []ReplyWriter
 	released := make(chan struct{}, 100)
-	_, addr := startServer(t, ServerConfig{MaxInFlight: 4}, handlerFunc(func(rw ReplyWriter, h Header, _ []byte) {
-		if h.Op == OpRaft {
+	_, addr := startServer(t, ServerConfig{MaxInFlight: 4}, handlerFunc(func(rw ReplyWriter, h api.Header, _ []byte) {
+		if h.Op == api.OpRaft {
 			raft.Add(1)
 			return
 		}
@@ -307,14 +307,14 @@ func TestBackpressure(t *testing.T) {
 	}))
 	c := dial(t, addr)
 	for range 10 {
-		if err := c.Send(Header{Op: OpRaft}, []byte("msg")); err != nil {
+		if err := c.Send(api.Header{Op: api.OpRaft}, []byte("msg")); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var wg sync.WaitGroup
 	for range 10 {
 		wg.Add(1)
-		c.Go(&Call{Header: Header{Op: OpPing}}, func(*Call) { wg.Done() })
+		c.Go(&Call{Header: api.Header{Op: api.OpPing}}, func(*Call) { wg.Done() })
 	}
 	time.Sleep(50 * time.Millisecond)
 	mu.Lock()
@@ -347,15 +347,15 @@ func TestBackpressure(t *testing.T) {
 // TestOneWayOrder: Send frames arrive in order, with their payloads.
 func TestOneWayOrder(t *testing.T) {
 	got := make(chan uint64, 100)
-	_, addr := startServer(t, ServerConfig{MaxInFlight: 1}, handlerFunc(func(_ ReplyWriter, h Header, p []byte) {
-		if h.Op == OpRaft && binary.BigEndian.Uint64(p) == h.Hint {
+	_, addr := startServer(t, ServerConfig{MaxInFlight: 1}, handlerFunc(func(_ ReplyWriter, h api.Header, p []byte) {
+		if h.Op == api.OpRaft && binary.BigEndian.Uint64(p) == h.Hint {
 			got <- h.Hint
 		}
 	}))
 	c := dial(t, addr)
 	for i := range uint64(100) {
 		p := binary.BigEndian.AppendUint64(nil, i)
-		if err := c.Send(Header{Op: OpRaft, Hint: i}, p); err != nil {
+		if err := c.Send(api.Header{Op: api.OpRaft, Hint: i}, p); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -373,7 +373,7 @@ func TestOneWayOrder(t *testing.T) {
 
 func TestRetain(t *testing.T) {
 	kept := make(chan []byte, 2)
-	_, addr := startServer(t, ServerConfig{}, handlerFunc(func(rw ReplyWriter, h Header, p []byte) {
+	_, addr := startServer(t, ServerConfig{}, handlerFunc(func(rw ReplyWriter, h api.Header, p []byte) {
 		rw.Retain()
 		kept <- p
 		rw.Reply(h, nil, nil)
@@ -382,7 +382,7 @@ func TestRetain(t *testing.T) {
 	a := []byte("first payload")
 	b := []byte("other payload")
 	for _, p := range [][]byte{a, b} {
-		if err := c.Do(context.Background(), &Call{Header: Header{Op: OpWrite}, Payload: p}); err != nil {
+		if err := c.Do(context.Background(), &Call{Header: api.Header{Op: api.OpWrite}, Payload: p}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -391,16 +391,80 @@ func TestRetain(t *testing.T) {
 	}
 }
 
+// allocHandler keeps every payload, in buffers it allocates for frames of
+// at least min bytes.
+type allocHandler struct {
+	min   int
+	mu    sync.Mutex
+	given map[*byte]bool // buffers AllocPayload returned
+	kept  [][]byte
+	own   []bool // kept[i] is a buffer AllocPayload returned
+}
+
+func (a *allocHandler) AllocPayload(h api.Header, n int) []byte {
+	if n < a.min {
+		return nil
+	}
+	b := make([]byte, n)
+	a.mu.Lock()
+	a.given[&b[0]] = true
+	a.mu.Unlock()
+	return b
+}
+
+func (a *allocHandler) ServeFrame(rw ReplyWriter, h api.Header, p []byte) {
+	a.mu.Lock()
+	own := a.given[&p[0]]
+	a.mu.Unlock()
+	if !own {
+		rw.Retain()
+	}
+	a.mu.Lock()
+	a.kept = append(a.kept, p)
+	a.own = append(a.own, own)
+	a.mu.Unlock()
+	rw.Reply(h, nil, nil)
+}
+
+// A PayloadAllocator's buffers receive the payloads it asked for, exactly,
+// and the server never reuses them; a vectored payload (Call.Vec) arrives
+// as its pieces concatenated.
+func TestPayloadAllocatorAndVec(t *testing.T) {
+	a := &allocHandler{min: 1000, given: map[*byte]bool{}}
+	_, addr := startServer(t, ServerConfig{}, a)
+	c := dial(t, addr)
+	var want [][]byte
+	for i, n := range []int{10, 5000, 999, 1000, 70000, 20} {
+		p := make([]byte, n)
+		pattern(p, uint64(i))
+		want = append(want, p)
+		call := &Call{Header: api.Header{Op: api.OpWrite}, Payload: p[:n/3], Vec: [][]byte{p[n/3 : n/2], nil, p[n/2:]}}
+		if err := c.Do(context.Background(), call); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for i, p := range want {
+		if string(a.kept[i]) != string(p) {
+			t.Fatalf("payload %d (%d bytes) arrived as %d bytes, or was overwritten later", i, len(p), len(a.kept[i]))
+		}
+		if own := len(p) >= a.min; a.own[i] != own {
+			t.Fatalf("payload %d (%d bytes): in an allocated buffer %v, want %v", i, len(p), a.own[i], own)
+		}
+	}
+}
+
 // TestServerBadInput: garbage closes the connection; the server keeps serving.
 func TestServerBadInput(t *testing.T) {
 	_, addr := startServer(t, ServerConfig{}, echoHandler(3, 0))
-	var huge [HeaderSize]byte
-	(&Header{Op: OpWrite}).Encode(huge[:])
-	binary.BigEndian.PutUint32(huge[20:], MaxPayload+1)
-	var trunc [HeaderSize]byte
-	(&Header{Op: OpWrite, PayloadLen: 100}).Encode(trunc[:])
-	var reply [HeaderSize]byte
-	(&Header{Op: OpRead, Flags: FlagReply}).Encode(reply[:])
+	var huge [api.HeaderSize]byte
+	(&api.Header{Op: api.OpWrite}).Encode(huge[:])
+	binary.BigEndian.PutUint32(huge[20:], api.MaxPayload+1)
+	var trunc [api.HeaderSize]byte
+	(&api.Header{Op: api.OpWrite, PayloadLen: 100}).Encode(trunc[:])
+	var reply [api.HeaderSize]byte
+	(&api.Header{Op: api.OpRead, Flags: api.FlagReply}).Encode(reply[:])
 	for name, in := range map[string][]byte{
 		"garbage":   []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n" + string(make([]byte, 64))),
 		"huge":      huge[:],
@@ -426,7 +490,7 @@ func TestServerBadInput(t *testing.T) {
 		nc.Close()
 	}
 	c := dial(t, addr)
-	if err := c.Do(context.Background(), &Call{Header: Header{Op: OpPing}}); err != nil {
+	if err := c.Do(context.Background(), &Call{Header: api.Header{Op: api.OpPing}}); err != nil {
 		t.Fatalf("server stopped serving: %v", err)
 	}
 }
@@ -434,10 +498,10 @@ func TestServerBadInput(t *testing.T) {
 // FuzzServerConn feeds arbitrary bytes to a server connection: it must never panic
 // nor hang.
 func FuzzServerConn(f *testing.F) {
-	var b [HeaderSize]byte
-	(&Header{Op: OpWrite, PayloadLen: 4, Length: 4}).Encode(b[:])
+	var b [api.HeaderSize]byte
+	(&api.Header{Op: api.OpWrite, PayloadLen: 4, Length: 4}).Encode(b[:])
 	f.Add(append(b[:], 1, 2, 3, 4))
-	(&Header{Op: OpRaft, PayloadLen: 2}).Encode(b[:])
+	(&api.Header{Op: api.OpRaft, PayloadLen: 2}).Encode(b[:])
 	f.Add(append(b[:], 1))
 	f.Add([]byte("BSLT\x01"))
 	f.Fuzz(func(t *testing.T, in []byte) {
@@ -478,7 +542,7 @@ func TestAbortRacesReplies(t *testing.T) {
 				buf := make([]byte, 1024)
 				off := uint64(w)<<32 | uint64(i)<<12
 				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(r.Int64N(int64(4*time.Millisecond))))
-				err := c.Do(ctx, &Call{Header: Header{Op: OpRead, Offset: off, Length: 1024}, ReadBuf: buf})
+				err := c.Do(ctx, &Call{Header: api.Header{Op: api.OpRead, Offset: off, Length: 1024}, ReadBuf: buf})
 				cancel()
 				switch {
 				case err == nil:
@@ -517,7 +581,7 @@ func TestAbortRacesReplies(t *testing.T) {
 	if ok.Load() == 0 || aborted.Load() == 0 {
 		t.Fatalf("no race exercised: %d ok, %d aborted", ok.Load(), aborted.Load())
 	}
-	if err := c.Do(context.Background(), &Call{Header: Header{Op: OpPing}}); err != nil {
+	if err := c.Do(context.Background(), &Call{Header: api.Header{Op: api.OpPing}}); err != nil {
 		t.Fatalf("conn after the aborts: %v", err)
 	}
 }
@@ -525,17 +589,17 @@ func TestAbortRacesReplies(t *testing.T) {
 // TestSnapshotFramesBypassBound: with the only in-flight slot held by an
 // unanswered request, answered OpSnapshot frames still flow.
 func TestSnapshotFramesBypassBound(t *testing.T) {
-	_, addr := startServer(t, ServerConfig{MaxInFlight: 1}, handlerFunc(func(rw ReplyWriter, h Header, p []byte) {
-		if h.Op == OpSnapshot {
+	_, addr := startServer(t, ServerConfig{MaxInFlight: 1}, handlerFunc(func(rw ReplyWriter, h api.Header, p []byte) {
+		if h.Op == api.OpSnapshot {
 			h.Hint = uint64(len(p))
 			rw.Reply(h, nil, nil)
 		} // OpPing: never answered, holds the slot
 	}))
 	c := dial(t, addr)
-	c.Go(&Call{Header: Header{Op: OpPing}}, func(*Call) {})
+	c.Go(&Call{Header: api.Header{Op: api.OpPing}}, func(*Call) {})
 	for i := range 5 {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		call := &Call{Header: Header{Op: OpSnapshot, Offset: uint64(i)}, Payload: make([]byte, 100+i)}
+		call := &Call{Header: api.Header{Op: api.OpSnapshot, Offset: uint64(i)}, Payload: make([]byte, 100+i)}
 		err := c.Do(ctx, call)
 		cancel()
 		if err != nil || call.Reply.Hint != uint64(100+i) {

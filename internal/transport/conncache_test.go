@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // countingListener counts the connections a server accepted.
@@ -32,7 +34,7 @@ func pingServer(t *testing.T) (addr string, accepted *atomic.Int32, srv *Server)
 		t.Fatal(err)
 	}
 	accepted = new(atomic.Int32)
-	srv = NewServer(ServerConfig{}, handlerFunc(func(rw ReplyWriter, h Header, _ []byte) { rw.Reply(h, nil, nil) }))
+	srv = NewServer(ServerConfig{}, handlerFunc(func(rw ReplyWriter, h api.Header, _ []byte) { rw.Reply(h, nil, nil) }))
 	go srv.Serve(countingListener{ln, accepted})
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String(), accepted, srv
@@ -40,7 +42,7 @@ func pingServer(t *testing.T) (addr string, accepted *atomic.Int32, srv *Server)
 
 func pingConn(t *testing.T, c *Conn) {
 	t.Helper()
-	if err := c.Do(context.Background(), &Call{Header: Header{Op: OpPing}}); err != nil {
+	if err := c.Do(context.Background(), &Call{Header: api.Header{Op: api.OpPing}}); err != nil {
 		t.Fatalf("ping: %v", err)
 	}
 }

@@ -4,32 +4,11 @@
 // after the server's TCP address instead (local.go); the frames are the same.
 // Sockets are read and written with raw system calls (package sockio).
 //
-// # Frame format
+// # Frames
 //
-// A frame is a fixed 64-byte header followed by PayloadLen bytes of payload. All
-// integers are big-endian:
-//
-//	offset size  field
-//	 0     4     Magic       0x42534c54 ("BSLT")
-//	 4     1     Version     1
-//	 5     1     Op          1 read, 2 write, 3 trim, 4 write-zeroes, 5 flush, 6 ping,
-//	                         7 checksum, 16 raft (one-way), 17 snapshot (peer traffic)
-//	 6     2     Flags       bit 0 FUA, bit 15 reply
-//	 8     8     ID          chosen by the sender of a request, echoed by its reply
-//	16     4     Status      api.Status; 0 in requests
-//	20     4     PayloadLen  bytes after the header, at most MaxPayload (64 MiB)
-//	24     8     Volume      volume id
-//	32     8     Epoch       writer epoch of the session (0 = read-only)
-//	40     8     Offset      byte offset in the volume
-//	48     4     Length      byte count of the IO
-//	52     4     Copyset     copyset id within the volume's pool
-//	56     8     Hint        NOT_LEADER: leader's chunkserver id; OpRaft: sender's id
-//
-// Payloads: a write carries Length bytes of data; the reply to a read carries
-// Length bytes; the other IO ops carry none. A request for one IO never crosses a
-// chunk boundary (the client splits). A reply repeats its request's header with
-// FlagReply set, Status (and Hint) filled in and its own PayloadLen. The encoding is
-// frozen by testdata/*.golden (TestHeaderGolden): changing it is a new Version.
+// The frame format — a 64-byte header (api.Header), then PayloadLen bytes of
+// payload — is part of the public wire API and is specified in package api
+// (pkg/api), with its ops and flags; this package moves frames.
 //
 // A receiver checks only what keeps the stream in sync — magic, version, the payload
 // bound, and request-vs-reply direction — and closes the connection on a violation,
@@ -47,7 +26,8 @@
 //
 // Each side's writer takes every frame queued at that moment and sends them in one
 // writev (sockio.Writer): headers are encoded into one scratch buffer, payloads are
-// passed as their own iovecs, never copied. A frame queued while nothing is being
+// passed as their own iovecs, never copied — a payload may itself be several
+// pieces (Call.Vec, SendAsync), each its own iovec. A frame queued while nothing is being
 // written and no other request is in flight on the connection (for a request:
 // and the previous write carried one frame alone; for a reply: and the reader
 // has no further request buffered) is written by the queuing goroutine itself:
@@ -60,8 +40,11 @@
 // its payload, raft batches) cost one read syscall; a payload larger than the
 // buffer goes straight to its destination. The client's reader reads a reply's
 // header, then its payload into the call's ReadBuf. The server's reader reads a
-// request's payload into a pooled buffer (internal/bufpool) that goes
-// back to the pool when ServeFrame returns, unless the handler called Retain.
+// request's payload into a pooled buffer (internal/bufpool) that goes back to
+// the pool when ServeFrame returns, unless the handler called Retain; or,
+// when the handler is a PayloadAllocator that asks for it, into a buffer of
+// the handler's own, of exactly the payload's size, which the server never
+// reuses.
 //
 // # Flow control
 //

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // Tests of the inline write path (a sending goroutine writes its frame itself with
@@ -67,14 +69,14 @@ func within(t *testing.T, d time.Duration, what string, f func()) {
 }
 
 // readFrame reads one frame (header and payload) from r.
-func readFrame(r io.Reader) (Header, []byte, error) {
-	var hb [HeaderSize]byte
+func readFrame(r io.Reader) (api.Header, []byte, error) {
+	var hb [api.HeaderSize]byte
 	if _, err := io.ReadFull(r, hb[:]); err != nil {
-		return Header{}, nil, err
+		return api.Header{}, nil, err
 	}
-	h, err := DecodeHeader(hb[:])
+	h, err := api.DecodeHeader(hb[:])
 	if err != nil {
-		return Header{}, nil, err
+		return api.Header{}, nil, err
 	}
 	p := make([]byte, h.PayloadLen)
 	_, err = io.ReadFull(r, p)
@@ -107,16 +109,16 @@ func TestInlinePartialWriteHandedOff(t *testing.T) {
 			mu.Unlock()
 		}
 	}
-	call := &Call{Header: Header{Op: OpRead, Offset: 3, Length: 8}, ReadBuf: make([]byte, 8)}
+	call := &Call{Header: api.Header{Op: api.OpRead, Offset: 3, Length: 8}, ReadBuf: make([]byte, 8)}
 	replied := make(chan *Call, 1)
 	within(t, 2*time.Second, "SendAsync and Go", func() {
 		// The idle connection writes 32 MiB inline: the socket takes a part,
 		// the writer goroutine must finish the rest before anything else.
-		c.SendAsync(Header{Op: OpRaft, Offset: 1}, big, sent(1))
+		c.SendAsync(api.Header{Op: api.OpRaft, Offset: 1}, [][]byte{big[:1<<20], big[1<<20:]}, sent(1))
 		if !c.handedOff() {
 			t.Error("a 32 MiB frame did not fit the socket, yet the writer goroutine does not own the rest")
 		}
-		c.SendAsync(Header{Op: OpRaft, Offset: 2}, small, sent(2))
+		c.SendAsync(api.Header{Op: api.OpRaft, Offset: 2}, [][]byte{small}, sent(2))
 		c.Go(call, func(cl *Call) { replied <- cl })
 	})
 
@@ -126,7 +128,7 @@ func TestInlinePartialWriteHandedOff(t *testing.T) {
 		off     uint64
 		payload []byte
 	}{{1, big}, {2, small}, {3, nil}}
-	var req Header
+	var req api.Header
 	for i, w := range want {
 		h, p, err := readFrame(br)
 		if err != nil {
@@ -140,9 +142,9 @@ func TestInlinePartialWriteHandedOff(t *testing.T) {
 	}
 	// Answer the request; the call completes with its data.
 	rep := req
-	rep.Flags |= FlagReply
+	rep.Flags |= api.FlagReply
 	rep.PayloadLen = 8
-	hb := make([]byte, HeaderSize, HeaderSize+8)
+	hb := make([]byte, api.HeaderSize, api.HeaderSize+8)
 	rep.Encode(hb)
 	if _, err := sv.Write(append(hb, "abcdefgh"...)); err != nil {
 		t.Fatal(err)
@@ -171,7 +173,7 @@ func TestPeerThatStopsReadingDoesNotBlockSenders(t *testing.T) {
 	within(t, 5*time.Second, "SendAsync", func() {
 		for i := range frames {
 			start := time.Now()
-			c.SendAsync(Header{Op: OpRaft, Offset: uint64(i)}, payload, func(error) { done.Add(1) })
+			c.SendAsync(api.Header{Op: api.OpRaft, Offset: uint64(i)}, [][]byte{payload}, func(error) { done.Add(1) })
 			if d := time.Since(start); d > time.Second {
 				t.Errorf("SendAsync %d took %v", i, d)
 			}
@@ -179,7 +181,7 @@ func TestPeerThatStopsReadingDoesNotBlockSenders(t *testing.T) {
 	})
 	calls := make(chan *Call, 1)
 	within(t, 2*time.Second, "Go", func() {
-		c.Go(&Call{Header: Header{Op: OpWrite}, Payload: payload}, func(cl *Call) { calls <- cl })
+		c.Go(&Call{Header: api.Header{Op: api.OpWrite}, Payload: payload}, func(cl *Call) { calls <- cl })
 	})
 	if n := done.Load(); n >= frames {
 		t.Fatalf("all %d frames reported written to a peer that reads nothing", n)
@@ -256,13 +258,13 @@ func TestConcurrentSendersKeepOrder(t *testing.T) {
 				p := make([]byte, r.IntN(64<<10))
 				pattern(p, off)
 				if seq%3 == 0 {
-					if err := c.Send(Header{Op: OpRaft, Offset: off}, p); err != nil {
+					if err := c.Send(api.Header{Op: api.OpRaft, Offset: off}, p); err != nil {
 						t.Error(err)
 						return
 					}
 					continue
 				}
-				c.SendAsync(Header{Op: OpRaft, Offset: off}, p, nil)
+				c.SendAsync(api.Header{Op: api.OpRaft, Offset: off}, [][]byte{p}, nil)
 			}
 		}()
 	}
@@ -284,7 +286,7 @@ func TestReplyDoesNotBlockOnSlowClient(t *testing.T) {
 	big := make([]byte, 32<<20)
 	pattern(big, 5)
 	replyTook := make(chan time.Duration, 2)
-	srv := NewServer(ServerConfig{}, handlerFunc(func(rw ReplyWriter, h Header, _ []byte) {
+	srv := NewServer(ServerConfig{}, handlerFunc(func(rw ReplyWriter, h api.Header, _ []byte) {
 		go func() { // as a raft worker would
 			start := time.Now()
 			if h.Offset == 5 {
@@ -300,8 +302,8 @@ func TestReplyDoesNotBlockOnSlowClient(t *testing.T) {
 	srv.ServeConn(sv)
 
 	send := func(id, off uint64) {
-		hb := make([]byte, HeaderSize)
-		h := Header{Op: OpRead, ID: id, Offset: off}
+		hb := make([]byte, api.HeaderSize)
+		h := api.Header{Op: api.OpRead, ID: id, Offset: off}
 		h.Encode(hb)
 		if _, err := cl.Write(hb); err != nil {
 			t.Fatal(err)

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // addrRecorder answers every request and remembers the connections' remote
@@ -22,7 +24,7 @@ type addrRecorder struct {
 	remotes []net.Addr
 }
 
-func (a *addrRecorder) ServeFrame(rw ReplyWriter, h Header, _ []byte) {
+func (a *addrRecorder) ServeFrame(rw ReplyWriter, h api.Header, _ []byte) {
 	a.mu.Lock()
 	a.remotes = append(a.remotes, rw.RemoteAddr())
 	a.mu.Unlock()
@@ -40,7 +42,7 @@ func (a *addrRecorder) last() net.Addr {
 func ping(t *testing.T, addr string) string {
 	t.Helper()
 	c := dial(t, addr)
-	if err := c.Do(t.Context(), &Call{Header: Header{Op: OpPing}}); err != nil {
+	if err := c.Do(t.Context(), &Call{Header: api.Header{Op: api.OpPing}}); err != nil {
 		t.Fatal(err)
 	}
 	return c.RemoteAddr().Network()

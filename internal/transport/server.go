@@ -3,6 +3,7 @@ package transport
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/bufpool"
 	"github.com/basalt-storage/basalt/internal/sockio"
+	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // ErrServerClosed is returned by Serve after Close.
@@ -41,7 +43,18 @@ type Handler interface {
 	// be answered (the sender decides by waiting or not).
 	// ServeFrame runs on the connection's reader goroutine: while it runs, no further
 	// frame of that connection is read.
-	ServeFrame(rw ReplyWriter, h Header, payload []byte)
+	ServeFrame(rw ReplyWriter, h api.Header, payload []byte)
+}
+
+// PayloadAllocator is an optional ability of a Handler: it provides the
+// buffers some frames' payloads are read into. A handler that keeps a payload
+// beyond ServeFrame (Retain) gets a buffer of exactly the payload's size this
+// way, instead of a pooled one of the next power of two.
+type PayloadAllocator interface {
+	// AllocPayload returns a buffer of length n for the payload of the frame
+	// h, or nil for a pooled buffer. A buffer it returned belongs to the
+	// handler: the server reads the payload into it and never reuses it.
+	AllocPayload(h api.Header, n int) []byte
 }
 
 // ReplyWriter answers the requests of one connection.
@@ -51,17 +64,12 @@ type ReplyWriter interface {
 	// until release (may be nil) is called, after the frame was written or dropped —
 	// possibly before Reply returns, on the calling goroutine.
 	// Reply never blocks; call it once per request.
-	Reply(h Header, payload []byte, release func())
+	Reply(h api.Header, payload []byte, release func())
 	// Retain, called during ServeFrame, hands the current payload to the handler:
 	// it stays valid after ServeFrame returns and is never reused by the server.
 	Retain()
 	RemoteAddr() net.Addr
 }
-
-// OneWay reports whether frames of op are peer traffic that does not count
-// against ServerConfig.MaxInFlight: OpRaft (never answered) and OpSnapshot (answered
-// or not, as the snapshot protocol decides).
-func (o Op) OneWay() bool { return o == OpRaft || o == OpSnapshot }
 
 // Server accepts connections and hands their frames to a Handler.
 //
@@ -71,9 +79,10 @@ func (o Op) OneWay() bool { return o == OpRaft || o == OpSnapshot }
 // one non-blocking writev; the writer goroutine takes over what that left and
 // batches the replies queued meanwhile into one writev each time.
 type Server struct {
-	cfg ServerConfig
-	h   Handler
-	log *slog.Logger
+	cfg   ServerConfig
+	h     Handler
+	alloc PayloadAllocator // h, if it is one
+	log   *slog.Logger
 
 	mu     sync.Mutex
 	closed bool
@@ -87,16 +96,18 @@ func NewServer(cfg ServerConfig, h Handler) *Server {
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = DefaultMaxInFlight
 	}
-	if cfg.MaxPayload <= 0 || cfg.MaxPayload > MaxPayload {
-		cfg.MaxPayload = MaxPayload
+	if cfg.MaxPayload <= 0 || cfg.MaxPayload > api.MaxPayload {
+		cfg.MaxPayload = api.MaxPayload
 	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
+	alloc, _ := h.(PayloadAllocator)
 	return &Server{
 		cfg:   cfg,
 		h:     h,
+		alloc: alloc,
 		log:   log,
 		lns:   make(map[net.Listener]struct{}),
 		conns: make(map[*serverConn]struct{}),
@@ -206,7 +217,7 @@ func (s *Server) Close() error {
 const readBufferSize = 32 << 10
 
 type reply struct {
-	h       Header
+	h       api.Header
 	payload []byte
 	release func()
 }
@@ -241,7 +252,7 @@ type serverConn struct {
 	// The write side, used only by its current owner.
 	batch, spare []reply
 	hdrs         []byte
-	ihdr         [HeaderSize]byte // a replying goroutine's header
+	ihdr         [api.HeaderSize]byte // a replying goroutine's header
 	bufs         net.Buffers
 	rest         net.Buffers // unwritten tail of bufs a replying goroutine handed off
 }
@@ -250,8 +261,8 @@ func (sc *serverConn) RemoteAddr() net.Addr { return sc.remote }
 
 func (sc *serverConn) Retain() { sc.retained = true }
 
-func (sc *serverConn) Reply(h Header, payload []byte, release func()) {
-	h.Flags |= FlagReply
+func (sc *serverConn) Reply(h api.Header, payload []byte, release func()) {
+	h.Flags |= api.FlagReply
 	h.PayloadLen = uint32(len(payload))
 	sc.mu.Lock()
 	if sc.closed {
@@ -303,13 +314,13 @@ func (sc *serverConn) Reply(h Header, payload []byte, release func()) {
 
 // encodeBatch encodes sc.batch's headers into sc.hdrs and lists its frames in sc.bufs.
 func (sc *serverConn) encodeBatch() {
-	if need := len(sc.batch) * HeaderSize; cap(sc.hdrs) < need {
+	if need := len(sc.batch) * api.HeaderSize; cap(sc.hdrs) < need {
 		sc.hdrs = make([]byte, need)
 	}
-	sc.hdrs = sc.hdrs[:len(sc.batch)*HeaderSize]
+	sc.hdrs = sc.hdrs[:len(sc.batch)*api.HeaderSize]
 	sc.bufs = sc.bufs[:0]
 	for i := range sc.batch {
-		hb := sc.hdrs[i*HeaderSize : (i+1)*HeaderSize]
+		hb := sc.hdrs[i*api.HeaderSize : (i+1)*api.HeaderSize]
 		sc.batch[i].h.Encode(hb)
 		sc.bufs = append(sc.bufs, hb)
 		if len(sc.batch[i].payload) > 0 {
@@ -329,7 +340,7 @@ func (sc *serverConn) batchDone() {
 }
 
 // done finishes one reply: its slot is freed and its payload released.
-func (sc *serverConn) done(h Header, release func()) {
+func (sc *serverConn) done(h api.Header, release func()) {
 	if !h.Op.OneWay() {
 		select {
 		case <-sc.slots:
@@ -362,7 +373,7 @@ func (sc *serverConn) close(cause error) {
 
 func (sc *serverConn) readLoop() {
 	defer sc.s.wg.Done()
-	var hb [HeaderSize]byte
+	var hb [api.HeaderSize]byte
 	for {
 		if _, err := io.ReadFull(sc.br, hb[:]); err != nil {
 			if errors.Is(err, io.EOF) {
@@ -371,9 +382,9 @@ func (sc *serverConn) readLoop() {
 			sc.close(err)
 			return
 		}
-		h, err := DecodeHeader(hb[:])
+		h, err := api.DecodeHeader(hb[:])
 		if err == nil && int(h.PayloadLen) > sc.s.cfg.MaxPayload {
-			err = ErrTooLarge
+			err = api.ErrFrameTooLarge
 		}
 		if err == nil && h.IsReply() {
 			err = ErrProtocol
@@ -391,17 +402,28 @@ func (sc *serverConn) readLoop() {
 		}
 		var payload []byte
 		var pooled *[]byte
+		sc.retained = false
 		if h.PayloadLen > 0 {
-			pooled = bufpool.Get(int(h.PayloadLen))
-			payload = *pooled
+			if sc.s.alloc != nil {
+				payload = sc.s.alloc.AllocPayload(h, int(h.PayloadLen))
+				if payload != nil && len(payload) != int(h.PayloadLen) {
+					panic(fmt.Sprintf("transport: AllocPayload gave %d bytes for a %d-byte payload", len(payload), h.PayloadLen))
+				}
+				sc.retained = payload != nil
+			}
+			if payload == nil {
+				pooled = bufpool.Get(int(h.PayloadLen))
+				payload = *pooled
+			}
 			if _, err := io.ReadFull(sc.br, payload); err != nil {
-				bufpool.Put(pooled)
+				if pooled != nil {
+					bufpool.Put(pooled)
+				}
 				sc.close(err) // EOF mid-frame
 				return
 			}
 		}
-		sc.retained = false
-		if m := sc.br.Buffered() >= HeaderSize; m != sc.more.Load() {
+		if m := sc.br.Buffered() >= api.HeaderSize; m != sc.more.Load() {
 			sc.more.Store(m)
 		}
 		sc.s.h.ServeFrame(sc, h, payload)

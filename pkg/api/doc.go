@@ -1,6 +1,58 @@
-// Package api holds basalt's public wire definitions: the control-plane gRPC service
-// of the MDS (mds.proto, with the generated code committed; regenerate with
-// `make generate`) and the numeric status codes of the data plane.
+// Package api holds basalt's public wire definitions, everything a client in any
+// language needs to talk to a basalt cluster:
 //
-// The data-plane frame layout itself is specified in internal/transport.
+//   - the control-plane gRPC service of the MDS (mds.proto, with the generated
+//     code committed; regenerate with scripts/generate);
+//   - the data-plane frame (Header, its Op and Flags) and the numeric status
+//     codes of its replies (Status, and Error for Go callers);
+//   - the routing rule that says which copyset holds a chunk (CopysetOf) and a
+//     copyset's Raft group id (GroupID).
+//
+// The Go implementation of the data plane (pipelined connections, the server
+// loop) is internal/transport; the client library is pkg/client.
+//
+// # Frame format
+//
+// A frame is a fixed 64-byte header followed by PayloadLen bytes of payload. All
+// integers are big-endian:
+//
+//	offset size  field
+//	 0     4     Magic       0x42534c54 ("BSLT")
+//	 4     1     Version     1
+//	 5     1     Op          1 read, 2 write, 3 trim, 4 write-zeroes, 5 flush, 6 ping,
+//	                         7 checksum, 16 raft (one-way), 17 snapshot (peer traffic)
+//	 6     2     Flags       bit 0 FUA, bit 15 reply
+//	 8     8     ID          chosen by the sender of a request, echoed by its reply
+//	16     4     Status      reply status (Status); 0 in requests
+//	20     4     PayloadLen  bytes after the header, at most MaxPayload (64 MiB)
+//	24     8     Volume      volume id
+//	32     8     Epoch       writer epoch of the session (0 = read-only)
+//	40     8     Offset      byte offset in the volume
+//	48     4     Length      byte count of the IO
+//	52     4     Copyset     copyset id within the volume's pool
+//	56     8     Hint        NOT_LEADER: leader's chunkserver id; OpRaft: sender's id
+//
+// Payloads: a write carries Length bytes of data; the reply to a read carries
+// Length bytes; the other IO ops carry none. Peer traffic (OpRaft, OpSnapshot)
+// has payloads and uses Volume, Offset and Length as internal/raftnet
+// specifies. A request for one IO never crosses a chunk boundary (the client
+// splits). A reply repeats its request's header with FlagReply set, Status (and
+// Hint) filled in and its own PayloadLen. The encoding is frozen by
+// testdata/*.golden (TestHeaderGolden): changing it is a new Version.
+//
+// Op is basalt's one operation enum: the block IO ops 1–5 are also what
+// client.Volume.Submit and every front end's backend take.
+//
+// # Routing (DESIGN §2)
+//
+// Chunk i of volume v lives in copyset (VolumeHash(v) + i) mod copysetCount of
+// the volume's pool (CopysetOf). VolumeHash is FNV-1a 64 over the eight
+// big-endian bytes of the volume id. The client computes the route, the
+// chunkserver checks it (a frame whose Copyset does not match is refused), the
+// MDS stores no per-chunk map.
+//
+// INVARIANT: VolumeHash and CopysetOf never change (TestRouteGolden); changing
+// either would move every chunk of every volume.
+//
+// A copyset's Raft group id is pool<<32 | copyset (GroupID, SplitGroupID).
 package api

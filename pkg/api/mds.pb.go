@@ -25,6 +25,59 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// DiskState is whether a chunkserver's disk lets it serve, as its heartbeats say.
+type DiskState int32
+
+const (
+	DiskState_DISK_STATE_UNKNOWN  DiskState = 0 // no heartbeat from it yet
+	DiskState_DISK_STATE_OK       DiskState = 1
+	DiskState_DISK_STATE_FULL     DiskState = 2 // a replica stopped: the disk is full
+	DiskState_DISK_STATE_IO_ERROR DiskState = 3 // a replica stopped on another disk error
+)
+
+// Enum value maps for DiskState.
+var (
+	DiskState_name = map[int32]string{
+		0: "DISK_STATE_UNKNOWN",
+		1: "DISK_STATE_OK",
+		2: "DISK_STATE_FULL",
+		3: "DISK_STATE_IO_ERROR",
+	}
+	DiskState_value = map[string]int32{
+		"DISK_STATE_UNKNOWN":  0,
+		"DISK_STATE_OK":       1,
+		"DISK_STATE_FULL":     2,
+		"DISK_STATE_IO_ERROR": 3,
+	}
+)
+
+func (x DiskState) Enum() *DiskState {
+	p := new(DiskState)
+	*p = x
+	return p
+}
+
+func (x DiskState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DiskState) Descriptor() protoreflect.EnumDescriptor {
+	return file_mds_proto_enumTypes[0].Descriptor()
+}
+
+func (DiskState) Type() protoreflect.EnumType {
+	return &file_mds_proto_enumTypes[0]
+}
+
+func (x DiskState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DiskState.Descriptor instead.
+func (DiskState) EnumDescriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{0}
+}
+
 type ChunkServer struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
 	Id                  uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -36,8 +89,8 @@ type ChunkServer struct {
 	UsedBytes           uint64                 `protobuf:"varint,7,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
 	Online              bool                   `protobuf:"varint,8,opt,name=online,proto3" json:"online,omitempty"` // heartbeat seen within the grace period
 	LastHeartbeatUnixMs int64                  `protobuf:"varint,9,opt,name=last_heartbeat_unix_ms,json=lastHeartbeatUnixMs,proto3" json:"last_heartbeat_unix_ms,omitempty"`
-	State               string                 `protobuf:"bytes,10,opt,name=state,proto3" json:"state,omitempty"` // "ok", or why it cannot serve ("disk full", "io error")
 	MetricsPort         uint64                 `protobuf:"varint,11,opt,name=metrics_port,json=metricsPort,proto3" json:"metrics_port,omitempty"`
+	DiskState           DiskState              `protobuf:"varint,12,opt,name=disk_state,json=diskState,proto3,enum=basalt.api.v1.DiskState" json:"disk_state,omitempty"` // from its last heartbeat
 	unknownFields       protoimpl.UnknownFields
 	sizeCache           protoimpl.SizeCache
 }
@@ -135,18 +188,18 @@ func (x *ChunkServer) GetLastHeartbeatUnixMs() int64 {
 	return 0
 }
 
-func (x *ChunkServer) GetState() string {
-	if x != nil {
-		return x.State
-	}
-	return ""
-}
-
 func (x *ChunkServer) GetMetricsPort() uint64 {
 	if x != nil {
 		return x.MetricsPort
 	}
 	return 0
+}
+
+func (x *ChunkServer) GetDiskState() DiskState {
+	if x != nil {
+		return x.DiskState
+	}
+	return DiskState_DISK_STATE_UNKNOWN
 }
 
 type RegisterChunkServerRequest struct {
@@ -401,7 +454,7 @@ type HeartbeatRequest struct {
 	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
 	CapacityBytes uint64                 `protobuf:"varint,3,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
 	UsedBytes     uint64                 `protobuf:"varint,4,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
-	State         string                 `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
+	DiskState     DiskState              `protobuf:"varint,11,opt,name=disk_state,json=diskState,proto3,enum=basalt.api.v1.DiskState" json:"disk_state,omitempty"` // OK, or why this chunkserver cannot serve
 	Copysets      []*CopysetStatus       `protobuf:"bytes,6,rep,name=copysets,proto3" json:"copysets,omitempty"`
 	ReadOps       uint64                 `protobuf:"varint,7,opt,name=read_ops,json=readOps,proto3" json:"read_ops,omitempty"`
 	WriteOps      uint64                 `protobuf:"varint,8,opt,name=write_ops,json=writeOps,proto3" json:"write_ops,omitempty"`
@@ -469,11 +522,11 @@ func (x *HeartbeatRequest) GetUsedBytes() uint64 {
 	return 0
 }
 
-func (x *HeartbeatRequest) GetState() string {
+func (x *HeartbeatRequest) GetDiskState() DiskState {
 	if x != nil {
-		return x.State
+		return x.DiskState
 	}
-	return ""
+	return DiskState_DISK_STATE_UNKNOWN
 }
 
 func (x *HeartbeatRequest) GetCopysets() []*CopysetStatus {
@@ -2288,7 +2341,7 @@ var File_mds_proto protoreflect.FileDescriptor
 
 const file_mds_proto_rawDesc = "" +
 	"\n" +
-	"\tmds.proto\x12\rbasalt.api.v1\"\xc4\x02\n" +
+	"\tmds.proto\x12\rbasalt.api.v1\"\xf4\x02\n" +
 	"\vChunkServer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12\x16\n" +
@@ -2299,10 +2352,11 @@ const file_mds_proto_rawDesc = "" +
 	"\n" +
 	"used_bytes\x18\a \x01(\x04R\tusedBytes\x12\x16\n" +
 	"\x06online\x18\b \x01(\bR\x06online\x123\n" +
-	"\x16last_heartbeat_unix_ms\x18\t \x01(\x03R\x13lastHeartbeatUnixMs\x12\x14\n" +
-	"\x05state\x18\n" +
-	" \x01(\tR\x05state\x12!\n" +
-	"\fmetrics_port\x18\v \x01(\x04R\vmetricsPort\"\xae\x01\n" +
+	"\x16last_heartbeat_unix_ms\x18\t \x01(\x03R\x13lastHeartbeatUnixMs\x12!\n" +
+	"\fmetrics_port\x18\v \x01(\x04R\vmetricsPort\x127\n" +
+	"\n" +
+	"disk_state\x18\f \x01(\x0e2\x18.basalt.api.v1.DiskStateR\tdiskStateJ\x04\b\n" +
+	"\x10\vR\x05state\"\xae\x01\n" +
 	"\x1aRegisterChunkServerRequest\x12\x12\n" +
 	"\x04zone\x18\x01 \x01(\tR\x04zone\x12\x16\n" +
 	"\x06server\x18\x02 \x01(\tR\x06server\x12\x12\n" +
@@ -2324,14 +2378,15 @@ const file_mds_proto_rawDesc = "" +
 	"\blearners\x18\b \x03(\x04R\blearners\x12\x18\n" +
 	"\ahealthy\x18\t \x01(\bR\ahealthy\x12\x1b\n" +
 	"\tleader_id\x18\n" +
-	" \x01(\x04R\bleaderId\"\xc4\x02\n" +
+	" \x01(\x04R\bleaderId\"\xf4\x02\n" +
 	"\x10HeartbeatRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12%\n" +
 	"\x0ecapacity_bytes\x18\x03 \x01(\x04R\rcapacityBytes\x12\x1d\n" +
 	"\n" +
-	"used_bytes\x18\x04 \x01(\x04R\tusedBytes\x12\x14\n" +
-	"\x05state\x18\x05 \x01(\tR\x05state\x128\n" +
+	"used_bytes\x18\x04 \x01(\x04R\tusedBytes\x127\n" +
+	"\n" +
+	"disk_state\x18\v \x01(\x0e2\x18.basalt.api.v1.DiskStateR\tdiskState\x128\n" +
 	"\bcopysets\x18\x06 \x03(\v2\x1c.basalt.api.v1.CopysetStatusR\bcopysets\x12\x19\n" +
 	"\bread_ops\x18\a \x01(\x04R\areadOps\x12\x1b\n" +
 	"\twrite_ops\x18\b \x01(\x04R\bwriteOps\x12\x1d\n" +
@@ -2339,7 +2394,7 @@ const file_mds_proto_rawDesc = "" +
 	"read_bytes\x18\t \x01(\x04R\treadBytes\x12\x1f\n" +
 	"\vwrite_bytes\x18\n" +
 	" \x01(\x04R\n" +
-	"writeBytes\"\x99\x02\n" +
+	"writeBytesJ\x04\b\x05\x10\x06R\x05state\"\x99\x02\n" +
 	"\x11HeartbeatResponse\x122\n" +
 	"\bcopysets\x18\x01 \x03(\v2\x16.basalt.api.v1.CopysetR\bcopysets\x120\n" +
 	"\x05peers\x18\x02 \x03(\v2\x1a.basalt.api.v1.ChunkServerR\x05peers\x12)\n" +
@@ -2460,7 +2515,12 @@ const file_mds_proto_rawDesc = "" +
 	"\x0fmoves_in_flight\x18\v \x01(\rR\rmovesInFlight\x1aH\n" +
 	"\x1aLeadersPerChunkserverEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x012\xb3\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01*d\n" +
+	"\tDiskState\x12\x16\n" +
+	"\x12DISK_STATE_UNKNOWN\x10\x00\x12\x11\n" +
+	"\rDISK_STATE_OK\x10\x01\x12\x13\n" +
+	"\x0fDISK_STATE_FULL\x10\x02\x12\x17\n" +
+	"\x13DISK_STATE_IO_ERROR\x10\x032\xb3\n" +
 	"\n" +
 	"\x03MDS\x12l\n" +
 	"\x13RegisterChunkServer\x12).basalt.api.v1.RegisterChunkServerRequest\x1a*.basalt.api.v1.RegisterChunkServerResponse\x12N\n" +
@@ -2493,106 +2553,110 @@ func file_mds_proto_rawDescGZIP() []byte {
 	return file_mds_proto_rawDescData
 }
 
+var file_mds_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_mds_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_mds_proto_goTypes = []any{
-	(*ChunkServer)(nil),                 // 0: basalt.api.v1.ChunkServer
-	(*RegisterChunkServerRequest)(nil),  // 1: basalt.api.v1.RegisterChunkServerRequest
-	(*RegisterChunkServerResponse)(nil), // 2: basalt.api.v1.RegisterChunkServerResponse
-	(*CopysetStatus)(nil),               // 3: basalt.api.v1.CopysetStatus
-	(*HeartbeatRequest)(nil),            // 4: basalt.api.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),           // 5: basalt.api.v1.HeartbeatResponse
-	(*LeaderTransfer)(nil),              // 6: basalt.api.v1.LeaderTransfer
-	(*ListChunkServersRequest)(nil),     // 7: basalt.api.v1.ListChunkServersRequest
-	(*ListChunkServersResponse)(nil),    // 8: basalt.api.v1.ListChunkServersResponse
-	(*Pool)(nil),                        // 9: basalt.api.v1.Pool
-	(*Copyset)(nil),                     // 10: basalt.api.v1.Copyset
-	(*CopysetMove)(nil),                 // 11: basalt.api.v1.CopysetMove
-	(*CreatePoolRequest)(nil),           // 12: basalt.api.v1.CreatePoolRequest
-	(*CreatePoolResponse)(nil),          // 13: basalt.api.v1.CreatePoolResponse
-	(*ListPoolsRequest)(nil),            // 14: basalt.api.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),           // 15: basalt.api.v1.ListPoolsResponse
-	(*GetCopysetsRequest)(nil),          // 16: basalt.api.v1.GetCopysetsRequest
-	(*GetCopysetsResponse)(nil),         // 17: basalt.api.v1.GetCopysetsResponse
-	(*Volume)(nil),                      // 18: basalt.api.v1.Volume
-	(*CreateVolumeRequest)(nil),         // 19: basalt.api.v1.CreateVolumeRequest
-	(*CreateVolumeResponse)(nil),        // 20: basalt.api.v1.CreateVolumeResponse
-	(*GetVolumeRequest)(nil),            // 21: basalt.api.v1.GetVolumeRequest
-	(*GetVolumeResponse)(nil),           // 22: basalt.api.v1.GetVolumeResponse
-	(*ListVolumesRequest)(nil),          // 23: basalt.api.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),         // 24: basalt.api.v1.ListVolumesResponse
-	(*ResizeVolumeRequest)(nil),         // 25: basalt.api.v1.ResizeVolumeRequest
-	(*ResizeVolumeResponse)(nil),        // 26: basalt.api.v1.ResizeVolumeResponse
-	(*DeleteVolumeRequest)(nil),         // 27: basalt.api.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),        // 28: basalt.api.v1.DeleteVolumeResponse
-	(*OpenVolumeRequest)(nil),           // 29: basalt.api.v1.OpenVolumeRequest
-	(*OpenVolumeResponse)(nil),          // 30: basalt.api.v1.OpenVolumeResponse
-	(*RenewSessionRequest)(nil),         // 31: basalt.api.v1.RenewSessionRequest
-	(*RenewSessionResponse)(nil),        // 32: basalt.api.v1.RenewSessionResponse
-	(*CloseSessionRequest)(nil),         // 33: basalt.api.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),        // 34: basalt.api.v1.CloseSessionResponse
-	(*ClusterStatusRequest)(nil),        // 35: basalt.api.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),       // 36: basalt.api.v1.ClusterStatusResponse
-	nil,                                 // 37: basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
+	(DiskState)(0),                      // 0: basalt.api.v1.DiskState
+	(*ChunkServer)(nil),                 // 1: basalt.api.v1.ChunkServer
+	(*RegisterChunkServerRequest)(nil),  // 2: basalt.api.v1.RegisterChunkServerRequest
+	(*RegisterChunkServerResponse)(nil), // 3: basalt.api.v1.RegisterChunkServerResponse
+	(*CopysetStatus)(nil),               // 4: basalt.api.v1.CopysetStatus
+	(*HeartbeatRequest)(nil),            // 5: basalt.api.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),           // 6: basalt.api.v1.HeartbeatResponse
+	(*LeaderTransfer)(nil),              // 7: basalt.api.v1.LeaderTransfer
+	(*ListChunkServersRequest)(nil),     // 8: basalt.api.v1.ListChunkServersRequest
+	(*ListChunkServersResponse)(nil),    // 9: basalt.api.v1.ListChunkServersResponse
+	(*Pool)(nil),                        // 10: basalt.api.v1.Pool
+	(*Copyset)(nil),                     // 11: basalt.api.v1.Copyset
+	(*CopysetMove)(nil),                 // 12: basalt.api.v1.CopysetMove
+	(*CreatePoolRequest)(nil),           // 13: basalt.api.v1.CreatePoolRequest
+	(*CreatePoolResponse)(nil),          // 14: basalt.api.v1.CreatePoolResponse
+	(*ListPoolsRequest)(nil),            // 15: basalt.api.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),           // 16: basalt.api.v1.ListPoolsResponse
+	(*GetCopysetsRequest)(nil),          // 17: basalt.api.v1.GetCopysetsRequest
+	(*GetCopysetsResponse)(nil),         // 18: basalt.api.v1.GetCopysetsResponse
+	(*Volume)(nil),                      // 19: basalt.api.v1.Volume
+	(*CreateVolumeRequest)(nil),         // 20: basalt.api.v1.CreateVolumeRequest
+	(*CreateVolumeResponse)(nil),        // 21: basalt.api.v1.CreateVolumeResponse
+	(*GetVolumeRequest)(nil),            // 22: basalt.api.v1.GetVolumeRequest
+	(*GetVolumeResponse)(nil),           // 23: basalt.api.v1.GetVolumeResponse
+	(*ListVolumesRequest)(nil),          // 24: basalt.api.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),         // 25: basalt.api.v1.ListVolumesResponse
+	(*ResizeVolumeRequest)(nil),         // 26: basalt.api.v1.ResizeVolumeRequest
+	(*ResizeVolumeResponse)(nil),        // 27: basalt.api.v1.ResizeVolumeResponse
+	(*DeleteVolumeRequest)(nil),         // 28: basalt.api.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),        // 29: basalt.api.v1.DeleteVolumeResponse
+	(*OpenVolumeRequest)(nil),           // 30: basalt.api.v1.OpenVolumeRequest
+	(*OpenVolumeResponse)(nil),          // 31: basalt.api.v1.OpenVolumeResponse
+	(*RenewSessionRequest)(nil),         // 32: basalt.api.v1.RenewSessionRequest
+	(*RenewSessionResponse)(nil),        // 33: basalt.api.v1.RenewSessionResponse
+	(*CloseSessionRequest)(nil),         // 34: basalt.api.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),        // 35: basalt.api.v1.CloseSessionResponse
+	(*ClusterStatusRequest)(nil),        // 36: basalt.api.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),       // 37: basalt.api.v1.ClusterStatusResponse
+	nil,                                 // 38: basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
 }
 var file_mds_proto_depIdxs = []int32{
-	3,  // 0: basalt.api.v1.HeartbeatRequest.copysets:type_name -> basalt.api.v1.CopysetStatus
-	10, // 1: basalt.api.v1.HeartbeatResponse.copysets:type_name -> basalt.api.v1.Copyset
-	0,  // 2: basalt.api.v1.HeartbeatResponse.peers:type_name -> basalt.api.v1.ChunkServer
-	9,  // 3: basalt.api.v1.HeartbeatResponse.pools:type_name -> basalt.api.v1.Pool
-	6,  // 4: basalt.api.v1.HeartbeatResponse.transfer_leaders:type_name -> basalt.api.v1.LeaderTransfer
-	0,  // 5: basalt.api.v1.ListChunkServersResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	11, // 6: basalt.api.v1.Copyset.move:type_name -> basalt.api.v1.CopysetMove
-	9,  // 7: basalt.api.v1.CreatePoolResponse.pool:type_name -> basalt.api.v1.Pool
-	9,  // 8: basalt.api.v1.ListPoolsResponse.pools:type_name -> basalt.api.v1.Pool
-	10, // 9: basalt.api.v1.GetCopysetsResponse.copysets:type_name -> basalt.api.v1.Copyset
-	0,  // 10: basalt.api.v1.GetCopysetsResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	18, // 11: basalt.api.v1.CreateVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	18, // 12: basalt.api.v1.GetVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	18, // 13: basalt.api.v1.ListVolumesResponse.volumes:type_name -> basalt.api.v1.Volume
-	18, // 14: basalt.api.v1.ResizeVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	18, // 15: basalt.api.v1.OpenVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	9,  // 16: basalt.api.v1.OpenVolumeResponse.pool:type_name -> basalt.api.v1.Pool
-	10, // 17: basalt.api.v1.OpenVolumeResponse.copysets:type_name -> basalt.api.v1.Copyset
-	0,  // 18: basalt.api.v1.OpenVolumeResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	0,  // 19: basalt.api.v1.ClusterStatusResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	9,  // 20: basalt.api.v1.ClusterStatusResponse.pools:type_name -> basalt.api.v1.Pool
-	10, // 21: basalt.api.v1.ClusterStatusResponse.copysets:type_name -> basalt.api.v1.Copyset
-	37, // 22: basalt.api.v1.ClusterStatusResponse.leaders_per_chunkserver:type_name -> basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
-	1,  // 23: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
-	4,  // 24: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
-	7,  // 25: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
-	12, // 26: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
-	14, // 27: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
-	16, // 28: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
-	19, // 29: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
-	21, // 30: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
-	23, // 31: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
-	25, // 32: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
-	27, // 33: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
-	29, // 34: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
-	31, // 35: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
-	33, // 36: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
-	35, // 37: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
-	2,  // 38: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
-	5,  // 39: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
-	8,  // 40: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
-	13, // 41: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
-	15, // 42: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
-	17, // 43: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
-	20, // 44: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
-	22, // 45: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
-	24, // 46: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
-	26, // 47: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
-	28, // 48: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
-	30, // 49: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
-	32, // 50: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
-	34, // 51: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
-	36, // 52: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
-	38, // [38:53] is the sub-list for method output_type
-	23, // [23:38] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	0,  // 0: basalt.api.v1.ChunkServer.disk_state:type_name -> basalt.api.v1.DiskState
+	0,  // 1: basalt.api.v1.HeartbeatRequest.disk_state:type_name -> basalt.api.v1.DiskState
+	4,  // 2: basalt.api.v1.HeartbeatRequest.copysets:type_name -> basalt.api.v1.CopysetStatus
+	11, // 3: basalt.api.v1.HeartbeatResponse.copysets:type_name -> basalt.api.v1.Copyset
+	1,  // 4: basalt.api.v1.HeartbeatResponse.peers:type_name -> basalt.api.v1.ChunkServer
+	10, // 5: basalt.api.v1.HeartbeatResponse.pools:type_name -> basalt.api.v1.Pool
+	7,  // 6: basalt.api.v1.HeartbeatResponse.transfer_leaders:type_name -> basalt.api.v1.LeaderTransfer
+	1,  // 7: basalt.api.v1.ListChunkServersResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	12, // 8: basalt.api.v1.Copyset.move:type_name -> basalt.api.v1.CopysetMove
+	10, // 9: basalt.api.v1.CreatePoolResponse.pool:type_name -> basalt.api.v1.Pool
+	10, // 10: basalt.api.v1.ListPoolsResponse.pools:type_name -> basalt.api.v1.Pool
+	11, // 11: basalt.api.v1.GetCopysetsResponse.copysets:type_name -> basalt.api.v1.Copyset
+	1,  // 12: basalt.api.v1.GetCopysetsResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	19, // 13: basalt.api.v1.CreateVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	19, // 14: basalt.api.v1.GetVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	19, // 15: basalt.api.v1.ListVolumesResponse.volumes:type_name -> basalt.api.v1.Volume
+	19, // 16: basalt.api.v1.ResizeVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	19, // 17: basalt.api.v1.OpenVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	10, // 18: basalt.api.v1.OpenVolumeResponse.pool:type_name -> basalt.api.v1.Pool
+	11, // 19: basalt.api.v1.OpenVolumeResponse.copysets:type_name -> basalt.api.v1.Copyset
+	1,  // 20: basalt.api.v1.OpenVolumeResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	1,  // 21: basalt.api.v1.ClusterStatusResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	10, // 22: basalt.api.v1.ClusterStatusResponse.pools:type_name -> basalt.api.v1.Pool
+	11, // 23: basalt.api.v1.ClusterStatusResponse.copysets:type_name -> basalt.api.v1.Copyset
+	38, // 24: basalt.api.v1.ClusterStatusResponse.leaders_per_chunkserver:type_name -> basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
+	2,  // 25: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
+	5,  // 26: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
+	8,  // 27: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
+	13, // 28: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
+	15, // 29: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
+	17, // 30: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
+	20, // 31: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
+	22, // 32: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
+	24, // 33: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
+	26, // 34: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
+	28, // 35: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
+	30, // 36: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
+	32, // 37: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
+	34, // 38: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
+	36, // 39: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
+	3,  // 40: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
+	6,  // 41: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
+	9,  // 42: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
+	14, // 43: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
+	16, // 44: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
+	18, // 45: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
+	21, // 46: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
+	23, // 47: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
+	25, // 48: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
+	27, // 49: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
+	29, // 50: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
+	31, // 51: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
+	33, // 52: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
+	35, // 53: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
+	37, // 54: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
+	40, // [40:55] is the sub-list for method output_type
+	25, // [25:40] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_mds_proto_init() }
@@ -2605,13 +2669,14 @@ func file_mds_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mds_proto_rawDesc), len(file_mds_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_mds_proto_goTypes,
 		DependencyIndexes: file_mds_proto_depIdxs,
+		EnumInfos:         file_mds_proto_enumTypes,
 		MessageInfos:      file_mds_proto_msgTypes,
 	}.Build()
 	File_mds_proto = out.File

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+
+	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // BenchmarkSplitRoute: the cost of cutting one IO into per-chunk pieces and routing
@@ -32,7 +34,7 @@ func BenchmarkSplitRoute(b *testing.B) {
 func BenchmarkIO(b *testing.B) {
 	c := newFakeCluster(b)
 	v := c.open(b, nil)
-	for _, op := range []Op{OpWrite, OpRead} {
+	for _, op := range []api.Op{api.OpWrite, api.OpRead} {
 		for _, depth := range []int{1, 32} {
 			b.Run(fmt.Sprintf("op=%s/size=4KiB/inflight=%d", op, depth), func(b *testing.B) {
 				bufs := make(chan []byte, depth)

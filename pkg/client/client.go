@@ -68,19 +68,19 @@ type Config struct {
 // is LocalID, exactly as it would use a connection to that chunkserver (the same
 // request header, the same reply statuses and retries).
 //
-// Go serves one request: call.Header is the request (op, volume, epoch, offset,
-// length, copyset); call.Payload is a write's data, which stays untouched until
-// done (the callee copies what it keeps); call.ReadBuf is a read's destination,
-// filled in place — no socket and no copy through a reply frame. done is called
-// exactly once, on any goroutine, with call.Reply set (Status, Hint, PayloadLen)
-// or call.Err set; it must not block. Go itself must not block on IO.
+// Go serves one request: req is its header (op, volume, epoch, offset, length,
+// copyset, flags) as a frame would carry it; payload is a write's data, which
+// stays untouched until done (the callee copies what it keeps); readBuf is a
+// read's destination, filled in place — no socket and no copy through a reply
+// frame. done is called exactly once, on any goroutine, with the reply header
+// (Status, Hint, PayloadLen); it must not block. Go itself must not block on IO.
 //
 // No per-attempt timer guards a local call: the chunkserver answers every request
 // it accepted (a raft proposal is failed with NOT_LEADER when leadership is lost,
 // and every request fails when the chunkserver stops).
 type Local interface {
 	LocalID() uint64 // the chunkserver served in process; 0 = not known yet
-	Go(call *transport.Call, done func(*transport.Call))
+	Go(req api.Header, payload, readBuf []byte, done func(reply api.Header))
 }
 
 // Volume is an open volume. All methods are safe for concurrent use.
@@ -316,7 +316,7 @@ func (v *Volume) extendLease(until int64) {
 
 // ReadAt reads len(p) bytes at off. IO past the end fails with api.ErrOutOfRange.
 func (v *Volume) ReadAt(p []byte, off int64) (int, error) {
-	if err := v.wait(OpRead, p, off, int64(len(p))); err != nil {
+	if err := v.wait(api.OpRead, p, off, int64(len(p))); err != nil {
 		return 0, err
 	}
 	return len(p), nil
@@ -324,7 +324,7 @@ func (v *Volume) ReadAt(p []byte, off int64) (int, error) {
 
 // WriteAt writes p at off; it returns once the write is durable on a majority.
 func (v *Volume) WriteAt(p []byte, off int64) (int, error) {
-	if err := v.wait(OpWrite, p, off, int64(len(p))); err != nil {
+	if err := v.wait(api.OpWrite, p, off, int64(len(p))); err != nil {
 		return 0, err
 	}
 	return len(p), nil
@@ -332,17 +332,17 @@ func (v *Volume) WriteAt(p []byte, off int64) (int, error) {
 
 // Flush returns once every write submitted before it completed (writes are durable
 // when acknowledged, DESIGN §11).
-func (v *Volume) Flush() error { return v.wait(OpFlush, nil, 0, 0) }
+func (v *Volume) Flush() error { return v.wait(api.OpFlush, nil, 0, 0) }
 
 // Trim discards [off, off+length): it reads as zeros afterwards.
-func (v *Volume) Trim(off, length int64) error { return v.wait(OpTrim, nil, off, length) }
+func (v *Volume) Trim(off, length int64) error { return v.wait(api.OpTrim, nil, off, length) }
 
 // WriteZeroes writes zeros over [off, off+length).
 func (v *Volume) WriteZeroes(off, length int64) error {
-	return v.wait(OpWriteZeroes, nil, off, length)
+	return v.wait(api.OpWriteZeroes, nil, off, length)
 }
 
-func (v *Volume) wait(op Op, buf []byte, off, length int64) error {
+func (v *Volume) wait(op api.Op, buf []byte, off, length int64) error {
 	ch := make(chan error, 1)
 	v.Submit(op, buf, off, length, func(err error) { ch <- err })
 	return <-ch

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 	"google.golang.org/grpc/codes"
@@ -190,7 +189,7 @@ func TestLeaderDown(t *testing.T) {
 func TestDroppedConnection(t *testing.T) {
 	c := newFakeCluster(t)
 	var n int
-	c.setHook(func(_ uint64, h transport.Header) action {
+	c.setHook(func(_ uint64, h api.Header) action {
 		n++
 		if n%3 == 1 {
 			return drop
@@ -212,7 +211,7 @@ func TestDroppedConnection(t *testing.T) {
 func TestBusyBackoff(t *testing.T) {
 	c := newFakeCluster(t)
 	busyLeft := 5
-	c.setHook(func(_ uint64, h transport.Header) action {
+	c.setHook(func(_ uint64, h api.Header) action {
 		if busyLeft > 0 {
 			busyLeft--
 			return busy
@@ -247,14 +246,14 @@ func TestFencedIsFinal(t *testing.T) {
 		t.Fatalf("write: %v", err)
 	}
 	c.mu.Lock()
-	before := c.frames[transport.OpRead]
+	before := c.frames[api.OpRead]
 	c.mu.Unlock()
 	if _, err := v.ReadAt(make([]byte, 4), 0); !errors.Is(err, api.ErrFenced) {
 		t.Fatalf("IO after fencing: %v", err)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.frames[transport.OpRead] != before {
+	if c.frames[api.OpRead] != before {
 		t.Fatal("a fenced volume still sent IO")
 	}
 }
@@ -270,7 +269,7 @@ func TestFinalStatuses(t *testing.T) {
 		if disk {
 			c.force, c.forceAll = api.StatusOK, st // final once every member answered it
 		}
-		before := c.frames[transport.OpWrite]
+		before := c.frames[api.OpWrite]
 		c.mu.Unlock()
 		_, err := v.WriteAt([]byte("x"), 0)
 		var ae *api.Error
@@ -278,7 +277,7 @@ func TestFinalStatuses(t *testing.T) {
 			t.Fatalf("status %v: got %v", st, err)
 		}
 		c.mu.Lock()
-		sent := c.frames[transport.OpWrite] - before
+		sent := c.frames[api.OpWrite] - before
 		c.mu.Unlock()
 		want := 1
 		if disk {
@@ -298,7 +297,7 @@ func TestDiskErrorTriesOtherMembers(t *testing.T) {
 	for _, st := range []api.Status{api.StatusNoSpace, api.StatusIOError} {
 		c := newFakeCluster(t)
 		v := c.open(t, nil)
-		cs := placement.CopysetOf(tVolume, 0, tCS)
+		cs := api.CopysetOf(tVolume, 0, tCS)
 		c.mu.Lock()
 		c.force = st
 		c.mu.Unlock()
@@ -325,12 +324,12 @@ func TestDiskErrorTriesOtherMembers(t *testing.T) {
 func TestDiskErrorMajority(t *testing.T) {
 	c := newFakeCluster(t)
 	v := c.open(t, func(cfg *Config) { cfg.OpTimeout = 20 * time.Second })
-	cs := placement.CopysetOf(tVolume, 0, tCS)
+	cs := api.CopysetOf(tVolume, 0, tCS)
 	c.mu.Lock()
 	leader := c.leaders[cs]
 	c.mu.Unlock()
-	c.setHook(func(server uint64, h transport.Header) action {
-		if h.Op != transport.OpWrite {
+	c.setHook(func(server uint64, h api.Header) action {
+		if h.Op != api.OpWrite {
 			return serve
 		}
 		if server == leader {
@@ -354,7 +353,7 @@ func TestAttemptTimeout(t *testing.T) {
 	c := newFakeCluster(t)
 	cs := uint32(0)
 	hung := c.members[cs][0]
-	c.setHook(func(server uint64, h transport.Header) action {
+	c.setHook(func(server uint64, h api.Header) action {
 		if server == hung {
 			return ignore
 		}
@@ -380,7 +379,7 @@ func TestAttemptTimeout(t *testing.T) {
 // TestOpDeadline: nobody answers; the IO fails with ErrTimeout after OpTimeout.
 func TestOpDeadline(t *testing.T) {
 	c := newFakeCluster(t)
-	c.setHook(func(uint64, transport.Header) action { return ignore })
+	c.setHook(func(uint64, api.Header) action { return ignore })
 	v := c.open(t, func(cfg *Config) { cfg.IOTimeout = 30 * time.Millisecond; cfg.OpTimeout = 200 * time.Millisecond })
 	start := time.Now()
 	_, err := v.WriteAt([]byte("x"), 0)
@@ -478,8 +477,8 @@ func TestReadOnly(t *testing.T) {
 func TestFlushWaitsForEarlierWrites(t *testing.T) {
 	c := newFakeCluster(t)
 	c.delay = 50 * time.Millisecond
-	c.setHook(func(_ uint64, h transport.Header) action {
-		if h.Op == transport.OpWrite {
+	c.setHook(func(_ uint64, h api.Header) action {
+		if h.Op == api.OpWrite {
 			return delayed
 		}
 		return serve
@@ -490,7 +489,7 @@ func TestFlushWaitsForEarlierWrites(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 4 {
 		wg.Add(1)
-		v.Submit(OpWrite, []byte("data"), int64(i)*tChunk, 4, func(err error) {
+		v.Submit(api.OpWrite, []byte("data"), int64(i)*tChunk, 4, func(err error) {
 			mu.Lock()
 			order = append(order, "write")
 			mu.Unlock()
@@ -517,7 +516,7 @@ func TestFlushWaitsForEarlierWrites(t *testing.T) {
 func TestConcurrentIO(t *testing.T) {
 	c := newFakeCluster(t)
 	var n int
-	c.setHook(func(uint64, transport.Header) action {
+	c.setHook(func(uint64, api.Header) action {
 		n++
 		switch n % 50 {
 		case 7:
@@ -587,7 +586,7 @@ func TestClose(t *testing.T) {
 func TestPiecesInParallel(t *testing.T) {
 	c := newFakeCluster(t)
 	c.delay = 100 * time.Millisecond
-	c.setHook(func(uint64, transport.Header) action { return delayed })
+	c.setHook(func(uint64, api.Header) action { return delayed })
 	v := c.open(t, nil)
 	start := time.Now()
 	if _, err := v.WriteAt(make([]byte, 4*tChunk), 0); err != nil {
@@ -623,10 +622,10 @@ func TestRedirectToUnknownServer(t *testing.T) {
 // server, and returns promptly.
 func TestCloseWithIOInFlight(t *testing.T) {
 	c := newFakeCluster(t)
-	c.setHook(func(uint64, transport.Header) action { return ignore })
+	c.setHook(func(uint64, api.Header) action { return ignore })
 	v := c.open(t, nil)
 	errc := make(chan error, 1)
-	v.Submit(OpWrite, []byte("x"), 0, 1, func(err error) { errc <- err })
+	v.Submit(api.OpWrite, []byte("x"), 0, 1, func(err error) { errc <- err })
 	time.Sleep(20 * time.Millisecond)
 	start := time.Now()
 	if err := v.Close(); err != nil {

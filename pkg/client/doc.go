@@ -21,7 +21,7 @@
 // An IO [off, off+length) is checked against the volume size (past the end:
 // api.ErrOutOfRange, nothing sent) and cut at chunk boundaries (and at 16 MiB when
 // chunks are larger). Piece k covers chunk i = off/chunkSize and goes to copyset
-// placement.CopysetOf(volume, i, copysetCount) as one frame: Volume, Epoch, Offset
+// api.CopysetOf(volume, i, copysetCount) as one frame: Volume, Epoch, Offset
 // (volume byte offset), Length, Copyset; write data is the payload (sent from the
 // caller's buffer, no copy) and read replies land straight in the caller's buffer.
 // Pieces go out in parallel; the IO completes when every piece did, with the first

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 	"google.golang.org/grpc"
@@ -50,10 +49,10 @@ type fakeCluster struct {
 	force     api.Status // nonzero: the leader answers every valid request with it
 	forceAll  api.Status // nonzero: every member answers every valid request with it
 	delay     time.Duration
-	hook      func(server uint64, h transport.Header) action
+	hook      func(server uint64, h api.Header) action
 	servers   map[uint64]*fakeServer
 	bad       []string // protocol violations seen (pieces crossing chunks, wrong copyset)
-	frames    map[transport.Op]int
+	frames    map[api.Op]int
 	notLeader int
 }
 
@@ -74,7 +73,7 @@ func newFakeCluster(t testing.TB) *fakeCluster {
 		members: make(map[uint32][]uint64),
 		leaders: make(map[uint32]uint64),
 		servers: make(map[uint64]*fakeServer),
-		frames:  make(map[transport.Op]int),
+		frames:  make(map[api.Op]int),
 	}
 	for cs := range uint32(tCS) {
 		m := []uint64{1 + uint64(cs)%tServers, 1 + uint64(cs+1)%tServers, 1 + uint64(cs+2)%tServers}
@@ -143,7 +142,7 @@ func (s *fakeServer) dropConns() {
 	s.conn = nil
 }
 
-func (s *fakeServer) ServeFrame(rw transport.ReplyWriter, h transport.Header, payload []byte) {
+func (s *fakeServer) ServeFrame(rw transport.ReplyWriter, h api.Header, payload []byte) {
 	c := s.c
 	c.mu.Lock()
 	c.frames[h.Op]++
@@ -174,7 +173,7 @@ func (s *fakeServer) ServeFrame(rw transport.ReplyWriter, h transport.Header, pa
 	s.serve(rw, h, payload)
 }
 
-func (s *fakeServer) serve(rw transport.ReplyWriter, h transport.Header, payload []byte) {
+func (s *fakeServer) serve(rw transport.ReplyWriter, h api.Header, payload []byte) {
 	c := s.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -191,11 +190,11 @@ func (s *fakeServer) serve(rw transport.ReplyWriter, h transport.Header, payload
 		c.bad = append(c.bad, fmt.Sprintf("out of range %d+%d", h.Offset, h.Length))
 		reply(api.StatusOutOfRange, 0, nil)
 		return
-	case h.Copyset != placement.CopysetOf(tVolume, chunk, tCS):
+	case h.Copyset != api.CopysetOf(tVolume, chunk, tCS):
 		c.bad = append(c.bad, fmt.Sprintf("copyset %d for chunk %d", h.Copyset, chunk))
 		reply(api.StatusBadRequest, 0, nil)
 		return
-	case h.Op == transport.OpWrite && int(h.Length) != len(payload):
+	case h.Op == api.OpWrite && int(h.Length) != len(payload):
 		c.bad = append(c.bad, "payload length")
 		reply(api.StatusBadRequest, 0, nil)
 		return
@@ -231,12 +230,12 @@ func (s *fakeServer) serve(rw transport.ReplyWriter, h transport.Header, payload
 	c.minEpoch = max(c.minEpoch, h.Epoch)
 	region := c.data[h.Offset : h.Offset+uint64(h.Length)]
 	switch h.Op {
-	case transport.OpRead:
+	case api.OpRead:
 		reply(api.StatusOK, 0, append([]byte(nil), region...))
-	case transport.OpWrite:
+	case api.OpWrite:
 		copy(region, payload)
 		reply(api.StatusOK, 0, nil)
-	case transport.OpTrim, transport.OpWriteZeroes:
+	case api.OpTrim, api.OpWriteZeroes:
 		clear(region)
 		reply(api.StatusOK, 0, nil)
 	default:
@@ -244,7 +243,7 @@ func (s *fakeServer) serve(rw transport.ReplyWriter, h transport.Header, payload
 	}
 }
 
-func (c *fakeCluster) setHook(f func(server uint64, h transport.Header) action) {
+func (c *fakeCluster) setHook(f func(server uint64, h api.Header) action) {
 	c.mu.Lock()
 	c.hook = f
 	c.mu.Unlock()

@@ -9,44 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
-
-// Op is one kind of block IO (same numbering as internal/frontend.Op).
-type Op uint8
-
-const (
-	OpRead Op = iota + 1
-	OpWrite
-	OpFlush
-	OpTrim
-	OpWriteZeroes
-)
-
-func (o Op) String() string {
-	switch o {
-	case OpRead:
-		return "read"
-	case OpWrite:
-		return "write"
-	case OpFlush:
-		return "flush"
-	case OpTrim:
-		return "trim"
-	case OpWriteZeroes:
-		return "write-zeroes"
-	}
-	return fmt.Sprintf("op(%d)", uint8(o))
-}
-
-var wireOp = [...]transport.Op{
-	OpRead:        transport.OpRead,
-	OpWrite:       transport.OpWrite,
-	OpTrim:        transport.OpTrim,
-	OpWriteZeroes: transport.OpWriteZeroes,
-}
 
 // maxPieceBytes bounds one frame's IO (and so its payload) when chunks are larger.
 const maxPieceBytes = 16 << 20
@@ -66,26 +31,26 @@ const (
 // length); Flush, Trim and WriteZeroes take nil. A request refused before anything
 // is sent (past the end, closed volume, expired lease) calls done before Submit
 // returns; otherwise done runs on a library goroutine and must not block.
-func (v *Volume) Submit(op Op, buf []byte, off, length int64, done func(error)) {
+func (v *Volume) Submit(op api.Op, buf []byte, off, length int64, done func(error)) {
 	if err := v.usable(); err != nil {
 		done(err)
 		return
 	}
 	switch op {
-	case OpFlush:
+	case api.OpFlush:
 		v.flushes.flush(done)
 		return
-	case OpRead, OpWrite:
+	case api.OpRead, api.OpWrite:
 		if int64(len(buf)) < length {
 			done(fmt.Errorf("%w: buffer of %d bytes for %d", api.ErrBadRequest, len(buf), length))
 			return
 		}
-	case OpTrim, OpWriteZeroes:
+	case api.OpTrim, api.OpWriteZeroes:
 	default:
 		done(fmt.Errorf("%w: unknown op %d", api.ErrBadRequest, op))
 		return
 	}
-	if op != OpRead && v.cfg.ReadOnly {
+	if op != api.OpRead && v.cfg.ReadOnly {
 		done(api.ErrReadOnly)
 		return
 	}
@@ -101,7 +66,7 @@ func (v *Volume) Submit(op Op, buf []byte, off, length int64, done func(error)) 
 	if v.m != nil {
 		o.start = time.Now()
 	}
-	if op != OpRead {
+	if op != api.OpRead {
 		o.gen = v.flushes.begin()
 		o.write = true
 	}
@@ -135,7 +100,7 @@ func (v *Volume) split(o *ioOp, buf []byte, off, length int64) []piece {
 		if buf != nil {
 			p.buf = buf[pos : pos+n]
 		}
-		p.cs = placement.CopysetOf(v.id, uint64(p.off/v.chunkSize), v.csCount)
+		p.cs = api.CopysetOf(v.id, uint64(p.off/v.chunkSize), v.csCount)
 		pos += n
 	}
 	return ps
@@ -145,7 +110,7 @@ func (v *Volume) split(o *ioOp, buf []byte, off, length int64) []piece {
 // when the last one did, with the first error any of them had.
 type ioOp struct {
 	v         *Volume
-	op        Op
+	op        api.Op
 	done      func(error)
 	deadline  int64     // Volume.now() nanoseconds
 	start     time.Time // for metrics only (zero without)
@@ -243,35 +208,34 @@ func (p *piece) dispatch() {
 // sendLocal is send for the local fast path: no connection, no timer.
 func (p *piece) sendLocal(l Local) {
 	v := p.op.v
-	call := p.newCall()
+	req, payload, readBuf := p.request()
 	if v.m != nil {
 		p.sent = time.Now()
 		v.m.m.local.Inc()
 	}
-	l.Go(call, p.replied)
+	l.Go(req, payload, readBuf, p.repliedLocal)
 }
 
-// newCall is the request of one attempt.
-func (p *piece) newCall() *transport.Call {
+// request is the request of one attempt: its header, a write's payload and a
+// read's destination.
+func (p *piece) request() (h api.Header, payload, readBuf []byte) {
 	v := p.op.v
-	call := &transport.Call{
-		Header: transport.Header{
-			Op:      wireOp[p.op.op],
-			Volume:  v.id,
-			Epoch:   v.epoch,
-			Offset:  uint64(p.off),
-			Length:  uint32(p.n),
-			Copyset: p.cs,
-		},
+	h = api.Header{
+		Op:      p.op.op,
+		Volume:  v.id,
+		Epoch:   v.epoch,
+		Offset:  uint64(p.off),
+		Length:  uint32(p.n),
+		Copyset: p.cs,
 	}
 	switch p.op.op {
-	case OpRead:
-		call.ReadBuf = p.buf
-	case OpWrite:
-		call.Payload = p.buf
-		call.Header.Flags = transport.FlagFUA
+	case api.OpRead:
+		readBuf = p.buf
+	case api.OpWrite:
+		payload = p.buf
+		h.Flags = api.FlagFUA
 	}
-	return call
+	return h, payload, readBuf
 }
 
 func (p *piece) timeoutErr() error {
@@ -293,7 +257,8 @@ func (p *piece) send(c *transport.Conn, err error) {
 		return
 	}
 	v := p.op.v
-	call := p.newCall()
+	call := &transport.Call{}
+	call.Header, call.Payload, call.ReadBuf = p.request()
 	wait := max(min(v.cfg.IOTimeout+transferAllowance(p.n), time.Duration(p.op.deadline-v.now())), time.Millisecond)
 	if v.m != nil {
 		p.sent = time.Now()
@@ -306,22 +271,29 @@ func (p *piece) send(c *transport.Conn, err error) {
 
 var errAttemptTimeout = errors.New("client: attempt timed out (IOTimeout)")
 
-// replied handles the outcome of one attempt (on a transport goroutine).
+// replied handles the outcome of one attempt over a connection (on a
+// transport goroutine).
 func (p *piece) replied(call *transport.Call) {
 	p.mu.Lock()
-	if p.timer != nil { // nil: a local call
-		p.timer.Stop()
-		p.timer = nil
-	}
+	p.timer.Stop()
+	p.timer = nil
 	p.mu.Unlock()
+	p.handleReply(call.Reply, call.Err)
+}
+
+// repliedLocal handles the outcome of one attempt on the local fast path.
+func (p *piece) repliedLocal(reply api.Header) { p.handleReply(reply, nil) }
+
+// handleReply acts on an attempt's reply header, or on the transport error
+// that ended it.
+func (p *piece) handleReply(h api.Header, err error) {
 	v := p.op.v
 	v.m.attemptDone(p.op.op, p.sent)
-	if call.Err != nil {
+	if err != nil {
 		v.m.retry(v.m.conn())
-		p.connFailed(fmt.Errorf("chunkserver %d: %w", p.target, call.Err))
+		p.connFailed(fmt.Errorf("chunkserver %d: %w", p.target, err))
 		return
 	}
-	h := call.Reply
 	if h.Status != api.StatusBusy {
 		p.busy = 0
 	}
@@ -332,7 +304,7 @@ func (p *piece) replied(call *transport.Call) {
 		} else {
 			v.routes.refresh(func() {}) // served by a member the client does not know of
 		}
-		if p.op.op == OpRead && int64(h.PayloadLen) != p.n {
+		if p.op.op == api.OpRead && int64(h.PayloadLen) != p.n {
 			p.finish(fmt.Errorf("%w: read of %d bytes answered with %d", api.ErrIO, p.n, h.PayloadLen))
 			return
 		}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/basalt-storage/basalt/internal/transport"
+	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // fakeLocal serves fake chunkserver id in process, as a chunkserver's Local does.
@@ -20,24 +20,23 @@ type fakeLocal struct {
 
 func (l *fakeLocal) LocalID() uint64 { return l.s.id }
 
-func (l *fakeLocal) Go(call *transport.Call, done func(*transport.Call)) {
+func (l *fakeLocal) Go(req api.Header, payload, readBuf []byte, done func(api.Header)) {
 	l.calls.Add(1)
-	l.s.serve(localReply{call, done}, call.Header, call.Payload)
+	l.s.serve(localReply{readBuf, done}, req, payload)
 }
 
 type localReply struct {
-	call *transport.Call
-	done func(*transport.Call)
+	readBuf []byte
+	done    func(api.Header)
 }
 
-func (r localReply) Reply(h transport.Header, payload []byte, release func()) {
-	n := copy(r.call.ReadBuf, payload)
+func (r localReply) Reply(h api.Header, payload []byte, release func()) {
+	n := copy(r.readBuf, payload)
 	h.PayloadLen = uint32(n)
-	r.call.Reply = h
 	if release != nil {
 		release()
 	}
-	r.done(r.call)
+	r.done(h)
 }
 func (localReply) Retain()              {}
 func (localReply) RemoteAddr() net.Addr { return nil }
@@ -47,8 +46,8 @@ func (localReply) RemoteAddr() net.Addr { return nil }
 func TestLocalFastPath(t *testing.T) {
 	c := newFakeCluster(t)
 	var remoteToLocal atomic.Int64
-	c.setHook(func(server uint64, h transport.Header) action {
-		if server == 1 && h.Op != transport.OpPing {
+	c.setHook(func(server uint64, h api.Header) action {
+		if server == 1 && h.Op != api.OpPing {
 			remoteToLocal.Add(1)
 		}
 		return serve

@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/basalt-storage/basalt/internal/latency"
+	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // Metrics are the client library's Prometheus metrics. One Metrics serves any
@@ -25,7 +26,7 @@ type Metrics struct {
 	local                prometheus.Counter
 	retryNotLeader       prometheus.Counter
 	retryBusy, retryConn prometheus.Counter
-	ioByOp, attemptByOp  [OpWriteZeroes + 1]prometheus.Observer
+	ioByOp, attemptByOp  [api.OpFlush + 1]prometheus.Observer // by block IO op
 }
 
 // NewMetrics creates the client metrics and registers them with reg.
@@ -65,7 +66,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.retryNotLeader = m.retries.WithLabelValues("not_leader")
 	m.retryBusy = m.retries.WithLabelValues("busy")
 	m.retryConn = m.retries.WithLabelValues("conn")
-	for op := OpRead; op <= OpWriteZeroes; op++ {
+	for op := api.OpRead; op <= api.OpFlush; op++ {
 		m.ioByOp[op] = m.io.WithLabelValues(op.String())
 		m.attemptByOp[op] = m.attempt.WithLabelValues(op.String())
 	}
@@ -77,7 +78,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // no label lookup.
 type volumeMetrics struct {
 	m                *Metrics
-	ops, bytes, errs [OpWriteZeroes + 1]prometheus.Counter
+	ops, bytes, errs [api.OpFlush + 1]prometheus.Counter
 }
 
 func (m *Metrics) forVolume(name string) *volumeMetrics {
@@ -85,7 +86,7 @@ func (m *Metrics) forVolume(name string) *volumeMetrics {
 		return nil
 	}
 	vm := &volumeMetrics{m: m}
-	for op := OpRead; op <= OpWriteZeroes; op++ {
+	for op := api.OpRead; op <= api.OpFlush; op++ {
 		vm.ops[op] = m.ops.WithLabelValues(name, op.String())
 		vm.bytes[op] = m.bytes.WithLabelValues(name, op.String())
 		vm.errs[op] = m.errs.WithLabelValues(name, op.String())
@@ -94,7 +95,7 @@ func (m *Metrics) forVolume(name string) *volumeMetrics {
 }
 
 // ioDone records one completed IO.
-func (vm *volumeMetrics) ioDone(op Op, n int64, start time.Time, err error) {
+func (vm *volumeMetrics) ioDone(op api.Op, n int64, start time.Time, err error) {
 	if vm == nil {
 		return
 	}
@@ -102,14 +103,14 @@ func (vm *volumeMetrics) ioDone(op Op, n int64, start time.Time, err error) {
 		vm.errs[op].Inc()
 	} else {
 		vm.ops[op].Inc()
-		if op != OpFlush {
+		if op != api.OpFlush {
 			vm.bytes[op].Add(float64(n))
 		}
 	}
 	vm.m.ioByOp[op].Observe(time.Since(start).Seconds())
 }
 
-func (vm *volumeMetrics) attemptDone(op Op, sent time.Time) {
+func (vm *volumeMetrics) attemptDone(op api.Op, sent time.Time) {
 	if vm == nil {
 		return
 	}

@@ -93,7 +93,9 @@ func TestKernelNBDClient(t *testing.T) {
 	if err := syscall.Kill(victim.PID, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill chunkserver %d: %v", victim.Index, err)
 	}
-	logf(t, "killed chunkserver %d (pid %d), the busiest leader, %s into fio, after %d writes", victim.Index, victim.PID, time.Since(fioStart).Round(time.Millisecond), writes()-before)
+	sinceStart, written := time.Since(fioStart), writes()-before
+	logf(t, "killed chunkserver %d (pid %d), the busiest leader, %s into fio, after %d writes to /dev/nbd0 (%.0f/s)",
+		victim.Index, victim.PID, sinceStart.Round(time.Millisecond), written, float64(written)/sinceStart.Seconds())
 	if err := <-fioDone; err != nil {
 		t.Fatalf("fio in the guest failed after the kill: %v\n%s", err, guest(time.Minute, "cat /root/fio.json"))
 	}
@@ -132,10 +134,12 @@ func TestKernelNBDClient(t *testing.T) {
 	guest(5*time.Minute, fioJob+" --verify_only")
 	guest(2*time.Minute, "umount /mnt/vol && nbd-client -d /dev/nbd0")
 	p.waitHealthy(60 * time.Second)
-	logf(t, "kernel NBD: guest up in %s (kernel %s, uptime %s at ready, initramfs %.0f MiB); attach+mkfs+files %s; fio %s at %.0f write IOPS (4 KiB, iodepth 16, verify); whole test %s",
+	w := report.Jobs[0].Write
+	logf(t, "kernel NBD: guest up in %s (kernel %s, uptime %s at ready, initramfs %.0f MiB); attach+mkfs+files %s; "+
+		"fio %s: %.0f write IOPS over %.1f s of writes with the kill (4 KiB, iodepth 16, then verify); whole test %s",
 		booted.Sub(begin).Round(time.Millisecond), h.Stats().Kernel, h.Stats().GuestUptime.Round(10*time.Millisecond),
 		float64(h.Stats().InitramfsBytes)/(1<<20), attached.Sub(booted).Round(time.Millisecond),
-		fioTook.Round(time.Millisecond), report.Jobs[0].Write.IOPS, time.Since(begin).Round(time.Millisecond))
+		fioTook.Round(time.Millisecond), w.IOPS, float64(w.Runtime)/1000, time.Since(begin).Round(time.Millisecond))
 }
 
 // fioJob writes 4 KiB blocks at random places of a file on the mounted volume

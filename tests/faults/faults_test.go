@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/basalt-storage/basalt/internal/placement"
 	"github.com/basalt-storage/basalt/internal/testcluster"
 	"github.com/basalt-storage/basalt/pkg/api"
 	"github.com/basalt-storage/basalt/pkg/client"
@@ -124,7 +123,7 @@ func (f *fc) chunksNotLedBy(p *testcluster.Proc) []int64 {
 	led := f.c.CopysetsLedBy(f.c.IDOf(p))
 	var out []int64
 	for i := int64(0); i < volSize/chunkSize; i++ {
-		if !led[placement.CopysetOf(f.v.ID(), uint64(i), f.c.Pool.CopysetCount)] {
+		if !led[api.CopysetOf(f.v.ID(), uint64(i), f.c.Pool.CopysetCount)] {
 			out = append(out, i)
 		}
 	}
@@ -314,7 +313,8 @@ func TestFullDisk(t *testing.T) {
 	faultAt := time.Now()
 	// Wait until the MDS moved every copyset off the full chunkserver, noting
 	// whether it ever reported its disk trouble.
-	var state, df string
+	var state api.DiskState
+	var df string
 	reported, moved := false, false
 	var movedAfter time.Duration
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline) && !moved; time.Sleep(500 * time.Millisecond) {
@@ -326,8 +326,8 @@ func TestFullDisk(t *testing.T) {
 		}
 		for _, cs := range st.Chunkservers {
 			if cs.Id == id {
-				state = cs.State
-				reported = reported || cs.State != "ok" && cs.State != ""
+				state = cs.DiskState
+				reported = reported || state == api.DiskState_DISK_STATE_FULL || state == api.DiskState_DISK_STATE_IO_ERROR
 			}
 		}
 		on := 0
@@ -345,12 +345,12 @@ func TestFullDisk(t *testing.T) {
 	df = strings.Join(strings.Fields(string(out)), " ")
 	errsFull := f.w.Errors()
 	if !reported {
-		t.Errorf("%s never reported its full disk: its state stayed %q (df: %s)", victim, state, df)
+		t.Errorf("%s never reported its full disk: its disk state stayed %v (df: %s)", victim, state, df)
 	}
 	if !moved {
 		t.Errorf("the MDS did not move the copysets off the full %s within 60 s (df: %s)", victim, df)
 	} else {
-		t.Logf("every copyset moved off %s, %s after the fault (its state: %q; df: %s)", victim, movedAfter.Round(100*time.Millisecond), state, df)
+		t.Logf("every copyset moved off %s, %s after the fault (its disk state: %v; df: %s)", victim, movedAfter.Round(100*time.Millisecond), state, df)
 	}
 	f.progress(20*time.Second, "with one replica's disk full")
 	if out, err := exec.Command("mount", "-o", "remount,size=1g", fullDir).CombinedOutput(); err != nil {
@@ -360,7 +360,7 @@ func TestFullDisk(t *testing.T) {
 	f.c.Start(victim)
 	f.c.WaitHealthy(90 * time.Second)
 	f.healed()
-	f.finish(fmt.Sprintf("the full replica's state: %q; copysets moved off it: %v (%s); client errors while full: %v; healed by growing the tmpfs and restarting it",
+	f.finish(fmt.Sprintf("the full replica's disk state: %v; copysets moved off it: %v (%s); client errors while full: %v; healed by growing the tmpfs and restarting it",
 		state, moved, movedAfter.Round(100*time.Millisecond), errsFull))
 }
 
@@ -490,7 +490,7 @@ func TestLostChunkserver(t *testing.T) {
 	}
 	var chunks int64
 	for i := uint64(0); i < size/chunkSize; i++ {
-		cs := placement.CopysetOf(f.v.ID(), i, f.c.Pool.CopysetCount)
+		cs := api.CopysetOf(f.v.ID(), i, f.c.Pool.CopysetCount)
 		for _, c := range f.c.Status().Copysets {
 			if c.Id == cs && containsID(c.Members, id) {
 				chunks++

@@ -15,6 +15,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/bufpool"
 	"github.com/basalt-storage/basalt/internal/frontend"
 	"github.com/basalt-storage/basalt/internal/sockio"
+	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 const (
@@ -245,15 +246,15 @@ func (c *conn) readLoop() (readEnd, error) {
 		case cmdRead:
 			c.acquireBytes(r, int64(length))
 			r.buf = bufpool.Get(int(length))
-			b.Submit(frontend.OpRead, *r.buf, int64(off), int64(length), r.doneFn)
+			b.Submit(api.OpRead, *r.buf, int64(off), int64(length), r.doneFn)
 		case cmdWrite:
-			b.Submit(frontend.OpWrite, *r.buf, int64(off), int64(length), r.doneFn)
+			b.Submit(api.OpWrite, *r.buf, int64(off), int64(length), r.doneFn)
 		case cmdFlush:
-			b.Submit(frontend.OpFlush, nil, 0, 0, r.doneFn)
+			b.Submit(api.OpFlush, nil, 0, 0, r.doneFn)
 		case cmdTrim:
-			b.Submit(frontend.OpTrim, nil, int64(off), int64(length), r.doneFn)
+			b.Submit(api.OpTrim, nil, int64(off), int64(length), r.doneFn)
 		case cmdWriteZeroes:
-			b.Submit(frontend.OpWriteZeroes, nil, int64(off), int64(length), r.doneFn)
+			b.Submit(api.OpWriteZeroes, nil, int64(off), int64(length), r.doneFn)
 		default:
 			panic("nbd: validate let an unknown command through")
 		}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
+	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // memBackend is an in-memory frontend.Backend for protocol tests, with optional
@@ -30,9 +31,9 @@ type memBackend struct {
 	desc     string
 	minBlock uint32 // BlockSizes.Minimum; 0: the default
 	// fail, if set, decides an error per IO (nil: do the IO).
-	fail func(op frontend.Op, off, length int64) error
+	fail func(op api.Op, off, length int64) error
 	// delay, if set, completes the IO on another goroutine after the duration.
-	delay func(op frontend.Op, off, length int64) time.Duration
+	delay func(op api.Op, off, length int64) time.Duration
 	// gate, if set, holds every completion until a value is received from it.
 	gate chan struct{}
 
@@ -60,25 +61,25 @@ func (m *memBackend) Close() error {
 	return nil
 }
 
-func (m *memBackend) Submit(op frontend.Op, buf []byte, off, length int64, done func(error)) {
+func (m *memBackend) Submit(op api.Op, buf []byte, off, length int64, done func(error)) {
 	m.submitted.Add(1)
 	m.pending.Add(1)
 	switch op {
-	case frontend.OpWrite, frontend.OpTrim, frontend.OpWriteZeroes:
+	case api.OpWrite, api.OpTrim, api.OpWriteZeroes:
 		m.mutations.Add(1)
 	}
 	bad := off < 0 || length < 0 || off+length > int64(len(m.data))
 	switch op {
-	case frontend.OpRead, frontend.OpWrite:
+	case api.OpRead, api.OpWrite:
 		bad = bad || length == 0 || int64(len(buf)) != length
-	case frontend.OpTrim, frontend.OpWriteZeroes:
+	case api.OpTrim, api.OpWriteZeroes:
 		bad = bad || length == 0 || buf != nil
-	case frontend.OpFlush:
+	case api.OpFlush:
 		bad = bad || buf != nil || off != 0 || length != 0
 	default:
 		bad = true
 	}
-	if bad || (m.readOnly && op != frontend.OpRead && op != frontend.OpFlush) {
+	if bad || (m.readOnly && op != api.OpRead && op != api.OpFlush) {
 		m.violations.Add(1)
 		m.finish(done, errors.New("memBackend: contract violation"))
 		return
@@ -97,7 +98,7 @@ func (m *memBackend) Submit(op frontend.Op, buf []byte, off, length int64, done 
 	}
 }
 
-func (m *memBackend) run(op frontend.Op, buf []byte, off, length int64, done func(error)) {
+func (m *memBackend) run(op api.Op, buf []byte, off, length int64, done func(error)) {
 	if m.gate != nil {
 		<-m.gate
 	}
@@ -109,11 +110,11 @@ func (m *memBackend) run(op frontend.Op, buf []byte, off, length int64, done fun
 	}
 	m.mu.Lock()
 	switch op {
-	case frontend.OpRead:
+	case api.OpRead:
 		copy(buf, m.data[off:off+length])
-	case frontend.OpWrite:
+	case api.OpWrite:
 		copy(m.data[off:], buf)
-	case frontend.OpTrim, frontend.OpWriteZeroes:
+	case api.OpTrim, api.OpWriteZeroes:
 		clear(m.data[off : off+length])
 	}
 	m.mu.Unlock()

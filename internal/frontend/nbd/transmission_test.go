@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
+	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 func TestCommandsRoundTrip(t *testing.T) {
@@ -181,7 +182,7 @@ func TestBackendErrorsMapped(t *testing.T) {
 		9 * 4096: frontend.ErrIO,
 	}
 	disk := newMem(1 << 20)
-	disk.fail = func(op frontend.Op, off, length int64) error { return injected[off] }
+	disk.fail = func(op api.Op, off, length int64) error { return injected[off] }
 	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 	c := open(t, ts.sock, "disk")
 	want := []uint32{EPERM, ENOSPC, EINVAL, EIO, EPERM, ENOTSUP, ESHUTDOWN, EINVAL, EIO, EIO, 0}
@@ -198,7 +199,7 @@ func TestBackendErrorsMapped(t *testing.T) {
 func TestRepliesOutOfOrder(t *testing.T) {
 	disk := newMem(1 << 20)
 	// The first block is slow, everything else fast.
-	disk.delay = func(op frontend.Op, off, length int64) time.Duration {
+	disk.delay = func(op api.Op, off, length int64) time.Duration {
 		if off == 0 {
 			return 200 * time.Millisecond
 		}
@@ -230,7 +231,7 @@ func TestRepliesOutOfOrder(t *testing.T) {
 
 func TestDiscAnswersInFlightFirst(t *testing.T) {
 	disk := newMem(1 << 20)
-	disk.delay = func(op frontend.Op, off, length int64) time.Duration { return 50 * time.Millisecond }
+	disk.delay = func(op api.Op, off, length int64) time.Duration { return 50 * time.Millisecond }
 	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 	c := open(t, ts.sock, "disk")
 	for i := range uint64(16) {
@@ -296,7 +297,7 @@ func TestMultiConnSharesBackend(t *testing.T) {
 
 func TestShutdownFinishesInFlight(t *testing.T) {
 	disk := newMem(1 << 20)
-	disk.delay = func(op frontend.Op, off, length int64) time.Duration { return 100 * time.Millisecond }
+	disk.delay = func(op api.Op, off, length int64) time.Duration { return 100 * time.Millisecond }
 	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 	c := open(t, ts.sock, "disk")
 	idle := dial(t, ts.sock) // still in the handshake
@@ -356,7 +357,7 @@ func TestShutdownAnswersBufferedWithESHUTDOWN(t *testing.T) {
 
 func TestCloseDropsReplies(t *testing.T) {
 	disk := newMem(1 << 20)
-	disk.delay = func(op frontend.Op, off, length int64) time.Duration { return 50 * time.Millisecond }
+	disk.delay = func(op api.Op, off, length int64) time.Duration { return 50 * time.Millisecond }
 	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 	c := open(t, ts.sock, "disk")
 	c.send(cmdRead, 0, 1, 0, 4096, nil)
@@ -463,7 +464,7 @@ func TestPipelinedRandomIO(t *testing.T) {
 	disk := newMem(conns * blocks * bs)
 	var mu sync.Mutex
 	rng := rand.New(rand.NewPCG(7, 8))
-	disk.delay = func(op frontend.Op, off, length int64) time.Duration {
+	disk.delay = func(op api.Op, off, length int64) time.Duration {
 		mu.Lock()
 		defer mu.Unlock()
 		return time.Duration(rng.IntN(2000)) * time.Microsecond

@@ -165,34 +165,26 @@ type backend struct {
 
 // pendingIO is an IO held until the writer role is claimed.
 type pendingIO struct {
-	op          client.Op
+	op          api.Op
 	buf         []byte
 	off, length int64
 	done        func(error)
 }
 
-var ops = [...]client.Op{
-	frontend.OpRead:        client.OpRead,
-	frontend.OpWrite:       client.OpWrite,
-	frontend.OpFlush:       client.OpFlush,
-	frontend.OpTrim:        client.OpTrim,
-	frontend.OpWriteZeroes: client.OpWriteZeroes,
-}
-
-func (b *backend) Submit(op frontend.Op, buf []byte, off, length int64, done func(error)) {
-	if int(op) >= len(ops) || op == 0 {
+func (b *backend) Submit(op api.Op, buf []byte, off, length int64, done func(error)) {
+	if !op.IsBlockIO() {
 		done(api.ErrBadRequest)
 		return
 	}
 	if w := b.rw.Load(); w != nil {
-		w.Submit(ops[op], buf, off, length, done)
+		w.Submit(op, buf, off, length, done)
 		return
 	}
-	if op == frontend.OpRead || !b.writable {
-		b.ro.Submit(ops[op], buf, off, length, done)
+	if op == api.OpRead || !b.writable {
+		b.ro.Submit(op, buf, off, length, done)
 		return
 	}
-	b.beforeClaim(pendingIO{ops[op], buf, off, length, done})
+	b.beforeClaim(pendingIO{op, buf, off, length, done})
 }
 
 // beforeClaim handles a mutation or flush that found no writer session: it
@@ -205,7 +197,7 @@ func (b *backend) beforeClaim(io pendingIO) {
 		w.Submit(io.op, io.buf, io.off, io.length, io.done)
 		return
 	}
-	if io.op == client.OpFlush && !b.claiming {
+	if io.op == api.OpFlush && !b.claiming {
 		b.mu.Unlock()
 		b.ro.Submit(io.op, nil, 0, 0, io.done)
 		return

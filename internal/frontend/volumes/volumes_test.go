@@ -67,7 +67,7 @@ func (f *fixture) attach(name string) *frontend.Attachment {
 }
 
 // do runs one IO on a's backend and returns its error, classified.
-func do(a *frontend.Attachment, op frontend.Op, buf []byte, off int64) error {
+func do(a *frontend.Attachment, op api.Op, buf []byte, off int64) error {
 	ch := make(chan error, 1)
 	a.Backend().Submit(op, buf, off, int64(len(buf)), func(err error) { ch <- err })
 	if err := <-ch; err != nil {
@@ -120,10 +120,10 @@ func TestVolumesOnACluster(t *testing.T) {
 		}
 		a := f.attach("quiet")
 		buf := make([]byte, 6)
-		if err := do(a, frontend.OpRead, buf, 0); err != nil || string(buf) != "theirs" {
+		if err := do(a, api.OpRead, buf, 0); err != nil || string(buf) != "theirs" {
 			t.Fatalf("read through the export: %q, %v", buf, err)
 		}
-		if err := do(a, frontend.OpFlush, nil, 0); err != nil {
+		if err := do(a, api.OpFlush, nil, 0); err != nil {
 			t.Fatalf("flush before any write: %v", err)
 		}
 		if e := f.epoch("quiet"); e != before {
@@ -133,7 +133,7 @@ func TestVolumesOnACluster(t *testing.T) {
 			t.Fatalf("the other writer was disturbed: %v", err)
 		}
 		// The first write takes the role: the other writer is fenced.
-		if err := do(a, frontend.OpWrite, []byte("mine"), 0); err != nil {
+		if err := do(a, api.OpWrite, []byte("mine"), 0); err != nil {
 			t.Fatalf("first write through the export: %v", err)
 		}
 		if e := f.epoch("quiet"); e != before+1 {
@@ -142,7 +142,7 @@ func TestVolumesOnACluster(t *testing.T) {
 		if _, err := writer.WriteAt([]byte("late"), 0); !errors.Is(err, api.ErrFenced) {
 			t.Fatalf("the superseded writer's write: %v, want FENCED", err)
 		}
-		if err := do(a, frontend.OpRead, buf[:4], 0); err != nil || string(buf[:4]) != "mine" {
+		if err := do(a, api.OpRead, buf[:4], 0); err != nil || string(buf[:4]) != "mine" {
 			t.Fatalf("read back: %q, %v", buf[:4], err)
 		}
 		if !strings.Contains(f.logs.String(), "took the writer role") {
@@ -153,14 +153,14 @@ func TestVolumesOnACluster(t *testing.T) {
 	t.Run("a fenced export re-opens for a new attachment", func(t *testing.T) {
 		f := newFixture(t, c, false)
 		old := f.attach("fenced")
-		if err := do(old, frontend.OpWrite, []byte("one"), 0); err != nil {
+		if err := do(old, api.OpWrite, []byte("one"), 0); err != nil {
 			t.Fatal(err)
 		}
 		other := c.Open("fenced", false) // another host takes over
 		if _, err := other.WriteAt([]byte("two"), 0); err != nil {
 			t.Fatal(err)
 		}
-		if err := do(old, frontend.OpWrite, []byte("one"), 0); !errors.Is(err, frontend.ErrFenced) {
+		if err := do(old, api.OpWrite, []byte("one"), 0); !errors.Is(err, frontend.ErrFenced) {
 			t.Fatalf("write through the superseded export: %v, want ErrFenced", err)
 		}
 		fresh := f.attach("fenced")
@@ -170,10 +170,10 @@ func TestVolumesOnACluster(t *testing.T) {
 		if !strings.Contains(f.logs.String(), "opening the export again") {
 			t.Errorf("no log line says the fenced export was re-opened:\n%s", f.logs)
 		}
-		if err := do(fresh, frontend.OpWrite, []byte("three"), 0); err != nil {
+		if err := do(fresh, api.OpWrite, []byte("three"), 0); err != nil {
 			t.Fatalf("write through the re-opened export: %v", err)
 		}
-		if err := do(old, frontend.OpRead, make([]byte, 3), 0); !errors.Is(err, frontend.ErrFenced) {
+		if err := do(old, api.OpRead, make([]byte, 3), 0); !errors.Is(err, frontend.ErrFenced) {
 			t.Fatalf("the old attachment still works (%v); its client must reconnect", err)
 		}
 	})
@@ -197,7 +197,7 @@ func TestVolumesOnACluster(t *testing.T) {
 		// The chunkservers learn of the resize with their next heartbeat; until
 		// then they refuse IO in the added part.
 		eventually(t, "a write in the added part", func() error {
-			return do(second, frontend.OpWrite, []byte("grown"), 100<<20)
+			return do(second, api.OpWrite, []byte("grown"), 100<<20)
 		})
 	})
 
@@ -208,7 +208,7 @@ func TestVolumesOnACluster(t *testing.T) {
 		if !a.Info().ReadOnly || a.Info().CanTrim {
 			t.Fatalf("read-only export info: %+v", a.Info())
 		}
-		if err := do(a, frontend.OpWrite, []byte("no"), 0); !errors.Is(err, frontend.ErrReadOnly) {
+		if err := do(a, api.OpWrite, []byte("no"), 0); !errors.Is(err, frontend.ErrReadOnly) {
 			t.Fatalf("write on a read-only export: %v, want ErrReadOnly", err)
 		}
 		if e := f.epoch("ro"); e != before {

@@ -1,12 +1,3 @@
-// Command agent runs inside a test host's guest: it opens the virtio-serial port
-// named org.basalt.testhost.agent, says Ready, and runs each command the host
-// sends with /bin/sh -c, in its own process group, answering with the exit status
-// and the combined output (see package wire for the framing). Commands run
-// concurrently. When the host says Poweroff, or the channel closes, the agent
-// exits and the guest's /init syncs, unmounts and powers the machine off.
-//
-// It is built static (CGO_ENABLED=0) by package testhost and put into the
-// initramfs; nothing else runs it.
 package main
 
 import (
@@ -25,13 +16,10 @@ import (
 	"github.com/basalt-storage/basalt/internal/testhost/wire"
 )
 
-// portName is the virtserialport name QEMU gives the channel (package testhost sets it).
-const portName = "org.basalt.testhost.agent"
-
 func main() {
 	log.SetFlags(0)
 	log.SetPrefix("testhost-agent: ")
-	port, err := openPort(portName, 30*time.Second)
+	port, err := openPort(wire.PortName, 30*time.Second)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package chunkserver
+package raftnet
 
 import (
 	"bytes"
@@ -9,6 +9,8 @@ import (
 
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/basalt-storage/basalt/internal/raftstore"
 )
 
 // TestSnapshotRateLimit: a snapshot stream never runs faster than the
@@ -20,25 +22,27 @@ func TestSnapshotRateLimit(t *testing.T) {
 	for _, side := range []string{"sender", "receiver"} {
 		t.Run(side, func(t *testing.T) {
 			var got atomic.Int64 // set on the receive goroutine
-			recv := newSnapReceiver(2, testLogger(t), func(m raftMessage, r io.Reader) error {
-				n, err := io.Copy(io.Discard, r)
-				got.Store(n)
-				return err
-			})
-			defer recv.close()
-			pt := newPeerTransport(1, testLogger(t))
-			defer pt.close()
+			senderRate, receiverRate := int64(-1), int64(-1)
 			if side == "sender" {
-				pt.snapLimit = newSnapshotLimiter(rate)
+				senderRate = rate
 			} else {
-				recv.limit = newSnapshotLimiter(rate)
+				receiverRate = rate
 			}
-			pt.setPeers(map[uint64]string{2: serveSink(t, snapHandler{recv})})
+			recv := New(Config{Self: 2, Logger: testLogger(t), SnapshotRate: receiverRate}).Receiver(&funcHost{
+				receive: func(m raftstore.Message, r io.Reader) error {
+					n, err := io.Copy(io.Discard, r)
+					got.Store(n)
+					return err
+				}})
+			defer recv.Close()
+			pt := New(Config{Self: 1, Logger: testLogger(t), SnapshotRate: senderRate})
+			defer pt.Close()
+			pt.SetPeers(map[uint64]string{2: serveSink(t, recv)})
 			snapType := raftpb.MsgSnap
 			msg := &raftpb.Message{Type: &snapType, From: proto.Uint64(1), To: proto.Uint64(2),
 				Snapshot: &raftpb.Snapshot{Metadata: &raftpb.SnapshotMetadata{Index: proto.Uint64(9), Term: proto.Uint64(1)}}}
 			start := time.Now()
-			err := pt.SendSnapshot(raftMessage{Group: 7, Msg: msg}, func(w io.Writer) error {
+			err := pt.SendSnapshot(raftstore.Message{Group: 7, Msg: msg}, func(w io.Writer) error {
 				_, err := w.Write(data)
 				return err
 			})

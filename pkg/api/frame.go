@@ -1,12 +1,10 @@
-package transport
+package api
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
-
-	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // HeaderSize is the fixed size of every frame header.
@@ -22,7 +20,14 @@ const Version uint8 = 1
 // before any memory is allocated for them.
 const MaxPayload = 64 << 20
 
-// Op says what a frame asks for. Replies carry the op of their request.
+// Op says what a frame asks for; replies carry the op of their request. It is
+// basalt's one operation enum: ops 1–5 are the block IO a volume serves, which
+// the client library's Volume.Submit and every front end's backend take as is;
+// the others are frames between a client and a chunkserver (ping, checksum) or
+// between chunkservers (raft, snapshot) in the same one-byte namespace of the
+// frame header, so a frame's op needs no translation on its way through. (The
+// Raft log has its own command codes, internal/chunkserver's cmdOp: a command
+// is not a request, and its bytes are on disk.)
 type Op uint8
 
 const (
@@ -36,6 +41,28 @@ const (
 	OpRaft        Op = 16 // payload: a batch of raft messages (peer to peer, no reply)
 	OpSnapshot    Op = 17 // snapshot transfer between replicas (see raftstore)
 )
+
+var opNames = [...]string{
+	OpRead: "read", OpWrite: "write", OpTrim: "trim", OpWriteZeroes: "write_zeroes", OpFlush: "flush",
+	OpPing: "ping", OpChecksum: "checksum", OpRaft: "raft", OpSnapshot: "snapshot",
+}
+
+// String is the op's name as logs and metric labels show it ("write_zeroes").
+func (o Op) String() string {
+	if int(o) < len(opNames) && opNames[o] != "" {
+		return opNames[o]
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+// IsBlockIO reports whether op is one of the block IO ops a volume serves
+// (OpRead to OpFlush).
+func (o Op) IsBlockIO() bool { return o >= OpRead && o <= OpFlush }
+
+// OneWay reports whether frames of op are peer traffic that does not count
+// against a server's bound on requests in flight: OpRaft (never answered) and
+// OpSnapshot (answered or not, as the snapshot protocol decides).
+func (o Op) OneWay() bool { return o == OpRaft || o == OpSnapshot }
 
 // Flags modify a request.
 type Flags uint16
@@ -55,7 +82,7 @@ const (
 //	 5  uint8   Op
 //	 6  uint16  Flags
 //	 8  uint64  ID        request id, chosen by the sender, echoed in the reply
-//	16  uint32  Status    api.Status; 0 in requests
+//	16  uint32  Status    Status; 0 in requests
 //	20  uint32  PayloadLen bytes that follow the header
 //	24  uint64  Volume    volume id
 //	32  uint64  Epoch     writer epoch of the session (0 = read-only)
@@ -69,7 +96,7 @@ type Header struct {
 	Op         Op
 	Flags      Flags
 	ID         uint64
-	Status     api.Status
+	Status     Status
 	PayloadLen uint32
 	Volume     uint64
 	Epoch      uint64
@@ -82,9 +109,9 @@ type Header struct {
 // Errors returned by DecodeHeader. A connection that yields one of them is closed:
 // the stream can no longer be trusted to be in sync.
 var (
-	ErrBadMagic   = errors.New("transport: bad frame magic")
-	ErrBadVersion = errors.New("transport: unsupported frame version")
-	ErrTooLarge   = errors.New("transport: frame payload exceeds limit")
+	ErrBadMagic      = errors.New("api: bad frame magic")
+	ErrBadVersion    = errors.New("api: unsupported frame version")
+	ErrFrameTooLarge = errors.New("api: frame payload exceeds MaxPayload")
 )
 
 // IsReply reports whether the frame is a reply.
@@ -127,7 +154,7 @@ func DecodeHeader(b []byte) (Header, error) {
 		Op:         Op(b[5]),
 		Flags:      Flags(be.Uint16(b[6:])),
 		ID:         be.Uint64(b[8:]),
-		Status:     api.Status(be.Uint32(b[16:])),
+		Status:     Status(be.Uint32(b[16:])),
 		PayloadLen: be.Uint32(b[20:]),
 		Volume:     be.Uint64(b[24:]),
 		Epoch:      be.Uint64(b[32:]),
@@ -137,7 +164,7 @@ func DecodeHeader(b []byte) (Header, error) {
 		Hint:       be.Uint64(b[56:]),
 	}
 	if h.PayloadLen > MaxPayload {
-		return Header{}, fmt.Errorf("%w: %d bytes", ErrTooLarge, h.PayloadLen)
+		return Header{}, fmt.Errorf("%w: %d bytes", ErrFrameTooLarge, h.PayloadLen)
 	}
 	return h, nil
 }

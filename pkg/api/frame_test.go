@@ -1,4 +1,4 @@
-package transport
+package api
 
 import (
 	"bytes"
@@ -10,8 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
@@ -25,7 +23,7 @@ var goldenHeaders = []struct {
 	{"write_request", Header{Op: OpWrite, Flags: FlagFUA, ID: 7, PayloadLen: 4096,
 		Volume: 42, Epoch: 3, Offset: 16<<20 + 8192, Length: 4096, Copyset: 17}},
 	{"read_reply_not_leader", Header{Op: OpRead, Flags: FlagReply, ID: 0x0102030405060708,
-		Status: api.StatusNotLeader, Volume: 0xdeadbeefcafe, Epoch: 1, Offset: 1 << 40,
+		Status: StatusNotLeader, Volume: 0xdeadbeefcafe, Epoch: 1, Offset: 1 << 40,
 		Length: 65536, Copyset: 0xffffffff, Hint: 9}},
 	{"raft", Header{Op: OpRaft, ID: 1, PayloadLen: MaxPayload, Hint: 3}},
 }
@@ -74,7 +72,7 @@ func hexDump(b []byte) string {
 
 func randHeader(r *rand.Rand) Header {
 	return Header{
-		Op: Op(r.Uint32()), Flags: Flags(r.Uint32()), ID: r.Uint64(), Status: api.Status(r.Uint32()),
+		Op: Op(r.Uint32()), Flags: Flags(r.Uint32()), ID: r.Uint64(), Status: Status(r.Uint32()),
 		PayloadLen: r.Uint32N(MaxPayload + 1), Volume: r.Uint64(), Epoch: r.Uint64(),
 		Offset: r.Uint64(), Length: r.Uint32(), Copyset: r.Uint32(), Hint: r.Uint64(),
 	}
@@ -110,7 +108,7 @@ func TestDecodeHeaderRejects(t *testing.T) {
 		t.Fatalf("bad version: %v", err)
 	}
 	(&Header{Op: OpWrite, PayloadLen: MaxPayload + 1}).Encode(bad[:])
-	if _, err := DecodeHeader(bad[:]); !errors.Is(err, ErrTooLarge) {
+	if _, err := DecodeHeader(bad[:]); !errors.Is(err, ErrFrameTooLarge) {
 		t.Fatalf("too large: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package chunkserver
+package raftnet
 
 import (
 	"context"
@@ -11,43 +11,53 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
-	"google.golang.org/protobuf/proto"
 
-	"github.com/basalt-storage/basalt/internal/bufpool"
+	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
-// Peer transport limits.
+// Transport limits.
 const (
-	// maxPeerQueue bounds the encoded raft messages waiting for one peer; more
+	// maxPeerQueue bounds the bytes of raft frames waiting for one peer; more
 	// are dropped (raft resends).
 	maxPeerQueue = 64 << 20
-	// maxRaftFrame is the largest OpRaft payload sent; a bigger batch is split.
-	maxRaftFrame = 16 << 20
+	// maxFrame is the largest OpRaft payload sent; a bigger batch is split.
+	maxFrame = 16 << 20
 	// redialBackoff is the pause after a failed dial before the next one.
 	redialBackoff = 200 * time.Millisecond
 	// snapFrameSize is the data payload of one OpSnapshot data frame.
 	snapFrameSize = 1 << 20
 )
 
-// Errors of the peer transport.
+// Errors of the transport.
 var (
 	// ErrUnknownPeer: no address is known for the destination chunkserver.
-	ErrUnknownPeer = errors.New("chunkserver: no address for peer")
+	ErrUnknownPeer = errors.New("raftnet: no address for peer")
 	// ErrSnapshotRejected: the receiver refused or failed a snapshot transfer.
-	ErrSnapshotRejected = errors.New("chunkserver: snapshot transfer rejected by peer")
-	// ErrTransportClosed: the peer transport was closed.
-	ErrTransportClosed = errors.New("chunkserver: peer transport closed")
+	ErrSnapshotRejected = errors.New("raftnet: snapshot transfer rejected by peer")
 )
 
-// peerTransport implements raftstore.Transport over one transport.Conn per peer.
+// Config configures a Transport.
+type Config struct {
+	// Self is this chunkserver's id: the sender id of its frames, and the
+	// only destination its Receiver accepts.
+	Self   uint64
+	Logger *slog.Logger // default slog.Default()
+	// SnapshotRate bounds the snapshot bytes this chunkserver sends plus
+	// receives per second (0: DefaultSnapshotRate; < 0: no limit).
+	SnapshotRate int64
+}
+
+// Transport is the raftstore.Transport of a chunkserver: it sends raft
+// messages to peers over one transport.Conn each and streams snapshots.
+// Receiver is its inbound half.
 //
-// Goroutines: Send runs on raftstore workers and only encodes and queues; one
-// sender goroutine per peer owns that peer's connection (dials, writes frames,
-// redials after an error). SendSnapshot runs on a raftstore snapshot goroutine
-// with a connection of its own.
-type peerTransport struct {
+// Goroutines: Send runs on raftstore workers and the WAL's committer and only
+// encodes and queues; one sender goroutine per peer owns that peer's
+// connection (dials, writes frames, redials after an error). SendSnapshot runs
+// on a raftstore snapshot goroutine with a connection of its own.
+type Transport struct {
 	self uint64
 	log  *slog.Logger
 	ctx  context.Context
@@ -58,18 +68,22 @@ type peerTransport struct {
 	closed bool
 	peers  map[uint64]*peer
 
-	// frameLimit is maxRaftFrame (lowered by tests).
+	// frameLimit is maxFrame (lowered by tests).
 	frameLimit int
 
-	// snapLimit bounds the bytes of snapshot streams this chunkserver sends
-	// (shared with its receiver: in plus out); nil = no limit. Set before use.
+	// snapLimit bounds the bytes of the snapshot streams this chunkserver
+	// sends and receives (shared with its Receiver); nil = no limit.
 	snapLimit *rate.Limiter
 }
 
-func newPeerTransport(self uint64, log *slog.Logger) *peerTransport {
+// New returns a Transport that knows no peers yet (SetPeers).
+func New(cfg Config) *Transport {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &peerTransport{self: self, log: log, ctx: ctx, stop: cancel, peers: make(map[uint64]*peer),
-		frameLimit: maxRaftFrame}
+	return &Transport{self: cfg.Self, log: cfg.Logger, ctx: ctx, stop: cancel, peers: make(map[uint64]*peer),
+		frameLimit: maxFrame, snapLimit: newSnapshotLimiter(cfg.SnapshotRate)}
 }
 
 // peer is one destination chunkserver.
@@ -79,8 +93,8 @@ type peer struct {
 
 	mu      sync.Mutex // guards the fields below
 	addr    string
-	pending [][]byte // encoded OpRaft frames, in order (pooled buffers)
-	// pendingBytes is the capacity held by pending, bounded by maxPeerQueue.
+	pending []frame // OpRaft payloads, in order
+	// pendingBytes is the payload bytes held by pending, bounded by maxPeerQueue.
 	pendingBytes int
 	dropped      int // frames dropped since the last log line
 	// conn, once the sender connected and drained pending, is where Send
@@ -91,10 +105,16 @@ type peer struct {
 	conn *transport.Conn
 }
 
-// setPeers makes addrs (chunkserver id → data-plane address) current. Peers
+// frame is one OpRaft payload, in pieces (entry data is not copied).
+type frame struct {
+	pieces [][]byte
+	size   int
+}
+
+// SetPeers makes addrs (chunkserver id → data-plane address) current. Peers
 // are never forgotten (a peer missing from one heartbeat response is likely
 // still a member somewhere); an address change takes effect at the next dial.
-func (t *peerTransport) setPeers(addrs map[uint64]string) {
+func (t *Transport) SetPeers(addrs map[uint64]string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -121,13 +141,14 @@ func (t *peerTransport) setPeers(addrs map[uint64]string) {
 	}
 }
 
-func (t *peerTransport) peerOf(id uint64) *peer {
+func (t *Transport) peerOf(id uint64) *peer {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.peers[id]
 }
 
-func (t *peerTransport) addrOf(id uint64) string {
+// Addr returns the data-plane address known for chunkserver id ("" if none).
+func (t *Transport) Addr(id uint64) string {
 	if p := t.peerOf(id); p != nil {
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -136,22 +157,19 @@ func (t *peerTransport) addrOf(id uint64) string {
 	return ""
 }
 
-// Send queues msgs for their peers and returns at once. Messages to one peer
-// given in one Send leave in one OpRaft frame (split at maxRaftFrame). With a
-// live connection the frame goes straight to its writer; otherwise it waits in
-// pending for the sender goroutine.
-func (t *peerTransport) Send(msgs []raftMessage) {
-	// Pass 1 sizes every record and cuts each peer's records into frames;
-	// pass 2 marshals each frame into a pooled buffer of its size, so a
-	// 256 KiB MsgApp costs no zeroed allocation and no regrowth copies.
-	type frame struct {
-		p    *peer
-		size int
-		buf  []byte
+// Send queues msgs for their peers and returns at once (raftstore.Transport).
+// Messages to one peer given in one Send leave in one OpRaft frame (split at
+// maxFrame). Entry data is not copied: each large entry's data is a piece
+// of the frame's payload, written from the entry itself (raft never changes
+// an entry). With a live connection the frame goes straight to its writer;
+// otherwise it waits in pending for the sender goroutine.
+func (t *Transport) Send(msgs []raftstore.Message) {
+	type building struct {
+		p *peer
+		f frameBuilder
 	}
-	var frameArr [8]frame
-	var whereArr [16]int
-	frames, where := frameArr[:0], whereArr[:0] // where[i]: frame of msgs[i], -1 none
+	var arr [8]building
+	frames := arr[:0]
 	var last *peer
 	for _, m := range msgs {
 		to := m.Msg.GetTo()
@@ -161,37 +179,23 @@ func (t *peerTransport) Send(msgs []raftMessage) {
 		}
 		if p == nil {
 			t.log.Debug("raft message to unknown peer dropped", "peer", to, "copyset", m.Group)
-			where = append(where, -1)
 			continue
 		}
 		last = p
-		rec := raftRecordHeader + proto.Size(m.Msg)
+		r := newRecord(m)
 		fi := len(frames) - 1
 		for fi >= 0 && frames[fi].p != p {
 			fi--
 		}
-		if fi < 0 || (frames[fi].size > 0 && frames[fi].size+rec > t.frameLimit) {
-			frames = append(frames, frame{p: p})
+		if fi < 0 || (frames[fi].f.size > 0 && frames[fi].f.size+r.size > t.frameLimit) {
+			frames = append(frames, building{p: p})
 			fi = len(frames) - 1
 		}
-		frames[fi].size += rec
-		where = append(where, fi)
-	}
-	for i, m := range msgs {
-		fi := where[i]
-		if fi < 0 {
-			continue
-		}
-		f := &frames[fi]
-		if f.buf == nil {
-			f.buf = getFrameBuf(f.size)
-		}
-		var err error
-		if f.buf, err = appendRaftRecord(f.buf, m.Group, m.Msg); err != nil {
+		if err := frames[fi].f.add(&r); err != nil {
 			t.log.Error("cannot encode raft message", "copyset", m.Group, "err", err)
 		}
 	}
-	h := transport.Header{Op: transport.OpRaft, Hint: t.self}
+	h := api.Header{Op: api.OpRaft, Length: BatchVersion, Hint: t.self}
 	for i := range frames {
 		p := frames[i].p
 		if p == nil {
@@ -205,22 +209,21 @@ func (t *peerTransport) Send(msgs []raftMessage) {
 		}
 		// All of p's frames under one p.mu, so concurrent Sends keep their order.
 		for j := i; j < len(frames); j++ {
-			f := &frames[j]
-			if f.p != p {
+			b := &frames[j]
+			if b.p != p {
 				continue
 			}
-			f.p = nil
+			b.p = nil
+			f := frame{pieces: b.f.pieces(), size: b.f.size}
 			switch {
-			case len(f.buf) == 0:
-				putFrameBuf(f.buf)
+			case f.size == 0:
 			case direct:
-				c.SendAsync(h, f.buf, releaseFrame(f.buf))
+				c.SendAsync(h, f.pieces, nil)
 			case p.pendingBytes >= maxPeerQueue:
 				p.dropped++
-				putFrameBuf(f.buf)
 			default:
-				p.pending = append(p.pending, f.buf)
-				p.pendingBytes += cap(f.buf)
+				p.pending = append(p.pending, f)
+				p.pendingBytes += f.size
 			}
 		}
 		p.mu.Unlock()
@@ -234,7 +237,7 @@ func (t *peerTransport) Send(msgs []raftMessage) {
 }
 
 // runPeer is the sender goroutine of p: it owns p's connection.
-func (t *peerTransport) runPeer(p *peer) {
+func (t *Transport) runPeer(p *peer) {
 	defer t.wg.Done()
 	var conn *transport.Conn
 	var connAddr string
@@ -262,8 +265,7 @@ func (t *peerTransport) runPeer(p *peer) {
 			conn = nil
 		}
 		if conn == nil && time.Now().Before(nextDial) {
-			releaseFrames(batch) // unreachable: drop, raft retries
-			continue
+			continue // unreachable: drop, raft retries
 		}
 		if conn == nil {
 			ctx, cancel := context.WithTimeout(t.ctx, time.Second)
@@ -272,16 +274,15 @@ func (t *peerTransport) runPeer(p *peer) {
 			if err != nil {
 				nextDial = time.Now().Add(redialBackoff)
 				t.log.Debug("peer unreachable", "peer", p.id, "addr", addr, "err", err)
-				releaseFrames(batch)
 				continue
 			}
 			conn, connAddr = c, addr
 		}
 		// Queued, not waited for: the writer sends the backlog in one writev; a
 		// failed write kills conn, which Send and the next round notice.
-		h := transport.Header{Op: transport.OpRaft, Hint: t.self}
+		h := api.Header{Op: api.OpRaft, Length: BatchVersion, Hint: t.self}
 		for _, f := range batch {
-			conn.SendAsync(h, f, releaseFrame(f))
+			conn.SendAsync(h, f.pieces, nil)
 		}
 		// Drained: later Sends write through the connection themselves, unless
 		// more arrived meanwhile (then go round again) or the address changed.
@@ -299,41 +300,6 @@ func (t *peerTransport) runPeer(p *peer) {
 	}
 }
 
-// Frame buffers come from the size-class pools of internal/bufpool. Frames below
-// the smallest class are plain allocations (cheap, and a backlog of
-// heartbeats must not pin 4 KiB each); frames above maxPooledFrame are rare
-// and are left to the GC rather than kept in a pool.
-const (
-	minPooledFrame = 4 << 10 // bufpool's smallest class
-	maxPooledFrame = 4 << 20
-)
-
-// getFrameBuf returns an empty buffer with room for n bytes.
-func getFrameBuf(n int) []byte {
-	if n < minPooledFrame || n > maxPooledFrame {
-		return make([]byte, 0, n)
-	}
-	return (*bufpool.Get(n))[:0]
-}
-
-// putFrameBuf recycles b once nothing references it.
-func putFrameBuf(b []byte) {
-	if cap(b) <= maxPooledFrame {
-		bufpool.Put(&b) // drops buffers not from the pool
-	}
-}
-
-// releaseFrame is the SendAsync callback that recycles b once written.
-func releaseFrame(b []byte) func(error) {
-	return func(error) { putFrameBuf(b) }
-}
-
-func releaseFrames(frames [][]byte) {
-	for _, f := range frames {
-		putFrameBuf(f)
-	}
-}
-
 // Snapshot transfer frame kinds, carried in Header.Length of OpSnapshot frames.
 const (
 	snapBegin = 1
@@ -342,10 +308,11 @@ const (
 )
 
 // SendSnapshot streams m (a MsgSnap) and the data write produces to m.Msg.To
-// over a dedicated connection, and returns once the receiver staged it.
-func (t *peerTransport) SendSnapshot(m raftMessage, write func(io.Writer) error) error {
+// over a dedicated connection, and returns once the receiver staged it
+// (raftstore.Transport).
+func (t *Transport) SendSnapshot(m raftstore.Message, write func(io.Writer) error) error {
 	to := m.Msg.GetTo()
-	addr := t.addrOf(to)
+	addr := t.Addr(to)
 	if addr == "" {
 		return fmt.Errorf("%w: %d", ErrUnknownPeer, to)
 	}
@@ -359,7 +326,7 @@ func (t *peerTransport) SendSnapshot(m raftMessage, write func(io.Writer) error)
 	}
 	defer conn.Close()
 	sw := &snapWriter{ctx: ctx, conn: conn, id: rand.Uint64() | 1, from: t.self, limit: t.snapLimit}
-	begin, err := appendRaftRecord(nil, m.Group, m.Msg)
+	begin, err := appendRecord(nil, m)
 	if err != nil {
 		return err
 	}
@@ -418,7 +385,7 @@ func (w *snapWriter) flush() error {
 // frame sends one frame and waits for its answer.
 func (w *snapWriter) frame(kind uint32, payload []byte) error {
 	call := &transport.Call{
-		Header:  transport.Header{Op: transport.OpSnapshot, Volume: w.id, Offset: w.seq, Length: kind, Hint: w.from},
+		Header:  api.Header{Op: api.OpSnapshot, Volume: w.id, Offset: w.seq, Length: kind, Hint: w.from},
 		Payload: payload,
 	}
 	w.seq++
@@ -431,8 +398,8 @@ func (w *snapWriter) frame(kind uint32, payload []byte) error {
 	return nil
 }
 
-// close stops every sender goroutine and closes their connections.
-func (t *peerTransport) close() {
+// Close stops every sender goroutine and closes their connections.
+func (t *Transport) Close() {
 	t.mu.Lock()
 	t.closed = true
 	t.mu.Unlock()

@@ -1,4 +1,4 @@
-package chunkserver
+package raftnet
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package placement
+package api
 
 import "encoding/binary"
 

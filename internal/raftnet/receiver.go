@@ -1,0 +1,250 @@
+package raftnet
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"go.etcd.io/raft/v3/raftpb"
+	"golang.org/x/time/rate"
+
+	"github.com/basalt-storage/basalt/internal/raftstore"
+	"github.com/basalt-storage/basalt/internal/transport"
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// snapIdleTimeout ends a snapshot transfer whose sender went silent.
+const snapIdleTimeout = 30 * time.Second
+
+// aliasMinFrame: an OpRaft payload this large is read into a buffer of its
+// own that its entries keep (their data is not copied out); smaller ones use
+// the transport's pooled buffers and their data is copied.
+const aliasMinFrame = 64 << 10
+
+// errReceiverDone is what a data frame's write sees when the receiver
+// returned before the end frame (it read less than was sent).
+var errReceiverDone = errors.New("raftnet: snapshot receiver already returned")
+
+// errSnapshotAbandoned ends a receive whose sender went silent or disconnected.
+var errSnapshotAbandoned = errors.New("raftnet: snapshot transfer abandoned by sender")
+
+// Host is where a Receiver delivers what peers send (*raftstore.Host).
+type Host interface {
+	Step(msgs []raftstore.Message)
+	ReceiveSnapshot(m raftstore.Message, r io.Reader) error
+}
+
+// Receiver serves a chunkserver's inbound peer traffic, the OpRaft and
+// OpSnapshot frames its transport.Server reads: it steps raft messages into
+// the Host and feeds each snapshot transfer's data frames through a pipe to
+// Host.ReceiveSnapshot, which runs on a goroutine of its own.
+//
+// Goroutines: frames arrive on connection reader goroutines (a transfer uses
+// one connection, so its frames arrive in order on one goroutine); each
+// transfer has one receive goroutine; an idle timer may abandon it.
+type Receiver struct {
+	self uint64
+	log  *slog.Logger
+	host Host
+	// limit bounds the snapshot bytes received (shared with the Transport: in
+	// plus out); nil = no limit. A data frame waits for its bytes before it
+	// is handed on, holding the connection's reader: the sender, which waits
+	// for each frame's answer, slows down with it.
+	limit *rate.Limiter
+
+	mu       sync.Mutex
+	sessions map[uint64]*snapSession // by transfer id
+	lastBad  time.Time               // last "bad frame" log line
+	wg       sync.WaitGroup
+}
+
+type snapSession struct {
+	id    uint64
+	owner transport.ReplyWriter // the connection that began it
+	group uint64
+	next  uint64 // sequence number of the next frame
+	pw    *io.PipeWriter
+	res   chan error // receive result, buffered
+	timer *time.Timer
+}
+
+// Receiver returns the inbound half of t, delivering to host. It shares t's
+// snapshot bandwidth limit.
+func (t *Transport) Receiver(host Host) *Receiver {
+	return &Receiver{self: t.self, log: t.log, host: host, limit: t.snapLimit,
+		sessions: make(map[uint64]*snapSession)}
+}
+
+// AllocPayload gives large OpRaft payloads a buffer of their own, which the
+// decoded entries keep (transport.PayloadAllocator).
+func (s *Receiver) AllocPayload(h api.Header, n int) []byte {
+	if h.Op != api.OpRaft || n < aliasMinFrame {
+		return nil
+	}
+	return make([]byte, n)
+}
+
+// ServeFrame handles an OpRaft or OpSnapshot frame (transport.Handler).
+func (s *Receiver) ServeFrame(rw transport.ReplyWriter, h api.Header, payload []byte) {
+	switch h.Op {
+	case api.OpRaft:
+		s.serveRaft(rw, h, payload)
+	case api.OpSnapshot:
+		s.serveSnapshot(rw, h, payload)
+	default:
+		h.Status = api.StatusBadRequest
+		rw.Reply(h, nil, nil)
+	}
+}
+
+// serveRaft steps an OpRaft frame's messages into the host. Messages not
+// addressed to this chunkserver, and MsgSnap (valid only with its data,
+// through a snapshot transfer), are dropped.
+func (s *Receiver) serveRaft(rw transport.ReplyWriter, h api.Header, payload []byte) {
+	if h.Length != BatchVersion {
+		s.logBad("raft frame of another batch format dropped; upgrade the chunkservers to one version",
+			"from", h.Hint, "format", h.Length, "want", BatchVersion)
+		return
+	}
+	alias := len(payload) >= aliasMinFrame
+	if alias {
+		rw.Retain() // the entries' data stay in payload
+	}
+	msgs, err := decodeBatch(payload, alias)
+	if err != nil {
+		s.logBad("bad raft frame dropped", "from", h.Hint, "err", err)
+		return
+	}
+	keep := msgs[:0]
+	for _, m := range msgs {
+		if m.Msg.GetTo() == s.self && m.Msg.GetType() != raftpb.MsgSnap {
+			keep = append(keep, m)
+		}
+	}
+	s.host.Step(keep)
+}
+
+// logBad logs a dropped frame, at most once every 10 s.
+func (s *Receiver) logBad(msg string, args ...any) {
+	s.mu.Lock()
+	now := time.Now()
+	quiet := now.Sub(s.lastBad) < 10*time.Second
+	if !quiet {
+		s.lastBad = now
+	}
+	s.mu.Unlock()
+	if !quiet {
+		s.log.Warn(msg, args...)
+	}
+}
+
+func (s *Receiver) serveSnapshot(rw transport.ReplyWriter, h api.Header, payload []byte) {
+	reply := func(st api.Status) {
+		h.Status = st
+		rw.Reply(h, nil, nil)
+	}
+	s.mu.Lock()
+	ss := s.sessions[h.Volume]
+	s.mu.Unlock()
+	if ss != nil && ss.owner != rw {
+		// Frames of a transfer come on the connection that began it only.
+		reply(api.StatusBadRequest)
+		return
+	}
+	switch h.Length {
+	case snapBegin:
+		if ss != nil || h.Offset != 0 {
+			reply(api.StatusBadRequest)
+			return
+		}
+		msgs, err := decodeBatch(payload, false)
+		if err != nil || len(msgs) != 1 || msgs[0].Msg.GetType() != raftpb.MsgSnap ||
+			msgs[0].Msg.GetTo() != s.self || msgs[0].Msg.GetSnapshot() == nil {
+			reply(api.StatusBadRequest)
+			return
+		}
+		pr, pw := io.Pipe()
+		ss = &snapSession{id: h.Volume, owner: rw, group: msgs[0].Group, next: 1, pw: pw, res: make(chan error, 1)}
+		ss.timer = time.AfterFunc(snapIdleTimeout, func() { s.abandon(ss) })
+		s.mu.Lock()
+		s.sessions[ss.id] = ss
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			err := s.host.ReceiveSnapshot(msgs[0], pr)
+			// Unblock a data frame still writing: the receiver is done with
+			// the stream, for better or worse.
+			if err != nil {
+				pr.CloseWithError(err)
+			} else {
+				pr.CloseWithError(errReceiverDone)
+			}
+			ss.res <- err
+		}()
+		reply(api.StatusOK)
+	case snapData, snapEnd:
+		if ss == nil || h.Offset != ss.next {
+			if ss != nil {
+				s.abandon(ss)
+			}
+			reply(api.StatusBadRequest)
+			return
+		}
+		ss.next++
+		ss.timer.Reset(snapIdleTimeout)
+		if h.Length == snapData {
+			_ = waitSnapshot(context.Background(), s.limit, len(payload))
+			if _, err := ss.pw.Write(payload); err != nil {
+				s.abandon(ss)
+				reply(api.StatusIOError)
+			} else {
+				reply(api.StatusOK)
+			}
+			return
+		}
+		_ = ss.pw.Close()
+		err := <-ss.res
+		s.drop(ss)
+		if err != nil {
+			s.log.Warn("snapshot receive failed", "copyset", ss.group, "err", err)
+			reply(api.StatusIOError)
+			return
+		}
+		reply(api.StatusOK)
+	default:
+		reply(api.StatusBadRequest)
+	}
+}
+
+func (s *Receiver) drop(ss *snapSession) {
+	ss.timer.Stop()
+	s.mu.Lock()
+	if s.sessions[ss.id] == ss {
+		delete(s.sessions, ss.id)
+	}
+	s.mu.Unlock()
+}
+
+// abandon ends a transfer early: the receive goroutine sees a read error.
+func (s *Receiver) abandon(ss *snapSession) {
+	s.drop(ss)
+	ss.pw.CloseWithError(errSnapshotAbandoned)
+}
+
+// Close abandons every snapshot transfer and waits for the receive goroutines.
+func (s *Receiver) Close() {
+	s.mu.Lock()
+	all := make([]*snapSession, 0, len(s.sessions))
+	for _, ss := range s.sessions {
+		all = append(all, ss)
+	}
+	s.mu.Unlock()
+	for _, ss := range all {
+		s.abandon(ss)
+	}
+	s.wg.Wait()
+}

@@ -1,0 +1,590 @@
+package raftnet
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/basalt-storage/basalt/internal/raftstore"
+	"github.com/basalt-storage/basalt/internal/transport"
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+func testLogger(testing.TB) *slog.Logger {
+	if os.Getenv("BASALT_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+func testMsg(typ raftpb.MessageType, from, to, index uint64, data string) *raftpb.Message {
+	m := &raftpb.Message{Type: &typ, From: &from, To: &to, Index: &index, Term: proto.Uint64(3)}
+	if data != "" {
+		m.Entries = []*raftpb.Entry{{Index: proto.Uint64(index + 1), Term: proto.Uint64(3), Data: []byte(data)}}
+	}
+	return m
+}
+
+// goldenBatch is the batch of TestBatchGolden: a MsgApp with an entry whose
+// data travels as a piece of its own, a small one, a conf change and a
+// leader's empty entry; a heartbeat; a vote with a context.
+func goldenBatch() []raftstore.Message {
+	app := testMsg(raftpb.MsgApp, 1, 2, 7, "")
+	app.LogTerm, app.Commit = proto.Uint64(3), proto.Uint64(6)
+	cc := raftpb.EntryConfChangeV2
+	app.Entries = []*raftpb.Entry{
+		{Term: proto.Uint64(3), Index: proto.Uint64(8), Data: bytes.Repeat([]byte("basalt!"), 100)},
+		{Term: proto.Uint64(3), Index: proto.Uint64(9), Data: []byte("cmd")},
+		{Term: proto.Uint64(3), Index: proto.Uint64(10), Type: &cc, Data: []byte{}},
+		{Term: proto.Uint64(4), Index: proto.Uint64(11)},
+	}
+	vote := testMsg(raftpb.MsgPreVote, 1, 2, 11, "")
+	vote.Context = []byte("campaign")
+	return []raftstore.Message{
+		{Group: 0x100000002, Msg: app},
+		{Group: 0x100000003, Msg: testMsg(raftpb.MsgHeartbeat, 1, 2, 0, "")},
+		{Group: 0x100000004, Msg: vote},
+	}
+}
+
+// encodeBatch encodes msgs as Send does, and as one contiguous payload.
+func encodeBatch(t testing.TB, msgs []raftstore.Message) (pieces [][]byte, flat []byte) {
+	t.Helper()
+	var f frameBuilder
+	for _, m := range msgs {
+		r := newRecord(m)
+		if err := f.add(&r); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if flat, err = appendRecord(flat, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pieces = f.pieces()
+	if got := bytes.Join(pieces, nil); !bytes.Equal(got, flat) || len(got) != f.size {
+		t.Fatalf("Send's pieces (%d bytes, size %d) differ from appendRecord's %d bytes", len(got), f.size, len(flat))
+	}
+	return pieces, flat
+}
+
+func sameMessages(t *testing.T, got, want []raftstore.Message) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%d messages, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i].Group != want[i].Group || !proto.Equal(got[i].Msg, want[i].Msg) {
+			t.Fatalf("message %d: group %d %v, want group %d %v", i, got[i].Group, got[i].Msg, want[i].Group, want[i].Msg)
+		}
+	}
+}
+
+// TestBatchGolden freezes the OpRaft payload format (doc.go).
+func TestBatchGolden(t *testing.T) {
+	msgs := goldenBatch()
+	pieces, b := encodeBatch(t, msgs)
+	if len(pieces) != 3 {
+		t.Fatalf("%d pieces, want 3: the 700-byte entry's data is a piece of its own", len(pieces))
+	}
+	got := hex.EncodeToString(b) + "\n"
+	path := filepath.Join("testdata", "raftbatch.golden")
+	if *update {
+		os.WriteFile(path, []byte(got), 0o644)
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != string(want) {
+		t.Fatalf("OpRaft batch encoding changed:\n got %s\nwant %s", got, want)
+	}
+	for _, alias := range []bool{false, true} {
+		buf := bytes.Clone(b)
+		dec, err := decodeBatch(buf, alias)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sameMessages(t, dec, msgs)
+		// Without alias nothing points into the payload (its buffer is
+		// reused); with alias the data is the payload's.
+		for i := range buf {
+			buf[i] = 0xff
+		}
+		data := dec[0].Msg.GetEntries()[0].GetData()
+		if aliased := data[0] == 0xff; aliased != alias {
+			t.Fatalf("alias %v: decoded data aliases the payload: %v", alias, aliased)
+		}
+		if e := dec[0].Msg.GetEntries()[3]; e.Data != nil || dec[0].Msg.GetEntries()[2].Data == nil {
+			t.Fatal("absent and empty entry data are not told apart")
+		}
+	}
+}
+
+// TestMessageFields: withoutEntries copies every field of a raftpb.Message
+// but its entries, and the record encodes every field of a raftpb.Entry. A
+// raft upgrade that adds a field fails here until the codec handles it.
+func TestMessageFields(t *testing.T) {
+	fields := func(m proto.Message) map[string]bool {
+		out := map[string]bool{}
+		fd := m.ProtoReflect().Descriptor().Fields()
+		for i := range fd.Len() {
+			out[string(fd.Get(i).Name())] = true
+		}
+		return out
+	}
+	wantMsg := []string{"type", "to", "from", "term", "logTerm", "index", "entries", "commit", "vote",
+		"snapshot", "reject", "rejectHint", "context", "responses"}
+	got := fields(&raftpb.Message{})
+	for _, f := range wantMsg {
+		delete(got, f)
+	}
+	if len(got) != 0 {
+		t.Fatalf("raftpb.Message has fields withoutEntries does not copy: %v", got)
+	}
+	got = fields(&raftpb.Entry{})
+	for _, f := range []string{"Term", "Index", "Type", "Data"} {
+		delete(got, f)
+	}
+	if len(got) != 0 {
+		t.Fatalf("raftpb.Entry has fields the record does not encode: %v", got)
+	}
+	// Every field set: the copy without entries loses nothing else.
+	typ, b := raftpb.MsgApp, true
+	m := &raftpb.Message{Type: &typ, To: proto.Uint64(2), From: proto.Uint64(1), Term: proto.Uint64(3),
+		LogTerm: proto.Uint64(4), Index: proto.Uint64(5), Commit: proto.Uint64(6), Vote: proto.Uint64(7),
+		Snapshot: &raftpb.Snapshot{Data: []byte("s")}, Reject: &b, RejectHint: proto.Uint64(8),
+		Context: []byte("c"), Responses: []*raftpb.Message{{To: proto.Uint64(9)}},
+		Entries: []*raftpb.Entry{{Data: []byte("e")}}}
+	want := proto.Clone(m).(*raftpb.Message)
+	want.Entries = nil
+	if c := withoutEntries(m); !proto.Equal(c, want) {
+		t.Fatalf("withoutEntries lost a field:\n got %v\nwant %v", c, want)
+	}
+}
+
+func TestBatchGarbage(t *testing.T) {
+	_, good := encodeBatch(t, []raftstore.Message{{Group: 1, Msg: testMsg(raftpb.MsgApp, 1, 2, 7, "cmd")}})
+	withEntries, _ := proto.Marshal(testMsg(raftpb.MsgApp, 1, 2, 7, "cmd"))
+	corrupt := func(at int, b ...byte) []byte {
+		c := bytes.Clone(good)
+		copy(c[at:], b)
+		return c
+	}
+	msgLen := int(good[11])
+	table := recordHeader + msgLen
+	for name, b := range map[string][]byte{
+		"short header":      good[:5],
+		"truncated data":    good[:len(good)-1],
+		"truncated table":   good[:table+5],
+		"huge message":      corrupt(8, 0xff, 0xff, 0xff, 0xff),
+		"huge entry count":  corrupt(12, 0xff, 0xff, 0xff, 0xff),
+		"huge data length":  corrupt(table+18, 0xff, 0xff, 0xff, 0xff),
+		"unknown flag":      corrupt(table, 0x80),
+		"data without flag": corrupt(table, entryHasTerm|entryHasIndex),
+		"not a protobuf":    append([]byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 3, 0, 0, 0, 0}, 0xff, 0xff, 0xff),
+		"entries inside":    append([]byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, byte(len(withEntries)), 0, 0, 0, 0}, withEntries...),
+		"trailing record":   append(bytes.Clone(good), 1, 2, 3),
+	} {
+		if _, err := decodeBatch(b, false); !errors.Is(err, ErrBadBatch) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if msgs, err := decodeBatch(nil, false); err != nil || len(msgs) != 0 {
+		t.Fatalf("empty batch: %v %v", msgs, err)
+	}
+}
+
+// FuzzDecodeBatch: no input crashes the decoder, and what it accepts
+// encodes and decodes again to the same messages.
+func FuzzDecodeBatch(f *testing.F) {
+	_, good := encodeBatch(f, goldenBatch())
+	f.Add(good)
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, alias := range []bool{false, true} {
+			msgs, err := decodeBatch(b, alias)
+			if err != nil {
+				continue
+			}
+			for _, m := range msgs {
+				if m.Msg == nil {
+					t.Fatal("nil message without error")
+				}
+			}
+			_, again := encodeBatch(t, msgs)
+			msgs2, err := decodeBatch(again, false)
+			if err != nil {
+				t.Fatalf("re-encoded batch does not decode: %v", err)
+			}
+			sameMessages(t, msgs2, msgs)
+		}
+	})
+}
+
+// frameSink is a transport.Handler that records the frames it gets.
+type frameSink struct {
+	mu     sync.Mutex
+	frames []api.Header
+	msgs   [][]raftstore.Message
+	got    chan struct{}
+}
+
+func (s *frameSink) ServeFrame(rw transport.ReplyWriter, h api.Header, payload []byte) {
+	msgs, _ := decodeBatch(payload, false)
+	s.mu.Lock()
+	s.frames = append(s.frames, h)
+	s.msgs = append(s.msgs, msgs)
+	s.mu.Unlock()
+	s.got <- struct{}{}
+}
+
+// serveSink serves h on a loopback address and its same-host socket.
+func serveSink(t testing.TB, h transport.Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := transport.NewServer(transport.ServerConfig{Logger: testLogger(t)}, h)
+	go srv.Serve(ln)
+	// Like a chunkserver, serve the same-host socket too: peers on this host use it.
+	lnLocal, err := transport.ListenLocal(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(lnLocal)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
+// Messages to one peer given in one Send leave in one OpRaft frame; messages
+// to an unknown or unreachable peer are dropped without blocking.
+func TestPeerTransportBatches(t *testing.T) {
+	sink := &frameSink{got: make(chan struct{}, 16)}
+	addr := serveSink(t, sink)
+	pt := New(Config{Self: 1, Logger: testLogger(t), SnapshotRate: -1})
+	defer pt.Close()
+	pt.SetPeers(map[uint64]string{2: addr, 3: "127.0.0.1:1", 1: "self-ignored"})
+	msgs := []raftstore.Message{
+		{Group: 10, Msg: testMsg(raftpb.MsgApp, 1, 2, 1, "a")},
+		{Group: 11, Msg: testMsg(raftpb.MsgHeartbeat, 1, 2, 0, "")},
+		{Group: 10, Msg: testMsg(raftpb.MsgApp, 1, 3, 1, "a")}, // unreachable peer
+		{Group: 12, Msg: testMsg(raftpb.MsgApp, 1, 9, 1, "a")}, // unknown peer
+		{Group: 10, Msg: testMsg(raftpb.MsgApp, 1, 2, 2, "b")},
+	}
+	start := time.Now()
+	pt.Send(msgs)
+	if d := time.Since(start); d > 100*time.Millisecond {
+		t.Fatalf("Send blocked for %v", d)
+	}
+	select {
+	case <-sink.got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no frame arrived")
+	}
+	time.Sleep(50 * time.Millisecond)
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	if len(sink.frames) != 1 {
+		t.Fatalf("%d frames, want 1", len(sink.frames))
+	}
+	if h := sink.frames[0]; h.Op != api.OpRaft || h.Hint != 1 {
+		t.Fatalf("frame header %+v", h)
+	}
+	got := sink.msgs[0]
+	if len(got) != 3 || got[0].Group != 10 || got[1].Group != 11 || got[2].Msg.GetIndex() != 2 {
+		t.Fatalf("batch %v", got)
+	}
+}
+
+// A peer's records in one Send are cut into frames of at most frameLimit
+// bytes (a bigger record goes alone), in order, without mixing peers.
+func TestPeerSendSplitsFrames(t *testing.T) {
+	sink := &frameSink{got: make(chan struct{}, 16)}
+	addr := serveSink(t, sink)
+	pt := New(Config{Self: 1, Logger: testLogger(t), SnapshotRate: -1})
+	defer pt.Close()
+	one, _ := appendRecord(nil, raftstore.Message{Msg: testMsg(raftpb.MsgApp, 1, 2, 0, "0123456789")})
+	pt.frameLimit = 2*len(one) + 1
+	pt.SetPeers(map[uint64]string{2: addr, 3: "127.0.0.1:1"})
+	var msgs []raftstore.Message
+	for i := 0; i < 5; i++ {
+		msgs = append(msgs, raftstore.Message{Group: uint64(i), Msg: testMsg(raftpb.MsgApp, 1, 2, uint64(i), "0123456789")},
+			raftstore.Message{Group: 99, Msg: testMsg(raftpb.MsgApp, 1, 3, uint64(i), "x")})
+	}
+	msgs = append(msgs, raftstore.Message{Group: 5, Msg: testMsg(raftpb.MsgApp, 1, 2, 5, string(make([]byte, 3*len(one))))})
+	pt.Send(msgs)
+	var got [][]raftstore.Message
+	for len(got) < 4 {
+		select {
+		case <-sink.got:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d frames arrived, want 4", len(got))
+		}
+		sink.mu.Lock()
+		got = append(got[:0], sink.msgs...)
+		sink.mu.Unlock()
+	}
+	next := uint64(0)
+	for i, f := range got {
+		if want := []int{2, 2, 1, 1}[i]; len(f) != want {
+			t.Fatalf("frame %d holds %d records, want %d", i, len(f), want)
+		}
+		for _, m := range f {
+			if m.Group != next || m.Msg.GetTo() != 2 {
+				t.Fatalf("frame %d: group %d to %d, want group %d to 2", i, m.Group, m.Msg.GetTo(), next)
+			}
+			next++
+		}
+	}
+}
+
+// checkSink verifies that each OpRaft frame holds the message Send gave.
+type checkSink struct {
+	mu   sync.Mutex
+	next uint64 // index of the next expected message
+	bad  error
+	n    atomic.Int64
+}
+
+func (s *checkSink) ServeFrame(rw transport.ReplyWriter, h api.Header, payload []byte) {
+	msgs, err := decodeBatch(payload, false)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range msgs {
+		i := m.Msg.GetIndex()
+		switch {
+		case err != nil:
+		case i != s.next:
+			err = fmt.Errorf("message %d arrived, want %d", i, s.next)
+		case !bytes.Equal(m.Msg.GetEntries()[0].GetData(), reuseData(i)):
+			err = fmt.Errorf("message %d arrived corrupted", i)
+		}
+		s.next++
+	}
+	if err != nil && s.bad == nil {
+		s.bad = err
+	}
+	if s.n.Add(int64(len(msgs)))%200 == 0 {
+		time.Sleep(20 * time.Millisecond) // TCP fills up: the sender's writer waits mid-frame
+	}
+}
+
+// reuseData is the entry data of message i: a size and contents of its own.
+func reuseData(i uint64) []byte {
+	return bytes.Repeat([]byte{byte(i), byte(i >> 8)}, 2<<10+int(i%7)*1000)
+}
+
+// Frame buffers are pooled and reused once the transport is done with them:
+// frames sent back to back, through the connection directly and through the
+// sender goroutine, while the receiver stalls now and then (the writer waits
+// mid-frame as Send builds the next ones), all arrive intact and in order.
+func TestPeerSendBufferReuse(t *testing.T) {
+	sink := &checkSink{}
+	addr := serveSink(t, sink)
+	pt := New(Config{Self: 1, Logger: testLogger(t), SnapshotRate: -1})
+	defer pt.Close()
+	pt.SetPeers(map[uint64]string{2: addr})
+	p := pt.peerOf(2)
+	const total = 2000
+	for i := uint64(0); i < total; i++ {
+		if i%50 == 0 {
+			// The next frames go through the sender goroutine's path again.
+			p.mu.Lock()
+			p.conn = nil
+			p.mu.Unlock()
+		}
+		pt.Send([]raftstore.Message{{Group: 7, Msg: testMsg(raftpb.MsgApp, 1, 2, i, string(reuseData(i)))}})
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for sink.n.Load() < total && time.Now().Before(deadline) {
+		sink.mu.Lock()
+		bad := sink.bad
+		sink.mu.Unlock()
+		if bad != nil {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	if sink.bad != nil {
+		t.Fatal(sink.bad)
+	}
+	if n := sink.n.Load(); n != total {
+		t.Fatalf("%d of %d messages arrived", n, total)
+	}
+}
+
+// funcHost is a Host whose ReceiveSnapshot is receive; Step records.
+type funcHost struct {
+	receive func(m raftstore.Message, r io.Reader) error
+	mu      sync.Mutex
+	stepped []raftstore.Message
+}
+
+func (h *funcHost) Step(msgs []raftstore.Message) {
+	h.mu.Lock()
+	h.stepped = append(h.stepped, msgs...)
+	h.mu.Unlock()
+}
+
+func (h *funcHost) ReceiveSnapshot(m raftstore.Message, r io.Reader) error { return h.receive(m, r) }
+
+// newReceiver returns the Receiver of chunkserver 2 with receive as its
+// host's ReceiveSnapshot.
+func newReceiver(t testing.TB, receive func(m raftstore.Message, r io.Reader) error) *Receiver {
+	return New(Config{Self: 2, Logger: testLogger(t), SnapshotRate: -1}).Receiver(&funcHost{receive: receive})
+}
+
+func TestSnapshotTransfer(t *testing.T) {
+	var mu sync.Mutex
+	var got []byte
+	var gotMsg raftstore.Message
+	recv := newReceiver(t, func(m raftstore.Message, r io.Reader) error {
+		b, err := io.ReadAll(r)
+		mu.Lock()
+		got, gotMsg = b, m
+		mu.Unlock()
+		if bytes.HasPrefix(b, []byte("fail")) {
+			return errors.New("test: cannot stage")
+		}
+		return err
+	})
+	defer recv.Close()
+	addr := serveSink(t, recv)
+	pt := New(Config{Self: 1, Logger: testLogger(t), SnapshotRate: -1})
+	defer pt.Close()
+	pt.SetPeers(map[uint64]string{2: addr})
+
+	snapType := raftpb.MsgSnap
+	msg := &raftpb.Message{Type: &snapType, From: proto.Uint64(1), To: proto.Uint64(2),
+		Snapshot: &raftpb.Snapshot{Metadata: &raftpb.SnapshotMetadata{Index: proto.Uint64(99), Term: proto.Uint64(2)}}}
+	data := bytes.Repeat([]byte("0123456789abcdef"), (3*snapFrameSize)/16+123)
+	err := pt.SendSnapshot(raftstore.Message{Group: 77, Msg: msg}, func(w io.Writer) error {
+		for p := data; len(p) > 0; {
+			n := min(len(p), 100000)
+			if _, err := w.Write(p[:n]); err != nil {
+				return err
+			}
+			p = p[n:]
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if !bytes.Equal(got, data) || gotMsg.Group != 77 || gotMsg.Msg.GetSnapshot().GetMetadata().GetIndex() != 99 {
+		t.Fatalf("received %d bytes (want %d), group %d", len(got), len(data), gotMsg.Group)
+	}
+	mu.Unlock()
+
+	// A receiver that fails makes SendSnapshot fail.
+	err = pt.SendSnapshot(raftstore.Message{Group: 77, Msg: msg}, func(w io.Writer) error {
+		_, err := w.Write([]byte("fail please"))
+		return err
+	})
+	if !errors.Is(err, ErrSnapshotRejected) {
+		t.Fatalf("failed receive: %v", err)
+	}
+	// Unknown peer.
+	msg.To = proto.Uint64(5)
+	if err := pt.SendSnapshot(raftstore.Message{Group: 77, Msg: msg}, func(io.Writer) error { return nil }); !errors.Is(err, ErrUnknownPeer) {
+		t.Fatalf("unknown peer: %v", err)
+	}
+}
+
+func TestSnapshotReceiverBadFrames(t *testing.T) {
+	calls := 0
+	var mu sync.Mutex
+	recv := newReceiver(t, func(m raftstore.Message, r io.Reader) error {
+		mu.Lock()
+		calls++
+		mu.Unlock()
+		_, err := io.Copy(io.Discard, r)
+		return err
+	})
+	addr := serveSink(t, recv)
+	c, err := transport.Dial(context.Background(), addr, transport.ConnConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c2, err := transport.Dial(context.Background(), addr, transport.ConnConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	doOn := func(c *transport.Conn, h api.Header, p []byte) api.Status {
+		h.Op = api.OpSnapshot
+		call := &transport.Call{Header: h, Payload: p}
+		if err := c.Do(context.Background(), call); err != nil {
+			t.Fatal(err)
+		}
+		return call.Reply.Status
+	}
+	do := func(h api.Header, p []byte) api.Status { return doOn(c, h, p) }
+	snapType := raftpb.MsgSnap
+	okMsg := &raftpb.Message{Type: &snapType, To: proto.Uint64(2), Snapshot: &raftpb.Snapshot{}}
+	begin, _ := appendRecord(nil, raftstore.Message{Group: 5, Msg: okMsg})
+	wrongTo, _ := appendRecord(nil, raftstore.Message{Group: 5, Msg: testMsg(raftpb.MsgSnap, 1, 3, 0, "")})
+	notSnap, _ := appendRecord(nil, raftstore.Message{Group: 5, Msg: testMsg(raftpb.MsgApp, 1, 2, 0, "")})
+	for name, tc := range map[string]struct {
+		h api.Header
+		p []byte
+	}{
+		"data without begin": {api.Header{Volume: 1, Offset: 1, Length: snapData}, []byte("x")},
+		"end without begin":  {api.Header{Volume: 1, Offset: 1, Length: snapEnd}, nil},
+		"bad kind":           {api.Header{Volume: 1, Length: 9}, nil},
+		"begin garbage":      {api.Header{Volume: 1, Length: snapBegin}, []byte("garbage")},
+		"begin not MsgSnap":  {api.Header{Volume: 1, Length: snapBegin}, notSnap},
+		"begin for another":  {api.Header{Volume: 1, Length: snapBegin}, wrongTo},
+		"begin with seq 4":   {api.Header{Volume: 1, Offset: 4, Length: snapBegin}, begin},
+	} {
+		if st := do(tc.h, tc.p); st != api.StatusBadRequest {
+			t.Errorf("%s: %v", name, st)
+		}
+	}
+	// Out of sequence after a good begin abandons the transfer.
+	if st := do(api.Header{Volume: 2, Length: snapBegin}, begin); st != api.StatusOK {
+		t.Fatalf("begin: %v", st)
+	}
+	if st := do(api.Header{Volume: 2, Offset: 5, Length: snapData}, []byte("x")); st != api.StatusBadRequest {
+		t.Fatalf("out of sequence: %v", st)
+	}
+	if st := do(api.Header{Volume: 2, Offset: 1, Length: snapEnd}, nil); st != api.StatusBadRequest {
+		t.Fatalf("end after abandon: %v", st)
+	}
+	// A transfer's frames come on the connection that began it only.
+	if st := do(api.Header{Volume: 3, Length: snapBegin}, begin); st != api.StatusOK {
+		t.Fatalf("begin: %v", st)
+	}
+	if st := doOn(c2, api.Header{Volume: 3, Offset: 1, Length: snapData}, []byte("x")); st != api.StatusBadRequest {
+		t.Fatalf("data frame on another connection: %v", st)
+	}
+	recv.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	if calls != 2 {
+		t.Fatalf("%d receives started, want 2", calls)
+	}
+}
