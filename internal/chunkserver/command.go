@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/basalt-storage/basalt/internal/bufpool"
 	"github.com/basalt-storage/basalt/internal/raftstore"
 )
 
@@ -68,11 +69,17 @@ func encodeCommand(c command) []byte {
 	return appendCommand(make([]byte, 0, cmdHeaderSize+len(c.Data)), c)
 }
 
-// proposalOf encodes c for raftstore.Host.Propose: with the room it reserves
-// at the start, so that the command's one copy of the data is the entry's.
-func proposalOf(c command) []byte {
-	n := raftstore.ProposalHeader
-	return appendCommand(make([]byte, n, n+cmdHeaderSize+len(c.Data)), c)
+// propose replicates c through group g of host; done gets the outcome. The
+// command is encoded into a pooled buffer, with the room Propose reserves at
+// its start, which goes back to the pool once done ran: the host keeps no
+// reference to a proposal's data past that (raft copies it into its log).
+func propose(host raftHost, g uint64, c command, done func(error)) {
+	p := bufpool.Get(raftstore.ProposalHeader + cmdHeaderSize + len(c.Data))
+	*p = appendCommand((*p)[:raftstore.ProposalHeader], c)
+	host.Propose(g, *p, func(err error) {
+		bufpool.Put(p)
+		done(err)
+	})
 }
 
 // appendCommand appends c's encoding to b.

@@ -113,8 +113,10 @@
 //	                                             up once a majority says so
 //	Epoch (non-zero) < the copyset's epoch       FENCED
 //
-// Writes, trims and write-zeroes are proposed; the reply is sent from the
-// proposal's callback. statusOf (classify.go) is the one place that maps an
+// Writes, trims and write-zeroes are proposed (the command is encoded into a
+// pooled buffer that goes back to the pool when the proposal is answered:
+// raft copies it into its log); the reply is sent from the proposal's
+// callback. statusOf (classify.go) is the one place that maps an
 // outcome to a wire status: a replicated result (*api.Error) as it is;
 // raftstore's typed errors as ErrNotLeader → NOT_LEADER with the leader in
 // Header.Hint, ErrStopped → NOT_LEADER (no hint), ErrNoGroup →
@@ -187,8 +189,7 @@
 // statuses, same raft path), with a ReplyWriter (localReply) that hands the
 // reply header to the client's callback: a read is made straight into the
 // client's buffer (handler.readNow asks the ReplyWriter for it), a write's
-// payload is the client's buffer (copied once, into the raft entry, as for a
-// frame). The callback runs on whichever goroutine answers (a raft worker for
+// payload is the client's buffer (copied into the proposal, as for a frame). The callback runs on whichever goroutine answers (a raft worker for
 // writes, the reading goroutine for reads) and never blocks. Before Run serves
 // the data plane and from shutdown on, Go answers NOT_LEADER with no hint
 // (the client retries with backoff). Attempts to copysets another chunkserver

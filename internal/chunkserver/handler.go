@@ -215,8 +215,8 @@ func (hd *handler) serveIO(rw transport.ReplyWriter, h api.Header, payload []byt
 		c = command{Op: cmdWriteZeroes}
 	}
 	c.Volume, c.Epoch, c.Offset, c.Length = h.Volume, h.Epoch, h.Offset, h.Length
-	data := proposalOf(c) // copies the payload: it is not ours after return
-	hd.host.Propose(r.group, data, func(err error) { hd.replyErr(rw, h, err, start) })
+	// The payload is copied: it is not ours after return.
+	propose(hd.host, r.group, c, func(err error) { hd.replyErr(rw, h, err, start) })
 }
 
 // read serves a read on the leader: fence first if the epoch is new here, then
@@ -231,8 +231,7 @@ func (hd *handler) read(rw transport.ReplyWriter, h api.Header, r *replica, star
 	}
 	barrier := func() { hd.host.ReadBarrier(r.group, doRead) }
 	if h.Epoch > r.sm.epochOf(h.Volume) {
-		fence := proposalOf(command{Op: cmdFence, Volume: h.Volume, Epoch: h.Epoch})
-		hd.host.Propose(r.group, fence, func(err error) {
+		propose(hd.host, r.group, command{Op: cmdFence, Volume: h.Volume, Epoch: h.Epoch}, func(err error) {
 			if err != nil {
 				hd.replyErr(rw, h, err, start)
 				return

@@ -524,7 +524,7 @@ func (c *ChunkServer) replicaFailed(g uint64, err error) {
 	// stops now and the other members elect a leader. A follower stops at the
 	// leader's next entry anyway. Off the calling (raft) goroutine.
 	if h := c.ready.Load(); h != nil {
-		go h.Propose(g, proposalOf(command{Op: cmdFence}), func(error) {})
+		go propose(h, g, command{Op: cmdFence}, func(error) {})
 	}
 }
 

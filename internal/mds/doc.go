@@ -114,9 +114,10 @@
 //     one sharing fewest copysets with the remaining members.
 //  2. Copyset balancing, only when every member of every copyset is
 //     serving (nothing to repair, nobody down even within the grace). Per
-//     replicated pool (a pool of one replica is placed by fit, DESIGN §9,
-//     not by count), the most loaded target gives a copyset to the least
-//     loaded one that can take it while their counts differ by two or more
+//     replicated pool (a pool of one replica is left as placed: it is meant
+//     to be placed by fit, not by count, DESIGN §9, which is not built yet),
+//     the most loaded target gives a copyset to the least loaded one that
+//     can take it while their counts differ by two or more
 //     (reason "balance"); copysets with a member too full to be a target
 //     stay put. A chunkserver that joins thus receives copysets until
 //     counts are even.

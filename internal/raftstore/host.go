@@ -415,7 +415,9 @@ func (h *Host) RemoveGroup(id uint64) error {
 const ProposalHeader = 8
 
 // Propose replicates data[ProposalHeader:] through group id; the host owns data
-// from now on and writes the first ProposalHeader bytes. done runs exactly once:
+// until done runs and writes the first ProposalHeader bytes — then the caller
+// may reuse it: raft copies a proposal into its log (TestProposalBufferReused
+// guards this). done runs exactly once:
 // with the StateMachine.Apply result on this node when the entry applied, or with
 // a *NotLeaderError when this node is not the leader, loses leadership before the
 // entry applied, or raft dropped the proposal; with ErrConfig at once if data is

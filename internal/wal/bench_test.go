@@ -19,7 +19,7 @@ import (
 //
 //	go test ./internal/wal -run '^$' -bench . -benchmem
 func BenchmarkSave(b *testing.B) {
-	for _, size := range []int{4 << 10, 64 << 10} {
+	for _, size := range []int{4 << 10, 64 << 10, 256 << 10} {
 		for _, savers := range []int{1, 8, 32} {
 			b.Run(fmt.Sprintf("size=%dKiB/savers=%d", size>>10, savers), func(b *testing.B) {
 				benchSave(b, size, savers)

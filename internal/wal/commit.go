@@ -132,8 +132,8 @@ func (w *WAL) encodeUpdates(updates []Update) func(b *batch) error {
 			// Entries go into records of at most entriesRecordMax bytes.
 			for ents := u.Entries; len(ents) > 0; {
 				n, size := 0, entriesHeadSize
-				for n < len(ents) && (n == 0 || size+entryHeadSize+len(ents[n].Data) <= entriesRecordMax) {
-					size += entryHeadSize + len(ents[n].Data)
+				for n < len(ents) && (n == 0 || size+entryHeadSize+maxEntryPad+len(ents[n].Data) <= entriesRecordMax) {
+					size += entryHeadSize + maxEntryPad + len(ents[n].Data)
 					n++
 				}
 				b.ops = append(b.ops, op{kind: recEntries, group: u.Group, start: len(b.buf), ents: ents[:n]})
@@ -186,7 +186,7 @@ func (w *WAL) validateLocked(u *Update) error {
 		return fmt.Errorf("%w: group %d: first %d, last %d", ErrGap, u.Group, first, last)
 	}
 	for _, e := range u.Entries {
-		if len(e.Data) > entriesRecordMax-entriesHeadSize-entryHeadSize {
+		if len(e.Data) > entriesRecordMax-entriesHeadSize-entryHeadSize-maxEntryPad {
 			return fmt.Errorf("%w: group %d: entry %d has %d bytes", ErrTooLarge, u.Group, e.GetIndex(), len(e.Data))
 		}
 	}
@@ -284,7 +284,11 @@ func (w *WAL) commit(b *batch) error {
 	active := w.segs[len(w.segs)-1]
 	off := w.writeOff
 	w.mu.Unlock()
-	if off+int64(len(b.buf)) > w.cfg.SegmentSize && off > segHeaderSize {
+	need := int64(len(b.buf))
+	if len(b.refs) > 0 {
+		need += dioAlign + minPadRecord // a pad record may go first
+	}
+	if off+need > w.cfg.SegmentSize && off > segHeaderSize {
 		if w.unsynced {
 			// A segment is complete and durable before the next one exists:
 			// recovery reads a torn tail only in the last segment.
@@ -294,13 +298,24 @@ func (w *WAL) commit(b *batch) error {
 			w.unsynced = false
 		}
 		var err error
-		if active, off, err = w.rollover(active, int64(len(b.buf))); err != nil {
+		if active, off, err = w.rollover(active, need); err != nil {
 			return err
 		}
 	}
+	// A batch with entry data to write from the entries starts on a dioAlign
+	// boundary, as appendEntries' padding assumed: a pad record goes first.
+	pre := w.preBuf[:0]
+	if len(b.refs) > 0 {
+		if n := padBefore(off); n > 0 {
+			pre = appendPad(pre, n)
+			sealRecords(pre, active.seq)
+		}
+	}
+	w.preBuf = pre
 	sealRecords(b.buf, active.seq)
+	size := int64(len(pre) + len(b.buf))
 	wstart := time.Now()
-	if err := w.writePages(active, off, b.buf, b.refs); err != nil {
+	if err := w.writePages(active, off, pre, b.buf, b.refs); err != nil {
 		return err
 	}
 	wdone := time.Now()
@@ -310,14 +325,14 @@ func (w *WAL) commit(b *batch) error {
 	if !b.sync {
 		// Only NoSync updates (commit-index HardStates): written, not synced.
 		if w.cfg.OnCommit != nil {
-			w.cfg.OnCommit(wdone.Sub(wstart), 0, len(b.buf))
+			w.cfg.OnCommit(wdone.Sub(wstart), 0, int(size))
 		}
 		w.unsynced = true
 		w.mu.Lock()
-		w.writeOff = off + int64(len(b.buf))
+		w.writeOff = off + size
 		w.stats.UnsyncedWrites++
 		w.stats.Saves += uint64(b.saves)
-		w.stats.Bytes += uint64(len(b.buf))
+		w.stats.Bytes += uint64(size)
 		w.mu.Unlock()
 		return nil
 	}
@@ -339,13 +354,13 @@ func (w *WAL) commit(b *batch) error {
 		w.knobs.AfterSync()
 	}
 	if w.cfg.OnCommit != nil {
-		w.cfg.OnCommit(wdone.Sub(wstart), lat, len(b.buf))
+		w.cfg.OnCommit(wdone.Sub(wstart), lat, int(size))
 	}
 	w.mu.Lock()
-	w.writeOff = off + int64(len(b.buf))
+	w.writeOff = off + size
 	w.stats.Syncs++
 	w.stats.Saves += uint64(b.saves)
-	w.stats.Bytes += uint64(len(b.buf))
+	w.stats.Bytes += uint64(size)
 	w.stats.SyncTime += lat
 	w.stats.MaxSyncTime = max(w.stats.MaxSyncTime, lat)
 	w.stats.MaxBatchSaves = max(w.stats.MaxBatchSaves, b.saves)
@@ -353,47 +368,51 @@ func (w *WAL) commit(b *batch) error {
 	return nil
 }
 
-// writePages writes buf (its gaps filled from refs) at off in s as whole
-// pages: it writes the start of off's page again (the same bytes, so a torn
-// write cannot damage them) and pads the end with zeros. A write of whole
+// writePages writes pre and buf (its gaps filled from refs) at off in s as
+// whole pages: it writes the start of off's page again (the same bytes, so a
+// torn write cannot damage them) and pads the end with zeros. A write of whole
 // pages never makes the kernel read a page in first, which every append into
 // an uncached page would cost (the pages of a preallocated or recycled segment
 // are not in the page cache).
-func (w *WAL) writePages(s *segment, off int64, buf []byte, refs []dataRef) error {
+func (w *WAL) writePages(s *segment, off int64, pre, buf []byte, refs []dataRef) error {
 	head := w.tailPage
 	if int64(len(head)) != off-roundDown(off) {
 		panic(fmt.Sprintf("wal: tail page holds %d bytes at offset %d", len(head), off))
 	}
-	end := off + int64(len(buf))
+	end := off + int64(len(pre)+len(buf))
 	tn := int(end - roundDown(end))
 	if tn <= len(buf) {
 		fillRefs(buf, refs, len(buf)-tn) // the next write's head comes from buf
 	}
-	iov := append(w.iov[:0], head)
-	if len(refs) < maxIOV/2-2 {
-		iov = batchIOV(iov, buf, refs)
-	} else {
-		fillRefs(buf, refs, 0)
-		iov = append(iov, buf)
-	}
-	iov = append(iov, zeroPage[:roundUp(end)-end])
-	w.iov = iov
-	defer clear(iov) // keep no references to the entries
+	zeros := zeroPage[:roundUp(end)-end]
 	written := false
 	var err error
 	if len(buf) >= directMinBytes {
-		written, err = w.direct.write(s, off-int64(len(head)), iov)
+		written, err = w.direct.write(s, off-int64(len(head)), pageWrite{head: head, pre: pre, buf: buf, refs: refs, zeros: len(zeros)})
 	}
-	if !written {
+	if !written && err == nil {
+		iov := append(w.iov[:0], head, pre)
+		if len(refs) < maxIOV/2-2 {
+			iov = batchIOV(iov, buf, refs)
+		} else {
+			fillRefs(buf, refs, 0)
+			iov = append(iov, buf)
+		}
+		iov = append(iov, zeros)
+		w.iov = iov
 		err = pwritevFull(int(s.f.Fd()), iov, off-int64(len(head)))
+		clear(iov) // keep no references to the entries
 	}
 	if err != nil {
 		return err
 	}
-	if tn <= len(buf) {
+	switch {
+	case tn <= len(buf):
 		w.tailPage = append(head[:0], buf[len(buf)-tn:]...)
-	} else {
-		w.tailPage = append(head, buf...)
+	case tn <= len(pre)+len(buf):
+		w.tailPage = append(append(head[:0], pre[len(pre)+len(buf)-tn:]...), buf...)
+	default:
+		w.tailPage = append(append(head, pre...), buf...)
 	}
 	return nil
 }
@@ -435,15 +454,18 @@ func (w *WAL) applyLocked(b *batch) {
 			g := w.groupLocked(o.group)
 			first := o.ents[0].GetIndex()
 			skip := g.prepareAppend(first)
-			off := base + int64(o.start) + recHeaderSize + entriesHeadSize
+			at := o.start + recHeaderSize + entriesHeadSize // in b.buf
 			for j, e := range o.ents {
-				off += entryHeadSize
+				at += entryHeadSize
+				if b.buf[at-5]&entryPadded != 0 { // the type byte, before the data length
+					at += padCountSize + int(le.Uint16(b.buf[at:]))
+				}
 				if uint64(j) >= skip {
-					loc := entryLoc{term: e.GetTerm(), seg: s.seq, off: off, size: uint32(len(e.Data)),
+					loc := entryLoc{term: e.GetTerm(), seg: s.seq, off: base + int64(at), size: uint32(len(e.Data)),
 						typ: e.GetType(), hasData: e.Data != nil}
 					g.appendLoc(loc, e, cache)
 				}
-				off += int64(len(e.Data))
+				at += len(e.Data)
 			}
 			if last := first + uint64(len(o.ents)) - 1; last > s.maxIdx[o.group] {
 				s.maxIdx[o.group] = last

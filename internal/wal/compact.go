@@ -117,8 +117,11 @@ func (w *WAL) detachSegmentsLocked() []*segment {
 	return doomed
 }
 
-// maxRecycled bounds the removed segment files kept for reuse.
-const maxRecycled = 4
+// maxRecycled bounds the removed segment files kept for reuse. Under
+// sequential writes a compaction removes up to about as many segments as a
+// chunkserver keeps before it forces one (8 by default); a file deleted then
+// is a file zero-filled again later.
+const maxRecycled = 8
 
 // deleteSegments unlinks detached segments, oldest first, then syncs the
 // directory. It runs without w.mu: a reader that still holds a location in

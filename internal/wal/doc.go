@@ -43,10 +43,17 @@
 // before the end of the log (the same bytes) and pads the rest of its last
 // page with zeros; a partial write into an uncached page would make the kernel
 // read it from disk first. Batches of 64 KiB and more are written with O_DIRECT
-// too (from a page-aligned copy): through the page cache their pages cost an
-// allocation, a copy and the writeback in fdatasync; the kernel writes back and
-// drops cached pages a direct write covers, so the two kinds of write mix.
-// The files of the last four removed segments are kept as
+// too: through the page cache their pages cost an allocation, a copy and the
+// writeback in fdatasync; the kernel writes back and drops cached pages a
+// direct write covers, so the two kinds of write mix. A direct write gathers
+// the batch's records in a page-aligned buffer, except the data of large
+// entries (16 KiB and more), which goes to the disk from the entries
+// themselves: O_DIRECT wants every piece of a write to start and end on a
+// 512-byte boundary (the disk's logical block size), so such an entry is
+// padded until its data's place in the file agrees with its address in memory
+// modulo 512, its batch starts on a 512-byte boundary (after a pad record if
+// need be), and only the first and last few hundred bytes of its data are
+// copied (direct.go). The files of the last eight removed segments are kept as
 // "<name>.recycle.tmp" and reused for new segments instead of zero-filling
 // fresh ones (which doubled the WAL's disk writes under sequential writes);
 // the records of their old segment stay in them and read as the end of the
@@ -57,7 +64,7 @@
 // All integers are little-endian.
 //
 //	segment  = header record* rest
-//	header   = "BWAL" | version u32 (=2) | seq u64            (16 bytes)
+//	header   = "BWAL" | version u32 (=3) | seq u64            (16 bytes)
 //	record   = length u32 | crc u32 | tag u32 | payload[length]
 //	tag      = low 32 bits of seq, with bit 31 set
 //	crc      = CRC-32C (Castagnoli) over the payload, then the 4 length
@@ -67,13 +74,17 @@
 // The records end at the first length of 0 or tag other than the segment's:
 // the rest is zero-fill, or records of the segment a recycled file held
 // before (fewer than 12 bytes left at the end of a full segment end it too).
-// Version 1 (no tag, an 8-byte record header) is refused with an error
-// naming the version. Record types and bodies:
+// Version 2 is version 3 without padded entries and pad records, and is read
+// as well; version 1 (no tag, an 8-byte record header) is refused with an
+// error naming the version. Record types and bodies:
 //
 //	1 entries      group u64 | first index u64 | count u32 |
-//	               count × (term u64 | etype u8 | dlen u32 | data[dlen])
-//	               etype: raftpb.EntryType in bits 0-6; bit 7 (0x80) set
-//	               when Data was non-nil (so empty and nil Data differ).
+//	               count × (term u64 | etype u8 | dlen u32 |
+//	                        [pad u16 | pad × 0] | data[dlen])
+//	               etype: raftpb.EntryType in bits 0-5; bit 7 (0x80) set
+//	               when Data was non-nil (so empty and nil Data differ);
+//	               bit 6 (0x40) set when the pad count and padding precede
+//	               the data (pad < 512: aligns the data for a direct write).
 //	               Indexes are first, first+1, ...; an index <= the group's
 //	               last replaces the log from there (Raft truncation). An
 //	               Update's entries are split over several records so that
@@ -90,6 +101,8 @@
 //	               index is not older) and entries <= compact index are
 //	               dropped (CreateSnapshot, and checkpoints).
 //	4 group removed  group u64: forget the group and all its state.
+//	5 pad          zero bytes: nothing (moves the next record to a 512-byte
+//	               boundary of the file; at least 13 bytes in all).
 //
 // testdata/segment.golden freezes this format (TestGoldenSegment).
 //
@@ -177,7 +190,8 @@
 // queued for it (group.queuedLast), not only the durable one. Entry data of
 // 16 KiB or more is not copied into the batch: the record leaves a gap there
 // and the write takes the data from the entry itself (the entries are
-// immutable, and the batch holds them until written). Storage methods take
+// immutable, and the batch holds them until written; a direct write then
+// hands most of it to the kernel in place, see Files). Storage methods take
 // WAL.mu briefly and read the disk without it.
 // WAL.mu is a leaf lock; nothing else is held while taking it.
 //

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	pb "go.etcd.io/raft/v3/raftpb"
+	"golang.org/x/sys/unix"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/segment.golden from the current encoder")
@@ -30,6 +31,21 @@ func TestGoldenSegment(t *testing.T) {
 	if err := w.CreateSnapshot(0x0000000100000002, snap, 1); err != nil {
 		t.Fatal(err)
 	}
+	// An entry written from where it lies (refMinBytes lowered for the test):
+	// padded to agree with its address modulo dioAlign, after a pad record
+	// that starts its batch on a dioAlign boundary.
+	defer func(n int) { refMinBytes = n }(refMinBytes)
+	refMinBytes = 64
+	mem, err := unix.Mmap(-1, 0, pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	big := mem[37 : 37+100]
+	copy(big, bytes.Repeat([]byte("by reference "), 8))
+	mustSave(t, w, Update{Group: 0x0000000100000002, Entries: []*pb.Entry{
+		{Term: new(uint64(2)), Index: new(uint64(4)), Type: new(pb.EntryType_EntryNormal), Data: big},
+	}})
 	recv := &pb.Snapshot{Data: []byte("r"), Metadata: &pb.SnapshotMetadata{
 		Index: new(uint64(10)), Term: new(uint64(3)), ConfState: &pb.ConfState{Voters: []uint64{5}, AutoLeave: new(true)}}}
 	mustSave(t, w, Update{Group: 7, Snapshot: recv})

@@ -105,10 +105,10 @@ func (w *WAL) replaySegment(s *segment, last bool) (int64, error) {
 	if len(b) < segHeaderSize || string(b[:4]) != segMagic || le.Uint64(b[8:]) != s.seq {
 		return 0, fmt.Errorf("%w: %s: bad segment header", ErrCorrupt, s.path)
 	}
-	if v := le.Uint32(b[4:]); v != segVersion {
-		return 0, fmt.Errorf("%w: %s: segment format version %d, this build reads version %d only "+
+	if v := le.Uint32(b[4:]); v < minSegVersion || v > segVersion {
+		return 0, fmt.Errorf("%w: %s: segment format version %d, this build reads versions %d to %d "+
 			"(written by another basalt release: start that release, or move the data directory aside)",
-			ErrCorrupt, s.path, v, segVersion)
+			ErrCorrupt, s.path, v, minSegVersion, segVersion)
 	}
 	tag := segTag(s.seq)
 	off := segHeaderSize
@@ -187,6 +187,9 @@ func (w *WAL) replayRecord(s *segment, b []byte, off, n int) error {
 		skip := g.prepareAppend(first)
 		for i := uint64(0); i < uint64(count); i++ {
 			term, et, size := d.u64(), d.u8(), d.u32()
+			if et&entryPadded != 0 {
+				d.bytes(int(d.u16()))
+			}
 			dataOff := off + recHeaderSize + d.off
 			d.bytes(int(size))
 			if d.err != nil {
@@ -196,7 +199,7 @@ func (w *WAL) replayRecord(s *segment, b []byte, off, n int) error {
 				continue
 			}
 			loc := entryLoc{term: term, seg: s.seq, off: int64(dataOff), size: size,
-				typ: pb.EntryType(et &^ entryHasData), hasData: et&entryHasData != 0}
+				typ: pb.EntryType(et &^ (entryHasData | entryPadded)), hasData: et&entryHasData != 0}
 			g.appendLoc(loc, nil, 0)
 		}
 		if last := first + uint64(count) - 1; last > s.maxIdx[id] {
@@ -222,6 +225,8 @@ func (w *WAL) replayRecord(s *segment, b []byte, off, n int) error {
 			return d.err
 		}
 		w.dropGroupLocked(id)
+	case recPad:
+		d.off = len(d.b)
 	default:
 		return fmt.Errorf("%w: unknown record type %d", ErrCorrupt, typ)
 	}

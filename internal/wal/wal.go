@@ -128,6 +128,7 @@ type WAL struct {
 	tailPage []byte
 	direct   *directWriter // large batches (the committer's alone)
 	iov      [][]byte      // writePages' scratch (the committer's alone)
+	preBuf   []byte        // a batch's pad record (the committer's alone)
 	pending  *batch
 	spare    *batch
 	stats    Stats

@@ -1179,36 +1179,3 @@ func TestPreallocateWithoutODirect(t *testing.T) {
 		f.Close()
 	}
 }
-
-// TestEntriesByReference: a record whose large entries are left as gaps and
-// referenced (refMinBytes and more) has the same length and CRC as the copied
-// one, and its pieces with the data in place are the same bytes.
-func TestEntriesByReference(t *testing.T) {
-	rng := rand.New(rand.NewSource(3))
-	var ents []*pb.Entry
-	for i := range 12 {
-		size := rng.Intn(3000)
-		if i%3 == 1 {
-			size = refMinBytes + rng.Intn(50<<10)
-		}
-		ents = append(ents, mkEnts(uint64(i+1), 1, 1, size, int64(i))...)
-	}
-	want := appendEntries([]byte("prefix"), 7, ents, nil)
-	var refs []dataRef
-	stale := bytes.Repeat([]byte{0xee}, 1<<20) // gaps keep what the buffer held
-	got := appendEntries(append(stale[:0], "prefix"...), 7, ents, &refs)
-	if len(refs) != 4 || len(got) != len(want) {
-		t.Fatalf("%d refs, %d bytes; want 4 refs and %d bytes", len(refs), len(got), len(want))
-	}
-	if !bytes.Equal(bytes.Join(batchIOV(nil, got, refs), nil), want) {
-		t.Fatal("pieces with the referenced data differ from the copied record")
-	}
-	fillRefs(got, refs, len(got)-5000)
-	if !bytes.Equal(got[len(got)-5000:], want[len(want)-5000:]) {
-		t.Fatal("fillRefs did not fill the end of the buffer")
-	}
-	fillRefs(got, refs, 0)
-	if !bytes.Equal(got, want) {
-		t.Fatal("fillRefs(0) did not fill every gap")
-	}
-}
