@@ -198,7 +198,9 @@
 // good (it never applies past the failed entry, never advances), GroupStatus.Healthy
 // turns false with the cause in GroupStatus.Err, it is logged with the group id, and
 // every pending and later callback gets that error. A failed log append stops the
-// groups of its round the same way. The error wraps ErrDiskFull when the cause is a
+// groups of its round the same way, and so does a failed snapshot (Persist or
+// LogStore.CreateSnapshot), which is never retried: a second fsync can succeed
+// after the kernel dropped the pages the first could not write. The error wraps ErrDiskFull when the cause is a
 // full disk (ENOSPC, EDQUOT), ErrIO otherwise (DiskFailure, the one place that tells
 // them apart). Other groups go on.
 //
