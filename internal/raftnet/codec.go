@@ -181,6 +181,11 @@ func decodeBatch(b []byte, alias bool) ([]raftstore.Message, error) {
 		if len(msg.Entries) != 0 {
 			return nil, fmt.Errorf("%w: entries inside the message", ErrBadBatch)
 		}
+		if len(msg.ProtoReflect().GetUnknown()) != 0 {
+			// A field this raft does not know (another version's, or entries
+			// with a wrong wire type): withoutEntries would drop it.
+			return nil, fmt.Errorf("%w: message has fields unknown to this version", ErrBadBatch)
+		}
 		b = b[msgLen:]
 		table := b[:count*entryHeader]
 		b = b[count*entryHeader:]
@@ -227,6 +232,10 @@ func decodeEntries(table []byte, count int, b []byte, alias bool) ([]*raftpb.Ent
 		e := &ents[i]
 		flags := t[0]
 		if flags&entryHasType != 0 {
+			if _, known := raftpb.EntryType_name[int32(t[1])]; !known {
+				// Raft would store it and apply nothing; the WAL keeps only 7 bits.
+				return nil, nil, fmt.Errorf("%w: entry type %d", ErrBadBatch, t[1])
+			}
 			types[i] = raftpb.EntryType(t[1])
 			e.Type = &types[i]
 		} else if t[1] != 0 {
