@@ -1,6 +1,6 @@
 // Package chunkserver is the chunkserver process: one data directory (one
 // disk), the copysets the MDS assigns to it, and the data plane that serves
-// their IO (DESIGN §3–§6, §8).
+// their IO (docs/design.md §3–§6, §8).
 //
 // # Pieces
 //
@@ -59,7 +59,7 @@
 //	 2  uint16  reserved, 0
 //	 4  uint32  length: bytes of the IO (0 for fence)
 //	 8  uint64  volume id
-//	16  uint64  epoch of the writer (DESIGN §6)
+//	16  uint64  epoch of the writer (docs/design.md §6)
 //	24  uint64  offset: byte offset in the volume
 //	32  ...     data: exactly length bytes for write, nothing otherwise
 //
@@ -185,7 +185,7 @@
 // # Local fast path (local.go)
 //
 // A front end may run inside the chunkserver process (basalt chunkserver
-// --nbd-listen/--nbd-socket, DESIGN §7): its volumes' clients get the
+// --nbd-listen/--nbd-socket, docs/design.md §7): its volumes' clients get the
 // ChunkServer as client.Config.Local. ChunkServer.LocalID is this chunkserver's
 // id; ChunkServer.Go takes an attempt the client would have sent here over a
 // socket and hands it to the same handler (serveIO: same validation, same
