@@ -103,7 +103,10 @@
 //	  refresh of the volume cache) or deleted    NO_SUCH_VOLUME
 //	Offset+Length > volume size, or the IO
 //	  crosses a chunk boundary                   OUT_OF_RANGE
-//	Length > 64 MiB (api.MaxPayload)             BAD_REQUEST
+//	Length > 64 MiB (api.MaxPayload), or a
+//	  write whose raft entry (data + 40 bytes)
+//	  exceeds raftnet.MaxEntryData (64 MiB
+//	  less 4 KiB)                                BAD_REQUEST
 //	Copyset != api.CopysetOf(...)                BAD_REQUEST
 //	copyset not hosted here                      NO_SUCH_COPYSET
 //	write/trim/zeroes with Epoch 0               READ_ONLY

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/basalt-storage/basalt/internal/raftstore"
+	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // ErrBadBatch: an OpRaft payload (or a snapshot begin frame) is malformed.
@@ -32,6 +33,13 @@ const (
 	entryHasData  = 1 << 3
 	entryFlags    = entryHasTerm | entryHasIndex | entryHasType | entryHasData
 )
+
+// MaxEntryData is the most data one raft entry may carry: a MsgApp holding
+// a larger one (alone: raft and Send never batch past it) would not fit in a
+// frame, api.MaxPayload, and the follower's transport.Server would close the
+// connection on it at every retry. 4 KiB covers the record header, the
+// message and the entry header. The data plane refuses writes beyond it.
+const MaxEntryData = api.MaxPayload - 4<<10
 
 // inlineData: entry data shorter than this is copied into the frame's small
 // part; longer data travels as a piece of its own (never copied).

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -482,6 +483,40 @@ func TestReceivedEntriesKeepTheirData(t *testing.T) {
 	}
 }
 
+// A MsgApp with an entry of MaxEntryData bytes, every field at its largest,
+// fits in a frame and arrives.
+func TestLargestEntryArrives(t *testing.T) {
+	host := &funcHost{}
+	recv := New(Config{Self: 2, Logger: testLogger(t), SnapshotRate: -1}).Receiver(host)
+	defer recv.Close()
+	addr := serveSink(t, recv)
+	pt := New(Config{Self: 1, Logger: testLogger(t), SnapshotRate: -1})
+	defer pt.Close()
+	pt.SetPeers(map[uint64]string{2: addr})
+	big := uint64(math.MaxUint64)
+	cc := raftpb.EntryConfChangeV2
+	m := testMsg(raftpb.MsgApp, big, 2, big, "")
+	m.Term, m.LogTerm, m.Commit = &big, &big, &big
+	m.Entries = []*raftpb.Entry{{Term: &big, Index: &big, Type: &cc, Data: make([]byte, MaxEntryData)}}
+	if r := newRecord(raftstore.Message{Group: big, Msg: m}); r.size > api.MaxPayload {
+		t.Fatalf("record of %d bytes, more than a frame's %d", r.size, api.MaxPayload)
+	}
+	pt.Send([]raftstore.Message{{Group: big, Msg: m}})
+	var n int
+	for deadline := time.Now().Add(20 * time.Second); n == 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+		host.mu.Lock()
+		n = len(host.stepped)
+		if n > 0 && len(host.stepped[0].Msg.GetEntries()[0].GetData()) != MaxEntryData {
+			t.Errorf("entry of %d bytes arrived", len(host.stepped[0].Msg.GetEntries()[0].GetData()))
+		}
+		host.mu.Unlock()
+	}
+	if n != 1 {
+		t.Fatal("the largest entry did not arrive")
+	}
+}
+
 // funcHost is a Host whose ReceiveSnapshot is receive; Step records.
 type funcHost struct {
 	receive func(m raftstore.Message, r io.Reader) error
@@ -634,5 +669,31 @@ func TestSnapshotReceiverBadFrames(t *testing.T) {
 	defer mu.Unlock()
 	if calls != 2 {
 		t.Fatalf("%d receives started, want 2", calls)
+	}
+}
+
+// A closed Receiver starts no snapshot transfer: Close waits for the receive
+// goroutines, and one started later would outlive it (and the raft host).
+func TestSnapshotReceiverClosed(t *testing.T) {
+	recv := newReceiver(t, func(m raftstore.Message, r io.Reader) error {
+		_, err := io.Copy(io.Discard, r)
+		return err
+	})
+	addr := serveSink(t, recv)
+	c, err := transport.Dial(context.Background(), addr, transport.ConnConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	recv.Close()
+	snapType := raftpb.MsgSnap
+	begin, _ := appendRecord(nil, raftstore.Message{Group: 5,
+		Msg: &raftpb.Message{Type: &snapType, To: proto.Uint64(2), Snapshot: &raftpb.Snapshot{}}})
+	call := &transport.Call{Header: api.Header{Op: api.OpSnapshot, Volume: 1, Length: snapBegin}, Payload: begin}
+	if err := c.Do(context.Background(), call); err != nil {
+		t.Fatal(err)
+	}
+	if call.Reply.Status != api.StatusIOError {
+		t.Fatalf("snapshot begin after Close: %v, want IO_ERROR", call.Reply.Status)
 	}
 }
