@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -94,7 +95,7 @@ func (f *fixture) epoch(name string) uint64 {
 
 func TestVolumesOnACluster(t *testing.T) {
 	c := testcluster.Start(t, testcluster.Options{})
-	for _, name := range []string{"quiet", "fenced", "grow", "ro", "deleted", "closed", "away"} {
+	for _, name := range []string{"quiet", "fenced", "grow", "ro", "deleted", "closed", "away", "race"} {
 		c.CreateVolume(name, 64<<20)
 		waitServed(t, c, name)
 	}
@@ -139,6 +140,47 @@ func TestVolumesOnACluster(t *testing.T) {
 		}
 		if !strings.Contains(f.logs.String(), "took the writer role") {
 			t.Errorf("no log line says the export took the writer role:\n%s", f.logs)
+		}
+	})
+
+	// Writes and flushes from several attachments race to be the export's first
+	// mutation: the role is taken once, nothing is sent before it is, and every
+	// write lands.
+	t.Run("concurrent first writes take the writer role once", func(t *testing.T) {
+		f := newFixture(t, c, false)
+		before := f.epoch("race")
+		as := []*frontend.Attachment{f.attach("race"), f.attach("race"), f.attach("race")}
+		var wg sync.WaitGroup
+		errs := make(chan error, 64)
+		for i := range 64 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				op, buf := api.OpWrite, []byte(fmt.Sprintf("w%03d", i))
+				if i%8 == 0 {
+					op, buf = api.OpFlush, nil
+				}
+				if err := do(as[i%3], op, buf, int64(i)*4096); err != nil {
+					errs <- fmt.Errorf("%v #%d: %w", op, i, err)
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		if e := f.epoch("race"); e != before+1 {
+			t.Fatalf("writer epoch %d after concurrent first writes, want %d (one claim)", e, before+1)
+		}
+		for i := range 64 {
+			if i%8 == 0 {
+				continue
+			}
+			buf := make([]byte, 4)
+			if err := do(as[(i+1)%3], api.OpRead, buf, int64(i)*4096); err != nil || string(buf) != fmt.Sprintf("w%03d", i) {
+				t.Fatalf("read of write #%d: %q, %v", i, buf, err)
+			}
 		}
 	})
 
