@@ -110,7 +110,7 @@ func chunkserverCommand() *cobra.Command {
 			if nbdListen == "" && nbdSocket == "" {
 				return cs.Run(ctx)
 			}
-			// A front end in this process (DESIGN §7): IO to copysets this
+			// A front end in this process (docs/design.md §7): IO to copysets this
 			// chunkserver leads takes the local fast path. It stops before the
 			// chunkserver, so the IO it has in flight can finish.
 			host, _ := os.Hostname()

@@ -153,7 +153,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if t == TargetBasaltR1 && r.r1Local != "" {
 			r.rep.Notes = append(r.rep.Notes, "`basalt-r1` is a 1-replica volume (pool `local`, one copyset, so the whole volume "+
 				"is on one chunkserver) served by the NBD front end inside that chunkserver ("+r.r1Local+"): the local fast path "+
-				"(DESIGN §7, §9), no socket between the front end and the copyset; its writes still go through raft and the WAL's fdatasync.")
+				"(docs/design.md §7, §9), no socket between the front end and the copyset; its writes still go through raft and the WAL's fdatasync.")
 		} else if t == TargetBasaltR1 {
 			r.rep.Notes = append(r.rep.Notes, "`basalt-r1` is a 1-replica volume (pool `local`) served by the same playground NBD front end over "+
 				"its Unix socket as `basalt-r3`: the playground's chunkservers serve no NBD in process, so every IO "+

@@ -1,6 +1,6 @@
 // Package bench runs basalt's fio benchmark matrix: the same fio jobs, in one run,
 // against the raw disk, against nbdkit's file plugin and against basalt volumes, and
-// prints one markdown table that puts them side by side (issue 4, DESIGN §12).
+// prints one markdown table that puts them side by side (issue 4, docs/design.md §12).
 //
 // # Targets
 //
@@ -19,7 +19,7 @@
 //     playground's chunkservers serve NBD in process (playground.json records an
 //     nbd_socket per chunkserver), the pool gets one copyset, so the whole volume
 //     sits on one chunkserver, and fio uses that chunkserver's socket: the local
-//     fast path (DESIGN §7, §9). Otherwise the row goes through the playground's NBD
+//     fast path (docs/design.md §7, §9). Otherwise the row goes through the playground's NBD
 //     socket like basalt-r3 and pays the hop from the front end to the chunkserver;
 //     the report's notes say which it was.
 //

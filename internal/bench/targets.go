@@ -374,7 +374,7 @@ func (r *runner) openBasaltR3(ctx context.Context, name string) (*target, error)
 
 // openBasaltR1 creates the 1-replica pool and volume through the MDS API. When
 // the playground's chunkservers serve NBD in process, the pool gets one copyset, so
-// the whole volume lives on one chunkserver (as DESIGN §9 places a local pool's
+// the whole volume lives on one chunkserver (as docs/design.md §9 places a local pool's
 // volume), and the volume is served by that chunkserver's own front end: the
 // local fast path (client.Config.Local), no socket between front end and copyset.
 func (r *runner) openBasaltR1(ctx context.Context, name string) (*target, error) {

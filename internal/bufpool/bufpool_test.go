@@ -58,3 +58,22 @@ func BenchmarkGetPut(b *testing.B) {
 		})
 	}
 }
+
+// Under the race detector a buffer put back is poisoned: a use after Put
+// sees Poison, whether or not the pool hands the buffer out again.
+func TestPutPoisonsUnderRace(t *testing.T) {
+	if !raceEnabled {
+		t.Skip("Put poisons only under the race detector (go test -race)")
+	}
+	p := Get(5000)
+	kept := (*p)[:cap(*p)]
+	for i := range kept {
+		kept[i] = 1
+	}
+	Put(p)
+	for i, c := range kept {
+		if c != Poison {
+			t.Fatalf("byte %d of a buffer put back is %#x, want Poison", i, c)
+		}
+	}
+}

@@ -1,6 +1,6 @@
 // Package chunkserver is the chunkserver process: one data directory (one
 // disk), the copysets the MDS assigns to it, and the data plane that serves
-// their IO (DESIGN §3–§6, §8).
+// their IO (docs/design.md §3–§6, §8).
 //
 // # Pieces
 //
@@ -59,7 +59,7 @@
 //	 2  uint16  reserved, 0
 //	 4  uint32  length: bytes of the IO (0 for fence)
 //	 8  uint64  volume id
-//	16  uint64  epoch of the writer (DESIGN §6)
+//	16  uint64  epoch of the writer (docs/design.md §6)
 //	24  uint64  offset: byte offset in the volume
 //	32  ...     data: exactly length bytes for write, nothing otherwise
 //
@@ -103,7 +103,10 @@
 //	  refresh of the volume cache) or deleted    NO_SUCH_VOLUME
 //	Offset+Length > volume size, or the IO
 //	  crosses a chunk boundary                   OUT_OF_RANGE
-//	Length > 64 MiB (api.MaxPayload)             BAD_REQUEST
+//	Length > 64 MiB (api.MaxPayload), or a
+//	  write whose raft entry (data + 40 bytes)
+//	  exceeds raftnet.MaxEntryData (64 MiB
+//	  less 4 KiB)                                BAD_REQUEST
 //	Copyset != api.CopysetOf(...)                BAD_REQUEST
 //	copyset not hosted here                      NO_SUCH_COPYSET
 //	write/trim/zeroes with Epoch 0               READ_ONLY
@@ -182,7 +185,7 @@
 // # Local fast path (local.go)
 //
 // A front end may run inside the chunkserver process (basalt chunkserver
-// --nbd-listen/--nbd-socket, DESIGN §7): its volumes' clients get the
+// --nbd-listen/--nbd-socket, docs/design.md §7): its volumes' clients get the
 // ChunkServer as client.Config.Local. ChunkServer.LocalID is this chunkserver's
 // id; ChunkServer.Go takes an attempt the client would have sent here over a
 // socket and hands it to the same handler (serveIO: same validation, same

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/bufpool"
+	"github.com/basalt-storage/basalt/internal/raftnet"
+	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -154,6 +156,10 @@ func (hd *handler) validate(h api.Header, payload []byte) (*replica, volumeInfo,
 	if h.Length > api.MaxPayload {
 		// Possible with chunks over 64 MiB: the reply would not fit in one
 		// frame; the client splits such IO.
+		return nil, vi, api.StatusBadRequest
+	}
+	if h.Op == api.OpWrite && raftstore.ProposalHeader+cmdHeaderSize+int(h.Length) > raftnet.MaxEntryData {
+		// Its raft entry would not fit in a peer frame.
 		return nil, vi, api.StatusBadRequest
 	}
 	if h.Copyset != api.CopysetOf(h.Volume, h.Offset/vi.ChunkSize, vi.CopysetCount) {

@@ -320,6 +320,10 @@ func TestHandlerBadInput(t *testing.T) {
 		{"trim with payload", ioHdr(api.OpTrim, 0, 4), []byte("abcd"), api.StatusBadRequest},
 		{"checksum of a bad pool id", badChecksum, nil, api.StatusBadRequest},
 		{"read longer than a frame", api.Header{Op: api.OpRead, Volume: hBigChunks, Length: api.MaxPayload + 1}, nil, api.StatusBadRequest},
+		// Its raft entry would not fit in a peer frame: the followers' servers
+		// would close the connection on every retry.
+		{"write too long for a raft entry", api.Header{Op: api.OpWrite, Volume: hBigChunks, Epoch: hEpoch, Length: api.MaxPayload},
+			make([]byte, api.MaxPayload), api.StatusBadRequest},
 		{"checksum of a copyset not here", noCS, nil, api.StatusNoSuchCopyset},
 	}
 	_ = stale

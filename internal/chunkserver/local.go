@@ -6,7 +6,7 @@ import (
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
-// The local fast path (DESIGN §7): a front end running in this process (basalt
+// The local fast path (docs/design.md §7): a front end running in this process (basalt
 // chunkserver --nbd-listen/--nbd-socket) gives the ChunkServer to its volumes'
 // clients as client.Config.Local. An attempt whose target is this chunkserver then
 // reaches the handler through Go, as a frame from a connection would, but with no

@@ -518,14 +518,8 @@ func (c *ChunkServer) replicaFailed(g uint64, err error) {
 		c.diskErr = err
 	}
 	c.mu.Unlock()
-	// A failure in Persist leaves the raft group running (and, on a leader,
-	// holding its lease) until an entry is applied. Propose a no-op (a fence of
-	// volume 0 at epoch 0, which changes nothing anywhere) so that the group
-	// stops now and the other members elect a leader. A follower stops at the
-	// leader's next entry anyway. Off the calling (raft) goroutine.
-	if h := c.ready.Load(); h != nil {
-		go propose(h, g, command{Op: cmdFence}, func(error) {})
-	}
+	// raftstore stops the group itself: Apply, Persist and InstallSnapshot
+	// return this error to it.
 }
 
 // deleteVolumes removes the chunks of deleted volumes from every copyset.

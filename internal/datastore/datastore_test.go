@@ -345,7 +345,7 @@ func TestSyncConcurrentWithWrites(t *testing.T) {
 	}
 }
 
-// TestRestartReplay is the crash-recovery story of DESIGN §3/§5: writes up
+// TestRestartReplay is the crash-recovery story of docs/design.md §3/§5: writes up
 // to a "snapshot" are synced and meta saved; later writes are lost with the
 // page cache (we never Sync them) and replayed from the log after restart.
 // Replaying is idempotent, so the result equals a store that never crashed.

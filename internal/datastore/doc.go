@@ -1,8 +1,8 @@
 // Package datastore stores the chunk files of a chunkserver disk: one file
 // per chunk, grouped by copyset, with a pool of preallocated files, a dirty
-// set that defers fsync until the Raft log is compacted (DESIGN §3 step 6),
+// set that defers fsync until the Raft log is compacted (docs/design.md §3 step 6),
 // atomic per-copyset metadata, and snapshot streaming for InstallSnapshot
-// (DESIGN §5).
+// (docs/design.md §5).
 //
 // # Write path and durability
 //
@@ -95,7 +95,7 @@
 // covers every byte of the stream before the CRC field. The stream is taken
 // while writes continue; each chunk is copied as it is when read. That is
 // enough because every operation is an idempotent overwrite and the follower
-// replays the log from an index taken before the copy began (DESIGN §5).
+// replays the log from an index taken before the copy began (docs/design.md §5).
 // testdata/snapshot-v1.golden freezes the format.
 //
 // ReceiveSnapshot writes the chunks into staging/, validating every record

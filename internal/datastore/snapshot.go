@@ -46,7 +46,7 @@ func (cw *crcWriter) Write(p []byte) (int, error) {
 
 // WriteSnapshot streams every chunk of the copyset to w in the format of
 // doc.go. Writes may continue meanwhile: each chunk is read as it is at the
-// moment its extents are read (DESIGN §5 explains why that converges).
+// moment its extents are read (docs/design.md §5 explains why that converges).
 // Holes are skipped, so sparse chunks stream small.
 func (c *Copyset) WriteSnapshot(w io.Writer) error {
 	ids, err := c.Chunks()

@@ -26,7 +26,9 @@ type Backend interface {
 	// the device over); Exports then opens a fresh backend for the newcomer.
 	Check(ctx context.Context) error
 	// Close releases the device (its sessions and connections). Exports calls it
-	// once, after the last attachment detached, with no IO in flight.
+	// once: after the last attachment detached, with no IO in flight, or from
+	// Exports.Close, when IO still in flight must complete (it may fail) and
+	// later IO must fail without touching the storage.
 	Close() error
 }
 

@@ -1,4 +1,4 @@
-// Package frontend is the protocol-neutral access layer (DESIGN §7) that every
+// Package frontend is the protocol-neutral access layer (docs/design.md §7) that every
 // protocol server sits on: NBD today (package nbd), iSCSI and NVMe/TCP next. A
 // protocol server is only a parser and a mapper: it turns its requests into
 // Backend calls and this package's error classes into its own codes.
@@ -52,7 +52,7 @@
 // # The writer role
 //
 // Opening never takes the volume's writer role: a backend opens with a
-// read-only session and takes the role (a new epoch, DESIGN §6) on its first
+// read-only session and takes the role (a new epoch, docs/design.md §6) on its first
 // write, trim or write-zeroes. So nbdinfo, a client that only reads, a
 // read-only export, or a standby multipath path attached to another front end
 // never fences the front end a writer uses.

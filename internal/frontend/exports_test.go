@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -355,5 +356,87 @@ func TestCloseClosesHeldBackendsAndRefusesAttach(t *testing.T) {
 	}
 	if _, err := e.Attach(context.Background(), "vol"); !errors.Is(err, ErrClosed) {
 		t.Fatalf("attach after Close: %v, want ErrClosed", err)
+	}
+}
+
+// flakyOpener is a testOpener whose opens take a random while and sometimes fail.
+type flakyOpener struct{ *testOpener }
+
+var errFlakyOpen = errors.New("open failed")
+
+func (f flakyOpener) Open(ctx context.Context, name string) (Backend, error) {
+	time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
+	if rand.IntN(20) == 0 {
+		return nil, errFlakyOpen
+	}
+	return f.testOpener.Open(ctx, name)
+}
+
+// Many attachers at once, with opens that are slow or fail, attachers that give
+// up, backends that get fenced and Close in the middle: no attachment ever gets
+// a closed backend, and every backend opened is closed exactly once.
+func TestAttachDetachStress(t *testing.T) {
+	o := newOpener()
+	e := NewExports(ExportsConfig{Opener: flakyOpener{o}, Logger: slog.New(slog.DiscardHandler)})
+	var closing atomic.Bool
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(g), 13))
+			for range 500 {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(r.IntN(400))*time.Microsecond)
+				a, err := e.Attach(ctx, fmt.Sprint("vol", r.IntN(3)))
+				cancel()
+				switch {
+				case errors.Is(err, context.DeadlineExceeded), errors.Is(err, errFlakyOpen),
+					errors.Is(err, ErrFenced), errors.Is(err, ErrClosed):
+					continue // gave up, failed open, fenced again at once, closed
+				case err != nil:
+					errs <- err
+					return
+				}
+				b := a.Backend().(*testBackend)
+				if b.closes.Load() != 0 && !closing.Load() {
+					errs <- fmt.Errorf("attached to %s#%d, which was closed", b.name, b.gen)
+				}
+				if r.IntN(50) == 0 {
+					fenced := fmt.Errorf("%w: by the stress test", ErrFenced)
+					b.dead.Store(&fenced)
+				}
+				a.Detach()
+			}
+		}()
+	}
+	time.Sleep(100 * time.Millisecond)
+	closing.Store(true)
+	e.Close()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	// Opens abandoned by every attacher finish (and close) on their own goroutine.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		o.mu.Lock()
+		var bad []string
+		for _, b := range o.opened {
+			if n := b.closes.Load(); n != 1 {
+				bad = append(bad, fmt.Sprintf("%s#%d closed %d times", b.name, b.gen, n))
+			}
+		}
+		opened := len(o.opened)
+		o.mu.Unlock()
+		if len(bad) == 0 {
+			t.Logf("%d backends opened, each closed once", opened)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("of %d backends: %v", opened, bad)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

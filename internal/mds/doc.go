@@ -1,4 +1,4 @@
-// Package mds is basalt's metadata service (DESIGN §2, §6, §8): topology
+// Package mds is basalt's metadata service (docs/design.md §2, §6, §8): topology
 // (zones, servers, chunkservers), pools and their copysets, volumes, and
 // writer sessions with fencing epochs, all kept in etcd and served over the
 // gRPC API of pkg/api (mds.proto).
@@ -67,7 +67,7 @@
 // width. A copyset's epoch starts at 0; chunkservers bootstrap its Raft
 // group with those members. Member moves of the scheduler bump it.
 //
-// # Scheduler (DESIGN §8)
+// # Scheduler (docs/design.md §8)
 //
 // Every Config.ScheduleInterval the active MDS runs one scheduler round
 // (scheduler.go). The decisions are pure functions of internal/placement
@@ -115,7 +115,7 @@
 //  2. Copyset balancing, only when every member of every copyset is
 //     serving (nothing to repair, nobody down even within the grace). Per
 //     replicated pool (a pool of one replica is left as placed: it is meant
-//     to be placed by fit, not by count, DESIGN §9, which is not built yet),
+//     to be placed by fit, not by count, docs/design.md §9, which is not built yet),
 //     the most loaded target gives a copyset to the least loaded one that
 //     can take it while their counts differ by two or more
 //     (reason "balance"); copysets with a member too full to be a target
@@ -146,7 +146,7 @@
 // basalt_mds_copyset_moves_in_flight and basalt_mds_leader_transfers_total
 // count them, and ClusterStatus reports moves_in_flight.
 //
-// # Volumes and sessions (DESIGN §6)
+// # Volumes and sessions (docs/design.md §6)
 //
 // A volume is one small record whatever its size; routing is computed
 // (api.CopysetOf). OpenVolume read-write increments the volume's

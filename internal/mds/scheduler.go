@@ -147,7 +147,8 @@ func leaderTransferTimeout(cfg Config) time.Duration {
 //     unhealthy (reason "disk"), then dead members (reason "dead").
 //  4. Balance, only when every member of every copyset is online with a
 //     healthy disk and nothing needs repair: copyset counts per replicated pool (a pool of
-//     one replica is placed by fit, DESIGN §9), then — with no move in
+//     one replica is left as placed: placement by fit, docs/design.md §9, is not
+//     built), then — with no move in
 //     flight or planned — leaders (MaxLeaderTransfers in flight).
 func (s *Server) planRound(t *topology, now time.Time) plan {
 	nodes := s.classifyChunkservers(t, now) // 1
@@ -340,7 +341,7 @@ func (r *round) planRepairs() {
 func (r *round) planBalance() {
 	for _, pool := range sortedPools(r.pools) {
 		if r.pools[pool].Replicas < 2 {
-			continue // a local pool (DESIGN §9) is placed by fit, not count
+			continue // a local pool (docs/design.md §9) is left as placed, not balanced by count
 		}
 		for _, m := range placement.Balance(*r.pools[pool], r.budget) {
 			r.out.start = append(r.out.start, move{pool: pool, copyset: uint32(m.Copyset), from: m.From, to: m.To,

@@ -47,10 +47,10 @@ func (s *countSink) ServeFrame(rw transport.ReplyWriter, h api.Header, payload [
 
 // BenchmarkPeerSend measures what a leader's raftstore worker pays to send one
 // MsgApp of a write to each of two followers (3 replicas) through
-// peerTransport.Send over real transport connections, 8 frames in flight per
+// Transport.Send over real transport connections, 8 frames in flight per
 // follower. The receivers only count frames. Run with:
 //
-//	go test -run XXX -bench PeerSend -benchmem ./internal/chunkserver
+//	go test -run XXX -bench PeerSend -benchmem ./internal/raftnet
 func BenchmarkPeerSend(b *testing.B) {
 	for _, n := range benchSizes {
 		b.Run(sizeName(n), func(b *testing.B) {

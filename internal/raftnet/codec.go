@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/basalt-storage/basalt/internal/raftstore"
+	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // ErrBadBatch: an OpRaft payload (or a snapshot begin frame) is malformed.
@@ -32,6 +33,13 @@ const (
 	entryHasData  = 1 << 3
 	entryFlags    = entryHasTerm | entryHasIndex | entryHasType | entryHasData
 )
+
+// MaxEntryData is the most data one raft entry may carry: a MsgApp holding
+// a larger one (alone: raft and Send never batch past it) would not fit in a
+// frame, api.MaxPayload, and the follower's transport.Server would close the
+// connection on it at every retry. 4 KiB covers the record header, the
+// message and the entry header. The data plane refuses writes beyond it.
+const MaxEntryData = api.MaxPayload - 4<<10
 
 // inlineData: entry data shorter than this is copied into the frame's small
 // part; longer data travels as a piece of its own (never copied).
@@ -181,6 +189,11 @@ func decodeBatch(b []byte, alias bool) ([]raftstore.Message, error) {
 		if len(msg.Entries) != 0 {
 			return nil, fmt.Errorf("%w: entries inside the message", ErrBadBatch)
 		}
+		if len(msg.ProtoReflect().GetUnknown()) != 0 {
+			// A field this raft does not know (another version's, or entries
+			// with a wrong wire type): withoutEntries would drop it.
+			return nil, fmt.Errorf("%w: message has fields unknown to this version", ErrBadBatch)
+		}
 		b = b[msgLen:]
 		table := b[:count*entryHeader]
 		b = b[count*entryHeader:]
@@ -227,6 +240,10 @@ func decodeEntries(table []byte, count int, b []byte, alias bool) ([]*raftpb.Ent
 		e := &ents[i]
 		flags := t[0]
 		if flags&entryHasType != 0 {
+			if _, known := raftpb.EntryType_name[int32(t[1])]; !known {
+				// Raft would store it and apply nothing; the WAL keeps only 7 bits.
+				return nil, nil, fmt.Errorf("%w: entry type %d", ErrBadBatch, t[1])
+			}
 			types[i] = raftpb.EntryType(t[1])
 			e.Type = &types[i]
 		} else if t[1] != 0 {

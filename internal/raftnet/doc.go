@@ -20,12 +20,14 @@
 //	entry   = flags u8 | type u8 | term u64 | index u64 | dlen u32        (22 bytes)
 //	data    = the entries' Data, dlen bytes each, concatenated in entry order
 //
-// message is the marshalled raftpb.Message without its Entries; its count
-// entries are the entry headers that follow and their data. flags tells
+// message is the marshalled raftpb.Message without its Entries, and with no
+// field this version's raftpb lacks (such a record is refused: a raft upgrade
+// that adds a field changes BatchVersion); its count entries are the entry
+// headers that follow and their data. flags tells
 // which optional fields of the raftpb.Entry are set (bit 0 Term, bit 1
 // Index, bit 2 Type, bit 3 Data; other bits 0), so that absent and empty
 // data stay apart (raft's empty entry has none); an unset field is 0 on the
-// wire. testdata/raftbatch.golden freezes the format (TestBatchGolden);
+// wire; type is one of raft's entry types (0-2). testdata/raftbatch.golden freezes the format (TestBatchGolden);
 // FuzzDecodeBatch feeds the decoder garbage.
 //
 // Why the entries are not inside the protobuf message: a 256 KiB write is

@@ -57,8 +57,9 @@ type Receiver struct {
 
 	mu       sync.Mutex
 	sessions map[uint64]*snapSession // by transfer id
+	closed   bool                    // Close was called: no new transfers
 	lastBad  time.Time               // last "bad frame" log line
-	wg       sync.WaitGroup
+	wg       sync.WaitGroup          // receive goroutines; Add under mu, while !closed
 }
 
 type snapSession struct {
@@ -170,9 +171,15 @@ func (s *Receiver) serveSnapshot(rw transport.ReplyWriter, h api.Header, payload
 		ss = &snapSession{id: h.Volume, owner: rw, group: msgs[0].Group, next: 1, pw: pw, res: make(chan error, 1)}
 		ss.timer = time.AfterFunc(snapIdleTimeout, func() { s.abandon(ss) })
 		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			ss.timer.Stop()
+			reply(api.StatusIOError)
+			return
+		}
 		s.sessions[ss.id] = ss
-		s.mu.Unlock()
 		s.wg.Add(1)
+		s.mu.Unlock()
 		go func() {
 			defer s.wg.Done()
 			err := s.host.ReceiveSnapshot(msgs[0], pr)
@@ -235,9 +242,11 @@ func (s *Receiver) abandon(ss *snapSession) {
 	ss.pw.CloseWithError(errSnapshotAbandoned)
 }
 
-// Close abandons every snapshot transfer and waits for the receive goroutines.
+// Close abandons every snapshot transfer and waits for the receive
+// goroutines; a transfer that begins later is refused (IO_ERROR).
 func (s *Receiver) Close() {
 	s.mu.Lock()
+	s.closed = true
 	all := make([]*snapSession, 0, len(s.sessions))
 	for _, ss := range s.sessions {
 		all = append(all, ss)

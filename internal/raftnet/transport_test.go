@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -183,6 +185,9 @@ func TestMessageFields(t *testing.T) {
 func TestBatchGarbage(t *testing.T) {
 	_, good := encodeBatch(t, []raftstore.Message{{Group: 1, Msg: testMsg(raftpb.MsgApp, 1, 2, 7, "cmd")}})
 	withEntries, _ := proto.Marshal(testMsg(raftpb.MsgApp, 1, 2, 7, "cmd"))
+	// Field 7 (entries) as a varint: protobuf keeps it as an unknown field.
+	unknown, _ := proto.Marshal(testMsg(raftpb.MsgHeartbeat, 1, 2, 0, ""))
+	unknown = append(unknown, 0x38, 0x30)
 	corrupt := func(at int, b ...byte) []byte {
 		c := bytes.Clone(good)
 		copy(c[at:], b)
@@ -199,9 +204,13 @@ func TestBatchGarbage(t *testing.T) {
 		"huge data length":  corrupt(table+18, 0xff, 0xff, 0xff, 0xff),
 		"unknown flag":      corrupt(table, 0x80),
 		"data without flag": corrupt(table, entryHasTerm|entryHasIndex),
-		"not a protobuf":    append([]byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 3, 0, 0, 0, 0}, 0xff, 0xff, 0xff),
-		"entries inside":    append([]byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, byte(len(withEntries)), 0, 0, 0, 0}, withEntries...),
-		"trailing record":   append(bytes.Clone(good), 1, 2, 3),
+		// Raft has three entry types; the WAL keeps the type in 7 bits.
+		"unknown entry type": corrupt(table, entryFlags, 3),
+		"entry type 0x80":    corrupt(table, entryFlags, 0x80),
+		"not a protobuf":     append([]byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 3, 0, 0, 0, 0}, 0xff, 0xff, 0xff),
+		"entries inside":     append([]byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, byte(len(withEntries)), 0, 0, 0, 0}, withEntries...),
+		"trailing record":    append(bytes.Clone(good), 1, 2, 3),
+		"unknown field":      append([]byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, byte(len(unknown)), 0, 0, 0, 0}, unknown...),
 	} {
 		if _, err := decodeBatch(b, false); !errors.Is(err, ErrBadBatch) {
 			t.Errorf("%s: %v", name, err)
@@ -393,10 +402,10 @@ func reuseData(i uint64) []byte {
 	return bytes.Repeat([]byte{byte(i), byte(i >> 8)}, 2<<10+int(i%7)*1000)
 }
 
-// Frame buffers are pooled and reused once the transport is done with them:
-// frames sent back to back, through the connection directly and through the
-// sender goroutine, while the receiver stalls now and then (the writer waits
-// mid-frame as Send builds the next ones), all arrive intact and in order.
+// Frames are written from their pieces (the entries' own data) while Send
+// builds the next ones: frames sent back to back, through the connection
+// directly and through the sender goroutine, while the receiver stalls now
+// and then (the writer waits mid-frame), all arrive intact and in order.
 func TestPeerSendBufferReuse(t *testing.T) {
 	sink := &checkSink{}
 	addr := serveSink(t, sink)
@@ -431,6 +440,80 @@ func TestPeerSendBufferReuse(t *testing.T) {
 	}
 	if n := sink.n.Load(); n != total {
 		t.Fatalf("%d of %d messages arrived", n, total)
+	}
+}
+
+// The entries a Receiver steps into its host keep their data for as long as
+// the host keeps them, as raft and the WAL do: a large frame's entries alias
+// a buffer of their own; a small frame's are copied out of the transport's
+// pooled buffer, which later frames reuse (and which bufpool.Put poisons
+// under -race).
+func TestReceivedEntriesKeepTheirData(t *testing.T) {
+	host := &funcHost{}
+	recv := New(Config{Self: 2, Logger: testLogger(t), SnapshotRate: -1}).Receiver(host)
+	defer recv.Close()
+	addr := serveSink(t, recv)
+	pt := New(Config{Self: 1, Logger: testLogger(t), SnapshotRate: -1})
+	defer pt.Close()
+	pt.SetPeers(map[uint64]string{2: addr})
+	// Frames below and above aliasMinFrame, each size many times over.
+	sizes := []int{100, 3 << 10, 40 << 10, aliasMinFrame, 300 << 10}
+	data := func(i uint64) []byte {
+		return bytes.Repeat([]byte{byte(i), byte(i >> 8), 0x5a}, sizes[i%uint64(len(sizes))]/3+1)
+	}
+	const total = 60
+	for i := uint64(0); i < total; i++ {
+		pt.Send([]raftstore.Message{{Group: 7, Msg: testMsg(raftpb.MsgApp, 1, 2, i, string(data(i)))}})
+	}
+	var got []raftstore.Message
+	for deadline := time.Now().Add(20 * time.Second); len(got) < total && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+		host.mu.Lock()
+		got = slices.Clone(host.stepped)
+		host.mu.Unlock()
+	}
+	if len(got) != total {
+		t.Fatalf("%d of %d messages arrived", len(got), total)
+	}
+	for _, m := range got {
+		i := m.Msg.GetIndex()
+		if d := m.Msg.GetEntries()[0].GetData(); !bytes.Equal(d, data(i)) {
+			t.Fatalf("message %d: its %d bytes of entry data changed after the frame was served", i, len(d))
+		}
+	}
+}
+
+// A MsgApp with an entry of MaxEntryData bytes, every field at its largest,
+// fits in a frame and arrives.
+func TestLargestEntryArrives(t *testing.T) {
+	host := &funcHost{}
+	recv := New(Config{Self: 2, Logger: testLogger(t), SnapshotRate: -1}).Receiver(host)
+	defer recv.Close()
+	addr := serveSink(t, recv)
+	pt := New(Config{Self: 1, Logger: testLogger(t), SnapshotRate: -1})
+	defer pt.Close()
+	pt.SetPeers(map[uint64]string{2: addr})
+	big := uint64(math.MaxUint64)
+	cc := raftpb.EntryConfChangeV2
+	m := testMsg(raftpb.MsgApp, big, 2, big, "")
+	m.Term, m.LogTerm, m.Commit = &big, &big, &big
+	m.Entries = []*raftpb.Entry{{Term: &big, Index: &big, Type: &cc, Data: make([]byte, MaxEntryData)}}
+	if r := newRecord(raftstore.Message{Group: big, Msg: m}); r.size > api.MaxPayload {
+		t.Fatalf("record of %d bytes, more than a frame's %d", r.size, api.MaxPayload)
+	}
+	pt.Send([]raftstore.Message{{Group: big, Msg: m}})
+	var n int
+	for deadline := time.Now().Add(20 * time.Second); n == 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+		host.mu.Lock()
+		n = len(host.stepped)
+		if n > 0 && len(host.stepped[0].Msg.GetEntries()[0].GetData()) != MaxEntryData {
+			t.Errorf("entry of %d bytes arrived", len(host.stepped[0].Msg.GetEntries()[0].GetData()))
+		}
+		host.mu.Unlock()
+	}
+	if n != 1 {
+		t.Fatal("the largest entry did not arrive")
 	}
 }
 
@@ -586,5 +669,31 @@ func TestSnapshotReceiverBadFrames(t *testing.T) {
 	defer mu.Unlock()
 	if calls != 2 {
 		t.Fatalf("%d receives started, want 2", calls)
+	}
+}
+
+// A closed Receiver starts no snapshot transfer: Close waits for the receive
+// goroutines, and one started later would outlive it (and the raft host).
+func TestSnapshotReceiverClosed(t *testing.T) {
+	recv := newReceiver(t, func(m raftstore.Message, r io.Reader) error {
+		_, err := io.Copy(io.Discard, r)
+		return err
+	})
+	addr := serveSink(t, recv)
+	c, err := transport.Dial(context.Background(), addr, transport.ConnConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	recv.Close()
+	snapType := raftpb.MsgSnap
+	begin, _ := appendRecord(nil, raftstore.Message{Group: 5,
+		Msg: &raftpb.Message{Type: &snapType, To: proto.Uint64(2), Snapshot: &raftpb.Snapshot{}}})
+	call := &transport.Call{Header: api.Header{Op: api.OpSnapshot, Volume: 1, Length: snapBegin}, Payload: begin}
+	if err := c.Do(context.Background(), call); err != nil {
+		t.Fatal(err)
+	}
+	if call.Reply.Status != api.StatusIOError {
+		t.Fatalf("snapshot begin after Close: %v, want IO_ERROR", call.Reply.Status)
 	}
 }

@@ -50,7 +50,7 @@
 //     durable), then ticks, messages, snapshot reports, transfers, proposals,
 //     reads; then it takes its Ready.
 //  1. Messages to peers go at once. A leader's MsgApp leaves before its own
-//     append is durable (DESIGN §3.4): raft counts the leader in a commit quorum
+//     append is durable (docs/design.md §3.4): raft counts the leader in a commit quorum
 //     only when the append's self-acknowledgement is stepped. What must wait for
 //     durability — a follower's MsgAppResp, a vote — raft keeps in the
 //     MsgStorageAppend's responses.
@@ -152,7 +152,7 @@
 // After SnapshotEntries applied entries since the last snapshot (or on Host.Snapshot),
 // the worker captures StateMachine.Capture() at the applied index S (consistent with
 // S: no apply runs meanwhile) and hands off; a background goroutine calls
-// Persist(S, state) — which syncs the dirty chunks, DESIGN §3.6 — and only then
+// Persist(S, state) — which syncs the dirty chunks, docs/design.md §3.6 — and only then
 // LogStore.CreateSnapshot(group, {S, term(S), ConfState as of S, state}, compactTo).
 //
 // INVARIANT: the log below a snapshot index is dropped only after the state machine
@@ -168,7 +168,7 @@
 // When raft wants to send a snapshot (MsgSnap), the host does not pass it to
 // Transport.Send: a goroutine calls Transport.SendSnapshot(msg,
 // StateMachine.WriteSnapshot) — the chunk data is streamed live, labelled with S,
-// which is from before the copy began, and the follower replays from S+1 (DESIGN §5)
+// which is from before the copy began, and the follower replays from S+1 (docs/design.md §5)
 // — and reports SnapshotFinish or SnapshotFailure to raft. If the stored snapshot
 // predates the peer's membership (a new learner), raft on the peer would refuse it,
 // so the host reports a failure, forces a new snapshot (which includes the peer, its
@@ -198,7 +198,9 @@
 // good (it never applies past the failed entry, never advances), GroupStatus.Healthy
 // turns false with the cause in GroupStatus.Err, it is logged with the group id, and
 // every pending and later callback gets that error. A failed log append stops the
-// groups of its round the same way. The error wraps ErrDiskFull when the cause is a
+// groups of its round the same way, and so does a failed snapshot (Persist or
+// LogStore.CreateSnapshot), which is never retried: a second fsync can succeed
+// after the kernel dropped the pages the first could not write. The error wraps ErrDiskFull when the cause is a
 // full disk (ENOSPC, EDQUOT), ErrIO otherwise (DiskFailure, the one place that tells
 // them apart). Other groups go on.
 //

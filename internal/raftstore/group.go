@@ -96,10 +96,9 @@ type group struct {
 	fastLease  atomic.Int64
 	fastReadAt atomic.Int64
 
-	lastSnap    uint64            // index of the last snapshot created or installed
-	snapping    bool              // a snapshot is being created off the worker
-	snapRetryAt uint64            // after a failed snapshot: applied index to retry at
-	sending     map[uint64]uint64 // follower → index of the snapshot streamed to it
+	lastSnap uint64            // index of the last snapshot created or installed
+	snapping bool              // a snapshot is being created off the worker
+	sending  map[uint64]uint64 // follower → index of the snapshot streamed to it
 	// releasePending: Host.Snapshot asked for a snapshot that compacts the whole
 	// applied log (to free WAL segments); noopProposed: this leader proposed an
 	// empty entry for it, the group having applied nothing since its last snapshot.

@@ -42,6 +42,9 @@ type testSM struct {
 	// failInstall makes InstallSnapshot fail (after Log.Save persisted the snapshot:
 	// a crash at the worst moment).
 	failInstall bool
+	// failPersist makes Persist fail with errDisk (a failed fsync of the chunks).
+	failPersist bool
+	persists    int // Persist calls
 	onApply     func(index uint64, data string)
 	applies     int
 }
@@ -83,6 +86,10 @@ func (s *testSM) Capture() []byte {
 func (s *testSM) Persist(index uint64, state []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.persists++
+	if s.failPersist {
+		return errDisk
+	}
 	// The state is as of the last entry the state machine saw at or before index
 	// (conf changes and empty entries do not reach it).
 	if at := binary.BigEndian.Uint64(state); at > index || at < s.durIndex {

@@ -53,6 +53,7 @@ type StateMachine interface {
 	Capture() []byte
 	// Persist makes every effect up to at least index durable (sync dirty chunks), then
 	// records (index, state). Runs off the apply path; Apply may run concurrently.
+	// An error stops the group (like Apply's disk errors); Persist is not retried.
 	Persist(index uint64, state []byte) error
 	// Recover returns what Persist or InstallSnapshot recorded last.
 	Recover() (index uint64, state []byte, err error)

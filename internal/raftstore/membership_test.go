@@ -167,6 +167,57 @@ func TestProposalsUnderLeaderChange(t *testing.T) {
 	t.Logf("%d ok, %d NOT_LEADER", ok, notLeader)
 }
 
+// TestPersistFailureStopsGroup: a failed Persist (the chunks' fsync) stops the
+// group like a failed Apply, and Persist is not tried again. A retried fsync
+// may succeed although the kernel dropped the dirty pages; the snapshot that
+// followed would then compact away the only copy of acknowledged writes.
+func TestPersistFailureStopsGroup(t *testing.T) {
+	c := newCluster(t, 62, 3, map[uint64][]uint64{1: {1, 2, 3}}, func(cfg *Config) {
+		cfg.SnapshotEntries = 10
+	})
+	defer c.stop()
+	l := c.waitLeader(1)
+	sm := c.sms[l][1]
+	sm.mu.Lock()
+	sm.failPersist = true
+	sm.mu.Unlock()
+	for i := range 30 {
+		err := c.proposeWait(l, 1, fmt.Sprintf("k%d=1", i))
+		if errors.Is(err, ErrIO) {
+			break // the snapshot failed: writes still pending get the disk error
+		}
+		if err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+	}
+	c.run(20)
+	sm.mu.Lock()
+	persists := sm.persists
+	sm.mu.Unlock()
+	if persists == 0 {
+		t.Fatal("no snapshot was attempted")
+	}
+	st, _ := c.hosts[l].Status(1)
+	if st.Healthy || !errors.Is(st.Err, ErrIO) || !errors.Is(st.Err, errDisk) {
+		t.Fatalf("group after a failed Persist: healthy %v, err %v; want stopped with ErrIO", st.Healthy, st.Err)
+	}
+	// The chunkserver asks groups that pin old WAL segments to snapshot: a
+	// stopped group does not try Persist again.
+	c.hosts[l].Snapshot(1)
+	c.run(20)
+	sm.mu.Lock()
+	again := sm.persists
+	sm.mu.Unlock()
+	if again != persists {
+		t.Fatalf("Persist retried after it failed (%d calls, then %d)", persists, again)
+	}
+	c.groups[1] = slices.DeleteFunc(slices.Clone(c.groups[1]), func(id uint64) bool { return id == l })
+	nl := c.waitLeader(1)
+	if err := c.proposeWait(nl, 1, "after=1"); err != nil {
+		t.Fatalf("group 1 on the other members: %v", err)
+	}
+}
+
 // TestApplyFailureStopsGroup: a disk error while applying stops that group only.
 func TestApplyFailureStopsGroup(t *testing.T) {
 	c := newCluster(t, 61, 3, map[uint64][]uint64{1: {1, 2, 3}, 2: {1, 2, 3}}, nil)

@@ -2,6 +2,7 @@ package raftstore
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 
 	"go.etcd.io/raft/v3/raftpb"
@@ -38,7 +39,7 @@ func (g *group) maybeSnapshot(mode snapMode) {
 		}
 		return
 	}
-	if mode == snapAuto && (g.applied-g.lastSnap < h.cfg.SnapshotEntries || g.applied < g.snapRetryAt) {
+	if mode == snapAuto && g.applied-g.lastSnap < h.cfg.SnapshotEntries {
 		return
 	}
 	s, term := g.applied, g.appliedTerm
@@ -103,10 +104,11 @@ func (g *group) snapshotDone(r snapResult) {
 		return
 	}
 	if r.err != nil {
-		g.releasePending = false // no retry loop on a failing disk; the caller asks again
+		// A disk error like a failed Apply's: the group stops. Never retried: a
+		// second fsync may succeed after the kernel dropped the dirty pages the
+		// first one could not write, and the log would then be compacted.
 		g.h.stats.snapsFailed.Add(1)
-		g.snapRetryAt = g.applied + g.h.cfg.SnapshotEntries/4 + 1
-		g.log.Warn("raftstore: snapshot failed; will retry", "index", r.index, "err", r.err)
+		g.fail(fmt.Errorf("raftstore: snapshot %d: %w", r.index, r.err))
 		return
 	}
 	g.h.stats.snapsCreated.Add(1)

@@ -17,7 +17,7 @@ import (
 )
 
 // Etcd is an external etcd cluster of real etcd processes on loopback, for
-// several MDS to share (DESIGN §8).
+// several MDS to share (docs/design.md §8).
 type Etcd struct {
 	Endpoints []string
 	Procs     []*exec.Cmd

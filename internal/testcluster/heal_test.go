@@ -18,7 +18,7 @@ import (
 	"github.com/basalt-storage/basalt/pkg/client"
 )
 
-// Self-healing with real processes (DESIGN §8, issue 5): balancing onto a new
+// Self-healing with real processes (docs/design.md §8, issue 5): balancing onto a new
 // chunkserver, leaders evened out, re-replication of a chunkserver lost for
 // good, and copysets moved off a disk in trouble — all under a verified write
 // workload, with the scheduler's rate limits checked throughout.

@@ -43,7 +43,7 @@
 // Op is basalt's one operation enum: the block IO ops 1–5 are also what
 // client.Volume.Submit and every front end's backend take.
 //
-// # Routing (DESIGN §2)
+// # Routing (docs/design.md §2)
 //
 // Chunk i of volume v lives in copyset (VolumeHash(v) + i) mod copysetCount of
 // the volume's pool (CopysetOf). VolumeHash is FNV-1a 64 over the eight

@@ -58,7 +58,7 @@ type MDSClient interface {
 	ListVolumes(ctx context.Context, in *ListVolumesRequest, opts ...grpc.CallOption) (*ListVolumesResponse, error)
 	ResizeVolume(ctx context.Context, in *ResizeVolumeRequest, opts ...grpc.CallOption) (*ResizeVolumeResponse, error)
 	DeleteVolume(ctx context.Context, in *DeleteVolumeRequest, opts ...grpc.CallOption) (*DeleteVolumeResponse, error)
-	// Sessions (DESIGN §6).
+	// Sessions (docs/design.md §6).
 	OpenVolume(ctx context.Context, in *OpenVolumeRequest, opts ...grpc.CallOption) (*OpenVolumeResponse, error)
 	RenewSession(ctx context.Context, in *RenewSessionRequest, opts ...grpc.CallOption) (*RenewSessionResponse, error)
 	CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*CloseSessionResponse, error)
@@ -242,7 +242,7 @@ type MDSServer interface {
 	ListVolumes(context.Context, *ListVolumesRequest) (*ListVolumesResponse, error)
 	ResizeVolume(context.Context, *ResizeVolumeRequest) (*ResizeVolumeResponse, error)
 	DeleteVolume(context.Context, *DeleteVolumeRequest) (*DeleteVolumeResponse, error)
-	// Sessions (DESIGN §6).
+	// Sessions (docs/design.md §6).
 	OpenVolume(context.Context, *OpenVolumeRequest) (*OpenVolumeResponse, error)
 	RenewSession(context.Context, *RenewSessionRequest) (*RenewSessionResponse, error)
 	CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error)

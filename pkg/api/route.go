@@ -2,7 +2,7 @@ package api
 
 import "encoding/binary"
 
-// VolumeHash is the stable hash h(v) of DESIGN §2: FNV-1a 64 over the eight
+// VolumeHash is the stable hash h(v) of docs/design.md §2: FNV-1a 64 over the eight
 // big-endian bytes of the volume id. Client and chunkservers must agree on it
 // forever: changing it moves every chunk.
 func VolumeHash(volume uint64) uint64 {

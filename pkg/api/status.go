@@ -12,7 +12,7 @@ const (
 	// field holds the leader's chunkserver id when known (0 otherwise).
 	StatusNotLeader Status = 1
 	// StatusFenced: the request's epoch is older than one the copyset has already seen
-	// for this volume; another writer has opened it (DESIGN §6).
+	// for this volume; another writer has opened it (docs/design.md §6).
 	StatusFenced Status = 2
 	// StatusOutOfRange: the request reaches past the end of the volume or crosses a chunk.
 	StatusOutOfRange Status = 3

@@ -57,7 +57,7 @@ type Config struct {
 	// Metrics, if set, records latency and counters (NewMetrics); one Metrics
 	// may serve many volumes.
 	Metrics *Metrics
-	// Local, if set, is the local fast path (DESIGN §7): a piece whose target is
+	// Local, if set, is the local fast path (docs/design.md §7): a piece whose target is
 	// the chunkserver Local.LocalID() is handed to Local.Go in process instead of
 	// being sent over a connection. A chunkserver that embeds a front end sets it.
 	Local Local
@@ -331,7 +331,7 @@ func (v *Volume) WriteAt(p []byte, off int64) (int, error) {
 }
 
 // Flush returns once every write submitted before it completed (writes are durable
-// when acknowledged, DESIGN §11).
+// when acknowledged, docs/design.md §11).
 func (v *Volume) Flush() error { return v.wait(api.OpFlush, nil, 0, 0) }
 
 // Trim discards [off, off+length): it reads as zeros afterwards.

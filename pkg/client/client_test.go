@@ -450,12 +450,25 @@ func TestLeaseRenewedAndExpires(t *testing.T) {
 
 func TestSessionSuperseded(t *testing.T) {
 	c := newFakeCluster(t)
-	c.mds.leaseMs = 90
+	// The first renewal (after lease/3 = 1 s) is answered "superseded"; IO must
+	// stop with ErrFenced then, long before the 3 s lease could lapse. Polled,
+	// not slept: on a loaded machine the renewal may run late.
+	c.mds.leaseMs = 3000
 	c.mds.renewErr = status.Error(codes.FailedPrecondition, "mds: session superseded by a newer writer")
 	v := c.open(t, nil)
-	time.Sleep(80 * time.Millisecond)
-	if _, err := v.WriteAt([]byte("x"), 0); !errors.Is(err, api.ErrFenced) {
-		t.Fatalf("IO after supersession: %v", err)
+	deadline := time.Now().Add(2500 * time.Millisecond)
+	for {
+		_, err := v.WriteAt([]byte("x"), 0)
+		if err != nil {
+			if !errors.Is(err, api.ErrFenced) {
+				t.Fatalf("IO after supersession: %v, want ErrFenced", err)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("IO still accepted 2.5 s after a renewal answered superseded")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -1,6 +1,6 @@
 // Package client is basalt's volume client library: it opens a volume at the MDS
 // and sends its IO straight to the chunkservers that lead the volume's copysets
-// (DESIGN §3–§4, §6). Front ends (NBD, iSCSI, NVMe/TCP) use Submit; Go programs can
+// (docs/design.md §3–§4, §6). Front ends (NBD, iSCSI, NVMe/TCP) use Submit; Go programs can
 // use ReadAt/WriteAt/Flush/Trim/WriteZeroes.
 //
 // # Session
@@ -62,13 +62,13 @@
 //
 // # Flush
 //
-// Every acknowledged write is already durable (DESIGN §11), so Flush sends nothing:
+// Every acknowledged write is already durable (docs/design.md §11), so Flush sends nothing:
 // it completes once every write, trim and write-zeroes submitted before it
 // completed (whatever their result).
 //
 // # Local fast path
 //
-// Config.Local (DESIGN §7) is set by a front end that runs inside a chunkserver:
+// Config.Local (docs/design.md §7) is set by a front end that runs inside a chunkserver:
 // an attempt whose target is Local.LocalID() is handed to Local.Go in process —
 // the same request header, the same statuses and retries as over a connection,
 // but no socket, no frame, no IOTimeout timer, and a read lands straight in the

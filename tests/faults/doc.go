@@ -1,4 +1,4 @@
-// Package faults is basalt's fault-injection suite (DESIGN §11, §12): every test
+// Package faults is basalt's fault-injection suite (docs/design.md §11, §12): every test
 // starts a real cluster (the MDS and chunkservers as processes, see
 // internal/testcluster), runs a verified workload through the client library,
 // injects one fault, heals it, and then checks that every acknowledged write

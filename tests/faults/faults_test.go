@@ -90,7 +90,7 @@ func (f *fc) progress(d time.Duration, what string) {
 }
 
 // reopenIfLapsed reopens the volume when the workload's session lease lapsed
-// (the client stops issuing IO by itself then, DESIGN §6), as an application
+// (the client stops issuing IO by itself then, docs/design.md §6), as an application
 // would, and says whether it did.
 func (f *fc) reopenIfLapsed() bool {
 	if !errors.Is(f.w.LastErr(), client.ErrLeaseExpired) {

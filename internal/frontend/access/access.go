@@ -3,10 +3,12 @@ package access
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -38,7 +40,7 @@ type Config struct {
 // NBDConfig says where the NBD front end listens; both empty: no NBD.
 type NBDConfig struct {
 	Listen string // TCP address
-	Socket string // Unix socket path; a stale socket file is replaced
+	Socket string // Unix socket path; a stale socket file (nobody serves on it) is replaced
 }
 
 func (c NBDConfig) enabled() bool { return c.Listen != "" || c.Socket != "" }
@@ -109,8 +111,11 @@ func (n *Node) startNBD(cfg NBDConfig, m *nbd.Metrics) error {
 		lns = append(lns, ln)
 	}
 	if cfg.Socket != "" {
-		_ = os.Remove(cfg.Socket)
-		ln, err := net.Listen("unix", cfg.Socket)
+		err := removeStaleSocket(cfg.Socket)
+		var ln net.Listener
+		if err == nil {
+			ln, err = net.Listen("unix", cfg.Socket)
+		}
 		if err != nil {
 			for _, l := range lns {
 				l.Close()
@@ -125,6 +130,27 @@ func (n *Node) startNBD(cfg NBDConfig, m *nbd.Metrics) error {
 		go srv.Serve(ln)
 	}
 	return nil
+}
+
+// removeStaleSocket removes the socket file at path if nobody serves on it
+// (left by a process that died); a live socket or a file of another kind is
+// an error, so a second front end never takes a running one's path over.
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if fi.Mode()&fs.ModeSocket == 0 {
+		return errors.New("the file exists and is not a socket; remove it or choose another path")
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return errors.New("another process already serves on it; stop it first or choose another path")
+	}
+	return os.Remove(path)
 }
 
 // Addrs returns the addresses the front ends listen on.

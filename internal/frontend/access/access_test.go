@@ -3,6 +3,7 @@ package access_test
 import (
 	"errors"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -59,4 +60,49 @@ func TestStartErrors(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), busy.Addr().String()) {
 		t.Fatalf("start on a busy port: %v, want an error naming %s", err, busy.Addr())
 	}
+}
+
+// A Unix socket path another front end serves on, or a file that is not a
+// socket, is never taken over; a socket left by a process that died is.
+func TestStartKeepsALiveSocket(t *testing.T) {
+	dir := t.TempDir()
+	live := filepath.Join(dir, "live.sock")
+	ln, err := net.Listen("unix", live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if _, err := access.Start(access.Config{MDS: []string{"127.0.0.1:1"}, NBD: access.NBDConfig{Socket: live}}); err == nil ||
+		!strings.Contains(err.Error(), "already serves") {
+		t.Fatalf("start on a socket another process serves: %v, want an error saying so", err)
+	}
+	if c, err := net.Dial("unix", live); err != nil {
+		t.Fatalf("the other process's socket was taken away: %v", err)
+	} else {
+		c.Close()
+	}
+
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, []byte("keep"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := access.Start(access.Config{MDS: []string{"127.0.0.1:1"}, NBD: access.NBDConfig{Socket: file}}); err == nil {
+		t.Fatal("start on a regular file succeeded")
+	}
+	if b, err := os.ReadFile(file); err != nil || string(b) != "keep" {
+		t.Fatalf("the regular file was replaced: %q, %v", b, err)
+	}
+
+	stale := filepath.Join(dir, "stale.sock")
+	sl, err := net.Listen("unix", stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sl.(*net.UnixListener).SetUnlinkOnClose(false) // as if its process died
+	sl.Close()
+	node, err := access.Start(access.Config{MDS: []string{"127.0.0.1:1"}, NBD: access.NBDConfig{Socket: stale}})
+	if err != nil {
+		t.Fatalf("start on a stale socket: %v", err)
+	}
+	node.Close()
 }

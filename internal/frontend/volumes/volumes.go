@@ -137,8 +137,10 @@ func (o *Opener) Classify(err error) error {
 		class = frontend.ErrOutOfRange
 	case errors.Is(err, api.ErrBadRequest):
 		class = frontend.ErrInvalid
-	case errors.Is(err, client.ErrTimeout), errors.Is(err, client.ErrNoRoute):
+	case errors.Is(err, client.ErrTimeout), errors.Is(err, client.ErrNoRoute), mdsAway(err):
 		class = frontend.ErrUnavailable
+	case errors.Is(err, client.ErrClosed):
+		class = frontend.ErrShuttingDown
 	default:
 		class = frontend.ErrIO
 	}
@@ -197,6 +199,11 @@ func (b *backend) beforeClaim(io pendingIO) {
 		w.Submit(io.op, io.buf, io.off, io.length, io.done)
 		return
 	}
+	if b.closed { // a closed backend must not fence the volume's writer
+		b.mu.Unlock()
+		io.done(client.ErrClosed)
+		return
+	}
 	if io.op == api.OpFlush && !b.claiming {
 		b.mu.Unlock()
 		b.ro.Submit(io.op, nil, 0, 0, io.done)
@@ -215,7 +222,7 @@ func (b *backend) beforeClaim(io pendingIO) {
 // the next mutation tries again.
 func (b *backend) claim() {
 	ctx, cancel := context.WithTimeout(context.Background(), b.o.cfg.ClaimTimeout)
-	v, err := b.o.openVolume(ctx, b.name, false)
+	v, err := b.openWriter(ctx)
 	cancel()
 	b.mu.Lock()
 	if err == nil && b.closed {
@@ -229,17 +236,50 @@ func (b *backend) claim() {
 	b.waiting, b.claiming = nil, false
 	b.mu.Unlock()
 	if err != nil {
-		b.o.cfg.Logger.Warn("taking the writer role of a volume for its first write failed; failing the IO that waited",
-			"volume", b.name, "ios", len(waiting), "err", err)
+		b.o.cfg.Logger.Warn("could not take the writer role of a volume for its first write; "+
+			"the IO that waited fails, and the next write tries again", "volume", b.name, "ios", len(waiting), "err", err)
 		for _, io := range waiting {
 			io.done(err)
 		}
 		return
 	}
-	b.o.cfg.Logger.Info("took the writer role of a volume on its first write", "volume", b.name, "epoch", v.Epoch())
+	b.o.cfg.Logger.Info("took the writer role of a volume on its first write; any other writer of it is fenced",
+		"volume", b.name, "epoch", v.Epoch())
 	for _, io := range waiting {
 		v.Submit(io.op, io.buf, io.off, io.length, io.done)
 	}
+}
+
+// openWriter opens a writer session on the volume the read-only session has
+// open. Sessions are opened by name, and a volume with only read-only sessions
+// may be deleted and a new one created under its name: the checks before and
+// after the open make sure an attachment of the old volume never takes the
+// writer role of the new one (the one before also spares the new one's writer
+// a needless fence).
+func (b *backend) openWriter(ctx context.Context) (*client.Volume, error) {
+	if err := b.ro.Err(); err != nil {
+		return nil, err // stopped for good (lease lapsed, volume gone): no comeback as a writer
+	}
+	if err := b.ro.Refresh(ctx); err != nil {
+		if isNotFound(err) {
+			return nil, b.deleted()
+		}
+		return nil, err
+	}
+	v, err := b.o.openVolume(ctx, b.name, false)
+	if err != nil {
+		return nil, err
+	}
+	if v.ID() != b.ro.ID() {
+		v.Close()
+		return nil, b.deleted()
+	}
+	return v, nil
+}
+
+func (b *backend) deleted() error {
+	return fmt.Errorf("%w: volume %q (id %d) was deleted since this export opened it; reconnect to open the volume now under that name",
+		frontend.ErrNoSuchExport, b.name, b.ro.ID())
 }
 
 func (b *backend) session() *client.Volume {
@@ -251,8 +291,9 @@ func (b *backend) session() *client.Volume {
 
 func (b *backend) Info() frontend.Info { return b.o.info(b.session().Size()) }
 
-// Check reports a session that stopped for good (fenced, lease lapsed) and
-// otherwise re-reads the volume's size, which a resize may have grown.
+// Check reports a session that stopped for good (fenced, lease lapsed) or a
+// volume that was deleted, and otherwise re-reads the volume's size, which a
+// resize may have grown.
 func (b *backend) Check(ctx context.Context) error {
 	v := b.session()
 	if err := v.Err(); err != nil {
@@ -262,7 +303,9 @@ func (b *backend) Check(ctx context.Context) error {
 	// to a volume that is already open.
 	ctx, cancel := context.WithTimeout(ctx, refreshTimeout)
 	defer cancel()
-	if err := v.Refresh(ctx); err != nil {
+	if err := v.Refresh(ctx); isNotFound(err) {
+		return b.deleted()
+	} else if err != nil {
 		b.o.cfg.Logger.Warn("could not re-read a volume's size; keeping the one known", "volume", b.name, "err", err)
 	}
 	return nil
@@ -282,3 +325,10 @@ func (b *backend) Close() error {
 
 // isNotFound reports the MDS's NotFound, however wrapped.
 func isNotFound(err error) bool { return status.Code(err) == codes.NotFound }
+
+// mdsAway reports an MDS that did not answer in time (taking the writer role
+// needs it).
+func mdsAway(err error) bool {
+	code := status.Code(err)
+	return code == codes.Unavailable || code == codes.DeadlineExceeded || errors.Is(err, context.DeadlineExceeded)
+}

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -45,11 +46,16 @@ type fixture struct {
 }
 
 func newFixture(t *testing.T, c *testcluster.Cluster, readOnly bool) *fixture {
+	return newFixtureWith(t, c, volumes.Config{ReadOnly: readOnly})
+}
+
+// newFixtureWith is newFixture with more of the Opener's Config (MDS, client
+// name and logger are filled in).
+func newFixtureWith(t *testing.T, c *testcluster.Cluster, cfg volumes.Config) *fixture {
 	logs := &logBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, nil))
-	e := frontend.NewExports(frontend.ExportsConfig{Logger: log, Opener: volumes.New(volumes.Config{
-		MDS: c.API, ReadOnly: readOnly, ClientName: t.Name(), Logger: log,
-	})})
+	cfg.MDS, cfg.ClientName, cfg.Logger = c.API, t.Name(), log
+	e := frontend.NewExports(frontend.ExportsConfig{Logger: log, Opener: volumes.New(cfg)})
 	t.Cleanup(func() { e.Close() })
 	return &fixture{t: t, c: c, exports: e, logs: logs}
 }
@@ -89,22 +95,9 @@ func (f *fixture) epoch(name string) uint64 {
 
 func TestVolumesOnACluster(t *testing.T) {
 	c := testcluster.Start(t, testcluster.Options{})
-	for _, name := range []string{"quiet", "fenced", "grow", "ro"} {
+	for _, name := range []string{"quiet", "fenced", "grow", "ro", "deleted", "closed", "away", "race"} {
 		c.CreateVolume(name, 64<<20)
-	}
-	// A chunkserver learns of a new volume at its next heartbeat (or at once,
-	// at most once a second, when IO names it): wait until every copyset's
-	// leader serves each volume.
-	for _, name := range []string{"quiet", "fenced", "grow", "ro"} {
-		v := c.Open(name, true)
-		eventually(t, "reads of "+name+" on every copyset", func() error {
-			for off := int64(0); off < v.Size(); off += int64(c.Pool.ChunkSize) {
-				if _, err := v.ReadAt(make([]byte, 1), off); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
+		waitServed(t, c, name)
 	}
 
 	t.Run("attaching and reading take no writer role", func(t *testing.T) {
@@ -147,6 +140,47 @@ func TestVolumesOnACluster(t *testing.T) {
 		}
 		if !strings.Contains(f.logs.String(), "took the writer role") {
 			t.Errorf("no log line says the export took the writer role:\n%s", f.logs)
+		}
+	})
+
+	// Writes and flushes from several attachments race to be the export's first
+	// mutation: the role is taken once, nothing is sent before it is, and every
+	// write lands.
+	t.Run("concurrent first writes take the writer role once", func(t *testing.T) {
+		f := newFixture(t, c, false)
+		before := f.epoch("race")
+		as := []*frontend.Attachment{f.attach("race"), f.attach("race"), f.attach("race")}
+		var wg sync.WaitGroup
+		errs := make(chan error, 64)
+		for i := range 64 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				op, buf := api.OpWrite, []byte(fmt.Sprintf("w%03d", i))
+				if i%8 == 0 {
+					op, buf = api.OpFlush, nil
+				}
+				if err := do(as[i%3], op, buf, int64(i)*4096); err != nil {
+					errs <- fmt.Errorf("%v #%d: %w", op, i, err)
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		if e := f.epoch("race"); e != before+1 {
+			t.Fatalf("writer epoch %d after concurrent first writes, want %d (one claim)", e, before+1)
+		}
+		for i := range 64 {
+			if i%8 == 0 {
+				continue
+			}
+			buf := make([]byte, 4)
+			if err := do(as[(i+1)%3], api.OpRead, buf, int64(i)*4096); err != nil || string(buf) != fmt.Sprintf("w%03d", i) {
+				t.Fatalf("read of write #%d: %q, %v", i, buf, err)
+			}
 		}
 	})
 
@@ -216,6 +250,58 @@ func TestVolumesOnACluster(t *testing.T) {
 		}
 	})
 
+	// Sessions are opened by name, and a volume that only has read-only
+	// sessions can be deleted: an attachment made before the delete must not
+	// take the writer role of a volume created anew under the same name.
+	t.Run("an attachment of a deleted volume never writes to its successor", func(t *testing.T) {
+		f := newFixture(t, c, false)
+		a := f.attach("deleted")
+		if err := do(a, api.OpRead, make([]byte, 4), 0); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := c.API.DeleteVolume(ctx, &api.DeleteVolumeRequest{Name: "deleted"}); err != nil {
+			t.Fatal(err)
+		}
+		c.CreateVolume("deleted", 64<<20)
+		waitServed(t, c, "deleted")
+		if err := do(a, api.OpWrite, []byte("stale"), 0); err == nil {
+			t.Fatal("a write through an attachment of the deleted volume succeeded")
+		}
+		if e := f.epoch("deleted"); e != 0 {
+			t.Fatalf("the new volume's writer epoch is %d: the old attachment took its writer role", e)
+		}
+		buf := make([]byte, 5)
+		if _, err := c.Open("deleted", true).ReadAt(buf, 0); err != nil || !bytes.Equal(buf, make([]byte, 5)) {
+			t.Fatalf("the new volume reads %q, %v; want zeros", buf, err)
+		}
+		// A new attachment opens the new volume.
+		if err := do(f.attach("deleted"), api.OpWrite, []byte("new"), 0); err != nil {
+			t.Fatalf("write through a new attachment: %v", err)
+		}
+	})
+
+	t.Run("a closed backend never takes the writer role", func(t *testing.T) {
+		o := volumes.New(volumes.Config{MDS: c.API, ClientName: t.Name()})
+		b, err := o.Open(context.Background(), "closed")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		ch := make(chan error, 1)
+		b.Submit(api.OpWrite, []byte("late"), 0, 4, func(err error) { ch <- err })
+		if err := o.Classify(<-ch); !errors.Is(err, frontend.ErrShuttingDown) {
+			t.Errorf("write on a closed backend: %v, want ErrShuttingDown", err)
+		}
+		f := newFixture(t, c, false)
+		if e := f.epoch("closed"); e != 0 {
+			t.Fatalf("a write on a closed backend moved the writer epoch to %d", e)
+		}
+	})
+
 	t.Run("unknown volumes and the list", func(t *testing.T) {
 		f := newFixture(t, c, false)
 		if _, err := f.exports.Attach(context.Background(), "nope"); !errors.Is(err, frontend.ErrNoSuchExport) {
@@ -228,6 +314,49 @@ func TestVolumesOnACluster(t *testing.T) {
 		if err != nil || !strings.Contains(strings.Join(names, ","), "quiet") {
 			t.Fatalf("list: %v, %v", names, err)
 		}
+	})
+
+	// Runs last: it stops the MDS for a moment.
+	t.Run("a first write while the MDS is away fails as unavailable; the next takes the role", func(t *testing.T) {
+		f := newFixtureWith(t, c, volumes.Config{ClaimTimeout: time.Second})
+		a := f.attach("away")
+		c.Pause(c.MDS)
+		// SIGSTOP takes effect asynchronously: wait until the MDS stops answering.
+		eventually(t, "the stopped MDS not answering", func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancel()
+			if _, err := c.API.GetVolume(ctx, &api.GetVolumeRequest{Name: "away"}); err == nil {
+				return errors.New("it still answers")
+			}
+			return nil
+		})
+		err := do(a, api.OpWrite, []byte("x"), 0)
+		c.Resume(c.MDS)
+		if !errors.Is(err, frontend.ErrUnavailable) {
+			t.Fatalf("first write with the MDS stopped: %v, want ErrUnavailable (a multipath host retries that on another path)", err)
+		}
+		if !strings.Contains(f.logs.String(), "the next write tries again") {
+			t.Errorf("no log line says the writer role could not be taken and what happens next:\n%s", f.logs)
+		}
+		eventually(t, "a write after the MDS is back", func() error {
+			return do(a, api.OpWrite, []byte("y"), 0)
+		})
+	})
+}
+
+// waitServed returns once every copyset's leader serves the named volume: a
+// chunkserver learns of a new volume at its next heartbeat (or at once, at most
+// once a second, when IO names it).
+func waitServed(t *testing.T, c *testcluster.Cluster, name string) {
+	t.Helper()
+	v := c.Open(name, true)
+	eventually(t, "reads of "+name+" on every copyset", func() error {
+		for off := int64(0); off < v.Size(); off += int64(c.Pool.ChunkSize) {
+			if _, err := v.ReadAt(make([]byte, 1), off); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 }
 

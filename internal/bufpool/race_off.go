@@ -2,4 +2,5 @@
 
 package bufpool
 
+// raceEnabled: the race detector is on (see race_on.go).
 const raceEnabled = false
