@@ -128,9 +128,10 @@
 // whose epoch is newer than the copyset's first commits a fence, then waits
 // for Host.ReadBarrier (lease read, or ReadIndex) and reads the chunk file
 // into a pooled buffer that is released once the reply was written. Flush and
-// Ping answer OK (an acknowledged write is already durable). Nothing a peer
+// Ping answer OK (an acknowledged write is already durable). Nothing a client
 // sends can crash the process: a malformed frame closes the connection
-// (transport), anything else gets a status.
+// (transport), anything else gets a status. Raft traffic is another matter:
+// its content is trusted (internal/raftnet, "Trust").
 //
 // OpChecksum (scrub, tests): request Volume = pool id, Copyset = copyset id;
 // reply payload = uint32 count, then count × (uint64 volume, uint64 chunk

@@ -182,7 +182,7 @@
 //   - AlreadyExists: a pool or volume name in use.
 //   - FailedPrecondition: CreatePool with fewer online chunkservers or failure
 //     domains than replicas; CreateVolume with no pool at all; DeleteVolume of a
-//     volume with a live writer session; RenewSession of a superseded writer.
+//     volume with any live session (writer or reader); RenewSession of a superseded writer.
 //   - Unavailable: this MDS is a standby (see above).
 //
 // CloseSession of an unknown or lapsed session succeeds: it is gone either way.

@@ -201,6 +201,47 @@ func TestPoolsAndVolumes(t *testing.T) {
 	}
 }
 
+// TestDeleteVolumeRefusedWhileAttached: a volume with a read-only session (every
+// front-end attachment starts as one) cannot be deleted, as `rbd rm` refuses an
+// image with watchers; once the session closes it can.
+func TestDeleteVolumeRefusedWhileAttached(t *testing.T) {
+	r := startMDS(t, Config{SessionLease: 10 * time.Second})
+	defer r.stop(t)
+	waitActive(t, r, 30*time.Second)
+	c := dial(t, r.s.Addr())
+	ctx := ctxT(t)
+	register(t, c, "z1", "h1", "a:1")
+	register(t, c, "z2", "h2", "a:2")
+	register(t, c, "z3", "h3", "a:3")
+	if _, err := c.CreatePool(ctx, &api.CreatePoolRequest{Name: "p", CopysetCount: 3}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"attached", "other"} {
+		if _, err := c.CreateVolume(ctx, &api.CreateVolumeRequest{Name: name, Size: 1 << 30}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ro, err := c.OpenVolume(ctx, &api.OpenVolumeRequest{Name: "attached", ReadOnly: true, Client: "host-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.DeleteVolume(ctx, &api.DeleteVolumeRequest{Name: "attached"})
+	wantCode(t, "delete while attached read-only", err, codes.FailedPrecondition)
+	if msg := status.Convert(err).Message(); !strings.Contains(msg, `attached by "host-a"`) {
+		t.Fatalf("delete refusal names no client: %q", msg)
+	}
+	// Another volume's session does not hold this one.
+	if _, err := c.DeleteVolume(ctx, &api.DeleteVolumeRequest{Name: "other"}); err != nil {
+		t.Fatalf("delete of an unattached volume: %v", err)
+	}
+	if _, err := c.CloseSession(ctx, &api.CloseSessionRequest{SessionId: ro.SessionId}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.DeleteVolume(ctx, &api.DeleteVolumeRequest{Name: "attached"}); err != nil {
+		t.Fatalf("delete after detach: %v", err)
+	}
+}
+
 func TestSessionsAndEpochs(t *testing.T) {
 	r := startMDS(t, Config{SessionLease: 2 * time.Second})
 	defer r.stop(t)

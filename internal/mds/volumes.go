@@ -210,7 +210,9 @@ func (h *handler) ResizeVolume(ctx context.Context, req *api.ResizeVolumeRequest
 	return &api.ResizeVolumeResponse{Volume: rec.proto()}, nil
 }
 
-// DeleteVolume deletes a volume that no live writer session holds open.
+// DeleteVolume deletes a volume that no live session holds open, as `rbd rm`
+// refuses an image with watchers: a volume attached read-only (every front-end
+// attachment starts so) is in use too.
 func (h *handler) DeleteVolume(ctx context.Context, req *api.DeleteVolumeRequest) (*api.DeleteVolumeResponse, error) {
 	s := h.s
 	if err := checkName("volume", req.Name); err != nil {
@@ -228,6 +230,19 @@ func (h *handler) DeleteVolume(ctx context.Context, req *api.DeleteVolumeRequest
 				sess, _ := decode[sessionRecord](sv)
 				return fmt.Errorf("%w: volume %q is open for writing by %q (session %d); close it or wait for its lease to lapse",
 					ErrFailedPrecondition, req.Name, sess.Client, v.Writer)
+			}
+		}
+		// Readers are found by a range read beside the transaction: a reader
+		// that opens in between finds its volume gone at its next renewal, and
+		// can never write (a writer's open goes through the volume record).
+		sessions, err := getPrefix[sessionRecord](ctx, s.cli, sessionPrefix)
+		if err != nil {
+			return err
+		}
+		for _, sess := range sessions {
+			if sess.Volume == v.ID {
+				return fmt.Errorf("%w: volume %q is attached by %q (read-only session %d); detach it (disconnect its clients) or wait for its lease to lapse",
+					ErrFailedPrecondition, req.Name, sess.Client, sess.ID)
 			}
 		}
 		stm.Del(volumeKey(v.ID))

@@ -57,6 +57,15 @@
 // peer is dropped too. A Receiver drops messages not addressed to its
 // chunkserver, and MsgSnap outside a snapshot transfer.
 //
+// # Trust
+//
+// A Receiver checks the format of what it reads and drops a malformed frame
+// whole; it cannot check the content. Raft trusts its peers: a message that
+// contradicts the log (a heartbeat committing past the last index, entries
+// that do not follow) makes raft panic, and so the process exit. Nothing
+// authenticates a peer yet, so the data-plane port must be reachable from
+// the cluster's own hosts only.
+//
 // # Snapshot transfer
 //
 // SendSnapshot opens a dedicated connection and sends OpSnapshot frames, each

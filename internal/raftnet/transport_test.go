@@ -227,9 +227,13 @@ func FuzzDecodeBatch(f *testing.F) {
 	_, good := encodeBatch(f, goldenBatch())
 	f.Add(good)
 	f.Add([]byte{})
-	f.Fuzz(func(t *testing.T, b []byte) {
+	f.Fuzz(func(t *testing.T, in []byte) {
 		for _, alias := range []bool{false, true} {
+			b := bytes.Clone(in)
 			msgs, err := decodeBatch(b, alias)
+			if !bytes.Equal(b, in) {
+				t.Fatal("the decoder wrote to its input")
+			}
 			if err != nil {
 				continue
 			}
@@ -244,6 +248,15 @@ func FuzzDecodeBatch(f *testing.F) {
 				t.Fatalf("re-encoded batch does not decode: %v", err)
 			}
 			sameMessages(t, msgs2, msgs)
+			if !alias {
+				// Without alias the messages own their bytes.
+				for i := range b {
+					b[i] ^= 0xff
+				}
+				if _, after := encodeBatch(t, msgs); !bytes.Equal(after, again) {
+					t.Fatal("decoded messages alias the input")
+				}
+			}
 		}
 	})
 }
