@@ -69,13 +69,26 @@ func encodeCommand(c command) []byte {
 	return appendCommand(make([]byte, 0, cmdHeaderSize+len(c.Data)), c)
 }
 
+// proposalRoom is what a proposal holds before a write's data: the room
+// Propose reserves, and the command header.
+const proposalRoom = raftstore.ProposalHeader + cmdHeaderSize
+
 // propose replicates c through group g of host; done gets the outcome. The
-// command is encoded into a pooled buffer, with the room Propose reserves at
-// its start, which goes back to the pool once done ran: the host keeps no
-// reference to a proposal's data past that (raft copies it into its log).
-func propose(host raftHost, g uint64, c command, done func(error)) {
-	p := bufpool.Get(raftstore.ProposalHeader + cmdHeaderSize + len(c.Data))
-	*p = appendCommand((*p)[:raftstore.ProposalHeader], c)
+// proposal is a pooled buffer, which goes back to the pool once done ran: the
+// host keeps no reference to a proposal's data past that (raft copies it into
+// its log). in, when not nil, is a pooled buffer whose bytes from proposalRoom
+// on are c.Data already (the transport read the payload there): the header
+// goes in front, and the data is not copied. Otherwise c is encoded into a
+// new one.
+func propose(host raftHost, g uint64, c command, in *[]byte, done func(error)) {
+	p := in
+	if p != nil && len(c.Data) > 0 && len(*p) >= proposalRoom+len(c.Data) && &(*p)[proposalRoom] == &c.Data[0] {
+		appendCommandHeader((*p)[:raftstore.ProposalHeader], c)
+		*p = (*p)[:proposalRoom+len(c.Data)]
+	} else {
+		p = bufpool.Get(proposalRoom + len(c.Data))
+		*p = appendCommand((*p)[:raftstore.ProposalHeader], c)
+	}
 	host.Propose(g, *p, func(err error) {
 		bufpool.Put(p)
 		done(err)
@@ -84,13 +97,17 @@ func propose(host raftHost, g uint64, c command, done func(error)) {
 
 // appendCommand appends c's encoding to b.
 func appendCommand(b []byte, c command) []byte {
+	return append(appendCommandHeader(b, c), c.Data...)
+}
+
+// appendCommandHeader appends the cmdHeaderSize bytes of c's header to b.
+func appendCommandHeader(b []byte, c command) []byte {
 	be := binary.BigEndian
 	b = append(b, cmdVersion, byte(c.Op), 0, 0)
 	b = be.AppendUint32(b, c.Length)
 	b = be.AppendUint64(b, c.Volume)
 	b = be.AppendUint64(b, c.Epoch)
-	b = be.AppendUint64(b, c.Offset)
-	return append(b, c.Data...)
+	return be.AppendUint64(b, c.Offset)
 }
 
 // decodeCommand parses b. Data aliases b.

@@ -118,8 +118,10 @@
 //
 // Writes, trims and write-zeroes are proposed (the command is encoded into a
 // pooled buffer that goes back to the pool when the proposal is answered:
-// raft copies it into its log); the reply is sent from the proposal's
-// callback. statusOf (classify.go) is the one place that maps an
+// raft copies it into its log; a write of 16 KiB or more is read by the
+// transport straight into such a buffer, after room for the proposal's
+// header — handler.AllocPayload — so its data is not copied); the reply is
+// sent from the proposal's callback. statusOf (classify.go) is the one place that maps an
 // outcome to a wire status: a replicated result (*api.Error) as it is;
 // raftstore's typed errors as ErrNotLeader → NOT_LEADER with the leader in
 // Header.Hint, ErrStopped → NOT_LEADER (no hint), ErrNoGroup →

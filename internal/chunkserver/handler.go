@@ -76,19 +76,32 @@ func (hd *handler) ServeFrame(rw transport.ReplyWriter, h api.Header, payload []
 	case api.OpChecksum:
 		hd.checksum(rw, h)
 	case api.OpRead, api.OpWrite, api.OpTrim, api.OpWriteZeroes:
-		hd.serveIO(rw, h, payload, true)
+		var in *[]byte
+		if b, ok := rw.(transport.PayloadBufferer); ok && h.Op == api.OpWrite {
+			in, _ = b.PayloadBuffer()
+		}
+		hd.serveIO(rw, h, payload, in, true)
 	default:
 		hd.reply(rw, h, api.StatusBadRequest, 0)
 	}
 }
 
+// inPlaceMin: a write at least this large is read into a pooled buffer with
+// room for the proposal's header before it, and proposed from there (no copy
+// of the data); smaller ones are copied into the proposal.
+const inPlaceMin = 16 << 10
+
 // AllocPayload implements transport.PayloadAllocator: the peer transport
-// keeps the payloads of large raft frames.
-func (hd *handler) AllocPayload(h api.Header, n int) []byte {
-	if h.Op == api.OpRaft || h.Op == api.OpSnapshot {
+// keeps the payloads of large raft frames, and a large write is read where
+// its proposal will be.
+func (hd *handler) AllocPayload(h api.Header, n int) (*[]byte, int) {
+	switch {
+	case h.Op == api.OpRaft || h.Op == api.OpSnapshot:
 		return hd.peerIn.AllocPayload(h, n)
+	case h.Op == api.OpWrite && n >= inPlaceMin:
+		return bufpool.Get(proposalRoom + n), proposalRoom
 	}
-	return nil
+	return nil, 0
 }
 
 func (hd *handler) reply(rw transport.ReplyWriter, h api.Header, st api.Status, hint uint64) {
@@ -190,19 +203,26 @@ func (hd *handler) validate(h api.Header, payload []byte) (*replica, volumeInfo,
 
 // serveIO handles read, write, trim and write-zeroes. mayRefresh: an unknown
 // volume may trigger one (rate-limited) volume-cache refresh.
-func (hd *handler) serveIO(rw transport.ReplyWriter, h api.Header, payload []byte, mayRefresh bool) {
+// in, if not nil, is the pooled buffer the payload lies in, after room for
+// the proposal's header (AllocPayload): the proposal's, or the pool's again.
+func (hd *handler) serveIO(rw transport.ReplyWriter, h api.Header, payload []byte, in *[]byte, mayRefresh bool) {
 	start := time.Now()
 	r, _, st := hd.validate(h, payload)
 	if st == api.StatusNoSuchVolume && mayRefresh && !hd.vols.isDeleted(h.Volume) {
 		// Perhaps created a moment ago: look again, off the reader goroutine.
-		p := slices.Clone(payload)
+		if in == nil {
+			payload = slices.Clone(payload) // the server's buffer is reused
+		}
 		hd.missWG.Add(1)
 		go func() {
 			defer hd.missWG.Done()
 			hd.vols.refreshMiss(hd.ctx, h.Volume)
-			hd.serveIO(rw, h, p, false)
+			hd.serveIO(rw, h, payload, in, false)
 		}()
 		return
+	}
+	if st != api.StatusOK && in != nil {
+		bufpool.Put(in)
 	}
 	if st != api.StatusOK {
 		hd.reply(rw, h, st, 0)
@@ -221,8 +241,8 @@ func (hd *handler) serveIO(rw transport.ReplyWriter, h api.Header, payload []byt
 		c = command{Op: cmdWriteZeroes}
 	}
 	c.Volume, c.Epoch, c.Offset, c.Length = h.Volume, h.Epoch, h.Offset, h.Length
-	// The payload is copied: it is not ours after return.
-	propose(hd.host, r.group, c, func(err error) { hd.replyErr(rw, h, err, start) })
+	// Without in, the payload is copied: it is not ours after return.
+	propose(hd.host, r.group, c, in, func(err error) { hd.replyErr(rw, h, err, start) })
 }
 
 // read serves a read on the leader: fence first if the epoch is new here, then
@@ -237,7 +257,7 @@ func (hd *handler) read(rw transport.ReplyWriter, h api.Header, r *replica, star
 	}
 	barrier := func() { hd.host.ReadBarrier(r.group, doRead) }
 	if h.Epoch > r.sm.epochOf(h.Volume) {
-		propose(hd.host, r.group, command{Op: cmdFence, Volume: h.Volume, Epoch: h.Epoch}, func(err error) {
+		propose(hd.host, r.group, command{Op: cmdFence, Volume: h.Volume, Epoch: h.Epoch}, nil, func(err error) {
 			if err != nil {
 				hd.replyErr(rw, h, err, start)
 				return

@@ -213,6 +213,25 @@ func TestHandlerIO(t *testing.T) {
 	if r.Status != api.StatusOK || !bytes.Equal(p, data[:4096]) {
 		t.Fatalf("read back: %v, equal=%v", r.Status, bytes.Equal(p, data[:4096]))
 	}
+	// Large writes are proposed from the buffer the transport read them into
+	// (header room before the data): whole chunk 3, then 20 KiB of chunk 4,
+	// then a 16 KiB write the volume refuses (past its end).
+	big := make([]byte, hChunk)
+	rng.Read(big)
+	for _, w := range []struct {
+		off uint64
+		n   int
+	}{{3 * hChunk, hChunk}, {4*hChunk + 1000, 20 << 10}} {
+		if r, _ := e.do(c, ioHdr(api.OpWrite, w.off, uint32(w.n)), big[:w.n]); r.Status != api.StatusOK {
+			t.Fatalf("%d-byte write: %v", w.n, r.Status)
+		}
+		if r, p := e.do(c, ioHdr(api.OpRead, w.off, uint32(w.n)), nil); r.Status != api.StatusOK || !bytes.Equal(p, big[:w.n]) {
+			t.Fatalf("%d-byte write read back: %v, equal=%v", w.n, r.Status, bytes.Equal(p, big[:w.n]))
+		}
+	}
+	if r, _ := e.do(c, ioHdr(api.OpWrite, hVolSize-8<<10, 16<<10), big[:16<<10]); r.Status != api.StatusOutOfRange {
+		t.Fatalf("16 KiB write past the end: %v", r.Status)
+	}
 	if r, _ := e.do(c, ioHdr(api.OpWriteZeroes, off, 100), nil); r.Status != api.StatusOK {
 		t.Fatalf("zeroes: %v", r.Status)
 	}
@@ -466,4 +485,4 @@ func (noPeers) ServeFrame(rw transport.ReplyWriter, h api.Header, _ []byte) {
 	}
 }
 
-func (noPeers) AllocPayload(api.Header, int) []byte { return nil }
+func (noPeers) AllocPayload(api.Header, int) (*[]byte, int) { return nil, 0 }

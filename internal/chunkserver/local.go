@@ -29,7 +29,7 @@ func (c *ChunkServer) Go(req api.Header, payload, readBuf []byte, done func(repl
 	}
 	switch req.Op {
 	case api.OpRead, api.OpWrite, api.OpTrim, api.OpWriteZeroes:
-		hd.serveIO(rw, req, payload, true)
+		hd.serveIO(rw, req, payload, nil, true)
 	case api.OpFlush, api.OpPing:
 		hd.reply(rw, req, api.StatusOK, 0)
 	default:

@@ -81,11 +81,12 @@ func (t *Transport) Receiver(host Host) *Receiver {
 
 // AllocPayload gives large OpRaft payloads a buffer of their own, which the
 // decoded entries keep (transport.PayloadAllocator).
-func (s *Receiver) AllocPayload(h api.Header, n int) []byte {
+func (s *Receiver) AllocPayload(h api.Header, n int) (*[]byte, int) {
 	if h.Op != api.OpRaft || n < aliasMinFrame {
-		return nil
+		return nil, 0
 	}
-	return make([]byte, n)
+	b := make([]byte, n)
+	return &b, 0
 }
 
 // ServeFrame handles an OpRaft or OpSnapshot frame (transport.Handler).

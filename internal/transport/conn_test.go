@@ -401,21 +401,24 @@ type allocHandler struct {
 	own   []bool // kept[i] is a buffer AllocPayload returned
 }
 
-func (a *allocHandler) AllocPayload(h api.Header, n int) []byte {
+func (a *allocHandler) AllocPayload(h api.Header, n int) (*[]byte, int) {
 	if n < a.min {
-		return nil
+		return nil, 0
 	}
-	b := make([]byte, n)
+	b := make([]byte, n+7)
 	a.mu.Lock()
-	a.given[&b[0]] = true
+	a.given[&b[7]] = true
 	a.mu.Unlock()
-	return b
+	return &b, 7
 }
 
 func (a *allocHandler) ServeFrame(rw ReplyWriter, h api.Header, p []byte) {
 	a.mu.Lock()
 	own := a.given[&p[0]]
 	a.mu.Unlock()
+	if buf, off := rw.(PayloadBufferer).PayloadBuffer(); own != (buf != nil) || own && &(*buf)[off] != &p[0] {
+		panic("PayloadBuffer does not name the buffer AllocPayload gave")
+	}
 	if !own {
 		rw.Retain()
 	}

@@ -43,8 +43,9 @@
 // request's payload into a pooled buffer (internal/bufpool) that goes back to
 // the pool when ServeFrame returns, unless the handler called Retain; or,
 // when the handler is a PayloadAllocator that asks for it, into a buffer of
-// the handler's own, of exactly the payload's size, which the server never
-// reuses.
+// the handler's own, at an offset it chooses (room for a header in front, or
+// exactly the payload's size), which the server never reuses and names during
+// ServeFrame (PayloadBufferer).
 //
 // # Flow control
 //

@@ -48,13 +48,23 @@ type Handler interface {
 
 // PayloadAllocator is an optional ability of a Handler: it provides the
 // buffers some frames' payloads are read into. A handler that keeps a payload
-// beyond ServeFrame (Retain) gets a buffer of exactly the payload's size this
-// way, instead of a pooled one of the next power of two.
+// beyond ServeFrame gets a buffer of exactly the payload's size this way
+// (instead of a pooled one of the next power of two), and one that puts a
+// header in front of a payload gets room for it (no copy of the payload).
 type PayloadAllocator interface {
-	// AllocPayload returns a buffer of length n for the payload of the frame
-	// h, or nil for a pooled buffer. A buffer it returned belongs to the
-	// handler: the server reads the payload into it and never reuses it.
-	AllocPayload(h api.Header, n int) []byte
+	// AllocPayload returns the buffer the n-byte payload of frame h is read
+	// into, at (*buf)[off:off+n], or nil for a pooled buffer of the server's.
+	// A buffer it returned belongs to the handler: the server never reuses
+	// it, and during ServeFrame the ReplyWriter's PayloadBuffer names it.
+	AllocPayload(h api.Header, n int) (buf *[]byte, off int)
+}
+
+// PayloadBufferer is the ability of a Server's ReplyWriter to name the
+// buffer a frame's payload was read into.
+type PayloadBufferer interface {
+	// PayloadBuffer returns, during ServeFrame, what the handler's
+	// AllocPayload gave for the frame's payload, or nil.
+	PayloadBuffer() (buf *[]byte, off int)
 }
 
 // ReplyWriter answers the requests of one connection.
@@ -237,6 +247,8 @@ type serverConn struct {
 	slots  chan struct{}
 
 	retained bool        // reader goroutine only: set by Retain during ServeFrame
+	owned    *[]byte     // reader goroutine only: AllocPayload's buffer of the frame being served
+	ownedOff int
 	more     atomic.Bool // the reader has the next frame's header buffered already
 
 	closeOnce sync.Once
@@ -260,6 +272,8 @@ type serverConn struct {
 func (sc *serverConn) RemoteAddr() net.Addr { return sc.remote }
 
 func (sc *serverConn) Retain() { sc.retained = true }
+
+func (sc *serverConn) PayloadBuffer() (*[]byte, int) { return sc.owned, sc.ownedOff }
 
 func (sc *serverConn) Reply(h api.Header, payload []byte, release func()) {
 	h.Flags |= api.FlagReply
@@ -405,11 +419,14 @@ func (sc *serverConn) readLoop() {
 		sc.retained = false
 		if h.PayloadLen > 0 {
 			if sc.s.alloc != nil {
-				payload = sc.s.alloc.AllocPayload(h, int(h.PayloadLen))
-				if payload != nil && len(payload) != int(h.PayloadLen) {
-					panic(fmt.Sprintf("transport: AllocPayload gave %d bytes for a %d-byte payload", len(payload), h.PayloadLen))
+				n := int(h.PayloadLen)
+				if buf, off := sc.s.alloc.AllocPayload(h, n); buf != nil {
+					if off < 0 || len(*buf) < off+n {
+						panic(fmt.Sprintf("transport: AllocPayload gave %d bytes, payload at %d, for a %d-byte payload", len(*buf), off, n))
+					}
+					payload = (*buf)[off : off+n]
+					sc.owned, sc.ownedOff, sc.retained = buf, off, true
 				}
-				sc.retained = payload != nil
 			}
 			if payload == nil {
 				pooled = bufpool.Get(int(h.PayloadLen))
@@ -427,6 +444,7 @@ func (sc *serverConn) readLoop() {
 			sc.more.Store(m)
 		}
 		sc.s.h.ServeFrame(sc, h, payload)
+		sc.owned = nil
 		if pooled != nil && !sc.retained {
 			bufpool.Put(pooled)
 		}
