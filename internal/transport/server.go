@@ -246,8 +246,8 @@ type serverConn struct {
 	raw    *sockio.Writer // inline replies only when raw.CanTry
 	slots  chan struct{}
 
-	retained bool        // reader goroutine only: set by Retain during ServeFrame
-	owned    *[]byte     // reader goroutine only: AllocPayload's buffer of the frame being served
+	retained bool    // reader goroutine only: set by Retain during ServeFrame
+	owned    *[]byte // reader goroutine only: AllocPayload's buffer of the frame being served
 	ownedOff int
 	more     atomic.Bool // the reader has the next frame's header buffered already
 
