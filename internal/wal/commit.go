@@ -284,7 +284,8 @@ func (w *WAL) commit(b *batch) error {
 	active := w.segs[len(w.segs)-1]
 	off := w.writeOff
 	w.mu.Unlock()
-	need := int64(len(b.buf))
+	size := int64(batchSize(b.buf, b.refs))
+	need := size
 	if len(b.refs) > 0 {
 		need += dioAlign + minPadRecord // a pad record may go first
 	}
@@ -308,12 +309,12 @@ func (w *WAL) commit(b *batch) error {
 	if len(b.refs) > 0 {
 		if n := padBefore(off); n > 0 {
 			pre = appendPad(pre, n)
-			sealRecords(pre, active.seq)
+			sealRecords(pre, nil, active.seq)
 		}
 	}
 	w.preBuf = pre
-	sealRecords(b.buf, active.seq)
-	size := int64(len(pre) + len(b.buf))
+	sealRecords(b.buf, b.refs, active.seq)
+	size += int64(len(pre))
 	wstart := time.Now()
 	if err := w.writePages(active, off, pre, b.buf, b.refs); err != nil {
 		return err
@@ -368,62 +369,48 @@ func (w *WAL) commit(b *batch) error {
 	return nil
 }
 
-// writePages writes pre and buf (its gaps filled from refs) at off in s as
-// whole pages: it writes the start of off's page again (the same bytes, so a
-// torn write cannot damage them) and pads the end with zeros. A write of whole
-// pages never makes the kernel read a page in first, which every append into
-// an uncached page would cost (the pages of a preallocated or recycled segment
-// are not in the page cache).
+// writePages writes pre and the batch (buf with the data of refs) at off in
+// s as whole pages: it writes the start of off's page again (the same bytes,
+// so a torn write cannot damage them) and pads the end with zeros. A write of
+// whole pages never makes the kernel read a page in first, which every append
+// into an uncached page would cost (the pages of a preallocated or recycled
+// segment are not in the page cache).
 func (w *WAL) writePages(s *segment, off int64, pre, buf []byte, refs []dataRef) error {
 	head := w.tailPage
 	if int64(len(head)) != off-roundDown(off) {
 		panic(fmt.Sprintf("wal: tail page holds %d bytes at offset %d", len(head), off))
 	}
-	end := off + int64(len(pre)+len(buf))
-	tn := int(end - roundDown(end))
-	if tn <= len(buf) {
-		fillRefs(buf, refs, len(buf)-tn) // the next write's head comes from buf
-	}
+	size := batchSize(buf, refs)
+	end := off + int64(len(pre)+size)
 	zeros := zeroPage[:roundUp(end)-end]
+	iov := batchIOV(append(w.iov[:0], head, pre), buf, refs)
+	w.iov = iov
+	defer clear(iov) // keep no references to the entries
+	// The next write starts with the last page's bytes so far.
+	tail := appendTail(w.tailSpare[:0], iov, int(end-roundDown(end)))
 	written := false
 	var err error
-	if len(buf) >= directMinBytes {
+	if size >= directMinBytes {
 		written, err = w.direct.write(s, off-int64(len(head)), pageWrite{head: head, pre: pre, buf: buf, refs: refs, zeros: len(zeros)})
 	}
 	if !written && err == nil {
-		iov := append(w.iov[:0], head, pre)
-		if len(refs) < maxIOV/2-2 {
-			iov = batchIOV(iov, buf, refs)
-		} else {
-			fillRefs(buf, refs, 0)
-			iov = append(iov, buf)
-		}
-		iov = append(iov, zeros)
-		w.iov = iov
-		err = pwritevFull(int(s.f.Fd()), iov, off-int64(len(head)))
-		clear(iov) // keep no references to the entries
+		err = pwritevFull(int(s.f.Fd()), append(iov, zeros), off-int64(len(head)))
 	}
 	if err != nil {
 		return err
 	}
-	switch {
-	case tn <= len(buf):
-		w.tailPage = append(head[:0], buf[len(buf)-tn:]...)
-	case tn <= len(pre)+len(buf):
-		w.tailPage = append(append(head[:0], pre[len(pre)+len(buf)-tn:]...), buf...)
-	default:
-		w.tailPage = append(append(head, pre...), buf...)
-	}
+	w.tailPage, w.tailSpare = tail, w.tailPage
 	return nil
 }
 
 // maxIOV is the most pieces one pwritev takes (IOV_MAX).
 const maxIOV = 1024
 
-// pwritevFull writes all of iov at off.
+// pwritevFull writes all of iov at off (maxIOV pieces at a time). iov's
+// pieces are consumed.
 func pwritevFull(fd int, iov [][]byte, off int64) error {
 	for len(iov) > 0 {
-		n, err := unix.Pwritev(fd, iov, off)
+		n, err := unix.Pwritev(fd, iov[:min(len(iov), maxIOV)], off)
 		if err != nil {
 			return err
 		}
@@ -445,8 +432,9 @@ func pwritevFull(fd int, iov [][]byte, off int64) error {
 // applyLocked applies a durable batch to the in-memory state.
 func (w *WAL) applyLocked(b *batch) {
 	s := w.segs[len(w.segs)-1]
-	base := w.writeOff - int64(len(b.buf))
+	base := w.writeOff - int64(batchSize(b.buf, b.refs))
 	cache := w.cfg.CacheBytes
+	shift := int64(0) // the batch's bytes before b.buf[at] that are not in b.buf
 	for i := range b.ops {
 		o := &b.ops[i]
 		switch o.kind {
@@ -457,15 +445,20 @@ func (w *WAL) applyLocked(b *batch) {
 			at := o.start + recHeaderSize + entriesHeadSize // in b.buf
 			for j, e := range o.ents {
 				at += entryHeadSize
-				if b.buf[at-5]&entryPadded != 0 { // the type byte, before the data length
+				byRef := b.buf[at-5]&entryPadded != 0 // the type byte, before the data length
+				if byRef {
 					at += padCountSize + int(le.Uint16(b.buf[at:]))
 				}
 				if uint64(j) >= skip {
-					loc := entryLoc{term: e.GetTerm(), seg: s.seq, off: base + int64(at), size: uint32(len(e.Data)),
+					loc := entryLoc{term: e.GetTerm(), seg: s.seq, off: base + shift + int64(at), size: uint32(len(e.Data)),
 						typ: e.GetType(), hasData: e.Data != nil}
 					g.appendLoc(loc, e, cache)
 				}
-				at += len(e.Data)
+				if byRef {
+					shift += int64(len(e.Data)) // a dataRef: not in b.buf
+				} else {
+					at += len(e.Data)
+				}
 			}
 			if last := first + uint64(len(o.ents)) - 1; last > s.maxIdx[o.group] {
 				s.maxIdx[o.group] = last

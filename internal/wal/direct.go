@@ -23,7 +23,7 @@ type pageWrite struct {
 	zeros          int
 }
 
-func (p *pageWrite) size() int { return len(p.head) + len(p.pre) + len(p.buf) + p.zeros }
+func (p *pageWrite) size() int { return len(p.head) + len(p.pre) + batchSize(p.buf, p.refs) + p.zeros }
 
 // directWriter writes whole pages to the active segment with O_DIRECT. A
 // direct write makes the kernel write back and drop the cached pages it
@@ -103,15 +103,16 @@ func (d *directWriter) gather(p *pageWrite, copyAll bool) int {
 	b := d.buf
 	at := copy(b, p.head)
 	at += copy(b[at:], p.pre)
-	base := at // p.buf[0] is at b[base]
+	base := at // the batch starts at b[base]
 	d.iov = d.iov[:0]
 	span := 0 // start of the d.buf span not yet listed
 	inPlace := 0
-	pos := 0 // next byte of p.buf to place
+	pos := 0   // next byte of p.buf to place
+	shift := 0 // the batch's bytes before p.buf[pos] that are not in p.buf
 	for _, r := range p.refs {
-		copy(b[base+pos:], p.buf[pos:r.at])
-		dst := base + r.at
-		pos = r.at + len(r.data)
+		copy(b[base+pos+shift:], p.buf[pos:r.at])
+		dst := base + r.off
+		pos, shift = r.at, shift+len(r.data)
 		// r.data[k:k+m] is the whole dioAlign blocks of the data.
 		k := -dst & (dioAlign - 1)
 		m := (len(r.data) - k) &^ (dioAlign - 1)
@@ -126,8 +127,8 @@ func (d *directWriter) gather(p *pageWrite, copyAll bool) int {
 		span = dst + k + m
 		inPlace++
 	}
-	copy(b[base+pos:], p.buf[pos:])
-	end := base + len(p.buf)
+	copy(b[base+pos+shift:], p.buf[pos:])
+	end := base + len(p.buf) + shift
 	clear(b[end : end+p.zeros])
 	d.iov = append(d.iov, b[span:end+p.zeros])
 	return inPlace

@@ -59,11 +59,12 @@ func decodeEntriesRecord(t *testing.T, b []byte, seq uint64) []*pb.Entry {
 	return out
 }
 
-// TestEntriesByReference: large entries (refMinBytes and more) are left as
-// gaps, referenced, and padded so that each one's offset in the buffer and
-// its address agree modulo dioAlign, whatever its alignment in memory; the
-// pieces with the data in place are the record, whose CRC is good and whose
-// entries decode to those given.
+// TestEntriesByReference: large entries (refMinBytes and more) are left out
+// of the buffer and referenced, padded so that each one's offset in the batch
+// and its address agree modulo dioAlign, whatever its alignment in memory; the
+// batch (buffer and data pieces) is the record, whose length and CRC are good
+// and whose entries decode to those given; sealing a batch in place, without
+// its data, makes the same records as sealing it whole.
 func TestEntriesByReference(t *testing.T) {
 	rng := rand.New(rand.NewSource(3))
 	var ents []*pb.Entry
@@ -79,27 +80,21 @@ func TestEntriesByReference(t *testing.T) {
 		ents = append(ents, e)
 	}
 	var refs []dataRef
-	stale := bytes.Repeat([]byte{0xee}, 1<<20) // gaps keep what the buffer held
-	got := appendEntries(append(stale[:0], "prefix"...), 7, ents, &refs)
+	got := appendEntries([]byte("prefix"), 7, ents, &refs)
 	if len(refs) != 4 {
 		t.Fatalf("%d refs, want 4", len(refs))
 	}
 	for _, r := range refs {
-		if (addrOf(r.data)-uintptr(r.at))%dioAlign != 0 {
-			t.Fatalf("data of %d bytes at %d has address %#x: not congruent modulo %d", len(r.data), r.at, addrOf(r.data), dioAlign)
+		if (addrOf(r.data)-uintptr(r.off))%dioAlign != 0 {
+			t.Fatalf("data of %d bytes at %d has address %#x: not congruent modulo %d", len(r.data), r.off, addrOf(r.data), dioAlign)
 		}
 	}
-	joined := bytes.Join(batchIOV(nil, got, refs), nil)
-	fillRefs(got, refs, len(got)-5000)
-	if !bytes.Equal(got[len(got)-5000:], joined[len(joined)-5000:]) {
-		t.Fatal("fillRefs did not fill the end of the buffer")
+	whole := bytes.Join(batchIOV(nil, got, refs), nil)
+	if len(whole) != batchSize(got, refs) {
+		t.Fatalf("batch of %d bytes, batchSize says %d", len(whole), batchSize(got, refs))
 	}
-	fillRefs(got, refs, 0)
-	if !bytes.Equal(got, joined) {
-		t.Fatal("fillRefs(0) did not fill every gap as the pieces have it")
-	}
-	rec := got[len("prefix"):]
-	sealRecords(rec, 1)
+	rec := whole[len("prefix"):]
+	sealRecords(rec, nil, 1)
 	dec := decodeEntriesRecord(t, rec, 1)
 	if len(dec) != len(ents) {
 		t.Fatalf("%d entries decoded, want %d", len(dec), len(ents))
@@ -108,6 +103,24 @@ func TestEntriesByReference(t *testing.T) {
 		if !proto.Equal(dec[i], ents[i]) {
 			t.Fatalf("entry %d decodes differently", i)
 		}
+	}
+
+	refs = nil
+	b := appendEntries(nil, 7, ents[:6], &refs)
+	b = appendHardState(b, 7, hardState{term: 1, vote: 2, commit: 3})
+	b = appendEntries(b, 8, ents[6:], &refs)
+	sealRecords(b, refs, 9)
+	whole = bytes.Join(batchIOV(nil, b, refs), nil)
+	n := 0
+	for off := 0; off < len(whole); n++ {
+		l, st := checkRecord(whole[off:], segTag(9))
+		if st != recOK {
+			t.Fatalf("record %d at %d: state %v", n, off, st)
+		}
+		off += recHeaderSize + l
+	}
+	if n != 3 {
+		t.Fatalf("%d records, want 3", n)
 	}
 }
 
@@ -187,7 +200,7 @@ func TestDirectGather(t *testing.T) {
 	buf := appendEntries(nil, 9, ents, &refs)
 	head := bytes.Repeat([]byte{7}, 1000)
 	pre := appendPad(nil, padBefore(int64(len(head))))
-	end := len(head) + len(pre) + len(buf)
+	end := len(head) + len(pre) + batchSize(buf, refs)
 	p := pageWrite{head: head, pre: pre, buf: buf, refs: refs, zeros: int(roundUp(int64(end))) - end}
 	want := bytes.Join([][]byte{head, pre, bytes.Join(batchIOV(nil, buf, refs), nil), make([]byte, p.zeros)}, nil)
 	d := newDirectWriter()

@@ -188,10 +188,12 @@
 // callback after the batch (in call order), so a group may have several saves
 // in flight; validation then checks a group's entries against the last index
 // queued for it (group.queuedLast), not only the durable one. Entry data of
-// 16 KiB or more is not copied into the batch: the record leaves a gap there
-// and the write takes the data from the entry itself (the entries are
-// immutable, and the batch holds them until written; a direct write then
-// hands most of it to the kernel in place, see Files). Storage methods take
+// 16 KiB or more is not copied into the batch: the batch's buffer holds
+// everything else, a reference says where in the batch the data goes, and the
+// write takes it from the entry itself (the entries are immutable, and the
+// batch holds them until written; a direct write hands most of it to the
+// kernel in place, see Files). So a batch's buffer stays small however large
+// its writes (it is reused from batch to batch). Storage methods take
 // WAL.mu briefly and read the disk without it.
 // WAL.mu is a leaf lock; nothing else is held while taking it.
 //

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
-	"slices"
 	"unsafe"
 
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -104,28 +103,42 @@ func endRecord(buf []byte, start int) {
 	le.PutUint32(buf[start+4:], crc32.Checksum(buf[start+recHeaderSize:], castagnoli))
 }
 
-// sealRecords tags every record in buf (whole records, as built by the
-// append functions) for segment seq and finishes its CRC: CRC-32C over the
-// payload, then the length and tag bytes.
-func sealRecords(buf []byte, seq uint64) {
+// sealRecords tags every record of a batch for segment seq and finishes its
+// CRC: CRC-32C over the payload, then the length and tag bytes. The batch is
+// buf with the data of refs inserted (whole records, as built by the append
+// functions); the data's bytes are not read again.
+func sealRecords(buf []byte, refs []dataRef, seq uint64) {
 	tag := segTag(seq)
+	shift := 0 // bytes of refs' data before buf[off]
 	for off := 0; off+recHeaderSize <= len(buf); {
 		h := buf[off : off+recHeaderSize]
 		le.PutUint32(h[8:], tag)
 		crc := crc32.Update(le.Uint32(h[4:]), castagnoli, h[:4])
 		le.PutUint32(h[4:], crc32.Update(crc, castagnoli, h[8:12]))
-		off += recHeaderSize + int(le.Uint32(h))
+		end := off + shift + recHeaderSize + int(le.Uint32(h)) // in the batch
+		for len(refs) > 0 && refs[0].off < end {
+			shift += len(refs[0].data)
+			refs = refs[1:]
+		}
+		off = end - shift
 	}
 }
 
 // appendEntries encodes one entries record. ents must be consecutive. With
-// refs, entry data of refMinBytes or more is not copied: its bytes in buf are
-// left as a gap (whatever the buffer held) and a dataRef added, for the write
-// to take the data from the entry itself; the CRC covers the data. Such an
-// entry is padded so that its data's offset in buf and its address agree
-// modulo dioAlign: written at a dioAlign-aligned file offset (commit makes
-// sure), the data can go to the disk straight from the entry.
+// refs (those of the batch so far), entry data of refMinBytes or more is not
+// copied: a dataRef says where in the batch it goes (the batch is buf with
+// the refs' data inserted), for the write to take the data from the entry
+// itself; the record's length and CRC cover the data. Such an entry is padded
+// so that its data's offset in the batch and its address agree modulo
+// dioAlign: written at a dioAlign-aligned file offset (commit makes sure), the
+// data can go to the disk straight from the entry.
 func appendEntries(buf []byte, group uint64, ents []*pb.Entry, refs *[]dataRef) []byte {
+	shift := 0 // the batch's bytes before buf[len(buf)] that are not in buf
+	if refs != nil && len(*refs) > 0 {
+		last := (*refs)[len(*refs)-1]
+		shift = last.off + len(last.data) - last.at
+	}
+	inRecord := 0 // this record's bytes not in buf
 	buf, start := beginRecord(buf)
 	buf = append(buf, recEntries)
 	buf = le.AppendUint64(buf, group)
@@ -150,16 +163,17 @@ func appendEntries(buf []byte, group uint64, ents []*pb.Entry, refs *[]dataRef) 
 			continue
 		}
 		addr := uintptr(unsafe.Pointer(unsafe.SliceData(e.Data)))
-		pad := int(addr-uintptr(len(buf)+padCountSize)) & (dioAlign - 1)
+		pad := int(addr-uintptr(len(buf)+shift+padCountSize)) & (dioAlign - 1)
 		buf = le.AppendUint16(buf, uint16(pad))
 		buf = append(buf, zeroPage[:pad]...)
 		crc = crc32.Update(crc32.Update(crc, castagnoli, buf[summed:]), castagnoli, e.Data)
-		*refs = append(*refs, dataRef{at: len(buf), data: e.Data})
-		buf = slices.Grow(buf, len(e.Data))[:len(buf)+len(e.Data)]
+		*refs = append(*refs, dataRef{at: len(buf), off: len(buf) + shift, data: e.Data})
+		shift += len(e.Data)
+		inRecord += len(e.Data)
 		summed = len(buf)
 	}
 	crc = crc32.Update(crc, castagnoli, buf[summed:])
-	le.PutUint32(buf[start:], uint32(len(buf)-start-recHeaderSize))
+	le.PutUint32(buf[start:], uint32(len(buf)-start-recHeaderSize+inRecord))
 	le.PutUint32(buf[start+4:], crc)
 	return buf
 }
@@ -188,35 +202,53 @@ func padBefore(off int64) int {
 	return n
 }
 
-// dataRef is entry data that belongs at buf[at:at+len(data)] of a batch.
+// dataRef is entry data that a batch holds by reference: it goes between
+// buf[:at] and buf[at:], at offset off of the batch (buf with every ref's data
+// inserted).
 type dataRef struct {
-	at   int
-	data []byte
+	at, off int
+	data    []byte
 }
 
-// batchIOV returns buf as pieces with the referenced data in place of the
-// gaps, appended to iov.
+// batchSize is the size of the batch that is buf with the data of refs.
+func batchSize(buf []byte, refs []dataRef) int {
+	if len(refs) == 0 {
+		return len(buf)
+	}
+	last := refs[len(refs)-1]
+	return len(buf) + last.off + len(last.data) - last.at
+}
+
+// batchIOV returns the batch (buf with the data of refs) as pieces, appended
+// to iov.
 func batchIOV(iov [][]byte, buf []byte, refs []dataRef) [][]byte {
 	pos := 0
 	for _, r := range refs {
 		iov = append(iov, buf[pos:r.at], r.data)
-		pos = r.at + len(r.data)
+		pos = r.at
 	}
 	return append(iov, buf[pos:])
 }
 
-// fillRefs copies the referenced data into the gaps of buf that overlap
-// buf[from:].
-func fillRefs(buf []byte, refs []dataRef, from int) {
-	for i := len(refs) - 1; i >= 0; i-- {
-		r := refs[i]
-		end := r.at + len(r.data)
-		if end <= from {
-			return
+// appendTail appends the last n bytes of the concatenation of pieces to dst.
+func appendTail(dst []byte, pieces [][]byte, n int) []byte {
+	i, skip := len(pieces), 0
+	for n > 0 && i > 0 {
+		i--
+		if l := len(pieces[i]); l >= n {
+			skip, n = l-n, 0
+		} else {
+			n -= l
 		}
-		lo := max(r.at, from)
-		copy(buf[lo:end], r.data[lo-r.at:])
 	}
+	for j := i; j < len(pieces); j++ {
+		p := pieces[j]
+		if j == i {
+			p = p[skip:]
+		}
+		dst = append(dst, p...)
+	}
+	return dst
 }
 
 // hardState is the value form of raftpb.HardState kept in memory.

@@ -39,7 +39,7 @@ func FuzzReplay(f *testing.F) {
 			seg = append(seg, p...)
 			endRecord(seg, start)
 		}
-		sealRecords(seg[segHeaderSize:], 1)
+		sealRecords(seg[segHeaderSize:], nil, 1)
 		dir := t.TempDir()
 		if err := os.WriteFile(filepath.Join(dir, segmentName(1)), seg, 0o644); err != nil {
 			t.Fatal(err)

@@ -56,6 +56,13 @@ func TestGoldenSegment(t *testing.T) {
 	end := w.writeOff
 	w.mu.Unlock()
 	w.Close()
+	// What the segment holds reads back: the entry written by reference too.
+	w = openT(t, dir, nil)
+	ents, err := w.Storage(0x0000000100000002).Entries(4, 5, 1<<20)
+	w.Close()
+	if err != nil || len(ents) != 1 || !bytes.Equal(ents[0].Data, big) {
+		t.Fatalf("entry 4 read back: %v %v", ents, err)
+	}
 	b, err := os.ReadFile(filepath.Join(dir, segmentName(1)))
 	if err != nil {
 		t.Fatal(err)

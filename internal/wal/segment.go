@@ -75,7 +75,7 @@ func (w *WAL) createSegment(seq uint64, ckpt []byte, size int64) (*segment, erro
 	}
 	hdr := appendSegmentHeader(make([]byte, 0, roundUp(int64(segHeaderSize+len(ckpt)))), seq)
 	hdr = append(hdr, ckpt...)
-	sealRecords(hdr[segHeaderSize:], seq)
+	sealRecords(hdr[segHeaderSize:], nil, seq)
 	n := len(hdr)
 	if _, err := f.WriteAt(hdr[:roundUp(int64(n))], 0); err != nil { // whole pages: see writePages
 		return fail(err)

@@ -129,9 +129,11 @@ type WAL struct {
 	direct   *directWriter // large batches (the committer's alone)
 	iov      [][]byte      // writePages' scratch (the committer's alone)
 	preBuf   []byte        // a batch's pad record (the committer's alone)
-	pending  *batch
-	spare    *batch
-	stats    Stats
+	// tailSpare is the previous tailPage's buffer, reused (the committer's alone).
+	tailSpare []byte
+	pending   *batch
+	spare     *batch
+	stats     Stats
 	// spareFile is the prepared next segment (nil if none); preparing is
 	// set while a prepareSpare goroutine runs (prepWG counts it).
 	spareFile *spareFile
