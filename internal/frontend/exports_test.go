@@ -1,7 +1,6 @@
 package frontend
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/testutil"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -94,26 +94,8 @@ func (o *testOpener) openCount(name string) int {
 	return o.opens[name]
 }
 
-// logBuffer collects log lines for assertions.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func newExports(o *testOpener) (*Exports, *logBuffer) {
-	var logs logBuffer
+func newExports(o *testOpener) (*Exports, *testutil.LogBuffer) {
+	var logs testutil.LogBuffer
 	return NewExports(ExportsConfig{Opener: o, Logger: slog.New(slog.NewTextHandler(&logs, nil))}), &logs
 }
 

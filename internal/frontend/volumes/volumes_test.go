@@ -5,7 +5,6 @@ package volumes_test
 // a fenced export re-opens for a new attachment; a resize reaches an open export.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -21,31 +20,15 @@ import (
 	"github.com/basalt-storage/basalt/internal/frontend"
 	"github.com/basalt-storage/basalt/internal/frontend/volumes"
 	"github.com/basalt-storage/basalt/internal/testcluster"
+	"github.com/basalt-storage/basalt/internal/testutil"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
-
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 type fixture struct {
 	t       *testing.T
 	c       *testcluster.Cluster
 	exports *frontend.Exports
-	logs    *logBuffer
+	logs    *testutil.LogBuffer
 }
 
 func newFixture(t *testing.T, c *testcluster.Cluster, readOnly bool) *fixture {
@@ -55,7 +38,7 @@ func newFixture(t *testing.T, c *testcluster.Cluster, readOnly bool) *fixture {
 // newFixtureWith is newFixture with more of the Opener's Config (MDS, client
 // name and logger are filled in).
 func newFixtureWith(t *testing.T, c *testcluster.Cluster, cfg volumes.Config) *fixture {
-	logs := &logBuffer{}
+	logs := &testutil.LogBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, nil))
 	cfg.MDS, cfg.ClientName, cfg.Logger = c.API, t.Name(), log
 	e := frontend.NewExports(frontend.ExportsConfig{Logger: log, Opener: volumes.New(cfg)})
