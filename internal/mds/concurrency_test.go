@@ -19,17 +19,8 @@ import (
 // every read-write open gets its own epoch, racing creates of one name let
 // exactly one win, and ids stay unique.
 func TestConcurrentRequests(t *testing.T) {
-	r := startMDS(t, Config{})
-	defer r.stop(t)
-	waitActive(t, r, 30*time.Second)
-	c := dial(t, r.s.Addr())
+	c := startWithPool(t, Config{}, 3)
 	ctx := ctxT(t)
-	register(t, c, "z1", "h1", "a:1")
-	register(t, c, "z2", "h2", "a:2")
-	register(t, c, "z3", "h3", "a:3")
-	if _, err := c.CreatePool(ctx, &api.CreatePoolRequest{Name: "p", CopysetCount: 3}); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := c.CreateVolume(ctx, &api.CreateVolumeRequest{Name: "shared", Size: 4096}); err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/basalt-storage/basalt/internal/testutil"
+	"github.com/basalt-storage/basalt/pkg/api"
 	"github.com/basalt-storage/basalt/pkg/mdsclient"
 )
 
@@ -146,4 +147,22 @@ func wantCode(t *testing.T, what string, err error, want codes.Code) {
 	if got := status.Code(err); got != want {
 		t.Fatalf("%s: got %v (%v), want %v", what, got, err, want)
 	}
+}
+
+// startWithPool starts an MDS with cfg, registers three chunkservers in three
+// zones and creates pool "p" with the given copysets: the setup of the session
+// and volume tests. The MDS is stopped at cleanup.
+func startWithPool(t *testing.T, cfg Config, copysets uint32) *mdsclient.Client {
+	t.Helper()
+	r := startMDS(t, cfg)
+	t.Cleanup(func() { r.stop(t) })
+	waitActive(t, r, 30*time.Second)
+	c := dial(t, r.s.Addr())
+	register(t, c, "z1", "h1", "a:1")
+	register(t, c, "z2", "h2", "a:2")
+	register(t, c, "z3", "h3", "a:3")
+	if _, err := c.CreatePool(ctxT(t), &api.CreatePoolRequest{Name: "p", CopysetCount: copysets}); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -205,17 +205,8 @@ func TestPoolsAndVolumes(t *testing.T) {
 // front-end attachment starts as one) cannot be deleted, as `rbd rm` refuses an
 // image with watchers; once the session closes it can.
 func TestDeleteVolumeRefusedWhileAttached(t *testing.T) {
-	r := startMDS(t, Config{SessionLease: 10 * time.Second})
-	defer r.stop(t)
-	waitActive(t, r, 30*time.Second)
-	c := dial(t, r.s.Addr())
+	c := startWithPool(t, Config{SessionLease: 10 * time.Second}, 3)
 	ctx := ctxT(t)
-	register(t, c, "z1", "h1", "a:1")
-	register(t, c, "z2", "h2", "a:2")
-	register(t, c, "z3", "h3", "a:3")
-	if _, err := c.CreatePool(ctx, &api.CreatePoolRequest{Name: "p", CopysetCount: 3}); err != nil {
-		t.Fatal(err)
-	}
 	for _, name := range []string{"attached", "other"} {
 		if _, err := c.CreateVolume(ctx, &api.CreateVolumeRequest{Name: name, Size: 1 << 30}); err != nil {
 			t.Fatal(err)
@@ -243,17 +234,8 @@ func TestDeleteVolumeRefusedWhileAttached(t *testing.T) {
 }
 
 func TestSessionsAndEpochs(t *testing.T) {
-	r := startMDS(t, Config{SessionLease: 2 * time.Second})
-	defer r.stop(t)
-	waitActive(t, r, 30*time.Second)
-	c := dial(t, r.s.Addr())
+	c := startWithPool(t, Config{SessionLease: 2 * time.Second}, 6)
 	ctx := ctxT(t)
-	register(t, c, "z1", "h1", "a:1")
-	register(t, c, "z2", "h2", "a:2")
-	register(t, c, "z3", "h3", "a:3")
-	if _, err := c.CreatePool(ctx, &api.CreatePoolRequest{Name: "p", CopysetCount: 6}); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := c.CreateVolume(ctx, &api.CreateVolumeRequest{Name: "vol", Size: 1 << 30}); err != nil {
 		t.Fatal(err)
 	}
