@@ -20,7 +20,7 @@
 //	 0     4     Magic       0x42534c54 ("BSLT")
 //	 4     1     Version     1
 //	 5     1     Op          1 read, 2 write, 3 trim, 4 write-zeroes, 5 flush, 6 ping,
-//	                         7 checksum, 16 raft (one-way), 17 snapshot (peer traffic)
+//	                         7 checksum, 8 fence, 16 raft (one-way), 17 snapshot (peer traffic)
 //	 6     2     Flags       bit 0 FUA, bit 15 reply
 //	 8     8     ID          chosen by the sender of a request, echoed by its reply
 //	16     4     Status      reply status (Status); 0 in requests
