@@ -35,7 +35,9 @@
 // Payloads: a write carries Length bytes of data; the reply to a read carries
 // Length bytes; the other IO ops carry none. Peer traffic (OpRaft, OpSnapshot)
 // has payloads and uses Volume, Offset and Length as internal/raftnet
-// specifies. A request for one IO never crosses a chunk boundary (the client
+// specifies. OpFence carries no payload and uses Volume, Epoch and Copyset:
+// a new writer raises its volume's epoch in that copyset (its Open fences
+// every copyset of the pool before it returns). A request for one IO never crosses a chunk boundary (the client
 // splits). A reply repeats its request's header with FlagReply set, Status (and
 // Hint) filled in and its own PayloadLen. The encoding is frozen by
 // testdata/*.golden (TestHeaderGolden): changing it is a new Version.
