@@ -343,8 +343,8 @@ func TestDiskErrorMajority(t *testing.T) {
 	if !errors.Is(err, api.ErrNoSpace) {
 		t.Fatalf("got %v, want NO_SPACE", err)
 	}
-	if took := time.Since(start); took > 10*time.Second {
-		t.Fatalf("NO_SPACE after %v: the client waited for its deadline", took)
+	if took := time.Since(start); took > 30*time.Second {
+		t.Fatalf("NO_SPACE after %v: the client waited for its deadline (60 s)", took)
 	}
 }
 
@@ -387,7 +387,9 @@ func TestOpDeadline(t *testing.T) {
 	if !errors.Is(err, ErrTimeout) || !errors.Is(err, transport.ErrAborted) {
 		t.Fatalf("write: %v", err)
 	}
-	if el := time.Since(start); el < 200*time.Millisecond || el > 2*time.Second {
+	// Not before OpTimeout; the upper bound only catches an IO that waits for
+	// something else (generous for a loaded machine).
+	if el := time.Since(start); el < 200*time.Millisecond || el > 30*time.Second {
 		t.Fatalf("gave up after %v, OpTimeout 200ms", el)
 	}
 }
