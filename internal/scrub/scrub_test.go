@@ -356,7 +356,9 @@ func TestCheckRateLimited(t *testing.T) {
 	if bytes != 3<<20 {
 		t.Fatalf("bytes = %d, want 3 MiB", bytes)
 	}
-	if el < 1300*time.Millisecond || el > 5*time.Second {
+	// The limit is a lower bound; the upper one only catches a limiter far
+	// slower than asked (generous: a loaded machine is slow too).
+	if el < 1300*time.Millisecond || el > time.Minute {
 		t.Fatalf("4 checks took %v, want about 1.4 s at 2 MiB/s", el)
 	}
 }
