@@ -316,6 +316,16 @@ func TestBackpressure(t *testing.T) {
 		wg.Add(1)
 		c.Go(&Call{Header: api.Header{Op: api.OpPing}}, func(*Call) { wg.Done() })
 	}
+	// Wait for the server to read what it may, then give it time to
+	// (wrongly) read more.
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(time.Millisecond) {
+		mu.Lock()
+		n := len(held)
+		mu.Unlock()
+		if n >= 4 && raft.Load() == 10 || time.Now().After(deadline) {
+			break
+		}
+	}
 	time.Sleep(50 * time.Millisecond)
 	mu.Lock()
 	n := len(held)
