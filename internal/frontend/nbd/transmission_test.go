@@ -152,9 +152,7 @@ func TestTornWriteIsNotSubmitted(t *testing.T) {
 	// The server notices the EOF and ends the connection.
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		ts.mu.Lock()
-		n := len(ts.active)
-		ts.mu.Unlock()
+		n := ts.conns.Len()
 		if n == 0 {
 			break
 		}
@@ -352,9 +350,7 @@ func TestShutdownAnswersBufferedWithESHUTDOWN(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- ts.Shutdown(context.Background()) }()
 	waitFor(t, 60*time.Second, "Shutdown begun", func() error {
-		ts.mu.Lock()
-		defer ts.mu.Unlock()
-		if !ts.closing {
+		if !ts.conns.Closing() {
 			return errors.New("not closing")
 		}
 		return nil
@@ -586,9 +582,7 @@ func TestClientThatStopsReadingIsDisconnected(t *testing.T) {
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		ts.mu.Lock()
-		n := len(ts.active)
-		ts.mu.Unlock()
+		n := ts.conns.Len()
 		if n == 0 {
 			break
 		}
