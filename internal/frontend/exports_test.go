@@ -222,7 +222,7 @@ func TestAbandonedOpenIsClosed(t *testing.T) {
 		t.Fatal("attach returned before the open finished")
 	}
 	close(gate)
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		o.mu.Lock()
 		var closed bool
@@ -403,7 +403,7 @@ func TestAttachDetachStress(t *testing.T) {
 		t.Error(err)
 	}
 	// Opens abandoned by every attacher finish (and close) on their own goroutine.
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		o.mu.Lock()
 		var bad []string

@@ -403,7 +403,7 @@ func TestClusterFullNoSpace(t *testing.T) {
 		t.Fatal("the cluster never filled up")
 	}
 	// Every chunkserver says so: in its status (from its heartbeat) and its log.
-	c.Eventually(10*time.Second, "every chunkserver reporting a full disk", func(ctx context.Context) error {
+	c.Eventually(60*time.Second, "every chunkserver reporting a full disk", func(ctx context.Context) error {
 		st, err := c.API.ClusterStatus(ctx, &api.ClusterStatusRequest{})
 		if err != nil {
 			return err

@@ -495,7 +495,7 @@ func TestServerBadInput(t *testing.T) {
 		if name == "truncated" || name == "short" {
 			nc.(*net.TCPConn).CloseWrite()
 		}
-		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		nc.SetReadDeadline(time.Now().Add(60 * time.Second))
 		var b [1]byte
 		if n, err := nc.Read(b[:]); n != 0 || err == nil || errors.Is(err, ErrClosed) {
 			t.Fatalf("%s: connection not closed by server: n=%d err=%v", name, n, err)
