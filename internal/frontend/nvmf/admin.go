@@ -145,7 +145,8 @@ func (c *conn) connect(cmd *command) {
 		}
 		ctrl.join(c)
 		go ctrl.keepAlive()
-		log.Info("nvmf: controller created", "cntlid", ctrl.id, "kato", kato, "discovery", ctrl.discovery)
+		log.Info("nvmf: controller created", "cntlid", ctrl.id, "kato", kato, "discovery", ctrl.discovery,
+			"hdgst", c.hdgst, "ddgst", c.ddgst)
 	} else {
 		ctrl = c.s.controller(cntlid)
 		if ctrl == nil || ctrl.subNQN != subNQN || ctrl.hostNQN != hostNQN {
@@ -164,6 +165,7 @@ func (c *conn) connect(cmd *command) {
 			return
 		}
 		ctrl.touch()
+		log.Info("nvmf: I/O queue connected", "cntlid", ctrl.id, "sqsize", sqsize, "hdgst", c.hdgst, "ddgst", c.ddgst)
 	}
 	c.ctrl, c.qid, c.sqsize, c.noSQFlow = ctrl, qid, sqsize, cattr&4 != 0
 	c.nc.SetReadDeadline(time.Time{})
