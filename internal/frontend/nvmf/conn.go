@@ -82,7 +82,7 @@ func (c *conn) Serve() {
 	c.nc.SetReadDeadline(time.Now().Add(c.s.cfg.ConnectTimeout))
 	err := c.readLoop()
 	switch {
-	case err == nil, errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
+	case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
 	case errors.Is(err, ErrProtocol):
 		c.log.Warn("nvmf: closing the connection after a protocol error", "qid", c.qid, "err", err)
 	default:
