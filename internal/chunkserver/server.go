@@ -22,6 +22,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/datastore"
 	"github.com/basalt-storage/basalt/internal/debughttp"
+	"github.com/basalt-storage/basalt/internal/fsdir"
 	"github.com/basalt-storage/basalt/internal/raftnet"
 	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/scrub"
@@ -228,7 +229,7 @@ func New(cfg Config) (*ChunkServer, error) {
 	case cfg.PreallocChunks < 0:
 		cfg.PreallocChunks = 0
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+	if err := fsdir.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, err
 	}
 	lock, err := lockDataDir(cfg.DataDir)
