@@ -254,8 +254,16 @@ func New(cfg Config) (*ChunkServer, error) {
 	if id != 0 {
 		c.log = c.log.With("chunkserver", id)
 	}
-	c.wal, err = wal.Open(wal.Config{Dir: filepath.Join(cfg.DataDir, "wal"), SegmentSize: cfg.WALSegmentSize,
+	walDir := filepath.Join(cfg.DataDir, "wal")
+	c.wal, err = wal.Open(wal.Config{Dir: walDir, SegmentSize: cfg.WALSegmentSize,
 		Logger: cfg.Logger, Knobs: cfg.Knobs.WAL, OnCommit: c.metrics.walCommit})
+	if errors.Is(err, wal.ErrCorrupt) || errors.Is(err, wal.ErrVersion) {
+		// Acknowledged writes may be gone: this replica must not vote or
+		// serve. Its copysets still have their other replicas.
+		return nil, fmt.Errorf("refusing to start: the WAL at %s cannot be trusted (%w); "+
+			"the MDS will re-replicate its copysets; move the data directory %s aside to rejoin empty",
+			walDir, err, cfg.DataDir)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -54,6 +54,11 @@ type Proc struct {
 
 	mu  sync.Mutex
 	cmd *exec.Cmd
+	// last is the most recently started process; exited and exitCode
+	// describe it once it has been reaped.
+	last     *exec.Cmd
+	exited   bool
+	exitCode int
 }
 
 // Cluster is a running cluster.
@@ -254,10 +259,26 @@ func (c *Cluster) Start(p *Proc) {
 	if err := cmd.Start(); err != nil {
 		c.t.Fatalf("start %s: %v", p.Name, err)
 	}
-	go func() { _ = cmd.Wait(); logf.Close() }()
 	p.mu.Lock()
-	p.cmd = cmd
+	p.cmd, p.last, p.exited = cmd, cmd, false
 	p.mu.Unlock()
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		p.mu.Lock()
+		if p.last == cmd {
+			p.exited, p.exitCode = true, cmd.ProcessState.ExitCode()
+		}
+		p.mu.Unlock()
+	}()
+}
+
+// ExitCode returns the exit code of p's last started process and true once
+// it has exited (-1 if a signal ended it), or false while it runs.
+func (p *Proc) ExitCode() (int, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.exitCode, p.exited
 }
 
 // Kill sends SIGKILL to p and waits until it is gone.
