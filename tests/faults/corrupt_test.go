@@ -29,14 +29,15 @@ func TestCorruptWAL(t *testing.T) {
 	f.run(testcluster.WorkloadOptions{Seed: 11})
 	victim := f.c.FewestLeaders()
 	id := f.c.IDOf(victim)
+	f.fault("stop %s, flip a byte of a synced record of its WAL, restart it", victim)
 	f.c.Stop(victim)
 	seg, off := damageSyncedRecord(t, filepath.Join(victim.DataDir, "wal"))
+	t.Logf("flipped the byte at offset %d of %s", off, seg)
 	damaged, err := os.ReadFile(seg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.c.Start(victim)
-	f.fault("stopped %s, flipped a byte of a synced record at offset %d of %s, restarted it", victim, off, filepath.Base(seg))
 
 	deadline := time.Now().Add(60 * time.Second)
 	code, exited := victim.ExitCode()
