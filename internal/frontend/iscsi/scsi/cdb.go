@@ -16,6 +16,7 @@ const (
 	opWrite10           = 0x2a
 	opWriteVerify10     = 0x2e
 	opVerify10          = 0x2f
+	opPrefetch10        = 0x34
 	opSyncCache10       = 0x35
 	opWriteSame10       = 0x41
 	opUnmap             = 0x42
@@ -25,6 +26,7 @@ const (
 	opWrite16           = 0x8a
 	opWriteVerify16     = 0x8e
 	opVerify16          = 0x8f
+	opPrefetch16        = 0x90
 	opSyncCache16       = 0x91
 	opWriteSame16       = 0x93
 	opServiceActionIn16 = 0x9e
@@ -60,6 +62,7 @@ const (
 	kWriteSame
 	kCompareAndWrite
 	kSync
+	kPrefetch
 	kUnmap
 	kInquiry
 	kReadCapacity10
@@ -199,6 +202,11 @@ func Decode(cdb []byte, blockSize int) (*Command, *Sense) {
 		c.kind, c.Dir = kCompareAndWrite, DirOut
 		c.lba, c.blocks, c.fua = u64(2), uint32(cdb[13]), cdb[1]&0x08 != 0
 		c.DataOut = 2 * int(c.blocks) * bs
+
+	case opPrefetch10:
+		c.kind, c.lba, c.blocks = kPrefetch, uint64(u32(2)), u16(7)
+	case opPrefetch16:
+		c.kind, c.lba, c.blocks = kPrefetch, u64(2), u32(10)
 
 	case opSyncCache10:
 		c.kind, c.lba, c.blocks = kSync, uint64(u32(2)), u16(7)

@@ -133,6 +133,13 @@ func (lu *LU) Execute(c *Command, dataOut []byte, done func(Result)) {
 		done(good(nil))
 	case kRead, kWrite:
 		lu.readWrite(c, dataOut, done)
+	case kPrefetch:
+		// Nothing to load ahead into: GOOD once the range is checked.
+		if !lu.inRange(c.lba, uint64(c.blocks)) {
+			done(check(sense(senseLBAOutOfRange)))
+			return
+		}
+		done(good(nil))
 	case kSync:
 		if !lu.canFlush {
 			done(good(nil))
