@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
-	"github.com/basalt-storage/basalt/internal/testutil"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -113,4 +112,3 @@ func startServer(t testing.TB, vols memExports, cfg Config) (*Server, string) {
 	return s, ln.Addr().String()
 }
 
-var _ = testutil.RequireTool

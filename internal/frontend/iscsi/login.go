@@ -157,8 +157,7 @@ func (c *conn) loginRespond(p *pdu, status uint16, transit bool, text []byte) er
 
 // loginRefuse answers p with f's status and returns f.
 func (c *conn) loginRefuse(p *pdu, f *loginFailure) error {
-	c.log.Warn("iscsi: login refused", "status", fmt.Sprintf("%#04x", f.status), "why", f.why,
-		"initiator", c.initiator, "target", c.target)
+	c.log.Warn("iscsi: login refused", "status", fmt.Sprintf("%#04x", f.status), "why", f.why)
 	c.loginRespond(p, f.status, false, nil)
 	return f
 }
@@ -264,6 +263,11 @@ func (c *conn) negotiate(st *loginState, p *pdu, keys []kv) (resp []byte, transi
 		resp = appendText(resp, "TargetPortalGroupTag", "1")
 	}
 	if wantTransit && !st.authDone {
+		if st.chap.step == 1 || st.chap.step == 2 {
+			// CHAP is under way (libiscsi asks to move on from its first
+			// request): answer T=0 and go on with it.
+			return resp, false, nil
+		}
 		return nil, false, refuse(statusAuthFailure, "left the security stage without authenticating")
 	}
 	if (csg == stageOperational || wantTransit && nsg == stageFullFeature) && !st.declared {
