@@ -112,8 +112,11 @@ type task struct {
 
 func newConn(s *Server, nc net.Conn) *conn {
 	remote := "unknown"
-	if a := nc.RemoteAddr(); a != nil {
-		remote = a.String()
+	if nc != nil && nc.RemoteAddr() != nil {
+		remote = nc.RemoteAddr().String()
+	}
+	if s.log == nil {
+		s.log = slog.Default()
 	}
 	c := &conn{
 		s: s, nc: nc, br: bufio.NewReaderSize(nc, 64<<10),

@@ -308,7 +308,7 @@ func Decode(cdb []byte, blockSize int) (*Command, *Sense) {
 	default:
 		return nil, sense(senseInvalidOpcode)
 	}
-	if c.Dir == DirIn {
+	if c.Dir == DirIn && c.kind != kRead {
 		c.DataIn = c.alloc
 	}
 	return c, nil
