@@ -44,6 +44,7 @@ func main() {
 		mdsCommand(),
 		chunkserverCommand(),
 		nbdCommand(),
+		iscsiCommand(),
 		playgroundCommand(),
 		poolCommand(),
 		volumeCommand(),
