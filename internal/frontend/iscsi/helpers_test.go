@@ -111,4 +111,3 @@ func startServer(t testing.TB, vols memExports, cfg Config) (*Server, string) {
 	})
 	return s, ln.Addr().String()
 }
-

@@ -325,4 +325,3 @@ func TestSessionMemoryBound(t *testing.T) {
 		t.Fatalf("%d R2Ts, want 4", r2ts)
 	}
 }
-
