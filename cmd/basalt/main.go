@@ -44,7 +44,7 @@ func main() {
 		mdsCommand(),
 		chunkserverCommand(),
 		nbdCommand(),
-		iscsiCommand(),
+		nvmfCommand(),
 		playgroundCommand(),
 		poolCommand(),
 		volumeCommand(),

@@ -7,17 +7,14 @@ import (
 	"github.com/basalt-storage/basalt/internal/frontend/access"
 )
 
-// ISCSICluster is the cluster name in the playground's iSCSI target names.
-const ISCSICluster = "playground"
-
-// startFrontEnd serves NBD on TCP and on a Unix socket, and iSCSI, from this
-// process, and the front end's metrics if cfg asks; stop ends both.
+// startFrontEnd serves NBD on TCP and on a Unix socket from this process, and
+// the front end's metrics if cfg asks; stop ends both.
 func startFrontEnd(cfg Config, st *State) (stop func(), err error) {
 	fcfg := access.Config{
 		MDS: []string{st.MDS}, ClientName: "playground-nbd",
 		Logger: cfg.Logger.With("component", "frontend"),
 		NBD:    access.NBDConfig{Listen: cfg.NBDListen, Socket: cfg.NBDSocket},
-		ISCSI:  access.ISCSIConfig{Listen: cfg.ISCSIListen, Cluster: ISCSICluster},
+		NVMf:   access.NVMfConfig{Listen: cfg.NVMfListen},
 	}
 	stopMetrics := func() {}
 	if cfg.Metrics != "" {
@@ -33,7 +30,7 @@ func startFrontEnd(cfg Config, st *State) (stop func(), err error) {
 	node, err := access.Start(fcfg)
 	if err != nil {
 		stopMetrics()
-		return nil, fmt.Errorf("%w (is another playground running? use --nbd-listen, --iscsi-listen or --port-base)", err)
+		return nil, fmt.Errorf("%w (is another playground running? use --nbd-listen, --nvmf-listen or --port-base)", err)
 	}
 	return func() {
 		node.Close()

@@ -5,10 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/basalt-storage/basalt/internal/frontend/iscsi"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/basalt-storage/basalt/internal/frontend/nvmf"
 )
 
 // ChunkserverState is one chunkserver of the playground.
@@ -35,9 +36,8 @@ type State struct {
 	NBDSocket    string             `json:"nbd_socket"`
 	NBDURI       string             `json:"nbd_uri"`
 	NBDUnixURI   string             `json:"nbd_unix_uri"`
-	ISCSI        string             `json:"iscsi"`             // the iSCSI portal
-	ISCSITarget  string             `json:"iscsi_target"`      // the volume's target name
-	ISCSIURI     string             `json:"iscsi_uri"`         // libiscsi's URL of LUN 0
+	NVMf         string             `json:"nvmf"`              // NVMe/TCP target (host:port)
+	NVMfNQN      string             `json:"nvmf_nqn"`          // the volume's subsystem NQN
 	Metrics      string             `json:"metrics,omitempty"` // this process's /metrics and /debug/pprof/
 	Volume       string             `json:"volume"`
 	Size         uint64             `json:"size"`
@@ -61,10 +61,9 @@ func newState(cfg Config) State {
 		Size:      cfg.Size,
 	}
 	st.NBDURI = "nbd://" + st.NBD + "/" + cfg.Volume
+	st.NVMf = cfg.NVMfListen
+	st.NVMfNQN = nvmf.VolumeNQNPrefix + cfg.Volume
 	st.NBDUnixURI = "nbd+unix:///" + cfg.Volume + "?socket=" + st.NBDSocket
-	st.ISCSI = cfg.ISCSIListen
-	st.ISCSITarget = iscsi.TargetName(ISCSICluster, cfg.Volume)
-	st.ISCSIURI = "iscsi://" + st.ISCSI + "/" + st.ISCSITarget + "/0"
 	return st
 }
 

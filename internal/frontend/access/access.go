@@ -13,8 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
-	"github.com/basalt-storage/basalt/internal/frontend/iscsi"
 	"github.com/basalt-storage/basalt/internal/frontend/nbd"
+	"github.com/basalt-storage/basalt/internal/frontend/nvmf"
 	"github.com/basalt-storage/basalt/internal/frontend/volumes"
 	"github.com/basalt-storage/basalt/pkg/client"
 	"github.com/basalt-storage/basalt/pkg/mdsclient"
@@ -35,19 +35,18 @@ type Config struct {
 	// leads takes the local fast path (client.Config.Local).
 	Local client.Local
 
-	NBD   NBDConfig
-	ISCSI ISCSIConfig
+	NBD  NBDConfig
+	NVMf NVMfConfig
 }
 
-// ISCSIConfig says where the iSCSI target listens; Listen empty: no iSCSI.
-type ISCSIConfig struct {
-	Listen string // TCP address (the portal)
-	// Cluster names the cluster in target names: iqn.2026-11.io.basalt:CLUSTER:VOLUME.
-	Cluster string
-	// CHAP, if set, is required of every normal session; Initiators, if not
-	// empty, are the only initiator names allowed (iscsi.Config).
-	CHAP       *iscsi.CHAP
-	Initiators []string
+// NVMfConfig says where the NVMe over TCP target listens; empty Listen: none.
+type NVMfConfig struct {
+	Listen string // TCP address (the NVMe/TCP port is 4420)
+	// AllowedHosts: the host NQNs that may connect; empty: every host.
+	AllowedHosts []string
+	// AdvertiseAddr is the address the discovery log gives (default: the one
+	// the host connected to).
+	AdvertiseAddr string
 }
 
 // NBDConfig says where the NBD front end listens; both empty: no NBD.
@@ -59,7 +58,7 @@ type NBDConfig struct {
 func (c NBDConfig) enabled() bool { return c.Listen != "" || c.Socket != "" }
 
 // ErrNothingToServe: Start was given no front end to run.
-var ErrNothingToServe = errors.New("access: no front end configured (give an NBD TCP address or Unix socket, or an iSCSI portal)")
+var ErrNothingToServe = errors.New("access: no front end configured (give an NBD TCP address or Unix socket, or an NVMe/TCP address)")
 
 // Node is a running set of front ends over one export lifecycle.
 type Node struct {
@@ -67,7 +66,7 @@ type Node struct {
 	mds     *mdsclient.Client
 	exports *frontend.Exports
 	nbd     *nbd.Server
-	iscsi   *iscsi.Server
+	nvmf    *nvmf.Server
 	addrs   []net.Addr
 
 	closeOnce sync.Once
@@ -76,7 +75,7 @@ type Node struct {
 
 // Start starts the front ends cfg names; they serve until Close.
 func Start(cfg Config) (*Node, error) {
-	if !cfg.NBD.enabled() && cfg.ISCSI.Listen == "" {
+	if !cfg.NBD.enabled() && cfg.NVMf.Listen == "" {
 		return nil, ErrNothingToServe
 	}
 	if cfg.Logger == nil {
@@ -109,13 +108,31 @@ func Start(cfg Config) (*Node, error) {
 			return nil, err
 		}
 	}
-	if cfg.ISCSI.Listen != "" {
-		if err := n.startISCSI(cfg.ISCSI); err != nil {
+	if cfg.NVMf.Listen != "" {
+		if err := n.startNVMf(cfg.NVMf); err != nil {
 			n.Close()
 			return nil, err
 		}
 	}
 	return n, nil
+}
+
+func (n *Node) startNVMf(cfg NVMfConfig) error {
+	srv, err := nvmf.NewServer(nvmf.Config{Exports: n.exports, Logger: n.log,
+		AllowedHosts: cfg.AllowedHosts, AdvertiseAddr: cfg.AdvertiseAddr})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("NVMe/TCP listen on %s: %w", cfg.Listen, err)
+	}
+	n.nvmf = srv
+	n.addrs = append(n.addrs, ln.Addr())
+	n.log.Info("serving NVMe/TCP", "addr", ln.Addr().String(), "subsystems", nvmf.VolumeNQNPrefix+"VOLUME",
+		"allowed_hosts", len(cfg.AllowedHosts))
+	go srv.Serve(ln)
+	return nil
 }
 
 func (n *Node) startNBD(cfg NBDConfig, m *nbd.Metrics) error {
@@ -154,29 +171,6 @@ func (n *Node) startNBD(cfg NBDConfig, m *nbd.Metrics) error {
 	return nil
 }
 
-func (n *Node) startISCSI(cfg ISCSIConfig) error {
-	if cfg.Cluster == "" {
-		cfg.Cluster = "basalt"
-	}
-	srv, err := iscsi.NewServer(iscsi.Config{
-		Exports: n.exports, Cluster: cfg.Cluster, Logger: n.log,
-		CHAP: cfg.CHAP, Initiators: cfg.Initiators,
-	})
-	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("iSCSI listen on %s: %w", cfg.Listen, err)
-	}
-	n.iscsi = srv
-	n.addrs = append(n.addrs, ln.Addr())
-	n.log.Info("serving iSCSI", "portal", ln.Addr().String(), "targets", iscsi.TargetName(cfg.Cluster, "VOLUME"),
-		"chap", cfg.CHAP != nil, "initiators_allowed", len(cfg.Initiators))
-	go srv.Serve(ln)
-	return nil
-}
-
 // removeStaleSocket removes the socket file at path if nobody serves on it
 // (left by a process that died); a live socket or a file of another kind is
 // an error, so a second front end never takes a running one's path over.
@@ -198,17 +192,8 @@ func removeStaleSocket(path string) error {
 	return os.Remove(path)
 }
 
-// Addrs returns the addresses the front ends listen on: NBD's, then the
-// iSCSI portal.
+// Addrs returns the addresses the front ends listen on.
 func (n *Node) Addrs() []net.Addr { return n.addrs }
-
-// ISCSIPortal returns the iSCSI portal's address, or nil if none.
-func (n *Node) ISCSIPortal() net.Addr {
-	if n.iscsi == nil {
-		return nil
-	}
-	return n.addrs[len(n.addrs)-1]
-}
 
 // Close stops the front ends (their connections end at once; IO in flight
 // completes first), then closes every volume and the MDS connection. Later
@@ -219,8 +204,8 @@ func (n *Node) Close() error {
 		if n.nbd != nil {
 			errs = append(errs, n.nbd.Close())
 		}
-		if n.iscsi != nil {
-			errs = append(errs, n.iscsi.Close())
+		if n.nvmf != nil {
+			errs = append(errs, n.nvmf.Close())
 		}
 		errs = append(errs, n.exports.Close(), n.mds.Close())
 		n.closeErr = errors.Join(errs...)
