@@ -46,14 +46,17 @@ func (c *ChunkServer) drainLeaders() {
 			if !g.IsLeader {
 				continue
 			}
-			to := transferTarget(g, c.ID(), given)
-			if to == 0 {
-				alone++
+			if len(g.Voters) <= 1 {
+				alone++ // nowhere to go
 				continue
 			}
 			led++
 			if at, ok := asked[g.ID]; ok && time.Since(at) < drainRetry {
 				continue
+			}
+			to := transferTarget(g, c.ID(), given)
+			if to == 0 {
+				continue // no peer alive now; ask again on the next look
 			}
 			asked[g.ID] = time.Now()
 			given[to]++
@@ -71,13 +74,14 @@ func (c *ChunkServer) drainLeaders() {
 		"took", time.Since(start).Round(time.Millisecond))
 }
 
-// transferTarget picks the peer to hand g's leadership to: the voter (not
-// self) furthest along the log — caught up, when any is — and, among equals,
-// the one given the fewest leaderships so far. 0: there is none.
+// transferTarget picks the peer to hand g's leadership to: among the voters
+// (not self) the leader heard from lately, the one furthest along the log —
+// caught up, when any is — and, among equals, the one given the fewest
+// leaderships so far. 0: there is none.
 func transferTarget(g raftstore.GroupStatus, self uint64, given map[uint64]int) uint64 {
 	var best, bestMatch uint64
 	for _, id := range g.Voters {
-		if id == self {
+		if id == self || !g.Active[id] {
 			continue
 		}
 		m := g.Progress[id]

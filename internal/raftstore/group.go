@@ -646,8 +646,10 @@ func (g *group) publish() {
 	}
 	if g.isLeader && g.failed == nil {
 		st.Progress = make(map[uint64]uint64)
+		st.Active = make(map[uint64]bool)
 		g.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
 			st.Progress[id] = pr.Match
+			st.Active[id] = pr.RecentActive
 		})
 	}
 	g.statusMu.Lock()
@@ -668,6 +670,7 @@ func (g *group) getStatus() GroupStatus {
 		}
 		st.Progress = p
 	}
+	st.Active = maps.Clone(st.Active)
 	return st
 }
 

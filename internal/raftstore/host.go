@@ -574,6 +574,9 @@ type GroupStatus struct {
 	Err     error
 	// Progress is the match index of every peer; only on the leader.
 	Progress map[uint64]uint64
+	// Active: the peers the leader heard from within the last election
+	// timeout (raft's RecentActive; this node included); only on the leader.
+	Active map[uint64]bool
 	// Snapshot is the index of the group's last snapshot (created or installed).
 	Snapshot uint64
 }
