@@ -52,8 +52,9 @@ type Proc struct {
 	NetNS   string // network namespace to run in ("" = this one)
 	Addr    string // listen address (host:port)
 
-	mu  sync.Mutex
-	cmd *exec.Cmd
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	reaped chan struct{} // closed once cmd's process was waited for
 }
 
 // Cluster is a running cluster.
@@ -254,9 +255,10 @@ func (c *Cluster) Start(p *Proc) {
 	if err := cmd.Start(); err != nil {
 		c.t.Fatalf("start %s: %v", p.Name, err)
 	}
-	go func() { _ = cmd.Wait(); logf.Close() }()
+	reaped := make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(reaped) }()
 	p.mu.Lock()
-	p.cmd = cmd
+	p.cmd, p.reaped = cmd, reaped
 	p.mu.Unlock()
 }
 
@@ -288,33 +290,30 @@ func (p *Proc) PID() int {
 	return p.cmd.Process.Pid
 }
 
+// signalAndWait sends sig to p's process and returns once the process was
+// reaped (not merely a zombie): its pid, ports, files and log are released,
+// so a restart cannot race the old process. SIGKILL follows after 10 s; a
+// process still not reaped 60 s later fails the test.
 func (c *Cluster) signalAndWait(p *Proc, sig syscall.Signal) {
 	p.mu.Lock()
-	cmd := p.cmd
-	p.cmd = nil
+	cmd, reaped := p.cmd, p.reaped
+	p.cmd, p.reaped = nil, nil
 	p.mu.Unlock()
 	if cmd == nil || cmd.Process == nil {
 		return
 	}
 	_ = cmd.Process.Signal(sig)
-	deadline := time.Now().Add(10 * time.Second)
-	for processAlive(cmd.Process.Pid) {
-		if time.Now().After(deadline) {
-			_ = cmd.Process.Kill()
-			deadline = time.Now().Add(5 * time.Second)
-		}
-		time.Sleep(20 * time.Millisecond)
+	select {
+	case <-reaped:
+		return
+	case <-time.After(10 * time.Second):
 	}
-}
-
-func processAlive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
+	_ = cmd.Process.Kill()
+	select {
+	case <-reaped:
+	case <-time.After(60 * time.Second):
+		c.t.Errorf("%s (pid %d) not reaped 60 s after SIGKILL", p.Name, cmd.Process.Pid)
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }
 
 func (c *Cluster) stopAll() {
