@@ -154,6 +154,14 @@
 // (transport), anything else gets a status. Raft traffic is another matter:
 // its content is trusted (internal/raftnet, "Trust").
 //
+// OpFence (a takeover Open, pkg/client): request Volume, Epoch (the new
+// writer's, non-zero, else READ_ONLY), Copyset (< the pool's copyset count),
+// Offset = Length = 0 and no payload (else BAD_REQUEST). The volume is looked
+// up as for IO (NO_SUCH_VOLUME, NO_SUCH_COPYSET, NO_SPACE / IO_ERROR of a
+// stopped replica); an Epoch below the copyset's is FENCED. Otherwise a
+// cmdFence is proposed and the reply sent once it applied: from then on every
+// replica refuses the older epochs of the volume in that copyset.
+//
 // OpChecksum (scrub, tests): request Volume = pool id, Copyset = copyset id;
 // reply payload = uint32 count, then count × (uint64 volume, uint64 chunk
 // index, uint32 crc32c of the whole chunk), sorted by volume then index.

@@ -74,6 +74,12 @@ func (hd *handler) ServeFrame(rw transport.ReplyWriter, h api.Header, payload []
 		hd.reply(rw, h, api.StatusOK, 0)
 	case api.OpChecksum:
 		hd.checksum(rw, h)
+	case api.OpFence:
+		if len(payload) != 0 {
+			hd.reply(rw, h, api.StatusBadRequest, 0)
+			return
+		}
+		hd.fence(rw, h, true)
 	case api.OpRead, api.OpWrite, api.OpTrim, api.OpWriteZeroes:
 		var in *[]byte
 		if b, ok := rw.(transport.PayloadBufferer); ok && h.Op == api.OpWrite {
@@ -328,6 +334,65 @@ func (hd *handler) readDone(rw transport.ReplyWriter, h api.Header, r *replica, 
 	rw.Reply(h, buf, release)
 	hd.count(h, int(h.Length))
 	hd.metrics.done(h.Op, api.StatusOK, int(h.Length), start)
+}
+
+// fence answers OpFence: a new writer (Epoch) raises Volume's epoch in copyset
+// Copyset of the volume's pool before its open returns (docs/reliability.md,
+// "Writer takeover"). The fence is a command through the copyset's raft log, so
+// every replica — and every later leader — refuses the old writer's IO with
+// FENCED from the moment it is applied; the reply is sent once it is applied
+// here (on the leader). A fence older than the copyset's epoch is FENCED
+// itself: a still newer writer took over meanwhile. mayRefresh as in serveIO.
+func (hd *handler) fence(rw transport.ReplyWriter, h api.Header, mayRefresh bool) {
+	r, st := hd.validateFence(h)
+	if st == api.StatusNoSuchVolume && mayRefresh && !hd.vols.isDeleted(h.Volume) {
+		hd.missWG.Add(1)
+		go func() {
+			defer hd.missWG.Done()
+			hd.vols.refreshMiss(hd.ctx, h.Volume)
+			hd.fence(rw, h, false)
+		}()
+		return
+	}
+	if st != api.StatusOK {
+		hd.reply(rw, h, st, 0)
+		return
+	}
+	c := command{Op: cmdFence, Volume: h.Volume, Epoch: h.Epoch}
+	propose(hd.host, r.group, c, nil, func(err error) {
+		st, hint := statusOf(err)
+		hd.reply(rw, h, st, hint)
+	})
+}
+
+// validateFence checks an OpFence request; it returns the replica to fence, or
+// the status to answer with.
+func (hd *handler) validateFence(h api.Header) (*replica, api.Status) {
+	if h.Epoch == 0 {
+		return nil, api.StatusReadOnly
+	}
+	if h.Offset != 0 || h.Length != 0 {
+		return nil, api.StatusBadRequest
+	}
+	vi, ok := hd.vols.lookup(h.Volume)
+	if !ok {
+		return nil, api.StatusNoSuchVolume
+	}
+	if h.Copyset >= vi.CopysetCount {
+		return nil, api.StatusBadRequest
+	}
+	r := hd.replica(api.GroupID(vi.Pool, h.Copyset))
+	if r == nil {
+		return nil, api.StatusNoSuchCopyset
+	}
+	if err := r.sm.Failed(); err != nil {
+		st, _ := statusOf(err)
+		return nil, st
+	}
+	if h.Epoch < r.sm.epochOf(h.Volume) {
+		return nil, api.StatusFenced
+	}
+	return r, api.StatusOK
 }
 
 // checksum answers OpChecksum: Volume carries the pool id, Copyset the copyset

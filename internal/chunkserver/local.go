@@ -16,8 +16,8 @@ import (
 // LocalID is this chunkserver's id (client.Local); 0 until it registered.
 func (c *ChunkServer) LocalID() uint64 { return c.ID() }
 
-// Go serves one client IO request in process (client.Local): read, write, trim or
-// write-zeroes, validated exactly like a frame. done runs once, on a handler or
+// Go serves one client IO request in process (client.Local): read, write, trim,
+// write-zeroes or fence, validated exactly like a frame. done runs once, on a handler or
 // raft goroutine (or before Go returns for a refused request).
 func (c *ChunkServer) Go(req api.Header, payload, readBuf []byte, done func(reply api.Header)) {
 	rw := &localReply{readBuf: readBuf, done: done}
@@ -30,6 +30,8 @@ func (c *ChunkServer) Go(req api.Header, payload, readBuf []byte, done func(repl
 	switch req.Op {
 	case api.OpRead, api.OpWrite, api.OpTrim, api.OpWriteZeroes:
 		hd.serveIO(rw, req, payload, nil, true)
+	case api.OpFence:
+		hd.fence(rw, req, true)
 	case api.OpFlush, api.OpPing:
 		hd.reply(rw, req, api.StatusOK, 0)
 	default:

@@ -20,7 +20,7 @@
 //	 0     4     Magic       0x42534c54 ("BSLT")
 //	 4     1     Version     1
 //	 5     1     Op          1 read, 2 write, 3 trim, 4 write-zeroes, 5 flush, 6 ping,
-//	                         7 checksum, 16 raft (one-way), 17 snapshot (peer traffic)
+//	                         7 checksum, 8 fence, 16 raft (one-way), 17 snapshot (peer traffic)
 //	 6     2     Flags       bit 0 FUA, bit 15 reply
 //	 8     8     ID          chosen by the sender of a request, echoed by its reply
 //	16     4     Status      reply status (Status); 0 in requests
@@ -35,7 +35,9 @@
 // Payloads: a write carries Length bytes of data; the reply to a read carries
 // Length bytes; the other IO ops carry none. Peer traffic (OpRaft, OpSnapshot)
 // has payloads and uses Volume, Offset and Length as internal/raftnet
-// specifies. A request for one IO never crosses a chunk boundary (the client
+// specifies. OpFence carries no payload and uses Volume, Epoch and Copyset:
+// a new writer raises its volume's epoch in that copyset (its Open fences
+// every copyset of the pool before it returns). A request for one IO never crosses a chunk boundary (the client
 // splits). A reply repeats its request's header with FlagReply set, Status (and
 // Hint) filled in and its own PayloadLen. The encoding is frozen by
 // testdata/*.golden (TestHeaderGolden): changing it is a new Version.

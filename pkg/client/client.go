@@ -193,9 +193,63 @@ func Open(ctx context.Context, cfg Config) (*Volume, error) {
 	} else {
 		close(v.renewDone)
 	}
+	var fenced time.Duration
+	if v.epoch > 1 {
+		// A takeover: the writer before this one may still hold a valid lease
+		// (cut off from the MDS, it learns of nothing for up to a lease). Fence
+		// it out of every copyset now, not lazily on this writer's first IO
+		// there (docs/reliability.md, "Writer takeover").
+		t0 := time.Now()
+		if err := v.fenceAll(ctx); err != nil {
+			v.Close()
+			return nil, fmt.Errorf("client: open volume %q: %w", cfg.Volume, err)
+		}
+		fenced = time.Since(t0)
+	}
 	v.log.Info("client: volume open", "epoch", v.epoch, "session", v.session, "size", v.Size(),
-		"read_only", cfg.ReadOnly, "lease", lease)
+		"read_only", cfg.ReadOnly, "lease", lease, "fence", fenced)
 	return v, nil
+}
+
+// ErrFenceFailed: a takeover Open could not fence every copyset of the
+// volume's pool (the error wraps why, naming the copyset), so it cannot
+// promise that the previous writer lands no more writes; the Open fails.
+var ErrFenceFailed = errors.New("client: could not fence the previous writer out of every copyset")
+
+// fenceAll sends OpFence with this session's epoch to every copyset of the
+// pool, all at once, each retried like an IO (leader cache, NOT_LEADER hints,
+// other members, route refreshes) until Config.OpTimeout or ctx's deadline. It
+// returns once every copyset applied the fence, so the previous writer's IO is
+// refused with FENCED everywhere; or the first failure (or ctx's error),
+// wrapped in ErrFenceFailed. FENCED itself means a still newer writer took over meanwhile
+// (the volume then stops, like on any FENCED reply).
+func (v *Volume) fenceAll(ctx context.Context) error {
+	ch := make(chan error, 1)
+	o := &ioOp{v: v, op: api.OpFence, done: func(err error) { ch <- err }, deadline: v.now() + int64(v.cfg.OpTimeout)}
+	if d, ok := ctx.Deadline(); ok {
+		o.deadline = min(o.deadline, v.now()+int64(time.Until(d)))
+	}
+	if !v.opStart() {
+		return ErrClosed
+	}
+	o.pieces = make([]piece, v.csCount)
+	for i := range o.pieces {
+		o.pieces[i] = piece{op: o, cs: uint32(i)}
+	}
+	o.remaining.Store(int32(len(o.pieces)))
+	for i := range o.pieces {
+		o.pieces[i].attempt()
+	}
+	var err error
+	select {
+	case err = <-ch:
+	case <-ctx.Done(): // the caller's Close ends the attempts still running
+		err = ctx.Err()
+	}
+	if err != nil {
+		return fmt.Errorf("%w (pool %d, epoch %d): %w", ErrFenceFailed, v.pool, v.epoch, err)
+	}
+	return nil
 }
 
 // Size is the volume's size in bytes, as of Open or the last Refresh.

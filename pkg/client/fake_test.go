@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -34,6 +35,7 @@ const (
 	drop                  // close the connection
 	delayed               // answer after the cluster's delay
 	noSpace               // answer NO_SPACE (a replica stopped by a full disk)
+	fenced                // answer FENCED (a newer writer reached the copyset)
 )
 
 type fakeCluster struct {
@@ -54,6 +56,7 @@ type fakeCluster struct {
 	bad       []string // protocol violations seen (pieces crossing chunks, wrong copyset)
 	frames    map[api.Op]int
 	notLeader int
+	fenced    map[uint32][]uint64 // copyset → epochs of the fences its leader applied
 }
 
 type fakeServer struct {
@@ -83,7 +86,7 @@ func newFakeCluster(t testing.TB) *fakeCluster {
 	for id := range uint64(tServers) {
 		c.addServer(id + 1)
 	}
-	c.mds = &fakeMDS{c: c, leaseMs: 3000, epoch: 5, hints: make(map[uint32]uint64)}
+	c.mds = &fakeMDS{c: c, leaseMs: 3000, epoch: 1, hints: make(map[uint32]uint64)} // a first writer; takeover tests raise epoch
 	return c
 }
 
@@ -162,6 +165,10 @@ func (s *fakeServer) ServeFrame(rw transport.ReplyWriter, h api.Header, payload 
 		h.Status = api.StatusNoSpace
 		rw.Reply(h, nil, nil)
 		return
+	case fenced:
+		h.Status = api.StatusFenced
+		rw.Reply(h, nil, nil)
+		return
 	case drop:
 		s.dropConns()
 		return
@@ -180,6 +187,10 @@ func (s *fakeServer) serve(rw transport.ReplyWriter, h api.Header, payload []byt
 	reply := func(st api.Status, hint uint64, p []byte) {
 		h.Status, h.Hint = st, hint
 		rw.Reply(h, p, nil)
+	}
+	if h.Op == api.OpFence {
+		s.fence(h, reply)
+		return
 	}
 	chunk := h.Offset / tChunk
 	switch {
@@ -241,6 +252,40 @@ func (s *fakeServer) serve(rw transport.ReplyWriter, h api.Header, payload []byt
 	default:
 		reply(api.StatusBadRequest, 0, nil)
 	}
+}
+
+// fence serves OpFence as a chunkserver does: on the copyset's leader only,
+// FENCED below the epoch seen, recorded in c.fenced. Called with c.mu held.
+func (s *fakeServer) fence(h api.Header, reply func(api.Status, uint64, []byte)) {
+	c := s.c
+	switch {
+	case h.Volume != tVolume:
+		reply(api.StatusNoSuchVolume, 0, nil)
+		return
+	case h.Copyset >= tCS || h.Offset != 0 || h.Length != 0 || h.Epoch == 0:
+		c.bad = append(c.bad, fmt.Sprintf("fence %+v", h))
+		reply(api.StatusBadRequest, 0, nil)
+		return
+	}
+	if l := c.leaders[h.Copyset]; l != s.id {
+		if !slices.Contains(c.members[h.Copyset], s.id) {
+			reply(api.StatusNoSuchCopyset, 0, nil)
+			return
+		}
+		c.notLeader++
+		reply(api.StatusNotLeader, l, nil)
+		return
+	}
+	if h.Epoch < c.minEpoch {
+		reply(api.StatusFenced, 0, nil)
+		return
+	}
+	c.minEpoch = max(c.minEpoch, h.Epoch)
+	if c.fenced == nil {
+		c.fenced = make(map[uint32][]uint64)
+	}
+	c.fenced[h.Copyset] = append(c.fenced[h.Copyset], h.Epoch)
+	reply(api.StatusOK, 0, nil)
 }
 
 func (c *fakeCluster) setHook(f func(server uint64, h api.Header) action) {

@@ -426,6 +426,9 @@ func (p *piece) afterRound(r *copysetRoute) {
 // finish completes the piece.
 func (p *piece) finish(err error) {
 	p.buf = nil
+	if err != nil && p.op.op == api.OpFence {
+		err = fmt.Errorf("copyset %d: %w", p.cs, err)
+	}
 	p.op.pieceDone(err)
 }
 

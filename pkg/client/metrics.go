@@ -96,7 +96,7 @@ func (m *Metrics) forVolume(name string) *volumeMetrics {
 
 // ioDone records one completed IO.
 func (vm *volumeMetrics) ioDone(op api.Op, n int64, start time.Time, err error) {
-	if vm == nil {
+	if vm == nil || !op.IsBlockIO() { // the fences of Open are no IO
 		return
 	}
 	if err != nil {
@@ -111,7 +111,7 @@ func (vm *volumeMetrics) ioDone(op api.Op, n int64, start time.Time, err error) 
 }
 
 func (vm *volumeMetrics) attemptDone(op api.Op, sent time.Time) {
-	if vm == nil {
+	if vm == nil || !op.IsBlockIO() {
 		return
 	}
 	vm.m.attemptByOp[op].Observe(time.Since(sent).Seconds())
