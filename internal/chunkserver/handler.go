@@ -349,7 +349,10 @@ func (hd *handler) fence(rw transport.ReplyWriter, h api.Header, mayRefresh bool
 		hd.missWG.Add(1)
 		go func() {
 			defer hd.missWG.Done()
-			hd.vols.refreshMiss(hd.ctx, h.Volume)
+			if _, err := hd.vols.refreshMiss(hd.ctx, h.Volume); err != nil {
+				hd.reply(rw, h, api.StatusBusy, 0)
+				return
+			}
 			hd.fence(rw, h, false)
 		}()
 		return
@@ -389,7 +392,10 @@ func (hd *handler) validateFence(h api.Header) (*replica, api.Status) {
 		st, _ := statusOf(err)
 		return nil, st
 	}
-	if h.Epoch < r.sm.epochOf(h.Volume) {
+	switch e := r.sm.epochOf(h.Volume); {
+	case e == tombstoneEpoch:
+		return nil, api.StatusNoSuchVolume
+	case h.Epoch < e:
 		return nil, api.StatusFenced
 	}
 	return r, api.StatusOK
