@@ -52,8 +52,9 @@ type Proc struct {
 	NetNS   string // network namespace to run in ("" = this one)
 	Addr    string // listen address (host:port)
 
-	mu  sync.Mutex
-	cmd *exec.Cmd
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once cmd was reaped (every thread gone)
 }
 
 // Cluster is a running cluster.
@@ -254,9 +255,11 @@ func (c *Cluster) Start(p *Proc) {
 	if err := cmd.Start(); err != nil {
 		c.t.Fatalf("start %s: %v", p.Name, err)
 	}
-	go func() { _ = cmd.Wait(); logf.Close() }()
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(exited) }()
 	p.mu.Lock()
 	p.cmd = cmd
+	p.exited = exited
 	p.mu.Unlock()
 }
 
@@ -288,33 +291,34 @@ func (p *Proc) PID() int {
 	return p.cmd.Process.Pid
 }
 
+// Exited is closed once p's current process was reaped: every thread of it
+// is gone, so its files (and the data directory's lock) are closed. A zombie
+// leader thread alone is not enough: another thread may still be finishing
+// an fsync. Nil before the first Start.
+func (p *Proc) Exited() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.exited
+}
+
 func (c *Cluster) signalAndWait(p *Proc, sig syscall.Signal) {
 	p.mu.Lock()
-	cmd := p.cmd
+	cmd, exited := p.cmd, p.exited
 	p.cmd = nil
 	p.mu.Unlock()
 	if cmd == nil || cmd.Process == nil {
 		return
 	}
 	_ = cmd.Process.Signal(sig)
-	deadline := time.Now().Add(10 * time.Second)
-	for processAlive(cmd.Process.Pid) {
-		if time.Now().After(deadline) {
+	for _, d := range []time.Duration{10 * time.Second, 5 * time.Second, time.Minute} {
+		select {
+		case <-exited:
+			return
+		case <-time.After(d):
 			_ = cmd.Process.Kill()
-			deadline = time.Now().Add(5 * time.Second)
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-func processAlive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+	c.t.Errorf("testcluster: %s (pid %d) not reaped 75 s after %v", p.Name, cmd.Process.Pid, sig)
 }
 
 func (c *Cluster) stopAll() {
