@@ -16,6 +16,15 @@
 // Package access starts a set of protocol servers over one Exports; it is the
 // one place that assembles a front end.
 //
+// # Connections
+//
+// Conns is the server half every protocol shares: accept loops on any number
+// of listeners (transient accept errors retried with a backoff), the set of
+// live connections, Shutdown (each connection's BeginShutdown: finish what was
+// read, refuse the rest; after the caller's deadline, Close) and Close (every
+// socket closed at once). A protocol supplies only its Conn: Serve,
+// BeginShutdown, Close.
+//
 // # Backend and Info
 //
 // A Backend takes IO through Submit (no goroutine per IO; done may run on any

@@ -414,3 +414,21 @@ func (c *Cluster) CountLog(p *Proc, s string) int {
 	b, _ := os.ReadFile(p.LogPath)
 	return strings.Count(string(b), s)
 }
+
+// LogTimeAfter returns the time stamp (slog's time=) of the first line of p's log
+// that contains s and was logged after after: when the process says a thing
+// happened, which a poll under load can see seconds later.
+func (c *Cluster) LogTimeAfter(p *Proc, s string, after time.Time) (time.Time, bool) {
+	b, _ := os.ReadFile(p.LogPath)
+	for line := range strings.Lines(string(b)) {
+		if !strings.Contains(line, s) {
+			continue
+		}
+		stamp, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
+		at, err := time.Parse(time.RFC3339Nano, stamp)
+		if err == nil && at.After(after) {
+			return at, true
+		}
+	}
+	return time.Time{}, false
+}

@@ -80,8 +80,8 @@ func newConn(s *Server, nc net.Conn) *conn {
 	return c
 }
 
-// serve runs the connection to its end on the calling goroutine (the reader).
-func (c *conn) serve() {
+// Serve runs the connection to its end on the calling goroutine (the reader).
+func (c *conn) Serve() {
 	defer c.nc.Close()
 	res, err := c.handshake()
 	if res != handshakeTransmit {
@@ -123,6 +123,9 @@ func (c *conn) serve() {
 // client closes too (bounded by lingerTimeout). Closing with unread data in the
 // receive queue would make the kernel reset the connection, which can destroy
 // replies the client has not read yet.
+// Close ends the connection at once (Server.Close, or Shutdown past its deadline).
+func (c *conn) Close() { c.nc.Close() }
+
 func (c *conn) linger() {
 	cw, ok := c.nc.(interface{ CloseWrite() error })
 	if !ok {
@@ -135,8 +138,8 @@ func (c *conn) linger() {
 	io.Copy(io.Discard, c.br)
 }
 
-// beginShutdown is called by Server.Shutdown (holding Server.mu).
-func (c *conn) beginShutdown() {
+// BeginShutdown is called by Server.Shutdown (holding frontend.Conns' lock).
+func (c *conn) BeginShutdown() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.shutdown = true

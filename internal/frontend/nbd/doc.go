@@ -102,7 +102,7 @@
 // released it; waitIdle (inflight == 0) therefore means no callback and no
 // buffer is outstanding.
 //
-// Shutdown closes the listeners, closes connections still negotiating, and
+// Shutdown (frontend.Conns) closes the listeners, closes connections still negotiating, and
 // gives the others a read deadline shutdownGrace (100 ms) away: requests read
 // until then are answered NBD_ESHUTDOWN (write payloads skipped), requests
 // already submitted complete normally, the replies are flushed and the

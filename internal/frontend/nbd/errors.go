@@ -9,7 +9,7 @@ import (
 // Errors of the server itself.
 var (
 	// ErrServerClosed is returned by Serve after Shutdown or Close.
-	ErrServerClosed = errors.New("nbd: server closed")
+	ErrServerClosed = frontend.ErrServerClosed
 	// ErrBadConfig is returned by NewServer for an invalid Config.
 	ErrBadConfig = errors.New("nbd: invalid config")
 	// ErrProtocol wraps every client protocol violation that ends a connection

@@ -2,7 +2,6 @@ package nbd
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -75,25 +74,18 @@ func (c *Config) setDefaults() error {
 // protocol recommends a client to send.
 const maxPayload = 32 << 20
 
-// Server serves exports over NBD on any number of listeners (TCP, Unix).
+// Server serves exports over NBD on any number of listeners (TCP, Unix). The
+// accept loops, the set of connections and shutdown are frontend.Conns'.
 type Server struct {
 	cfg Config
 	log *slog.Logger
 
 	reqPool sync.Pool // *request
 
+	conns *frontend.Conns
 	// ctx ends when Shutdown or Close begins: it cuts short a handshake that
 	// waits for an export to open.
-	ctx    context.Context
-	cancel context.CancelFunc
-
-	conns sync.WaitGroup // one per accepted connection, until its goroutines ended
-
-	// mu guards the fields below. Lock order: Server.mu before conn.mu.
-	mu        sync.Mutex
-	listeners map[net.Listener]struct{}
-	active    map[*conn]struct{}
-	closing   bool // Shutdown or Close was called
+	ctx context.Context
 }
 
 // NewServer checks cfg and returns a Server; it listens on nothing until Serve.
@@ -101,13 +93,13 @@ func NewServer(cfg Config) (*Server, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	s := &Server{
-		cfg:       cfg,
-		log:       cfg.Logger,
-		listeners: map[net.Listener]struct{}{},
-		active:    map[*conn]struct{}{},
-	}
-	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s := &Server{cfg: cfg, log: cfg.Logger}
+	s.conns = frontend.NewConns(frontend.ConnsConfig{
+		Protocol: "nbd",
+		Logger:   cfg.Logger,
+		New:      func(nc net.Conn) frontend.Conn { return newConn(s, nc) },
+	})
+	s.ctx = s.conns.Context()
 	s.reqPool.New = func() any {
 		r := &request{}
 		r.doneFn = r.complete
@@ -119,144 +111,22 @@ func NewServer(cfg Config) (*Server, error) {
 // Serve accepts connections on ln until Shutdown or Close, and then returns
 // ErrServerClosed; any other accept failure is returned as is. It may be called
 // concurrently for several listeners. Serve closes ln when it returns.
-func (s *Server) Serve(ln net.Listener) error {
-	s.mu.Lock()
-	if s.closing {
-		s.mu.Unlock()
-		ln.Close()
-		return ErrServerClosed
-	}
-	s.listeners[ln] = struct{}{}
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		delete(s.listeners, ln)
-		s.mu.Unlock()
-		ln.Close()
-	}()
-
-	var backoff time.Duration
-	for {
-		nc, err := ln.Accept()
-		if err != nil {
-			s.mu.Lock()
-			closing := s.closing
-			s.mu.Unlock()
-			if closing {
-				return ErrServerClosed
-			}
-			if errors.Is(err, net.ErrClosed) {
-				return err
-			}
-			// EMFILE, ECONNABORTED and friends: back off and keep serving.
-			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			s.log.Warn("nbd: accept failed; retrying", "err", err, "backoff", backoff)
-			time.Sleep(backoff)
-			continue
-		}
-		backoff = 0
-		if !s.track(nc) {
-			nc.Close()
-			return ErrServerClosed
-		}
-	}
-}
-
-// track registers and starts a connection; false if the server is closing.
-func (s *Server) track(nc net.Conn) bool {
-	c := newConn(s, nc)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closing {
-		return false
-	}
-	s.active[c] = struct{}{}
-	s.conns.Add(1)
-	go func() {
-		defer s.conns.Done()
-		c.serve()
-		s.mu.Lock()
-		delete(s.active, c)
-		s.mu.Unlock()
-	}()
-	return true
-}
+func (s *Server) Serve(ln net.Listener) error { return s.conns.Serve(ln) }
 
 // ServeConn serves one already accepted connection (for example a socket handed
 // over by a previous process) and returns when it is closed.
-func (s *Server) ServeConn(nc net.Conn) error {
-	c := newConn(s, nc)
-	s.mu.Lock()
-	if s.closing {
-		s.mu.Unlock()
-		nc.Close()
-		return ErrServerClosed
-	}
-	s.active[c] = struct{}{}
-	s.conns.Add(1)
-	s.mu.Unlock()
-	defer s.conns.Done()
-	c.serve()
-	s.mu.Lock()
-	delete(s.active, c)
-	s.mu.Unlock()
-	return nil
-}
+func (s *Server) ServeConn(nc net.Conn) error { return s.conns.ServeConn(nc) }
 
 // Shutdown stops accepting, closes connections still in the handshake, lets each
 // connection in transmission finish and answer the requests it already read
 // (requests still buffered are answered NBD_ESHUTDOWN), and closes it. If ctx ends
 // first, the remaining connections are closed hard (as by Close) and ctx.Err()
 // is returned.
-func (s *Server) Shutdown(ctx context.Context) error {
-	s.cancel()
-	s.mu.Lock()
-	s.closing = true
-	for ln := range s.listeners {
-		ln.Close()
-	}
-	for c := range s.active {
-		c.beginShutdown()
-	}
-	s.mu.Unlock()
-
-	done := make(chan struct{})
-	go func() {
-		s.conns.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		s.closeConns()
-		<-done
-		return ctx.Err()
-	}
-}
+func (s *Server) Shutdown(ctx context.Context) error { return s.conns.Shutdown(ctx) }
 
 // Close stops accepting and closes every connection at once; requests in flight
 // still complete in the backend (their buffers are only reused after that), but
 // their replies are dropped. It returns when every connection goroutine ended.
-func (s *Server) Close() error {
-	s.cancel()
-	s.mu.Lock()
-	s.closing = true
-	for ln := range s.listeners {
-		ln.Close()
-	}
-	s.mu.Unlock()
-	s.closeConns()
-	s.conns.Wait()
-	return nil
-}
-
-func (s *Server) closeConns() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for c := range s.active {
-		c.nc.Close()
-	}
-}
+func (s *Server) Close() error { return s.conns.Close() }
 
 func (s *Server) getRequest() *request { return s.reqPool.Get().(*request) }
