@@ -233,7 +233,7 @@ func (tc *testCluster) stop(i int) {
 
 func (tc *testCluster) waitFor(what string, cond func() bool) {
 	tc.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			tc.t.Fatalf("timed out waiting for %s", what)
@@ -268,7 +268,7 @@ func (tc *testCluster) conn(addr string) *transport.Conn {
 // do sends one request to the copyset's leader, following NOT_LEADER hints and
 // retrying while there is no leader, like the client library does.
 func (tc *testCluster) do(h api.Header, payload, readBuf []byte) (api.Header, error) {
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	try := 0
 	for time.Now().Before(deadline) {
 		tc.mu.Lock()

@@ -179,7 +179,8 @@ func (e *handlerEnv) dial() *transport.Conn {
 func (e *handlerEnv) do(c *transport.Conn, h api.Header, payload []byte) (api.Header, []byte) {
 	e.t.Helper()
 	call := &transport.Call{Header: h, Payload: payload, ReadBuf: make([]byte, hChunk+1)}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// Generous: a 64 MiB payload under the race detector on a loaded machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := c.Do(ctx, call); err != nil {
 		e.t.Fatalf("%v: %v", h.Op, err)
@@ -398,7 +399,7 @@ func TestHandlerBadInput(t *testing.T) {
 		if tcp, ok := nc.(*net.TCPConn); ok {
 			tcp.CloseWrite()
 		}
-		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		nc.SetReadDeadline(time.Now().Add(60 * time.Second))
 		rest, err := io.ReadAll(nc)
 		nc.Close()
 		if err != nil && !errors.Is(err, net.ErrClosed) {

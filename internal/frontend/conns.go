@@ -230,3 +230,12 @@ func (s *Conns) Len() int {
 	defer s.mu.Unlock()
 	return len(s.active)
 }
+
+// Closing reports whether Shutdown or Close was called. Once it is true,
+// every connection live at that moment was asked to end (BeginShutdown or
+// closed): it is set under the same lock.
+func (s *Conns) Closing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
+}

@@ -325,9 +325,11 @@ func TestSchedulerDiskTrouble(t *testing.T) {
 
 // TestSchedulerFailedMove: a move whose target goes bad before the leader
 // reports it done is re-planned to another target; the bad target leaves the
-// member list and the move record names the new one.
+// member list and the move record names the new one. The heartbeat timeout is
+// seconds long, so that a simulated round running late on a loaded machine
+// does not make a live chunkserver look dead.
 func TestSchedulerFailedMove(t *testing.T) {
-	r := startMDS(t, Config{HeartbeatTimeout: 500 * time.Millisecond, RecoveryGrace: 800 * time.Millisecond,
+	r := startMDS(t, Config{HeartbeatTimeout: 3 * time.Second, RecoveryGrace: 3 * time.Second,
 		ScheduleInterval: 100 * time.Millisecond, MaxRecoveryMoves: 1, MaxMovesPerChunkserver: 1, DisableBalance: true})
 	defer r.stop(t)
 	waitActive(t, r, 30*time.Second)
@@ -340,7 +342,15 @@ func TestSchedulerFailedMove(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := newSim(t, r, pool.Pool.Id, time.Hour, ids) // moves never converge
-	time.Sleep(300 * time.Millisecond)
+	waitFor(t, 60*time.Second, "the simulation's first round", func() error {
+		var err error
+		s.with(func() {
+			if len(s.cur) != 3 {
+				err = fmt.Errorf("%d copysets listed", len(s.cur))
+			}
+		})
+		return err
+	})
 	var victim uint64
 	s.with(func() {
 		victim = s.cur[0].Members[0]
@@ -348,7 +358,7 @@ func TestSchedulerFailedMove(t *testing.T) {
 	})
 	var first *api.CopysetMove
 	var moved uint32
-	waitFor(t, 10*time.Second, "a move of the dead member", func() error {
+	waitFor(t, 60*time.Second, "a move of the dead member", func() error {
 		err := fmt.Errorf("no move yet")
 		s.with(func() {
 			for _, cs := range s.cur {
@@ -364,12 +374,17 @@ func TestSchedulerFailedMove(t *testing.T) {
 	}
 	// Only one move at a time (MaxRecoveryMoves 1), though the victim is in
 	// every copyset it was placed in.
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(time.Second) // ten scheduling rounds, to (wrongly) start more
 	if _, _, moving := s.counts(); moving != 1 {
 		t.Fatalf("%d moves in flight, limit 1", moving)
 	}
+	s.with(func() {
+		if s.maxMoves > 1 {
+			t.Fatalf("%d moves were in flight at once, limit 1", s.maxMoves)
+		}
+	})
 	s.with(func() { s.cs[first.To].disk = api.DiskState_DISK_STATE_IO_ERROR })
-	waitFor(t, 10*time.Second, "the failed move re-planned", func() error {
+	waitFor(t, 60*time.Second, "the failed move re-planned", func() error {
 		var err error
 		s.with(func() {
 			cs := s.cur[moved]

@@ -135,8 +135,10 @@ func dial(t *testing.T, addrs ...string) *mdsclient.Client {
 	return c
 }
 
+// ctxT is a context for a whole test: generous, since tests that wait out
+// heartbeat timeouts on a loaded machine take a while.
 func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
 }

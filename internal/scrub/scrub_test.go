@@ -356,7 +356,9 @@ func TestCheckRateLimited(t *testing.T) {
 	if bytes != 3<<20 {
 		t.Fatalf("bytes = %d, want 3 MiB", bytes)
 	}
-	if el < 1300*time.Millisecond || el > 5*time.Second {
+	// The limit is a lower bound; the upper one only catches a limiter far
+	// slower than asked (generous: a loaded machine is slow too).
+	if el < 1300*time.Millisecond || el > time.Minute {
 		t.Fatalf("4 checks took %v, want about 1.4 s at 2 MiB/s", el)
 	}
 }
@@ -442,7 +444,7 @@ func TestScrubberFindsMismatch(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for s.Stats().Passes < 2 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -509,7 +511,7 @@ func TestScrubberWaitsForTargets(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for s.Stats().Passes < 1 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -54,7 +54,7 @@ type Proc struct {
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
-	exited chan struct{} // closed once cmd was reaped (every thread gone)
+	reaped chan struct{} // closed once cmd's process was waited for
 }
 
 // Cluster is a running cluster.
@@ -255,11 +255,10 @@ func (c *Cluster) Start(p *Proc) {
 	if err := cmd.Start(); err != nil {
 		c.t.Fatalf("start %s: %v", p.Name, err)
 	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); logf.Close(); close(exited) }()
+	reaped := make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(reaped) }()
 	p.mu.Lock()
-	p.cmd = cmd
-	p.exited = exited
+	p.cmd, p.reaped = cmd, reaped
 	p.mu.Unlock()
 }
 
@@ -291,34 +290,39 @@ func (p *Proc) PID() int {
 	return p.cmd.Process.Pid
 }
 
-// Exited is closed once p's current process was reaped: every thread of it
-// is gone, so its files (and the data directory's lock) are closed. A zombie
-// leader thread alone is not enough: another thread may still be finishing
-// an fsync. Nil before the first Start.
+// Exited is closed once p's current process was reaped (every thread of it
+// gone, its files and the data directory's lock closed), whoever ended it.
+// Nil before Start and after Kill or Stop.
 func (p *Proc) Exited() <-chan struct{} {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.exited
+	return p.reaped
 }
 
+// signalAndWait sends sig to p's process and returns once the process was
+// reaped (not merely a zombie): its pid, ports, files and log are released,
+// so a restart cannot race the old process. SIGKILL follows after 10 s; a
+// process still not reaped 60 s later fails the test.
 func (c *Cluster) signalAndWait(p *Proc, sig syscall.Signal) {
 	p.mu.Lock()
-	cmd, exited := p.cmd, p.exited
-	p.cmd = nil
+	cmd, reaped := p.cmd, p.reaped
+	p.cmd, p.reaped = nil, nil
 	p.mu.Unlock()
 	if cmd == nil || cmd.Process == nil {
 		return
 	}
 	_ = cmd.Process.Signal(sig)
-	for _, d := range []time.Duration{10 * time.Second, 5 * time.Second, time.Minute} {
-		select {
-		case <-exited:
-			return
-		case <-time.After(d):
-			_ = cmd.Process.Kill()
-		}
+	select {
+	case <-reaped:
+		return
+	case <-time.After(10 * time.Second):
 	}
-	c.t.Errorf("testcluster: %s (pid %d) not reaped 75 s after %v", p.Name, cmd.Process.Pid, sig)
+	_ = cmd.Process.Kill()
+	select {
+	case <-reaped:
+	case <-time.After(60 * time.Second):
+		c.t.Errorf("%s (pid %d) not reaped 60 s after SIGKILL", p.Name, cmd.Process.Pid)
+	}
 }
 
 func (c *Cluster) stopAll() {

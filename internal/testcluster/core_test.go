@@ -2,7 +2,9 @@ package testcluster
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"math/rand"
 	"sync"
 	"sync/atomic"
@@ -15,14 +17,37 @@ import (
 
 // model is what a volume must contain: every acknowledged write, in order.
 type model struct {
-	mu   sync.Mutex
-	data []byte
+	mu     sync.Mutex
+	data   []byte
+	chunks []int64 // acknowledged writes per 4 MiB chunk
 }
 
 func (m *model) apply(off int64, p []byte) {
 	m.mu.Lock()
 	copy(m.data[off:], p)
+	if m.chunks == nil {
+		m.chunks = make([]int64, (len(m.data)+modelChunk-1)/modelChunk)
+	}
+	for c := off / modelChunk; c <= (off+int64(len(p))-1)/modelChunk; c++ {
+		m.chunks[c]++
+	}
 	m.mu.Unlock()
+}
+
+// modelChunk is the chunk size of the clusters the model's volumes live in
+// (the testcluster default).
+const modelChunk = 4 << 20
+
+// perCopyset returns the acknowledged writes so far into each copyset of
+// volume vol in a pool of count copysets.
+func (m *model) perCopyset(vol uint64, count uint32) []int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]int64, count)
+	for c, n := range m.chunks {
+		out[api.CopysetOf(vol, uint64(c), count)] += n
+	}
+	return out
 }
 
 // verify reads the whole volume and compares it with the model, naming the first
@@ -115,10 +140,15 @@ func TestWriteReadManyChunks(t *testing.T) {
 	c.CompareReplicas(60 * time.Second)
 }
 
-func testKillChunkserverDuringWrites(t *testing.T, flags []string) *Cluster {
+// testKillChunkserverDuringWrites kills one of three chunkservers while four
+// writers keep writing, keeps it down until every copyset has acknowledged at
+// least downWrites writes without it, restarts it and checks that the volume
+// holds every acknowledged write and the replicas converge. Every step waits
+// for a condition, not for a time: on a loaded machine writes are slow.
+func testKillChunkserverDuringWrites(t *testing.T, flags []string, downWrites int64) *Cluster {
 	c := Start(t, Options{ChunkserverFlags: flags})
 	const size = 64 << 20
-	c.CreateVolume("faulty", size)
+	vol := c.CreateVolume("faulty", size)
 	v := c.Open("faulty", false)
 	m := &model{data: make([]byte, size)}
 
@@ -134,36 +164,60 @@ func testKillChunkserverDuringWrites(t *testing.T, flags []string) *Cluster {
 			writer(t, v, m, int64(w+10), int64(w)*region, int64(w+1)*region, stop, &acked, &failed)
 		}(w)
 	}
-	time.Sleep(2 * time.Second)
-	victim := c.CS[1]
-	before := acked.Load()
-	c.Kill(victim)
-	t.Logf("killed %s after %d acknowledged writes", victim.Name, before)
-	time.Sleep(4 * time.Second)
-	if acked.Load() <= before {
-		t.Errorf("no write was acknowledged in the 4 s after one of three chunkservers died")
+	stopped := false
+	stopWriters := func() {
+		if !stopped {
+			stopped = true
+			close(stop)
+			wg.Wait()
+		}
 	}
-	close(stop)
-	wg.Wait()
+	defer stopWriters() // on a failed wait, before the cluster stops
+	c.Eventually(120*time.Second, "writes before the fault", func(context.Context) error {
+		if n := acked.Load(); n < 100 {
+			return fmt.Errorf("%d writes acknowledged", n)
+		}
+		return nil
+	})
+	victim := c.CS[1]
+	c.Kill(victim)
+	before := acked.Load()
+	base := m.perCopyset(vol.Id, c.Pool.CopysetCount) // counted from the moment the victim is gone
+	t.Logf("killed %s after %d acknowledged writes", victim.Name, before)
+	// Two of three replicas are a majority: writes go on without the victim.
+	c.Eventually(5*time.Minute, fmt.Sprintf("%d writes into every copyset while %s is down", downWrites, victim.Name),
+		func(context.Context) error {
+			for cs, n := range m.perCopyset(vol.Id, c.Pool.CopysetCount) {
+				if d := n - base[cs]; d < downWrites {
+					return fmt.Errorf("copyset %d: %d writes acknowledged since the kill (%d in all)", cs, d, acked.Load()-before)
+				}
+			}
+			return nil
+		})
+	t.Logf("%d writes acknowledged while %s was down", acked.Load()-before, victim.Name)
+	stopWriters()
 	t.Logf("writes: %d acknowledged, %d failed (retried later)", acked.Load(), failed.Load())
 	m.verify(t, v)
 
 	c.Start(victim)
-	c.WaitHealthy(60 * time.Second)
+	c.WaitHealthy(120 * time.Second)
 	m.verify(t, v)
-	c.CompareReplicas(90 * time.Second)
+	c.CompareReplicas(180 * time.Second)
 	return c
 }
 
 // The restarted chunkserver catches up from the leaders' logs.
 func TestKillChunkserverCatchUpThroughLog(t *testing.T) {
-	testKillChunkserverDuringWrites(t, nil)
+	testKillChunkserverDuringWrites(t, nil, 1)
 }
 
 // With tiny snapshot thresholds the leaders compact their logs while the victim is
-// down, so it can only catch up through InstallSnapshot.
+// down, so it can only catch up through InstallSnapshot: each copyset takes
+// 450 writes without the victim, enough for two snapshots (every 200 entries)
+// past the victim's last entry, the second of which drops it from the log
+// (20 entries kept below a snapshot).
 func TestKillChunkserverCatchUpThroughSnapshot(t *testing.T) {
-	c := testKillChunkserverDuringWrites(t, []string{"--snapshot-entries=200", "--catchup-entries=20"})
+	c := testKillChunkserverDuringWrites(t, []string{"--snapshot-entries=200", "--catchup-entries=20"}, 450)
 	if n := c.CountLog(c.CS[1], "snapshot installed"); n == 0 {
 		t.Errorf("the restarted chunkserver never installed a snapshot; the test did not exercise InstallSnapshot")
 	} else {

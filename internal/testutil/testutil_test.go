@@ -14,6 +14,9 @@ func TestFreePortIsFreeAndNeverRepeated(t *testing.T) {
 			t.Fatalf("FreePort handed out port %d twice", p)
 		}
 		seen[p] = true
+		if lo, hi, ok := pickRange(); ok && (p < lo || p >= hi) {
+			t.Fatalf("FreePort returned %d, outside [%d, %d) (below or above the ephemeral range)", p, lo, hi)
+		}
 	}
 	ln, err := net.Listen("tcp", FreeAddr(t))
 	if err != nil {

@@ -316,6 +316,16 @@ func TestBackpressure(t *testing.T) {
 		wg.Add(1)
 		c.Go(&Call{Header: api.Header{Op: api.OpPing}}, func(*Call) { wg.Done() })
 	}
+	// Wait for the server to read what it may, then give it time to
+	// (wrongly) read more.
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(time.Millisecond) {
+		mu.Lock()
+		n := len(held)
+		mu.Unlock()
+		if n >= 4 && raft.Load() == 10 || time.Now().After(deadline) {
+			break
+		}
+	}
 	time.Sleep(50 * time.Millisecond)
 	mu.Lock()
 	n := len(held)
@@ -365,7 +375,7 @@ func TestOneWayOrder(t *testing.T) {
 			if v != i {
 				t.Fatalf("frame %d arrived as %d", i, v)
 			}
-		case <-time.After(5 * time.Second):
+		case <-time.After(60 * time.Second):
 			t.Fatalf("frame %d never arrived", i)
 		}
 	}
@@ -485,7 +495,7 @@ func TestServerBadInput(t *testing.T) {
 		if name == "truncated" || name == "short" {
 			nc.(*net.TCPConn).CloseWrite()
 		}
-		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		nc.SetReadDeadline(time.Now().Add(60 * time.Second))
 		var b [1]byte
 		if n, err := nc.Read(b[:]); n != 0 || err == nil || errors.Is(err, ErrClosed) {
 			t.Fatalf("%s: connection not closed by server: n=%d err=%v", name, n, err)

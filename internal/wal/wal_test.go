@@ -972,7 +972,7 @@ func activeRecycled(t *testing.T, w *WAL) bool {
 
 // waitPreparer waits until no spare segment is being prepared.
 func waitPreparer(w *WAL) {
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		w.mu.Lock()
 		busy := w.preparing

@@ -35,6 +35,7 @@ const (
 	drop                  // close the connection
 	delayed               // answer after the cluster's delay
 	noSpace               // answer NO_SPACE (a replica stopped by a full disk)
+	gated                 // answer once the cluster's gate is closed
 	fenced                // answer FENCED (a newer writer reached the copyset)
 )
 
@@ -51,6 +52,7 @@ type fakeCluster struct {
 	force     api.Status // nonzero: the leader answers every valid request with it
 	forceAll  api.Status // nonzero: every member answers every valid request with it
 	delay     time.Duration
+	gate      chan struct{} // holds the answers of gated requests until closed
 	hook      func(server uint64, h api.Header) action
 	servers   map[uint64]*fakeServer
 	bad       []string // protocol violations seen (pieces crossing chunks, wrong copyset)
@@ -175,6 +177,10 @@ func (s *fakeServer) ServeFrame(rw transport.ReplyWriter, h api.Header, payload 
 	case delayed:
 		p := append([]byte(nil), payload...)
 		time.AfterFunc(c.delay, func() { s.serve(rw, h, p) })
+		return
+	case gated:
+		p, gate := append([]byte(nil), payload...), c.gate
+		go func() { <-gate; s.serve(rw, h, p) }()
 		return
 	}
 	s.serve(rw, h, payload)

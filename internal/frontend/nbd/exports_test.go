@@ -57,7 +57,7 @@ func TestSlowOpenDoesNotStallOtherHandshakes(t *testing.T) {
 		slow.sendOpt(optGo, goData("slow"))
 		slowDone <- slow.readOptReply().typ // the first reply comes after the open
 	}()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for g.openCount("slow") == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the slow export's open never started")
@@ -65,7 +65,8 @@ func TestSlowOpenDoesNotStallOtherHandshakes(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 
-	start := time.Now()
+	// The slow open is held until the gate closes below: a handshake it
+	// stalled would not finish at all (dial's deadline fails the test).
 	c := open(t, ts.sock, "disk")
 	if errno, _ := c.do(cmdRead, 0, 0, 4096, nil); errno != 0 {
 		t.Fatalf("read on the other export: errno %d", errno)
@@ -74,9 +75,6 @@ func TestSlowOpenDoesNotStallOtherHandshakes(t *testing.T) {
 	i.greet(flagCFixedNewstyle | flagCNoZeroes)
 	if typ := i.infoGo(optInfo, "slow"); typ != repAck || i.size != 1<<20 {
 		t.Fatalf("INFO on the slow export: reply %#x size %d", typ, i.size)
-	}
-	if d := time.Since(start); d > 2*time.Second {
-		t.Fatalf("other handshakes took %s while one export was opening", d)
 	}
 	select {
 	case typ := <-slowDone:
@@ -89,7 +87,7 @@ func TestSlowOpenDoesNotStallOtherHandshakes(t *testing.T) {
 		if typ != repInfo {
 			t.Fatalf("GO on the slow export after its open: reply %#x, want NBD_REP_INFO", typ)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(60 * time.Second):
 		t.Fatal("GO on the slow export did not finish after its open did")
 	}
 	if n := g.openCount("slow"); n != 1 {
@@ -124,7 +122,7 @@ func TestInfoDoesNotOpenAndLastConnectionCloses(t *testing.T) {
 		c.send(cmdDisc, 0, 1, 0, 0, nil)
 		c.expectEOF()
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for disk.closes.Load() != 1 {
 		if time.Now().After(deadline) {
 			t.Fatalf("backend closed %d times after both connections left, want 1", disk.closes.Load())

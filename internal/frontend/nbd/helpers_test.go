@@ -346,6 +346,11 @@ func open(t testing.TB, sock, name string) *client {
 
 func (c *client) send(typ, flags uint16, cookie, off uint64, length uint32, payload []byte) {
 	c.t.Helper()
+	c.write(encodeRequest(typ, flags, cookie, off, length, payload))
+}
+
+// encodeRequest encodes one request with its payload.
+func encodeRequest(typ, flags uint16, cookie, off uint64, length uint32, payload []byte) []byte {
 	b := make([]byte, requestHeaderLen, requestHeaderLen+len(payload))
 	binary.BigEndian.PutUint32(b[0:], requestMagic)
 	binary.BigEndian.PutUint16(b[4:], flags)
@@ -353,7 +358,34 @@ func (c *client) send(typ, flags uint16, cookie, off uint64, length uint32, payl
 	binary.BigEndian.PutUint64(b[8:], cookie)
 	binary.BigEndian.PutUint64(b[16:], off)
 	binary.BigEndian.PutUint32(b[24:], length)
-	c.write(append(b, payload...))
+	return append(b, payload...)
+}
+
+// waitFor polls cond until it returns nil, failing the test after within.
+func waitFor(t testing.TB, within time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %v: %v", what, within, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitSubmitted waits until the backend got at least n requests.
+func (m *memBackend) waitSubmitted(t testing.TB, n int64) {
+	t.Helper()
+	waitFor(t, 60*time.Second, "requests submitted to the backend", func() error {
+		if got := m.submitted.Load(); got < n {
+			return fmt.Errorf("%d of %d", got, n)
+		}
+		return nil
+	})
 }
 
 // reply reads one simple reply; dataLen says how many payload bytes follow a
@@ -393,7 +425,7 @@ func (c *client) do(typ, flags uint16, off uint64, length uint32, payload []byte
 // expectEOF asserts the server closed the connection.
 func (c *client) expectEOF() {
 	c.t.Helper()
-	c.nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	c.nc.SetReadDeadline(time.Now().Add(60 * time.Second))
 	var b [1]byte
 	n, err := c.br.Read(b[:])
 	if err == nil || n > 0 {

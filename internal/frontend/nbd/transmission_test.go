@@ -194,23 +194,33 @@ func TestBackendErrorsMapped(t *testing.T) {
 	}
 }
 
+// TestRepliesOutOfOrder: a slow read does not hold up the replies to the
+// requests after it. The read completes only after the 8 writes sent after it
+// were answered, so a server that replied in order would never answer.
 func TestRepliesOutOfOrder(t *testing.T) {
 	disk := newMem(1 << 20)
-	// The first block is slow, everything else fast.
-	disk.delay = func(op api.Op, off, length int64) time.Duration {
+	release := make(chan struct{})
+	// Every IO completes on a goroutine of its own; the read of block 0
+	// waits for release.
+	disk.delay = func(op api.Op, off, length int64) time.Duration { return time.Millisecond }
+	disk.fail = func(op api.Op, off, length int64) error {
 		if off == 0 {
-			return 200 * time.Millisecond
+			<-release
 		}
-		return time.Millisecond
+		return nil
 	}
 	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 	c := open(t, ts.sock, "disk")
+	c.nc.SetReadDeadline(time.Now().Add(60 * time.Second))
 	c.send(cmdRead, 0, 100, 0, 4096, nil)
 	for i := uint64(1); i <= 8; i++ {
 		c.send(cmdWrite, 0, 100+i, i*4096, 4, []byte("wxyz"))
 	}
 	var order []uint64
-	for range 9 {
+	for n := range 9 {
+		if n == 8 {
+			close(release)
+		}
 		cookie, errno, _ := c.reply(func(cookie uint64) int {
 			if cookie == 100 {
 				return 4096
@@ -263,7 +273,8 @@ func TestInFlightIsBounded(t *testing.T) {
 	for i := range uint64(10) {
 		c.send(cmdRead, 0, i, i*4096, 4096, nil)
 	}
-	time.Sleep(100 * time.Millisecond)
+	disk.waitSubmitted(t, 4)
+	time.Sleep(100 * time.Millisecond) // time to (wrongly) submit more
 	if n := disk.submitted.Load(); n != 4 {
 		t.Fatalf("%d requests submitted with MaxInFlight 4", n)
 	}
@@ -301,8 +312,8 @@ func TestShutdownFinishesInFlight(t *testing.T) {
 	idle := dial(t, ts.sock) // still in the handshake
 	idle.greet(flagCFixedNewstyle)
 	c.send(cmdWrite, 0, 1, 0, 4, []byte("data"))
-	time.Sleep(20 * time.Millisecond) // let the server read it
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	disk.waitSubmitted(t, 1) // in flight when Shutdown begins
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- ts.Shutdown(ctx) }()
@@ -331,13 +342,19 @@ func TestShutdownAnswersBufferedWithESHUTDOWN(t *testing.T) {
 	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports(), MaxInFlight: 1})
 	c := open(t, ts.sock, "disk")
 	// First read is held by the gate; the second waits in the server's buffer
-	// because only one request may be in flight.
-	c.send(cmdRead, 0, 1, 0, 512, nil)
-	c.send(cmdRead, 0, 2, 512, 512, nil)
-	time.Sleep(50 * time.Millisecond)
+	// because only one request may be in flight. Both go in one write, so the
+	// server's first read of the socket takes both: the second is read from its
+	// buffer however long after Shutdown's grace the gate opens.
+	c.write(append(encodeRequest(cmdRead, 0, 1, 0, 512, nil), encodeRequest(cmdRead, 0, 2, 512, 512, nil)...))
+	disk.waitSubmitted(t, 1)
 	done := make(chan error, 1)
 	go func() { done <- ts.Shutdown(context.Background()) }()
-	time.Sleep(50 * time.Millisecond)
+	waitFor(t, 60*time.Second, "Shutdown begun", func() error {
+		if !ts.conns.Closing() {
+			return errors.New("not closing")
+		}
+		return nil
+	})
 	disk.gate <- struct{}{}
 	got := map[uint64]uint32{}
 	for range 2 {
@@ -359,7 +376,7 @@ func TestCloseDropsReplies(t *testing.T) {
 	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 	c := open(t, ts.sock, "disk")
 	c.send(cmdRead, 0, 1, 0, 4096, nil)
-	time.Sleep(10 * time.Millisecond)
+	disk.waitSubmitted(t, 1) // in the backend when Close begins
 	ts.Close()
 	if disk.pending.Load() != 0 {
 		t.Fatal("Close returned before the backend called back")
@@ -393,7 +410,7 @@ func TestShutdownDeadlineClosesHard(t *testing.T) {
 	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
 	c := open(t, ts.sock, "disk")
 	c.send(cmdRead, 0, 1, 0, 512, nil)
-	time.Sleep(20 * time.Millisecond)
+	disk.waitSubmitted(t, 1) // held by the gate
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	done := make(chan error, 1)
@@ -584,7 +601,8 @@ func TestInFlightBytesAreBounded(t *testing.T) {
 	for i := range uint64(6) {
 		c.send(cmdRead, 0, i, i*4096, 4096, nil)
 	}
-	time.Sleep(100 * time.Millisecond)
+	disk.waitSubmitted(t, 3)
+	time.Sleep(100 * time.Millisecond) // time to (wrongly) submit more
 	if n := disk.submitted.Load(); n != 3 {
 		t.Fatalf("%d reads of 4 KiB submitted with a 12 KiB budget", n)
 	}

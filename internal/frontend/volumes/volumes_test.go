@@ -339,14 +339,14 @@ func waitServed(t *testing.T, c *testcluster.Cluster, name string) {
 // eventually retries f for up to 10 s.
 func eventually(t *testing.T, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		err := f()
 		if err == nil {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s still fails after 10 s: %v", what, err)
+			t.Fatalf("%s still fails after 60 s: %v", what, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
