@@ -22,6 +22,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/datastore"
 	"github.com/basalt-storage/basalt/internal/debughttp"
+	"github.com/basalt-storage/basalt/internal/fsdir"
 	"github.com/basalt-storage/basalt/internal/raftnet"
 	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/scrub"
@@ -232,7 +233,7 @@ func New(cfg Config) (*ChunkServer, error) {
 	case cfg.PreallocChunks < 0:
 		cfg.PreallocChunks = 0
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+	if err := fsdir.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, err
 	}
 	lock, err := lockDataDir(cfg.DataDir)
@@ -257,8 +258,16 @@ func New(cfg Config) (*ChunkServer, error) {
 	if id != 0 {
 		c.log = c.log.With("chunkserver", id)
 	}
-	c.wal, err = wal.Open(wal.Config{Dir: filepath.Join(cfg.DataDir, "wal"), SegmentSize: cfg.WALSegmentSize,
+	walDir := filepath.Join(cfg.DataDir, "wal")
+	c.wal, err = wal.Open(wal.Config{Dir: walDir, SegmentSize: cfg.WALSegmentSize,
 		Logger: cfg.Logger, Knobs: cfg.Knobs.WAL, OnCommit: c.metrics.walCommit})
+	if errors.Is(err, wal.ErrCorrupt) || errors.Is(err, wal.ErrVersion) {
+		// Acknowledged writes may be gone: this replica must not vote or
+		// serve. Its copysets still have their other replicas.
+		return nil, fmt.Errorf("refusing to start: the WAL at %s cannot be trusted (%w); "+
+			"the MDS will re-replicate its copysets; move the data directory %s aside to rejoin empty",
+			walDir, err, cfg.DataDir)
+	}
 	if err != nil {
 		return nil, err
 	}

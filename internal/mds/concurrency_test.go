@@ -9,7 +9,9 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/basalt-storage/basalt/pkg/api"
@@ -17,13 +19,22 @@ import (
 
 // TestConcurrentRequests checks that concurrent requests lose no update:
 // every read-write open gets its own epoch, racing creates of one name let
-// exactly one win, and ids stay unique.
+// exactly one win, and ids stay unique. The racing calls go straight to the
+// MDS over gRPC, each sent once: mdsclient retries an attempt that took over
+// its AttemptTimeout (5 s, reached under load with 32 contending
+// transactions), and a retried open that had committed takes a second epoch.
 func TestConcurrentRequests(t *testing.T) {
 	c := startWithPool(t, Config{}, 3)
 	ctx := ctxT(t)
 	if _, err := c.CreateVolume(ctx, &api.CreateVolumeRequest{Name: "shared", Size: 4096}); err != nil {
 		t.Fatal(err)
 	}
+	cc, err := grpc.NewClient(c.Active(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	raw := api.NewMDSClient(cc)
 
 	const n = 16
 	var wg sync.WaitGroup
@@ -35,7 +46,7 @@ func TestConcurrentRequests(t *testing.T) {
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			o, err := c.OpenVolume(ctx, &api.OpenVolumeRequest{Name: "shared", Client: fmt.Sprint(i)})
+			o, err := raw.OpenVolume(ctx, &api.OpenVolumeRequest{Name: "shared", Client: fmt.Sprint(i)})
 			if err != nil {
 				t.Error(err)
 				return
@@ -46,7 +57,7 @@ func TestConcurrentRequests(t *testing.T) {
 		}()
 		go func() {
 			defer wg.Done()
-			v, err := c.CreateVolume(ctx, &api.CreateVolumeRequest{Name: fmt.Sprintf("v%d", i%4), Size: 4096})
+			v, err := raw.CreateVolume(ctx, &api.CreateVolumeRequest{Name: fmt.Sprintf("v%d", i%4), Size: 4096})
 			mu.Lock()
 			defer mu.Unlock()
 			switch status.Code(err) {

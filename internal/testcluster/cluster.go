@@ -55,6 +55,11 @@ type Proc struct {
 	mu     sync.Mutex
 	cmd    *exec.Cmd
 	reaped chan struct{} // closed once cmd's process was waited for
+	// last is the most recently started process; exited and exitCode
+	// describe it once it has been reaped.
+	last     *exec.Cmd
+	exited   bool
+	exitCode int
 }
 
 // Cluster is a running cluster.
@@ -256,10 +261,27 @@ func (c *Cluster) Start(p *Proc) {
 		c.t.Fatalf("start %s: %v", p.Name, err)
 	}
 	reaped := make(chan struct{})
-	go func() { _ = cmd.Wait(); logf.Close(); close(reaped) }()
 	p.mu.Lock()
-	p.cmd, p.reaped = cmd, reaped
+	p.cmd, p.reaped, p.last, p.exited = cmd, reaped, cmd, false
 	p.mu.Unlock()
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		p.mu.Lock()
+		if p.last == cmd {
+			p.exited, p.exitCode = true, cmd.ProcessState.ExitCode()
+		}
+		p.mu.Unlock()
+		close(reaped)
+	}()
+}
+
+// ExitCode returns the exit code of p's last started process and true once
+// it has exited (-1 if a signal ended it), or false while it runs.
+func (p *Proc) ExitCode() (int, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.exitCode, p.exited
 }
 
 // Kill sends SIGKILL to p and waits until it is gone.

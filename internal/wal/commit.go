@@ -285,7 +285,7 @@ func (w *WAL) commit(b *batch) error {
 	off := w.writeOff
 	w.mu.Unlock()
 	size := int64(batchSize(b.buf, b.refs))
-	need := size
+	need := size + batchRecordSize
 	if len(b.refs) > 0 {
 		need += dioAlign + minPadRecord // a pad record may go first
 	}
@@ -302,16 +302,19 @@ func (w *WAL) commit(b *batch) error {
 		if active, off, err = w.rollover(active, need); err != nil {
 			return err
 		}
+		w.synced = off // createSegment synced the header and checkpoint
 	}
-	// A batch with entry data to write from the entries starts on a dioAlign
-	// boundary, as appendEntries' padding assumed: a pad record goes first.
-	pre := w.preBuf[:0]
+	// The batch record goes first: how far the segment is durable (see
+	// doc.go, Open and repair). A batch with entry data to write from the
+	// entries starts on a dioAlign boundary, as appendEntries' padding
+	// assumed: a pad record follows if need be.
+	pre := appendBatch(w.preBuf[:0], w.synced)
 	if len(b.refs) > 0 {
-		if n := padBefore(off); n > 0 {
+		if n := padBefore(off + int64(len(pre))); n > 0 {
 			pre = appendPad(pre, n)
-			sealRecords(pre, nil, active.seq)
 		}
 	}
+	sealRecords(pre, nil, active.seq)
 	w.preBuf = pre
 	sealRecords(b.buf, b.refs, active.seq)
 	size += int64(len(pre))
@@ -351,6 +354,7 @@ func (w *WAL) commit(b *batch) error {
 	}
 	lat := time.Since(start)
 	w.unsynced = false
+	w.synced = off + size
 	if w.knobs.AfterSync != nil {
 		w.knobs.AfterSync()
 	}

@@ -15,8 +15,8 @@ import (
 const directMinBytes = 64 << 10
 
 // pageWrite is what writePages writes, whole pages from a page boundary:
-// head (the start of the first page, written before), pre (a pad record or
-// nothing), buf with the entry data of refs in its gaps, zeros zero bytes.
+// head (the start of the first page, written before), pre (the batch
+// record and a pad record if any), buf with the entry data of refs in its gaps, zeros zero bytes.
 type pageWrite struct {
 	head, pre, buf []byte
 	refs           []dataRef

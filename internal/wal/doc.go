@@ -32,8 +32,10 @@
 // sequence has no holes. A new segment is written as "<name>.tmp" (header
 // and checkpoint), preallocated by writing zeros up to Config.SegmentSize (or
 // more, for a batch larger than that), fsynced, renamed, and the directory
-// fsynced, so a segment exists only complete. Leftover .tmp files are
-// deleted by Open. Because the file is preallocated with written blocks (not
+// fsynced, so a segment exists only complete. Open creates the WAL
+// directory, and any parent it needs, with fsdir.MkdirAll, which fsyncs the
+// parent of each directory it makes. Leftover .tmp files are deleted by
+// Open. Because the file is preallocated with written blocks (not
 // fallocate(2)'s unwritten extents, whose conversion would make each
 // fdatasync commit the file system journal), a record write never changes
 // the file size or the block map and fdatasync(2) needs no metadata flush.
@@ -63,8 +65,8 @@
 //
 // All integers are little-endian.
 //
-//	segment  = header record* rest
-//	header   = "BWAL" | version u32 (=3) | seq u64            (16 bytes)
+//	segment  = header checkpoint-record* (batch record*)* rest
+//	header   = "BWAL" | version u32 (=4) | seq u64            (16 bytes)
 //	record   = length u32 | crc u32 | tag u32 | payload[length]
 //	tag      = low 32 bits of seq, with bit 31 set
 //	crc      = CRC-32C (Castagnoli) over the payload, then the 4 length
@@ -74,9 +76,14 @@
 // The records end at the first length of 0 or tag other than the segment's:
 // the rest is zero-fill, or records of the segment a recycled file held
 // before (fewer than 12 bytes left at the end of a full segment end it too).
-// Version 2 is version 3 without padded entries and pad records, and is read
-// as well; version 1 (no tag, an 8-byte record header) is refused with an
-// error naming the version. Record types and bodies:
+// Every write of the committer (a batch) starts with a batch record; the
+// checkpoint that starts a segment does not need one (it is fsynced before
+// the segment exists). Version 3 is version 4 without batch records, and
+// version 2 is version 3 without padded entries and pad records; both are
+// read (and an old last segment is closed with a rollover at Open, so that
+// no batch record is ever appended to it). Any other version (1 had no tag
+// and an 8-byte record header) is ErrVersion, naming the version. Record
+// types and bodies:
 //
 //	1 entries      group u64 | first index u64 | count u32 |
 //	               count × (term u64 | etype u8 | dlen u32 |
@@ -103,6 +110,13 @@
 //	4 group removed  group u64: forget the group and all its state.
 //	5 pad          zero bytes: nothing (moves the next record to a 512-byte
 //	               boundary of the file; at least 13 bytes in all).
+//	6 batch        mark u64: the durable mark, the offset of this segment up
+//	               to which it was known fdatasynced when the batch was
+//	               written (after the last synced batch; after the
+//	               checkpoint in a new segment; the end of the records that
+//	               Open read, and synced, in a reopened one). 21 bytes in all.
+//	               In a batch with entry data written by reference, a pad
+//	               record follows it.
 //
 // testdata/segment.golden freezes this format (TestGoldenSegment).
 //
@@ -136,16 +150,47 @@
 // # Open and repair
 //
 // Open reads the segments in order, checks every CRC and applies every
-// record to the in-memory state. In the last segment, the first record with
-// the segment's tag that is incomplete or fails its CRC starts a torn tail:
-// it is logged (slog, Warn), the file is truncated after the last good
-// record and preallocated again (zeros), and the log continues from there.
-// Non-zero bytes after the end of the last segment's records are cleared
-// the same way (quietly): they may hold a record of this segment written
-// out of order before a crash, which a later append ending exactly where it
-// starts would otherwise bring back. A bad record in any other segment is ErrCorrupt,
-// as is a record whose CRC is good but whose body does not decode, a missing
-// sequence number or a bad header: the WAL never skips data silently.
+// record to the in-memory state. Where a segment's records end before its
+// zero-fill (a record with the segment's tag that is incomplete or fails its
+// CRC, or any non-zero bytes after the last record, which is what damage to
+// a length or tag looks like), Open must tell a torn tail from corruption:
+//
+//   - A torn tail is a batch that was being written, never fdatasynced, when
+//     the machine died: nobody was told it was durable, so it may go.
+//   - Corruption is damage to bytes that had been fdatasynced, records whose
+//     Saves returned (acknowledged writes, HardState votes): dropping them,
+//     and every record after them, would break Raft's promises.
+//
+// The batch records decide it (version 4). If any readable batch record of
+// the segment after the damage at offset X carries a mark > X, the batch was
+// written when X was already durable: ErrCorrupt, and the file is left
+// untouched for the operator (the replica's copysets are rebuilt from the
+// other replicas). If every later mark is <= X, the damage lies after the
+// last sync: a torn tail, logged (slog, Warn), the file truncated at X and
+// preallocated again (zeros), and the log continues from there. (Records
+// after damage cannot be walked, since a damaged length is possible, so
+// Open searches the rest of the segment for the tag and type bytes of batch
+// records and checks each candidate's length and CRC.) Non-zero bytes after
+// the end of the last segment's records without such proof are cleared the
+// same way (quietly): they may hold a record of this segment written out of
+// order before a crash, which a later append ending exactly where it starts
+// would otherwise bring back. A bad record in any other segment is ErrCorrupt
+// (a segment is synced in full before the next one is created), as is a
+// record whose CRC is good but whose body does not decode, a missing
+// sequence number or a bad header: the WAL never skips data silently. Open
+// fdatasyncs the last segment before it appends, so that the next batch's
+// mark (the end of what Open read) is true even after a process crash that
+// left unsynced bytes in the page cache.
+//
+// The limit: damage inside the last synced batch, with no batch written
+// after it, looks exactly like a torn tail, and is cut (with the warning).
+// Raft then loses that replica's last acknowledged batch, as it would on a
+// disk that lost the write; the other replicas of each copyset still hold
+// it, and the replica catches up from them. Segments of versions 2 and 3
+// carry no marks: in their last segment the first bad record starts a torn
+// tail, as before. The scheme assumes that a rewrite of the same bytes (the
+// committer rewrites the start of the last page) cannot damage them, that
+// is, that the disk writes a sector whole or not at all.
 //
 // Replay tolerates one thing that only segment removal produces: a group's
 // first surviving entries record may start after its last known index
@@ -217,7 +262,7 @@
 // # Code map
 //
 //	wal.go      the WAL type, Open, the public calls, Close
-//	recover.go  Open's replay: segment scan, torn-tail cut, record replay
+//	recover.go  Open's replay: segment scan, torn tail or corruption, record replay
 //	segment.go  segment files: create, preallocate (zeros), spare, rollover
 //	commit.go   the commit pipeline: batches, validation, the committer, writes
 //	compact.go  snapshots, pinning, removing and recycling old segments

@@ -12,12 +12,16 @@ import (
 // On-disk constants; doc.go specifies the format they describe.
 const (
 	segMagic   = "BWAL"
-	segVersion = 3
-	// minSegVersion is the oldest segment format Open reads: version 2 is
-	// version 3 without padded entries and pad records.
+	segVersion = 4
+	// minSegVersion is the oldest segment format Open reads: version 3 is
+	// version 4 without batch records, version 2 is version 3 without padded
+	// entries and pad records.
 	minSegVersion = 2
-	segHeaderSize = 16 // magic[4] | version u32 | seq u64
-	recHeaderSize = 12 // length u32 | crc32c u32 | tag u32
+	// markSegVersion is the first version whose batches start with a batch
+	// record (the durable mark).
+	markSegVersion = 4
+	segHeaderSize  = 16 // magic[4] | version u32 | seq u64
+	recHeaderSize  = 12 // length u32 | crc32c u32 | tag u32
 
 	// maxRecord bounds a record's payload length; a larger length on disk is
 	// treated like a bad CRC (torn or corrupt), never allocated.
@@ -35,7 +39,11 @@ const (
 	recSnapshot     byte = 3
 	recGroupRemoved byte = 4
 	recPad          byte = 5 // nothing: aligns the next record (see dioAlign)
+	recBatch        byte = 6 // starts a batch: the segment's durable mark
 )
+
+// batchRecordSize is the size of a batch record: header, type, mark u64.
+const batchRecordSize = recHeaderSize + 1 + 8
 
 // Snapshot record flags.
 const (
@@ -182,6 +190,16 @@ func appendEntries(buf []byte, group uint64, ents []*pb.Entry, refs *[]dataRef) 
 // into the batch (appendEntries); at 256 KiB per write the copy was 3 % of a
 // chunkserver's CPU. A variable so that the golden test can lower it.
 var refMinBytes = 16 << 10
+
+// appendBatch appends a batch record: the offset of the segment up to which
+// it was known durable (fdatasynced) when the batch was written.
+func appendBatch(buf []byte, mark int64) []byte {
+	buf, start := beginRecord(buf)
+	buf = append(buf, recBatch)
+	buf = le.AppendUint64(buf, uint64(mark))
+	endRecord(buf, start)
+	return buf
+}
 
 // appendPad appends a pad record of n bytes (at least minPadRecord).
 func appendPad(buf []byte, n int) []byte {

@@ -1,6 +1,7 @@
 package wal
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"os"
@@ -56,7 +57,7 @@ func (w *WAL) recover() error {
 			return err
 		}
 		w.segs = []*segment{s}
-		w.writeOff = segHeaderSize
+		w.writeOff, w.synced = segHeaderSize, segHeaderSize
 		return nil
 	}
 	for i, seq := range seqs {
@@ -80,6 +81,13 @@ func (w *WAL) recover() error {
 			if err := preallocate(f, w.cfg.SegmentSize); err != nil {
 				return err
 			}
+			// What was read may still be only in the page cache (a process
+			// crash keeps it there): sync it before the next batch's mark
+			// says it is durable.
+			if err := f.Sync(); err != nil {
+				return fmt.Errorf("wal: %w", err)
+			}
+			w.synced = end
 			if err := w.loadTail(s, end); err != nil {
 				return err
 			}
@@ -90,13 +98,26 @@ func (w *WAL) recover() error {
 			return fmt.Errorf("%w: group %d: entries before %d missing", ErrCorrupt, id, g.firstIndex())
 		}
 	}
+	// Batches go to segments of the current format only: an older release's
+	// last segment is closed with a rollover before anything is appended.
+	if s := w.segs[len(w.segs)-1]; s.version < segVersion {
+		s2, off, err := w.rollover(s, 0)
+		if err != nil {
+			return err
+		}
+		w.synced = off
+		w.log.Info("wal: continuing in a new segment of the current format",
+			"segment", s2.path, "old_version", s.version, "version", segVersion)
+	}
 	w.log.Info("wal: opened", "dir", w.dir, "segments", len(w.segs), "groups", len(w.groups))
 	return nil
 }
 
-// replaySegment reads one segment and applies its records. For the last
-// segment a torn or corrupt tail is cut off; elsewhere it is ErrCorrupt. It
-// returns the offset after the last good record.
+// replaySegment reads one segment and applies its records. It returns the
+// offset after the last good record. Where the records end before the
+// segment does, it decides between a torn tail and corruption (see doc.go,
+// Open and repair): a torn tail of the last segment is cut off; damage to
+// data that was durable is ErrCorrupt, and the file is left as it is.
 func (w *WAL) replaySegment(s *segment, last bool) (int64, error) {
 	b, err := os.ReadFile(s.path)
 	if err != nil {
@@ -105,10 +126,11 @@ func (w *WAL) replaySegment(s *segment, last bool) (int64, error) {
 	if len(b) < segHeaderSize || string(b[:4]) != segMagic || le.Uint64(b[8:]) != s.seq {
 		return 0, fmt.Errorf("%w: %s: bad segment header", ErrCorrupt, s.path)
 	}
-	if v := le.Uint32(b[4:]); v < minSegVersion || v > segVersion {
+	s.version = le.Uint32(b[4:])
+	if s.version < minSegVersion || s.version > segVersion {
 		return 0, fmt.Errorf("%w: %s: segment format version %d, this build reads versions %d to %d "+
 			"(written by another basalt release: start that release, or move the data directory aside)",
-			ErrCorrupt, s.path, v, minSegVersion, segVersion)
+			ErrVersion, s.path, s.version, minSegVersion, segVersion)
 	}
 	tag := segTag(s.seq)
 	off := segHeaderSize
@@ -121,11 +143,22 @@ func (w *WAL) replaySegment(s *segment, last bool) (int64, error) {
 			off += recHeaderSize + n
 			continue
 		}
-		if st == recBad && len(b)-off >= recHeaderSize {
+		bad := st == recBad && len(b)-off >= recHeaderSize
+		if s.version >= markSegVersion && (bad || !allZero(b[off:])) {
+			// A record (or its length or tag) damaged at off reads as the end
+			// of the records too; a later batch proves off was durable.
+			if at, mark, ok := durableMarkAfter(b, off, tag); ok {
+				return 0, fmt.Errorf("%w: %s: bad record at offset %d, but the batch at offset %d "+
+					"was written when the segment was durable up to offset %d: data that was "+
+					"fdatasynced (acknowledged) is damaged", ErrCorrupt, s.path, off, at, mark)
+			}
+		}
+		if bad {
 			if !last {
 				return 0, fmt.Errorf("%w: %s: bad record at offset %d", ErrCorrupt, s.path, off)
 			}
-			w.log.Warn("wal: torn tail cut off", "segment", s.path, "offset", off, "dropped_bytes", len(b)-off)
+			w.log.Warn("wal: torn tail cut off: a batch that was never fdatasynced, lost in a crash",
+				"segment", s.path, "offset", off, "dropped_bytes", len(b)-off)
 			if err := w.cutTail(s, int64(off)); err != nil {
 				return 0, err
 			}
@@ -145,6 +178,36 @@ func (w *WAL) replaySegment(s *segment, last bool) (int64, error) {
 		break
 	}
 	return int64(off), nil
+}
+
+// durableMarkAfter looks for a readable batch record of the segment (tag)
+// after offset from whose mark is beyond from: proof that the segment was
+// durable past from when that batch was written. It returns the record's
+// offset and its mark. Records after damage cannot be walked (a length may be
+// what is damaged), so it searches for the tag and type bytes a batch record
+// starts its payload with and checks each candidate's length and CRC.
+func durableMarkAfter(b []byte, from int, tag uint32) (at int, mark int64, ok bool) {
+	var pat [5]byte
+	le.PutUint32(pat[:], tag)
+	pat[4] = recBatch
+	for i := from + 1; i < len(b); {
+		j := bytes.Index(b[i:], pat[:])
+		if j < 0 {
+			break
+		}
+		start := i + j - 8 // the record starts 8 bytes before its tag
+		i += j + 1
+		if start <= from {
+			continue
+		}
+		if n, st := checkRecord(b[start:], tag); st != recOK || n != batchRecordSize-recHeaderSize {
+			continue
+		}
+		if m := int64(le.Uint64(b[start+recHeaderSize+1:])); m > int64(from) {
+			return start, m, true
+		}
+	}
+	return 0, 0, false
 }
 
 func allZero(b []byte) bool {
@@ -227,6 +290,8 @@ func (w *WAL) replayRecord(s *segment, b []byte, off, n int) error {
 		w.dropGroupLocked(id)
 	case recPad:
 		d.off = len(d.b)
+	case recBatch:
+		d.u64() // the mark matters only after damage (durableMarkAfter)
 	default:
 		return fmt.Errorf("%w: unknown record type %d", ErrCorrupt, typ)
 	}

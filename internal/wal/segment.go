@@ -9,15 +9,17 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/basalt-storage/basalt/internal/fsdir"
 	"golang.org/x/sys/unix"
 )
 
 // segment is one log file. seq, path and f are immutable; maxIdx is guarded
 // by WAL.mu.
 type segment struct {
-	seq  uint64
-	path string
-	f    *os.File
+	seq     uint64
+	version uint32 // its format version (segVersion unless an older release wrote it)
+	path    string
+	f       *os.File
 	// maxIdx: per group, the highest entry index written to this segment.
 	maxIdx map[uint64]uint64
 }
@@ -101,7 +103,7 @@ func (w *WAL) createSegment(seq uint64, ckpt []byte, size int64) (*segment, erro
 		w.mu.Unlock()
 	}
 	w.tailPage = append(w.tailPage[:0], hdr[roundDown(int64(n)):n]...)
-	return &segment{seq: seq, path: path, f: f, maxIdx: make(map[uint64]uint64)}, nil
+	return &segment{seq: seq, version: segVersion, path: path, f: f, maxIdx: make(map[uint64]uint64)}, nil
 }
 
 // rollover creates the next segment. It starts with a checkpoint: the
@@ -199,14 +201,11 @@ func (w *WAL) prepareSpare(seq uint64) {
 	w.spareFile = sp
 }
 
+// syncDir makes the WAL directory's entries (segments created, renamed or
+// removed) durable.
 func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("wal: sync dir: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("wal: sync dir: %w", err)
+	if err := fsdir.Sync(dir); err != nil {
+		return fmt.Errorf("wal: %w", err)
 	}
 	return nil
 }

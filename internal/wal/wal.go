@@ -9,16 +9,22 @@ import (
 	"sync"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/fsdir"
 	pb "go.etcd.io/raft/v3/raftpb"
 )
 
 // Errors returned by the WAL.
 var (
-	// ErrCorrupt means a record failed its CRC or did not decode somewhere
-	// other than the tail of the last segment, a segment is missing from the
-	// sequence, or the rebuilt log of a group has a hole. Open refuses to
-	// guess: an operator must look.
+	// ErrCorrupt means data the WAL had made durable is damaged: a record
+	// failed its CRC or did not decode somewhere other than the torn tail of
+	// the last segment (a later batch's durable mark proves the damaged
+	// bytes had been fdatasynced), a segment is missing from the sequence,
+	// or the rebuilt log of a group has a hole. Open refuses to guess and
+	// leaves the files as they are: an operator must look.
 	ErrCorrupt = errors.New("wal: corrupt")
+	// ErrVersion means a segment is in a format version this build does not
+	// read (an older or newer basalt release wrote it).
+	ErrVersion = errors.New("wal: unsupported segment format version")
 	// ErrClosed is returned by calls on a closed WAL and by Saves that were
 	// still waiting when it closed.
 	ErrClosed = errors.New("wal: closed")
@@ -113,6 +119,10 @@ type WAL struct {
 	// unsynced: the active segment holds a NoSync batch not yet covered by
 	// an fdatasync. Owned by the committer.
 	unsynced bool
+	// synced: the offset of the active segment up to which it is known
+	// durable (fdatasynced), written as the next batch's mark. Owned by the
+	// committer (and Open before it starts).
+	synced int64
 
 	// mu guards everything below. The committer does its write and sync
 	// without it. Lock order: mu is a leaf lock.
@@ -161,7 +171,9 @@ func Open(cfg Config) (*WAL, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+	// The directory (and any parent it needs) durable before a segment is
+	// synced in it.
+	if err := fsdir.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("wal: %w", err)
 	}
 	w := &WAL{

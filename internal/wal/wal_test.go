@@ -783,12 +783,13 @@ func TestCloseWithSavesInFlight(t *testing.T) {
 // record header before its end is complete, not torn.
 func TestSegmentFullToTheLastBytes(t *testing.T) {
 	dir := t.TempDir()
-	// One page (segments are whole pages): header 16 + one entries record
-	// of one 4030-byte entry (12+21+13+4030) leaves 4 zero bytes.
+	// One page (segments are whole pages): header 16 + a batch record 21 +
+	// one entries record of one 4009-byte entry (12+21+13+4009) leaves 4
+	// zero bytes.
 	const segSize = 4096
 	cfg := func(c *Config) { c.SegmentSize = segSize }
 	w := openT(t, dir, cfg)
-	a := mkEnts(1, 1, 1, 4030, 1)
+	a := mkEnts(1, 1, 1, 4009, 1)
 	mustSave(t, w, Update{Group: 1, Entries: a})
 	w.mu.Lock()
 	off := w.writeOff
@@ -796,7 +797,7 @@ func TestSegmentFullToTheLastBytes(t *testing.T) {
 	if off != segSize-4 {
 		t.Fatalf("write offset %d, want %d", off, segSize-4)
 	}
-	b := mkEnts(2, 1, 1, 4030, 2)
+	b := mkEnts(2, 1, 1, 4009, 2)
 	mustSave(t, w, Update{Group: 1, Entries: b})
 	if n := w.SegmentCount(); n != 2 {
 		t.Fatalf("SegmentCount = %d, want 2", n)

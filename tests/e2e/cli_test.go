@@ -88,14 +88,14 @@ func TestCLI(t *testing.T) {
 
 	// One chunkserver down: the status says so.
 	c.Kill(c.CS[0])
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(90 * time.Second)
 	for {
 		out = cli(true, "status")
 		if strings.Contains(out, "2 up, 1 down") && strings.Contains(out, "DEGRADED") {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("30 s after a chunkserver died, status still says:\n%s", out)
+			t.Fatalf("90 s after a chunkserver died, status still says:\n%s", out)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}

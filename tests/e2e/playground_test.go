@@ -26,6 +26,7 @@ type pg struct {
 	nbdPort  int
 	size     string
 	cmd      *exec.Cmd
+	exited   chan struct{} // closed once cmd was waited for
 	logPath  string
 	st       *playground.State
 }
@@ -59,7 +60,8 @@ func (p *pg) start() {
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = p.cmd.Wait(); logf.Close() }()
+	p.exited = make(chan struct{})
+	go func(cmd *exec.Cmd, exited chan struct{}) { _ = cmd.Wait(); logf.Close(); close(exited) }(p.cmd, p.exited)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	p.st, err = playground.WaitReady(ctx, p.dir)
@@ -75,13 +77,14 @@ func (p *pg) stop() {
 		return
 	}
 	_ = p.cmd.Process.Signal(os.Interrupt)
-	deadline := time.Now().Add(30 * time.Second)
-	for p.cmd.ProcessState == nil && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if p.cmd.ProcessState == nil {
-		p.t.Errorf("playground did not stop within 30 s of Ctrl-C")
+	// Waits on the goroutine that reaps it (reading ProcessState meanwhile
+	// would race with Wait).
+	select {
+	case <-p.exited:
+	case <-time.After(60 * time.Second):
+		p.t.Errorf("playground did not stop within 60 s of Ctrl-C")
 		_ = p.cmd.Process.Kill()
+		<-p.exited
 	}
 	p.cmd = nil
 	if p.t.Failed() {

@@ -25,7 +25,7 @@ type rule struct {
 
 // Leaves that any layer may use: helpers with no basalt dependency of their own
 // beyond each other.
-var leaves = []string{"internal/race", "internal/sockio", "internal/bufpool", "internal/latency", "internal/debughttp"}
+var leaves = []string{"internal/race", "internal/sockio", "internal/bufpool", "internal/latency", "internal/debughttp", "internal/fsdir"}
 
 func withLeaves(may ...string) []string { return append(may, leaves...) }
 
@@ -38,6 +38,7 @@ var rules = []rule{
 	{pkg: "internal/bufpool", may: []string{"internal/race"}, why: "size-class buffers"},
 	{pkg: "internal/latency", why: "the one bucket scale of every stage histogram"},
 	{pkg: "internal/debughttp", why: "the /metrics and pprof listener"},
+	{pkg: "internal/fsdir", why: "durable directory entries (fsync the directory)"},
 	{pkg: "internal/placement", why: "pure placement and routing math: no I/O, easy to simulate",
 		extra: pureStd},
 	{pkg: "pkg/api", why: "the wire API: generated code, statuses, frame format"},
