@@ -59,6 +59,39 @@ func nbdCommand() *cobra.Command {
 	return cmd
 }
 
+func nvmfCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "nvmf",
+		Short: "Serve volumes over NVMe/TCP (subsystem nqn.2024-11.io.basalt:volume:NAME, namespace 1)",
+		Args:  cobra.NoArgs,
+	}
+	mdsAddrs := mdsFlag(cmd)
+	listen := cmd.Flags().String("listen", "127.0.0.1:4420", "TCP listen address")
+	hosts := cmd.Flags().String("allow-hosts", "", "comma-separated host NQNs that may connect (empty: every host)")
+	advertise := cmd.Flags().String("advertise", "", "address the discovery log gives for the subsystems (default: the one the host connected to)")
+	readOnly := cmd.Flags().Bool("read-only", false, "open volumes read-only (alongside another writer)")
+	var procs int
+	procsFlag(cmd, &procs)
+	cmd.RunE = func(*cobra.Command, []string) error {
+		setProcs(procs)
+		host, _ := os.Hostname()
+		node, err := access.Start(access.Config{
+			MDS: splitList(*mdsAddrs), ReadOnly: *readOnly, Logger: slog.Default(),
+			ClientName: fmt.Sprintf("nvmf@%s/%d", host, os.Getpid()),
+			NVMf:       access.NVMfConfig{Listen: *listen, AllowedHosts: splitList(*hosts), AdvertiseAddr: *advertise},
+		})
+		if err != nil {
+			return err
+		}
+		defer node.Close()
+		ctx, stop := signalContext()
+		defer stop()
+		<-ctx.Done()
+		return nil
+	}
+	return cmd
+}
+
 func playgroundCommand() *cobra.Command {
 	var cfg playground.Config
 	var size string
@@ -84,6 +117,7 @@ func playgroundCommand() *cobra.Command {
 	f.StringVar(&cfg.Volume, "volume", "demo", "name of the volume to create")
 	f.StringVar(&cfg.NBDListen, "nbd-listen", "127.0.0.1:10809", "NBD TCP address")
 	f.StringVar(&cfg.NBDSocket, "nbd-socket", "", "NBD Unix socket (default DIR/nbd.sock)")
+	f.StringVar(&cfg.NVMfListen, "nvmf-listen", "", "NVMe/TCP address (default 127.0.0.1:PORT-BASE+28)")
 	f.IntVar(&cfg.PortBase, "port-base", 6700, "first port: MDS, then etcd (+1, +2), chunkservers (+11..), metrics (+21..)")
 	f.Uint32Var(&cfg.Copysets, "copysets", 0, "copysets in the pool (default: the MDS default)")
 	f.IntVar(&cfg.Procs, "gomaxprocs", 0, "GOMAXPROCS of this process and each chunkserver (0: the CPUs shared among them, unless GOMAXPROCS is set; -1: Go's default)")

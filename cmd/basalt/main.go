@@ -44,6 +44,7 @@ func main() {
 		mdsCommand(),
 		chunkserverCommand(),
 		nbdCommand(),
+		nvmfCommand(),
 		playgroundCommand(),
 		poolCommand(),
 		volumeCommand(),

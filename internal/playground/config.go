@@ -12,12 +12,14 @@ import (
 
 // Config describes the playground to run.
 type Config struct {
-	Dir          string // all data and logs; default ./basalt-data
-	Volume       string // default "demo"
-	Size         uint64 // volume size; default 8 GiB
-	NBDListen    string // default 127.0.0.1:10809
-	NBDSocket    string // default DIR/nbd.sock
-	PortBase     int    // MDS on PortBase, etcd on +1/+2, chunkservers on +11.., metrics on +21..; default 6700
+	Dir       string // all data and logs; default ./basalt-data
+	Volume    string // default "demo"
+	Size      uint64 // volume size; default 8 GiB
+	NBDListen string // default 127.0.0.1:10809
+	NBDSocket string // default DIR/nbd.sock
+	PortBase  int    // MDS on PortBase, etcd on +1/+2, chunkservers on +11.., metrics on +21.., NVMe/TCP on +28; default 6700
+	// NVMfListen is the NVMe over TCP target's address; default 127.0.0.1:PortBase+28.
+	NVMfListen   string
 	Chunkservers int    // default 3
 	Copysets     uint32 // copysets of the pool; 0 = the MDS default
 	Binary       string // the basalt binary to start chunkservers with; default this executable
@@ -58,6 +60,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.PortBase == 0 {
 		c.PortBase = 6700
+	}
+	if c.NVMfListen == "" {
+		c.NVMfListen = addr(c.PortBase + 28)
 	}
 	if c.Chunkservers == 0 {
 		c.Chunkservers = 3

@@ -14,6 +14,7 @@ func startFrontEnd(cfg Config, st *State) (stop func(), err error) {
 		MDS: []string{st.MDS}, ClientName: "playground-nbd",
 		Logger: cfg.Logger.With("component", "frontend"),
 		NBD:    access.NBDConfig{Listen: cfg.NBDListen, Socket: cfg.NBDSocket},
+		NVMf:   access.NVMfConfig{Listen: cfg.NVMfListen},
 	}
 	stopMetrics := func() {}
 	if cfg.Metrics != "" {
@@ -29,7 +30,7 @@ func startFrontEnd(cfg Config, st *State) (stop func(), err error) {
 	node, err := access.Start(fcfg)
 	if err != nil {
 		stopMetrics()
-		return nil, fmt.Errorf("%w (is another playground running? use --nbd-listen)", err)
+		return nil, fmt.Errorf("%w (is another playground running? use --nbd-listen, --nvmf-listen or --port-base)", err)
 	}
 	return func() {
 		node.Close()

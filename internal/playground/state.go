@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/basalt-storage/basalt/internal/frontend/nvmf"
 )
 
 // ChunkserverState is one chunkserver of the playground.
@@ -34,6 +36,8 @@ type State struct {
 	NBDSocket    string             `json:"nbd_socket"`
 	NBDURI       string             `json:"nbd_uri"`
 	NBDUnixURI   string             `json:"nbd_unix_uri"`
+	NVMf         string             `json:"nvmf"`              // NVMe/TCP target (host:port)
+	NVMfNQN      string             `json:"nvmf_nqn"`          // the volume's subsystem NQN
 	Metrics      string             `json:"metrics,omitempty"` // this process's /metrics and /debug/pprof/
 	Volume       string             `json:"volume"`
 	Size         uint64             `json:"size"`
@@ -57,6 +61,8 @@ func newState(cfg Config) State {
 		Size:      cfg.Size,
 	}
 	st.NBDURI = "nbd://" + st.NBD + "/" + cfg.Volume
+	st.NVMf = cfg.NVMfListen
+	st.NVMfNQN = nvmf.VolumeNQNPrefix + cfg.Volume
 	st.NBDUnixURI = "nbd+unix:///" + cfg.Volume + "?socket=" + st.NBDSocket
 	return st
 }

@@ -3,10 +3,15 @@ package playground
 import (
 	"fmt"
 	"io"
+	"net"
 	"strings"
 )
 
 func printWelcome(w io.Writer, st *State) {
+	host, port, err := net.SplitHostPort(st.NVMf)
+	if err != nil {
+		host, port = st.NVMf, "4420"
+	}
 	var cs strings.Builder
 	for _, c := range st.Chunkservers {
 		fmt.Fprintf(&cs, "  chunkserver %d  %-16s pid %-7d log %s\n", c.Index, c.Addr, c.PID, c.Log)
@@ -16,6 +21,7 @@ basalt playground is running.
 
   MDS            %s   (etcd %s)
 %s  NBD            %s   and unix socket %s
+  NVMe/TCP       %s   subsystem %s
   volume         %s (%d bytes, 3 replicas)
   state file     %s/playground.json
 
@@ -34,9 +40,15 @@ Put ext4 on it (as root):
   losetup -f --show /tmp/basalt-nbd/nbd        # prints /dev/loopN
   mkfs.ext4 /dev/loopN && mount /dev/loopN /mnt/basalt
 
+Or attach it with the kernel's NVMe/TCP initiator (as root; nvme-cli):
+
+  modprobe nvme-tcp
+  nvme discover -t tcp -a %s -s %s
+  nvme connect -t tcp -a %s -s %s -n %s     # then /dev/nvmeXn1
+
 Kill a chunkserver and watch IO go on:  kill -9 <pid>   (restart: see restart_cmd in playground.json)
 
 Ctrl-C stops everything; running the same command again brings the data back.
-`, st.MDS, st.Etcd, cs.String(), st.NBD, st.NBDSocket, st.Volume, st.Size, st.Dir,
-		st.NBDURI, st.NBDURI, st.NBDUnixURI, st.MDS, st.NBDUnixURI)
+`, st.MDS, st.Etcd, cs.String(), st.NBD, st.NBDSocket, st.NVMf, st.NVMfNQN, st.Volume, st.Size, st.Dir,
+		st.NBDURI, st.NBDURI, st.NBDUnixURI, st.MDS, st.NBDUnixURI, host, port, host, port, st.NVMfNQN)
 }

@@ -19,7 +19,10 @@ func Start(t testing.TB, cfg Config) *Host {
 	if cfg.Logf == nil {
 		cfg.Logf = t.Logf
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	// A boot under TCG takes about two minutes on a quiet 2-core machine and
+	// much longer on a loaded one (a 100 MiB initramfs with fio and nvme-cli
+	// alone takes 20 s to unpack): wait generously.
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	h, err := Boot(ctx, cfg)
 	if errors.Is(err, ErrUnavailable) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/frontend"
 	"github.com/basalt-storage/basalt/internal/frontend/nbd"
+	"github.com/basalt-storage/basalt/internal/frontend/nvmf"
 	"github.com/basalt-storage/basalt/internal/frontend/volumes"
 	"github.com/basalt-storage/basalt/pkg/client"
 	"github.com/basalt-storage/basalt/pkg/mdsclient"
@@ -34,7 +35,18 @@ type Config struct {
 	// leads takes the local fast path (client.Config.Local).
 	Local client.Local
 
-	NBD NBDConfig
+	NBD  NBDConfig
+	NVMf NVMfConfig
+}
+
+// NVMfConfig says where the NVMe over TCP target listens; empty Listen: none.
+type NVMfConfig struct {
+	Listen string // TCP address (the NVMe/TCP port is 4420)
+	// AllowedHosts: the host NQNs that may connect; empty: every host.
+	AllowedHosts []string
+	// AdvertiseAddr is the address the discovery log gives (default: the one
+	// the host connected to).
+	AdvertiseAddr string
 }
 
 // NBDConfig says where the NBD front end listens; both empty: no NBD.
@@ -46,7 +58,7 @@ type NBDConfig struct {
 func (c NBDConfig) enabled() bool { return c.Listen != "" || c.Socket != "" }
 
 // ErrNothingToServe: Start was given no front end to run.
-var ErrNothingToServe = errors.New("access: no front end configured (give an NBD TCP address or Unix socket)")
+var ErrNothingToServe = errors.New("access: no front end configured (give an NBD TCP address or Unix socket, or an NVMe/TCP address)")
 
 // Node is a running set of front ends over one export lifecycle.
 type Node struct {
@@ -54,6 +66,7 @@ type Node struct {
 	mds     *mdsclient.Client
 	exports *frontend.Exports
 	nbd     *nbd.Server
+	nvmf    *nvmf.Server
 	addrs   []net.Addr
 
 	closeOnce sync.Once
@@ -62,7 +75,7 @@ type Node struct {
 
 // Start starts the front ends cfg names; they serve until Close.
 func Start(cfg Config) (*Node, error) {
-	if !cfg.NBD.enabled() {
+	if !cfg.NBD.enabled() && cfg.NVMf.Listen == "" {
 		return nil, ErrNothingToServe
 	}
 	if cfg.Logger == nil {
@@ -89,11 +102,37 @@ func Start(cfg Config) (*Node, error) {
 			Logger: cfg.Logger, Metrics: cm, Local: cfg.Local,
 		}),
 	})
-	if err := n.startNBD(cfg.NBD, nm); err != nil {
-		n.Close()
-		return nil, err
+	if cfg.NBD.enabled() {
+		if err := n.startNBD(cfg.NBD, nm); err != nil {
+			n.Close()
+			return nil, err
+		}
+	}
+	if cfg.NVMf.Listen != "" {
+		if err := n.startNVMf(cfg.NVMf); err != nil {
+			n.Close()
+			return nil, err
+		}
 	}
 	return n, nil
+}
+
+func (n *Node) startNVMf(cfg NVMfConfig) error {
+	srv, err := nvmf.NewServer(nvmf.Config{Exports: n.exports, Logger: n.log,
+		AllowedHosts: cfg.AllowedHosts, AdvertiseAddr: cfg.AdvertiseAddr})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("NVMe/TCP listen on %s: %w", cfg.Listen, err)
+	}
+	n.nvmf = srv
+	n.addrs = append(n.addrs, ln.Addr())
+	n.log.Info("serving NVMe/TCP", "addr", ln.Addr().String(), "subsystems", nvmf.VolumeNQNPrefix+"VOLUME",
+		"allowed_hosts", len(cfg.AllowedHosts))
+	go srv.Serve(ln)
+	return nil
 }
 
 func (n *Node) startNBD(cfg NBDConfig, m *nbd.Metrics) error {
@@ -164,6 +203,9 @@ func (n *Node) Close() error {
 		var errs []error
 		if n.nbd != nil {
 			errs = append(errs, n.nbd.Close())
+		}
+		if n.nvmf != nil {
+			errs = append(errs, n.nvmf.Close())
 		}
 		errs = append(errs, n.exports.Close(), n.mds.Close())
 		n.closeErr = errors.Join(errs...)

@@ -1,0 +1,532 @@
+package nvmf
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math/bits"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/frontend"
+)
+
+// exec runs a command whose data (if any) has arrived.
+func (c *conn) exec(cmd *command) {
+	switch {
+	case cmd.sqe.opcode == opFabrics:
+		c.fabrics(cmd)
+	case c.ctrl == nil:
+		c.complete(cmd, scCmdSeqError|dnr, 0, 0) // nothing but Connect before Connect
+	case c.qid == 0:
+		c.admin(cmd)
+	default:
+		c.io(cmd)
+	}
+}
+
+func (c *conn) fabrics(cmd *command) {
+	s := cmd.sqe
+	switch s.raw[4] {
+	case fctypeConnect:
+		c.connect(cmd)
+	case fctypePropertyGet, fctypePropertySet:
+		if c.ctrl == nil || c.qid != 0 {
+			c.complete(cmd, scCmdSeqError|dnr, 0, 0)
+			return
+		}
+		c.property(cmd)
+	default:
+		c.complete(cmd, scInvalidOpcode|dnr, 0, 0)
+	}
+}
+
+// cstr returns the NUL-terminated string in b.
+func cstr(b []byte) string {
+	for i, x := range b {
+		if x == 0 {
+			return string(b[:i])
+		}
+	}
+	return string(b)
+}
+
+// invalidParam answers a Connect with Connect Invalid Parameters pointing at
+// the offending byte (in the data when inData).
+func (c *conn) invalidParam(cmd *command, off int, inData bool) {
+	dw0 := uint32(off)
+	if inData {
+		dw0 |= 1 << 16
+	}
+	c.complete(cmd, scConnectInvalid|dnr, dw0, 0)
+}
+
+func (c *conn) connect(cmd *command) {
+	s := cmd.sqe
+	if c.ctrl != nil {
+		c.complete(cmd, scCmdSeqError|dnr, 0, 0)
+		return
+	}
+	if recfmt := binary.LittleEndian.Uint16(s.raw[40:]); recfmt != 0 {
+		c.complete(cmd, scConnectFormat|dnr, 0, 0)
+		return
+	}
+	if len(cmd.data) < 1024 {
+		c.complete(cmd, scInvalidField|dnr, 0, 0)
+		return
+	}
+	qid := binary.LittleEndian.Uint16(s.raw[42:])
+	sqsize := int(binary.LittleEndian.Uint16(s.raw[44:])) + 1
+	cattr := s.raw[46]
+	kato := time.Duration(binary.LittleEndian.Uint32(s.raw[48:])) * time.Millisecond
+	d := cmd.data
+	cntlid := binary.LittleEndian.Uint16(d[16:])
+	subNQN, hostNQN := cstr(d[256:512]), cstr(d[512:768])
+	log := c.log.With("subnqn", subNQN, "hostnqn", hostNQN, "qid", qid)
+	if sqsize < 2 || sqsize > c.s.cfg.QueueSize || (qid == 0 && sqsize > 32) {
+		c.invalidParam(cmd, 44, false)
+		return
+	}
+	var ctrl *controller
+	if qid == 0 {
+		if cntlid != 0xffff {
+			c.invalidParam(cmd, 16, true) // static controllers are not supported
+			return
+		}
+		ctrl = &controller{s: c.s, subNQN: subNQN, hostNQN: hostNQN, kato: kato,
+			lastSeen: time.Now(), conns: map[*conn]bool{}, stopKA: make(chan struct{})}
+		copy(ctrl.hostID[:], d[0:16])
+		switch {
+		case subNQN == DiscoveryNQN:
+			ctrl.discovery = true
+		default:
+			name, ok := volumeOf(subNQN)
+			if !ok {
+				log.Info("nvmf: connect to an unknown subsystem refused")
+				c.invalidParam(cmd, 256, true)
+				return
+			}
+			if !c.s.hostAllowed(hostNQN) {
+				log.Warn("nvmf: connect from a host not on the allow-list refused")
+				c.complete(cmd, scConnectHost|dnr, 0, 0)
+				return
+			}
+			ctx, cancel := context.WithTimeout(c.s.conns.Context(), c.s.cfg.ConnectTimeout)
+			att, err := c.s.cfg.Exports.Attach(ctx, name)
+			cancel()
+			if err != nil {
+				log.Info("nvmf: connect refused: the volume cannot be attached", "err", err)
+				if errors.Is(err, frontend.ErrNoSuchExport) {
+					c.invalidParam(cmd, 256, true)
+				} else {
+					c.complete(cmd, scConnectBusy, 0, 0)
+				}
+				return
+			}
+			ctrl.volume, ctrl.att = name, att
+			ctrl.ns = nsOf(att.Info())
+			if ctrl.ns.lbaShift == 0 {
+				att.Detach()
+				log.Warn("nvmf: volume's block size cannot be an NVMe LBA", "min_block", att.Info().BlockSizes.Minimum)
+				c.invalidParam(cmd, 256, true)
+				return
+			}
+		}
+		if !c.s.newController(ctrl) {
+			if ctrl.att != nil {
+				ctrl.att.Detach()
+			}
+			c.complete(cmd, scConnectBusy, 0, 0)
+			return
+		}
+		ctrl.join(c)
+		go ctrl.keepAlive()
+		log.Info("nvmf: controller created", "cntlid", ctrl.id, "kato", kato, "discovery", ctrl.discovery,
+			"hdgst", c.hdgst, "ddgst", c.ddgst)
+	} else {
+		ctrl = c.s.controller(cntlid)
+		if ctrl == nil || ctrl.subNQN != subNQN || ctrl.hostNQN != hostNQN {
+			c.invalidParam(cmd, 16, true)
+			return
+		}
+		ctrl.mu.Lock()
+		nq := ctrl.nqueues
+		ctrl.mu.Unlock()
+		if ctrl.discovery || qid > nq {
+			c.invalidParam(cmd, 42, false)
+			return
+		}
+		if !ctrl.join(c) {
+			c.invalidParam(cmd, 16, true)
+			return
+		}
+		ctrl.touch()
+		log.Info("nvmf: I/O queue connected", "cntlid", ctrl.id, "sqsize", sqsize, "hdgst", c.hdgst, "ddgst", c.ddgst)
+	}
+	c.ctrl, c.qid, c.sqsize, c.noSQFlow = ctrl, qid, sqsize, cattr&4 != 0
+	c.nc.SetReadDeadline(time.Time{})
+	if c.s.conns.Context().Err() != nil {
+		c.nc.SetReadDeadline(time.Now()) // Shutdown began during the Connect
+	}
+	c.complete(cmd, scSuccess, uint32(ctrl.id), 0)
+}
+
+// Properties (controller registers).
+const (
+	propCAP  = 0x00
+	propVS   = 0x08
+	propCC   = 0x14
+	propCSTS = 0x1c
+)
+
+const version = 0x00010300 // NVMe 1.3
+
+func (c *conn) property(cmd *command) {
+	s := cmd.sqe
+	ctrl := c.ctrl
+	size8 := s.raw[40]&7 == 1
+	ofst := binary.LittleEndian.Uint32(s.raw[44:])
+	ctrl.mu.Lock()
+	defer ctrl.mu.Unlock()
+	if s.raw[4] == fctypePropertyGet {
+		var v uint64
+		switch ofst {
+		case propCAP:
+			// MQES, CQR, TO = 7.5 s, CSS = NVM command set; MPSMIN = MPSMAX = 4 KiB.
+			v = uint64(c.s.cfg.QueueSize-1) | 1<<16 | 15<<24 | 1<<37
+		case propVS:
+			v = version
+		case propCC:
+			v = uint64(ctrl.cc)
+		case propCSTS:
+			v = uint64(ctrl.csts)
+		default:
+			c.complete(cmd, scInvalidField|dnr, 0, 0)
+			return
+		}
+		if !size8 {
+			v &= 0xffffffff
+		}
+		c.complete(cmd, scSuccess, uint32(v), uint32(v>>32))
+		return
+	}
+	v := binary.LittleEndian.Uint32(s.raw[48:])
+	if ofst != propCC {
+		c.complete(cmd, scInvalidField|dnr, 0, 0)
+		return
+	}
+	ctrl.cc = v
+	switch {
+	case v>>14&3 != 0: // SHN: shutdown notification
+		ctrl.csts = ctrl.csts&^(3<<2) | 2<<2
+	case v&1 != 0:
+		ctrl.csts = 1
+	default:
+		ctrl.csts = 0
+	}
+	c.complete(cmd, scSuccess, 0, 0)
+}
+
+// maxIOQueues is how many I/O queues a controller grants.
+const maxIOQueues = 64
+
+func (c *conn) admin(cmd *command) {
+	s := cmd.sqe
+	ctrl := c.ctrl
+	switch s.opcode {
+	case adminIdentify:
+		c.identify(cmd)
+	case adminGetLogPage:
+		c.getLogPage(cmd)
+	case adminKeepAlive:
+		c.complete(cmd, scSuccess, 0, 0)
+	case adminAsyncEvent:
+		// Held until the controller ends: there are no events to report yet.
+	case adminAbort:
+		c.complete(cmd, scSuccess, 1, 0) // bit 0: the command was not aborted
+	case adminSetFeatures, adminGetFeatures:
+		set := s.opcode == adminSetFeatures
+		fid := s.cdw[10] & 0xff
+		v := s.cdw[11]
+		ctrl.mu.Lock()
+		defer ctrl.mu.Unlock()
+		switch fid {
+		case 0x07: // number of queues
+			if set {
+				if ctrl.nqueues != 0 && !ctrl.discovery {
+					// Granted already: the answer stays the same.
+				} else if v&0xffff == 0xffff || v>>16 == 0xffff {
+					c.complete(cmd, scInvalidField|dnr, 0, 0)
+					return
+				} else {
+					ctrl.nqueues = uint16(min(v&0xffff, v>>16, maxIOQueues-1) + 1)
+				}
+			}
+			n := uint32(max(ctrl.nqueues, 1) - 1)
+			c.complete(cmd, scSuccess, n|n<<16, 0)
+		case 0x0f: // keep alive timer
+			if set {
+				ctrl.kato = time.Duration(v) * time.Millisecond
+				ctrl.lastSeen = time.Now()
+			}
+			c.complete(cmd, scSuccess, uint32(ctrl.kato/time.Millisecond), 0)
+		case 0x0b: // asynchronous event configuration
+			if set {
+				ctrl.aecfg = v
+			}
+			c.complete(cmd, scSuccess, ctrl.aecfg, 0)
+		case 0x06: // volatile write cache: present, and every write is durable anyway
+			c.complete(cmd, scSuccess, 1, 0)
+		case 0x08: // interrupt coalescing
+			c.complete(cmd, scSuccess, 0, 0)
+		default:
+			c.complete(cmd, scInvalidField|dnr, 0, 0)
+		}
+	default:
+		c.complete(cmd, scInvalidOpcode|dnr, 0, 0)
+	}
+}
+
+// nsOf describes a volume as namespace 1; lbaShift 0 means it cannot be one.
+func nsOf(info frontend.Info) nsInfo {
+	lba := max(512, info.BlockSizes.Minimum)
+	if lba > 4096 {
+		return nsInfo{}
+	}
+	shift := uint(bits.TrailingZeros32(lba))
+	return nsInfo{lbaShift: shift, nlb: uint64(info.Size) >> shift, readOnly: info.ReadOnly, info: info}
+}
+
+// ids returns the stable NGUID and UUID of a volume.
+func ids(volume string) (nguid, uuid [16]byte) {
+	h := sha256.Sum256([]byte("basalt nvmf volume " + volume))
+	copy(nguid[:], h[:16])
+	copy(uuid[:], h[16:])
+	uuid[6] = uuid[6]&0x0f | 0x40 // version 4 layout, derived not random
+	uuid[8] = uuid[8]&0x3f | 0x80
+	return
+}
+
+func pad(b []byte, s string) {
+	for i := range b {
+		b[i] = ' '
+	}
+	copy(b, s)
+}
+
+func (c *conn) identify(cmd *command) {
+	s := cmd.sqe
+	ctrl := c.ctrl
+	cns := s.cdw[10] & 0xff
+	b := make([]byte, 4096)
+	switch {
+	case cns == 1:
+		c.identifyController(b)
+	case ctrl.discovery:
+		c.complete(cmd, scInvalidField|dnr, 0, 0)
+		return
+	case cns == 0:
+		if s.nsid != 1 {
+			c.complete(cmd, scInvalidNS|dnr, 0, 0)
+			return
+		}
+		ns := ctrl.ns
+		binary.LittleEndian.PutUint64(b[0:], ns.nlb)
+		binary.LittleEndian.PutUint64(b[8:], ns.nlb)
+		binary.LittleEndian.PutUint64(b[16:], ns.nlb)
+		if ns.info.CanTrim {
+			b[24] |= 1 // thin provisioning
+			b[33] = 1  // deallocated blocks read as zeros
+		}
+		b[30] = 1 // NMIC: may be shared by controllers (multipath)
+		binary.LittleEndian.PutUint32(b[92:], 1)
+		if ns.readOnly {
+			b[99] = 1
+		}
+		nguid, _ := ids(ctrl.volume)
+		copy(b[104:120], nguid[:])
+		b[128+2] = byte(ns.lbaShift)
+	case cns == 2:
+		if s.nsid < 1 {
+			binary.LittleEndian.PutUint32(b[0:], 1)
+		}
+	case cns == 3:
+		if s.nsid != 1 {
+			c.complete(cmd, scInvalidNS|dnr, 0, 0)
+			return
+		}
+		nguid, uuid := ids(ctrl.volume)
+		b[0], b[1] = 2, 16
+		copy(b[4:20], nguid[:])
+		b[20], b[21] = 3, 16
+		copy(b[24:40], uuid[:])
+		b[40], b[41] = 4, 1 // command set: NVM
+	default:
+		c.complete(cmd, scInvalidField|dnr, 0, 0)
+		return
+	}
+	c.completeData(cmd, b)
+}
+
+func (c *conn) identifyController(b []byte) {
+	ctrl := c.ctrl
+	h := sha256.Sum256([]byte(ctrl.subNQN))
+	pad(b[4:24], fmt.Sprintf("%x", h[:10]))
+	if ctrl.discovery {
+		pad(b[24:64], "basalt discovery")
+	} else {
+		pad(b[24:64], "basalt volume")
+	}
+	pad(b[64:72], "0.1")
+	b[72] = 6                                                        // RAB
+	b[76] = 1<<0 | 1<<1 | 1<<3                                       // CMIC: multi-port, multi-controller, ANA
+	b[77] = byte(bits.TrailingZeros(uint(c.s.cfg.MaxTransfer)) - 12) // MDTS in 4 KiB pages
+	binary.LittleEndian.PutUint16(b[78:], ctrl.id)
+	binary.LittleEndian.PutUint32(b[80:], version)
+	binary.LittleEndian.PutUint32(b[96:], 1<<0|1<<6) // CTRATT: 128-bit host id, TBKAS
+	b[258] = 3                                       // ACL
+	b[259] = 3                                       // AERL: 4 outstanding
+	b[261] = 1<<0 | 1<<2                             // LPA: SMART per namespace, extended data
+	b[262] = 0                                       // ELPE: one error log entry
+	binary.LittleEndian.PutUint16(b[320:], 10)       // KAS: 100 ms granularity... 10×100 ms
+	b[512], b[513] = 0x66, 0x44                      // SQES, CQES
+	binary.LittleEndian.PutUint16(b[514:], uint16(c.s.cfg.QueueSize))
+	b[536] = 1 // SGLS: SGLs supported
+	b[538] = 1 << 4
+	b[1803] = 1 // MSDBD
+	copy(b[768:1024], ctrl.subNQN)
+	if ctrl.discovery {
+		b[111] = 2                                         // CNTRLTYPE: discovery
+		b[76] = 0                                          // no multipath on discovery
+		binary.LittleEndian.PutUint32(b[1792:], sqeLen/16) // IOCCSZ: no in-capsule data
+	} else {
+		b[111] = 1                                // CNTRLTYPE: I/O
+		binary.LittleEndian.PutUint32(b[516:], 1) // NN
+		binary.LittleEndian.PutUint32(b[540:], 1) // MNAN
+		oncs := uint16(1 << 0)                    // Compare
+		if ctrl.ns.info.CanTrim {
+			oncs |= 1 << 2 // Dataset Management
+		}
+		oncs |= 1 << 3 // Write Zeroes (emulated with zero writes without backend support)
+		binary.LittleEndian.PutUint16(b[520:], oncs)
+		b[525] = 1                                                                         // VWC present
+		b[342] = 10                                                                        // ANATT
+		b[343] = 0x1f                                                                      // ANACAP: every ANA state reportable (as nvmet)
+		binary.LittleEndian.PutUint32(b[344:], 1)                                          // ANAGRPMAX
+		binary.LittleEndian.PutUint32(b[348:], 1)                                          // NANAGRPID
+		binary.LittleEndian.PutUint32(b[1792:], uint32((sqeLen+c.s.cfg.InCapsuleData)/16)) // IOCCSZ
+	}
+	binary.LittleEndian.PutUint32(b[1796:], cqeLen/16) // IORCSZ
+	binary.LittleEndian.PutUint16(b[2048:], 0x9c4)     // PSD0 max power
+}
+
+// Log pages.
+const (
+	logError     = 0x01
+	logSMART     = 0x02
+	logFirmware  = 0x03
+	logChangedNS = 0x04
+	logANA       = 0x0c
+	logDiscovery = 0x70
+)
+
+func (c *conn) getLogPage(cmd *command) {
+	s := cmd.sqe
+	lid := s.cdw[10] & 0xff
+	lsp := s.cdw[10] >> 8 & 0xf
+	numd := (uint64(s.cdw[11]&0xffff)<<16 | uint64(s.cdw[10]>>16)) + 1
+	off := uint64(s.cdw[12]) | uint64(s.cdw[13])<<32
+	var page []byte
+	disc := c.ctrl.discovery
+	switch {
+	case lid == logDiscovery && disc:
+		page = c.discoveryLog()
+	case disc:
+		c.complete(cmd, scInvalidLogPage|dnr, 0, 0)
+		return
+	case lid == logError:
+		page = make([]byte, 64)
+	case lid == logSMART:
+		page = make([]byte, 512)
+		binary.LittleEndian.PutUint16(page[1:], 300) // 300 K
+		page[3], page[4] = 100, 10                   // spare 100 %, threshold 10 %
+	case lid == logFirmware:
+		page = make([]byte, 512)
+		page[0] = 1
+		copy(page[8:16], "0.1     ")
+	case lid == logChangedNS:
+		page = make([]byte, 4096)
+	case lid == logANA:
+		page = make([]byte, 16+32+4)
+		binary.LittleEndian.PutUint64(page[0:], 1) // change count
+		binary.LittleEndian.PutUint16(page[8:], 1) // one group
+		g := page[16:]
+		binary.LittleEndian.PutUint32(g[0:], 1) // group 1
+		binary.LittleEndian.PutUint64(g[8:], 1)
+		g[16] = 1 // optimized
+		if lsp&1 == 0 {
+			binary.LittleEndian.PutUint32(g[4:], 1) // one namespace: NSID 1
+			binary.LittleEndian.PutUint32(g[32:], 1)
+		} else {
+			page = page[:48] // groups only
+		}
+	default:
+		c.complete(cmd, scInvalidLogPage|dnr, 0, 0)
+		return
+	}
+	want := numd * 4
+	if want > 1<<20 || off&3 != 0 || off > uint64(len(page)) {
+		c.complete(cmd, scInvalidField|dnr, 0, 0)
+		return
+	}
+	out := make([]byte, want)
+	copy(out, page[off:])
+	c.completeData(cmd, out)
+}
+
+// discoveryLog lists every volume's subsystem the host may connect to.
+func (c *conn) discoveryLog() []byte {
+	ctx, cancel := context.WithTimeout(c.s.conns.Context(), c.s.cfg.ConnectTimeout)
+	names, err := c.s.cfg.Exports.List(ctx)
+	cancel()
+	if err != nil {
+		c.log.Warn("nvmf: listing volumes for the discovery log", "err", err)
+	}
+	if !c.s.hostAllowed(c.ctrl.hostNQN) {
+		names = nil
+	}
+	addr := c.s.cfg.AdvertiseAddr
+	if addr == "" {
+		addr = c.nc.LocalAddr().String()
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		host, port = addr, strconv.Itoa(4420)
+	}
+	adrfam := byte(1)
+	if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
+		adrfam = 2
+	}
+	page := make([]byte, 1024*(1+len(names)))
+	h := fnv.New64a()
+	for _, n := range names {
+		h.Write([]byte(n + "\x00"))
+	}
+	binary.LittleEndian.PutUint64(page[0:], h.Sum64()|1)
+	binary.LittleEndian.PutUint64(page[8:], uint64(len(names)))
+	for i, n := range names {
+		e := page[1024*(i+1):]
+		e[0], e[1], e[2], e[3] = 3, adrfam, 2, 0 // TCP, address family, NVM subsystem, no secure channel requirement
+		binary.LittleEndian.PutUint16(e[4:], 1)
+		binary.LittleEndian.PutUint16(e[6:], 0xffff)
+		binary.LittleEndian.PutUint16(e[8:], 32)
+		pad(e[32:64], port)
+		copy(e[256:512], VolumeNQNPrefix+n)
+		pad(e[512:768], host)
+	}
+	return page
+}

@@ -1,0 +1,39 @@
+// Package nvmf is an NVMe over Fabrics target on the TCP transport binding
+// (NVMe/TCP): the discovery subsystem and one I/O subsystem per volume
+// (VolumeNQNPrefix + name, namespace 1), over frontend.Exports. What it
+// implements and what is left is in docs/nvmf.md.
+//
+// # Files
+//
+//	proto.go   PDU types, flags, header lengths, opcodes, status codes, CRC32C
+//	server.go  Config, Server (accept loops from frontend.Conns), controllers, keep-alive
+//	conn.go    one connection = one queue: PDU framing, digests, R2T/H2CData, the writer
+//	admin.go   Fabrics (Connect, Property Get/Set) and admin commands, log pages
+//	io.go      Read, Write, Compare, Write Zeroes, Flush, Dataset Management
+//
+// # Goroutines and ownership
+//
+// Per connection: the reader (conn.Serve) reads PDUs, checks them and runs
+// each command; admin and Fabrics commands complete inline, I/O commands are
+// submitted to the backend, whose callbacks (any goroutine) queue the
+// response. The writer goroutine alone writes the socket: the reader and the
+// callbacks append to the out queue (never blocking) and signal it. Per
+// controller: a keep-alive goroutine that ends it (closing every queue's
+// socket) when no command arrived for twice KATO.
+//
+// INVARIANT: a connection has at most its queue size (+4 slack) commands
+// between capsule and response, each holding at most MaxTransfer of buffer,
+// so its memory is bounded; the reader waits for every backend callback
+// (conn.wg) before the writer is told to finish, and the controller's
+// attachment is detached only by the last of its connections to end.
+//
+// # Wire format
+//
+// Every PDU starts with the 8-byte common header: type, flags (HDGSTF 0x01,
+// DDGSTF 0x02, LAST 0x04, SUCCESS 0x08), HLEN, PDO, PLEN (little-endian).
+// Then HLEN-8 bytes of PDU-specific header, the header digest (CRC32C of the
+// HLEN bytes) if negotiated, padding up to PDO, the data, and the data digest
+// (CRC32C of the data) if negotiated. Header lengths: ICReq/ICResp 128,
+// CapsuleCmd 72 (the 64-byte SQE), CapsuleResp 24 (the 16-byte CQE), H2CData,
+// C2HData, R2T and TermReq 24.
+package nvmf

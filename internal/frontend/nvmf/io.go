@@ -1,0 +1,189 @@
+package nvmf
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"sync"
+
+	"github.com/basalt-storage/basalt/internal/frontend"
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// statusOf maps a failed IO's error class to an NVMe status (frontend/doc.go).
+func statusOf(err error) uint16 {
+	switch {
+	case errors.Is(err, frontend.ErrReadOnly):
+		return scWriteProtected | dnr
+	case errors.Is(err, frontend.ErrFenced):
+		return scANAInaccessible
+	case errors.Is(err, frontend.ErrNoSpace):
+		return scCapExceeded | dnr
+	case errors.Is(err, frontend.ErrOutOfRange):
+		return scLBARange | dnr
+	case errors.Is(err, frontend.ErrInvalid):
+		return scInvalidField | dnr
+	case errors.Is(err, frontend.ErrNotSupported):
+		return scInvalidOpcode | dnr
+	case errors.Is(err, frontend.ErrUnavailable), errors.Is(err, frontend.ErrShuttingDown):
+		return scNSNotReady
+	}
+	return scInternal
+}
+
+// submit runs one backend IO for cmd; done runs with the classified error.
+func (c *conn) submit(op api.Op, buf []byte, off, n int64, done func(error)) {
+	c.wg.Add(1)
+	c.ctrl.att.Backend().Submit(op, buf, off, n, func(err error) {
+		if err != nil {
+			err = c.ctrl.att.Classify(err)
+		}
+		done(err)
+		c.wg.Done()
+	})
+}
+
+func (c *conn) io(cmd *command) {
+	s := cmd.sqe
+	ctrl := c.ctrl
+	ns := &ctrl.ns
+	if ctrl.discovery {
+		c.complete(cmd, scInvalidOpcode|dnr, 0, 0)
+		return
+	}
+	if s.opcode == ioFlush {
+		if s.nsid != 1 && s.nsid != 0xffffffff {
+			c.complete(cmd, scInvalidNS|dnr, 0, 0)
+			return
+		}
+		if !ns.info.CanFlush {
+			c.complete(cmd, scSuccess, 0, 0)
+			return
+		}
+		c.submit(api.OpFlush, nil, 0, 0, func(err error) { c.done(cmd, err) })
+		return
+	}
+	if s.nsid != 1 {
+		c.complete(cmd, scInvalidNS|dnr, 0, 0)
+		return
+	}
+	slba := uint64(s.cdw[10]) | uint64(s.cdw[11])<<32
+	nlb := uint64(s.cdw[12]&0xffff) + 1
+	off, n := int64(slba<<ns.lbaShift), int64(nlb<<ns.lbaShift)
+	switch s.opcode {
+	case ioRead, ioWrite, ioCompare, ioWriteZeroes:
+		if slba >= ns.nlb || nlb > ns.nlb-slba {
+			c.complete(cmd, scLBARange|dnr, 0, 0)
+			return
+		}
+		if s.opcode != ioWriteZeroes && (n > int64(c.s.cfg.MaxTransfer) || int64(s.sglLen) != n) {
+			c.complete(cmd, scInvalidField|dnr, 0, 0)
+			return
+		}
+		if (s.opcode == ioWrite || s.opcode == ioWriteZeroes) && ns.readOnly {
+			c.complete(cmd, scWriteProtected|dnr, 0, 0)
+			return
+		}
+	}
+	switch s.opcode {
+	case ioRead:
+		buf := make([]byte, n)
+		c.submit(api.OpRead, buf, off, n, func(err error) {
+			if err != nil {
+				c.complete(cmd, statusOf(err), 0, 0)
+				return
+			}
+			c.completeData(cmd, buf)
+		})
+	case ioWrite:
+		// FUA (cdw12 bit 30) needs nothing: every completed write is durable.
+		c.submit(api.OpWrite, cmd.data, off, n, func(err error) { c.done(cmd, err) })
+	case ioCompare:
+		buf := make([]byte, n)
+		c.submit(api.OpRead, buf, off, n, func(err error) {
+			switch {
+			case err != nil:
+				c.complete(cmd, statusOf(err), 0, 0)
+			case !bytes.Equal(buf, cmd.data):
+				c.complete(cmd, scCompareFailed|dnr, 0, 0)
+			default:
+				c.complete(cmd, scSuccess, 0, 0)
+			}
+		})
+	case ioWriteZeroes:
+		if ns.info.CanWriteZeroes {
+			c.submit(api.OpWriteZeroes, nil, off, n, func(err error) { c.done(cmd, err) })
+			return
+		}
+		c.submit(api.OpWrite, make([]byte, n), off, n, func(err error) { c.done(cmd, err) })
+	case ioDSM:
+		c.dsm(cmd)
+	default:
+		c.complete(cmd, scInvalidOpcode|dnr, 0, 0)
+	}
+}
+
+func (c *conn) done(cmd *command, err error) {
+	if err != nil {
+		c.complete(cmd, statusOf(err), 0, 0)
+		return
+	}
+	c.complete(cmd, scSuccess, 0, 0)
+}
+
+// dsm serves Dataset Management: deallocate trims each range; the other
+// attributes are hints. Linux sends a 4 KiB buffer whatever the range count,
+// so only the first NR ranges of the data are read.
+func (c *conn) dsm(cmd *command) {
+	s := cmd.sqe
+	ns := &c.ctrl.ns
+	nr := int(s.cdw[10]&0xff) + 1
+	if s.cdw[11]&4 == 0 || !ns.info.CanTrim {
+		c.complete(cmd, scSuccess, 0, 0)
+		return
+	}
+	if ns.readOnly {
+		c.complete(cmd, scWriteProtected|dnr, 0, 0)
+		return
+	}
+	if len(cmd.data) < nr*16 {
+		c.complete(cmd, scInvalidField|dnr, 0, 0)
+		return
+	}
+	type rng struct{ off, n int64 }
+	var ranges []rng
+	for i := range nr {
+		r := cmd.data[i*16:]
+		nlb := uint64(binary.LittleEndian.Uint32(r[4:]))
+		slba := binary.LittleEndian.Uint64(r[8:])
+		if nlb == 0 {
+			continue
+		}
+		if slba >= ns.nlb || nlb > ns.nlb-slba {
+			c.complete(cmd, scLBARange|dnr, 0, 0)
+			return
+		}
+		ranges = append(ranges, rng{int64(slba << ns.lbaShift), int64(nlb << ns.lbaShift)})
+	}
+	if len(ranges) == 0 {
+		c.complete(cmd, scSuccess, 0, 0)
+		return
+	}
+	var mu sync.Mutex
+	left := len(ranges)
+	var first error
+	for _, r := range ranges {
+		c.submit(api.OpTrim, nil, r.off, r.n, func(err error) {
+			mu.Lock()
+			if err != nil && first == nil {
+				first = err
+			}
+			left--
+			last := left == 0
+			mu.Unlock()
+			if last {
+				c.done(cmd, first)
+			}
+		})
+	}
+}

@@ -1,0 +1,286 @@
+package nvmf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/frontend"
+)
+
+// Errors of the server.
+var (
+	// ErrServerClosed is returned by Serve after Shutdown or Close.
+	ErrServerClosed = frontend.ErrServerClosed
+	// ErrBadConfig is returned by NewServer for an invalid Config.
+	ErrBadConfig = errors.New("nvmf: invalid config")
+	// ErrProtocol wraps every host protocol violation that ends a connection.
+	ErrProtocol = errors.New("nvmf: protocol violation")
+)
+
+// Config configures a Server. Only Exports is required.
+type Config struct {
+	// Exports attaches controllers to volumes: the I/O subsystem
+	// VolumeNQNPrefix+NAME has one namespace (NSID 1), the volume NAME.
+	Exports *frontend.Exports
+	Logger  *slog.Logger // default slog.Default()
+	// AllowedHosts lists the host NQNs that may connect to I/O subsystems and
+	// see them in the discovery log; empty: every host.
+	AllowedHosts []string
+	// QueueSize is the largest queue a host may create (CAP.MQES+1, MAXCMD).
+	// Default and upper bound 128.
+	QueueSize int
+	// MaxTransfer is the largest data transfer of one command (MDTS), a power
+	// of two from 4 KiB to 1 MiB. Default 128 KiB. A connection holds at most
+	// QueueSize commands, so at most QueueSize*MaxTransfer bytes of buffers.
+	MaxTransfer int
+	// InCapsuleData is the in-capsule data an I/O queue accepts. Default 8 KiB.
+	InCapsuleData int
+	// MaxH2CData is the largest H2CData PDU the host may send. Default 128 KiB.
+	MaxH2CData int
+	// R2TChunk is the most data one R2T asks for; a larger write takes
+	// several R2Ts in turn. Default MaxTransfer.
+	R2TChunk int
+	// ConnectTimeout bounds the wait from accept to a connected queue, and the
+	// open of a volume at Connect. Default 30 s.
+	ConnectTimeout time.Duration
+	// WriteTimeout: a host that reads nothing for that long is disconnected.
+	// Default 60 s.
+	WriteTimeout time.Duration
+	// AdvertiseAddr is the address the discovery log gives for the I/O
+	// subsystems (host:port); default the address the host connected to.
+	AdvertiseAddr string
+}
+
+func (c *Config) setDefaults() error {
+	if c.Exports == nil {
+		return fmt.Errorf("%w: Exports is nil", ErrBadConfig)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.QueueSize <= 0 {
+		c.QueueSize = 128
+	}
+	if c.MaxTransfer == 0 {
+		c.MaxTransfer = 128 << 10
+	}
+	if c.InCapsuleData <= 0 {
+		c.InCapsuleData = 8 << 10
+	}
+	if c.MaxH2CData <= 0 {
+		c.MaxH2CData = 128 << 10
+	}
+	if c.R2TChunk <= 0 || c.R2TChunk > c.MaxTransfer {
+		c.R2TChunk = c.MaxTransfer
+	}
+	if c.ConnectTimeout <= 0 {
+		c.ConnectTimeout = 30 * time.Second
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = 60 * time.Second
+	}
+	switch {
+	case c.QueueSize > 128 || c.QueueSize < 2:
+		return fmt.Errorf("%w: QueueSize %d is not between 2 and 128", ErrBadConfig, c.QueueSize)
+	case c.MaxTransfer < 4096 || c.MaxTransfer > 1<<20 || c.MaxTransfer&(c.MaxTransfer-1) != 0:
+		return fmt.Errorf("%w: MaxTransfer %d is not a power of two from 4 KiB to 1 MiB", ErrBadConfig, c.MaxTransfer)
+	case c.InCapsuleData%16 != 0 || c.InCapsuleData > 64<<10:
+		return fmt.Errorf("%w: InCapsuleData %d is not a multiple of 16 up to 64 KiB", ErrBadConfig, c.InCapsuleData)
+	case c.MaxH2CData < 4096 || c.MaxH2CData%4 != 0:
+		return fmt.Errorf("%w: MaxH2CData %d is below 4 KiB or not a multiple of 4", ErrBadConfig, c.MaxH2CData)
+	}
+	return nil
+}
+
+// Server is an NVMe over TCP target: a discovery controller and one I/O
+// subsystem per volume, on any number of listeners.
+type Server struct {
+	cfg   Config
+	log   *slog.Logger
+	conns *frontend.Conns
+
+	mu       sync.Mutex
+	nextCtrl uint16
+	ctrls    map[uint16]*controller
+}
+
+// NewServer checks cfg and returns a Server; it listens on nothing until Serve.
+func NewServer(cfg Config) (*Server, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, ctrls: map[uint16]*controller{}}
+	s.conns = frontend.NewConns(frontend.ConnsConfig{
+		Protocol: "nvmf",
+		Logger:   cfg.Logger,
+		New:      func(nc net.Conn) frontend.Conn { return newConn(s, nc) },
+	})
+	return s, nil
+}
+
+// Serve accepts connections on ln until Shutdown or Close (then it returns
+// ErrServerClosed). It may be called for several listeners.
+func (s *Server) Serve(ln net.Listener) error { return s.conns.Serve(ln) }
+
+// ServeConn serves one accepted connection and returns when it ended.
+func (s *Server) ServeConn(nc net.Conn) error { return s.conns.ServeConn(nc) }
+
+// Shutdown stops accepting, lets every queue answer the commands it already
+// read and closes it; after ctx ends the rest is closed hard.
+func (s *Server) Shutdown(ctx context.Context) error { return s.conns.Shutdown(ctx) }
+
+// Close closes every connection at once.
+func (s *Server) Close() error { return s.conns.Close() }
+
+// hostAllowed reports whether hostNQN may use I/O subsystems.
+func (s *Server) hostAllowed(hostNQN string) bool {
+	return len(s.cfg.AllowedHosts) == 0 || slices.Contains(s.cfg.AllowedHosts, hostNQN)
+}
+
+// volumeOf returns the volume name of an I/O subsystem NQN.
+func volumeOf(subNQN string) (string, bool) {
+	name, ok := strings.CutPrefix(subNQN, VolumeNQNPrefix)
+	return name, ok && name != ""
+}
+
+// controller is one association: an admin queue and its I/O queues.
+type controller struct {
+	s         *Server
+	id        uint16
+	subNQN    string
+	hostNQN   string
+	hostID    [16]byte
+	discovery bool
+	volume    string
+	att       *frontend.Attachment // nil for discovery
+	ns        nsInfo
+
+	// lastSeen is updated by every command on any of its queues (TBKAS).
+	mu       sync.Mutex
+	kato     time.Duration
+	lastSeen time.Time
+	cc       uint32
+	csts     uint32
+	nqueues  uint16 // I/O queues granted (Set Features number of queues)
+	aecfg    uint32
+	conns    map[*conn]bool
+	refs     int // connections attached, until their IO drained
+	dead     bool
+	stopKA   chan struct{}
+}
+
+// nsInfo is the namespace the controller's volume presents.
+type nsInfo struct {
+	lbaShift uint
+	nlb      uint64
+	readOnly bool
+	info     frontend.Info
+}
+
+func (c *controller) touch() {
+	c.mu.Lock()
+	c.lastSeen = time.Now()
+	c.mu.Unlock()
+}
+
+// newController registers a controller for an admin queue's Connect.
+func (s *Server) newController(c *controller) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for range 0xffef {
+		s.nextCtrl++
+		if s.nextCtrl == 0 || s.nextCtrl > 0xffef {
+			s.nextCtrl = 1
+		}
+		if s.ctrls[s.nextCtrl] == nil {
+			c.id = s.nextCtrl
+			s.ctrls[c.id] = c
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) controller(id uint16) *controller {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ctrls[id]
+}
+
+// join adds a queue's connection to c; false if c is gone.
+func (c *controller) join(cn *conn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead {
+		return false
+	}
+	c.conns[cn] = true
+	c.refs++
+	return true
+}
+
+// kill ends the controller: every queue's connection is closed.
+func (c *controller) kill(why string) {
+	c.mu.Lock()
+	if c.dead {
+		c.mu.Unlock()
+		return
+	}
+	c.dead = true
+	close(c.stopKA)
+	conns := make([]*conn, 0, len(c.conns))
+	for cn := range c.conns {
+		conns = append(conns, cn)
+	}
+	c.mu.Unlock()
+	c.s.mu.Lock()
+	delete(c.s.ctrls, c.id)
+	c.s.mu.Unlock()
+	c.s.log.Info("nvmf: controller ended", "cntlid", c.id, "subnqn", c.subNQN, "hostnqn", c.hostNQN, "why", why)
+	for _, cn := range conns {
+		cn.nc.Close()
+	}
+}
+
+// leave drops a connection whose IO has drained; the last one detaches.
+func (c *controller) leave(cn *conn) {
+	c.mu.Lock()
+	delete(c.conns, cn)
+	c.refs--
+	last := c.refs == 0
+	c.mu.Unlock()
+	if last && c.att != nil {
+		c.att.Detach()
+	}
+}
+
+// keepAlive ends the controller when no command arrived for twice KATO (the
+// spec lets a controller wait longer than KATO; a busy host's keep-alive may
+// be late). KATO 0 disables it; Set Features may change KATO at any time.
+func (c *controller) keepAlive() {
+	for {
+		c.mu.Lock()
+		kato, idle := c.kato, time.Since(c.lastSeen)
+		c.mu.Unlock()
+		if kato > 0 && idle > 2*kato {
+			c.kill(fmt.Sprintf("keep-alive timeout (no command for %s, KATO %s)", idle.Round(time.Millisecond), kato))
+			return
+		}
+		period := time.Second
+		if kato > 0 {
+			period = min(max(kato/4, 10*time.Millisecond), time.Second)
+		}
+		select {
+		case <-c.stopKA:
+			return
+		case <-time.After(period):
+		}
+	}
+}

@@ -1,0 +1,186 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/testcluster"
+	"github.com/basalt-storage/basalt/internal/testhost"
+	"github.com/basalt-storage/basalt/internal/testutil"
+)
+
+const (
+	guestHostNQN  = "nqn.2014-08.org.nvmexpress:uuid:0ba5a17e-0000-4000-8000-000000000001"
+	strangerNQN   = "nqn.2014-08.org.nvmexpress:uuid:0ba5a17e-0000-4000-8000-00000000dead"
+	nvmfVolumeNQN = "nqn.2024-11.io.basalt:volume:"
+)
+
+// A real Linux kernel is the NVMe/TCP host: Debian's kernel in a QEMU guest
+// (internal/testhost) with nvme-cli discovers the volume's subsystem at a
+// `basalt nvmf` target (host allow-list: the guest's NQN) over the
+// playground's cluster; a host not on the list is refused; the allowed host
+// connects with header and data digests, fio writes and verifies on the raw
+// namespace, and ext4 with checksummed files reads back the same after
+// disconnect, connect and mount.
+func TestKernelNVMeTCP(t *testing.T) {
+	begin := time.Now()
+	h := testhost.Start(t, testhost.Config{
+		Tools:   []string{"nvme", "mkfs.ext4", "fio"},
+		Modules: []string{"nvme-tcp", "ext4", "crc32c_generic"},
+	})
+	booted := time.Now()
+	p := startPlayground(t, "1GiB")
+	port, logPath := startNVMf(t, p.st.MDS)
+	nqn := nvmfVolumeNQN + p.st.Volume
+	guest := func(timeout time.Duration, script string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		out, err := h.Run(ctx, script)
+		if err != nil {
+			t.Fatalf("guest: %v\n%s", err, tailFile(logPath, 60))
+		}
+		return out
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		_, _ = h.Run(ctx, "umount /mnt/vol; nvme disconnect-all")
+	})
+	addr := fmt.Sprintf("-t tcp -a 10.0.2.2 -s %d", port)
+
+	disc := guest(2*time.Minute, fmt.Sprintf("nvme discover %s -q %s", addr, guestHostNQN))
+	if !strings.Contains(disc, nqn) || !strings.Contains(disc, "trtype:  tcp") && !strings.Contains(disc, "tcp") {
+		t.Fatalf("nvme discover does not list %s:\n%s", nqn, disc)
+	}
+	if out := guest(2*time.Minute, fmt.Sprintf("nvme discover %s -q %s 2>&1; true", addr, strangerNQN)); strings.Contains(out, nqn) {
+		t.Fatalf("the discovery log shows %s to a host not on the allow-list:\n%s", nqn, out)
+	}
+	refused := guest(2*time.Minute, fmt.Sprintf("if nvme connect %s -n %s -q %s 2>&1; then echo CONNECTED; else echo REFUSED; fi",
+		addr, nqn, strangerNQN))
+	if !strings.Contains(refused, "REFUSED") {
+		t.Fatalf("a host not on the allow-list connected:\n%s", refused)
+	}
+
+	connect := fmt.Sprintf(`nvme connect %s -n %s -q %s --hdr-digest --data-digest -k 5 &&
+		for i in $(seq 120); do [ -b /dev/nvme0n1 ] && break; sleep 1; done; [ -b /dev/nvme0n1 ]`, addr, nqn, guestHostNQN)
+	guest(3*time.Minute, connect)
+	if got, want := strings.TrimSpace(guest(time.Minute, "blockdev --getsize64 /dev/nvme0n1")), strconv.Itoa(1<<30); got != want {
+		t.Fatalf("/dev/nvme0n1 is %s bytes, want the volume's %s", got, want)
+	}
+	if b, _ := os.ReadFile(logPath); !strings.Contains(string(b), "I/O queue connected") ||
+		!strings.Contains(string(b), "hdgst=true ddgst=true") {
+		t.Fatalf("the target's log shows no I/O queue with both digests:\n%s", tailFile(logPath, 40))
+	}
+	connected := time.Now()
+
+	// fio with verify on the raw namespace.
+	guest(10*time.Minute, "fio --name=raw --filename=/dev/nvme0n1 --rw=randwrite --bs=4k --offset=512m --size=256m "+
+		"--io_size=24m --ioengine=libaio --direct=1 --iodepth=16 --verify=crc32c --verify_fatal=1 --randseed=11 "+
+		"--verify_state_save=0 --output-format=json --output=/root/fio.json")
+	var report struct {
+		Jobs []struct {
+			Error int `json:"error"`
+			Write struct {
+				IOPS float64 `json:"iops"`
+			} `json:"write"`
+			Read struct {
+				IOPS float64 `json:"iops"`
+			} `json:"read"`
+		} `json:"jobs"`
+	}
+	if err := json.Unmarshal([]byte(guest(time.Minute, "cat /root/fio.json")), &report); err != nil || len(report.Jobs) != 1 {
+		t.Fatalf("fio's report: %v (%d jobs)", err, len(report.Jobs))
+	}
+	if j := report.Jobs[0]; j.Error != 0 {
+		t.Fatalf("fio reports error %d", j.Error)
+	}
+	fioDone := time.Now()
+
+	// ext4 with files; disconnect, connect (a new controller) and mount: same sums.
+	guest(5*time.Minute, "mkfs.ext4 -q -E nodiscard /dev/nvme0n1 && mkdir -p /mnt/vol && mount /dev/nvme0n1 /mnt/vol")
+	guest(5*time.Minute, `set -e
+		for n in 1 300 5000 17000; do dd if=/dev/urandom of=/mnt/vol/file-$n bs=1k count=$n 2>/dev/null; done
+		sync; fstrim /mnt/vol 2>/dev/null || true`)
+	sums := guest(2*time.Minute, "sha256sum /mnt/vol/file-*")
+	guest(3*time.Minute, fmt.Sprintf("umount /mnt/vol && nvme disconnect -n %s", nqn))
+	guest(3*time.Minute, connect)
+	guest(2*time.Minute, "mount /dev/nvme0n1 /mnt/vol")
+	if got := guest(2*time.Minute, "sha256sum /mnt/vol/file-*"); got != sums {
+		t.Fatalf("files after unmount, disconnect, connect and mount:\n%swant:\n%s", got, sums)
+	}
+	guest(3*time.Minute, fmt.Sprintf("umount /mnt/vol && nvme disconnect -n %s", nqn))
+	j := report.Jobs[0]
+	logf(t, "kernel NVMe/TCP: guest up in %s (kernel %s); discover+refusal+connect with digests %s; "+
+		"fio randwrite 4 KiB iodepth 16 with crc32c verify: %.0f write IOPS, %.0f verify-read IOPS (%s, emulated CPU); "+
+		"ext4 + files + reconnect %s; whole test %s",
+		booted.Sub(begin).Round(time.Millisecond), h.Stats().Kernel, connected.Sub(booted).Round(time.Millisecond),
+		j.Write.IOPS, j.Read.IOPS, fioDone.Sub(connected).Round(time.Millisecond),
+		time.Since(fioDone).Round(time.Millisecond), time.Since(begin).Round(time.Millisecond))
+}
+
+// startNVMf runs `basalt nvmf` over the cluster at mds, allowing only
+// guestHostNQN, and returns its port and log file.
+func startNVMf(t *testing.T, mds string) (int, string) {
+	t.Helper()
+	port := testutil.FreePort(t)
+	logPath := filepath.Join(t.TempDir(), "nvmf.log")
+	lf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(testcluster.Binary(t), "nvmf", "--mds", mds, "--listen", "127.0.0.1:"+strconv.Itoa(port),
+		"--allow-hosts", guestHostNQN)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		lf.Close()
+		if t.Failed() {
+			t.Logf("---- basalt nvmf log (tail) ----\n%s", tailFile(logPath, 100))
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
+		if err == nil {
+			c.Close()
+			return port, logPath
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("basalt nvmf does not listen on %d after 60 s:\n%s", port, tailFile(logPath, 100))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// tailFile returns the last n lines of a file.
+func tailFile(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
