@@ -157,6 +157,7 @@ func chunkserverCommand() *cobra.Command {
 	f.StringVar(&cfg.Server, "server", "", "host name used as the failure domain inside a zone (default: hostname)")
 	f.StringVar(&cfg.MetricsListen, "metrics", "", "Prometheus /metrics listen address (off when empty)")
 	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", time.Second, "heartbeat period")
+	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", chunkserver.DefaultDrainTimeout, "on SIGTERM, hand the leadership of every copyset led here to a caught-up peer and wait up to this long until none is led (negative: stop at once)")
 	f.Uint64Var(&cfg.SnapshotEntries, "snapshot-entries", 0, "raft entries between snapshots of a copyset (default 10000)")
 	f.Uint64Var(&cfg.CatchUpEntries, "catchup-entries", 0, "entries kept below a snapshot for slow followers (default 1000)")
 	f.StringVar(&pidFile, "pid-file", "", "write the process id to this file")

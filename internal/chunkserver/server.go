@@ -69,10 +69,18 @@ type Config struct {
 	// copysets leave disk and network to foreground IO (0:
 	// raftnet.DefaultSnapshotRate; < 0: no limit).
 	SnapshotRate int64
+	// DrainTimeout: a clean stop (Run's ctx done) first hands the leadership
+	// of every copyset this chunkserver leads to a caught-up peer and waits up
+	// to this long until it leads none, so a planned restart costs transfers,
+	// not elections (0: DefaultDrainTimeout; < 0: no hand-over).
+	DrainTimeout time.Duration
 	// Knobs are fault-injection points for tests, handed to the WAL and the
 	// datastore (slow or failing fsync, full disk).
 	Knobs Knobs
 }
+
+// DefaultDrainTimeout is Config.DrainTimeout's default.
+const DefaultDrainTimeout = 5 * time.Second
 
 // Knobs are the fault-injection points of a chunkserver (STYLE 11).
 type Knobs struct {
@@ -399,6 +407,9 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 	defer func() { stopDeletes(); <-delDone }() // before shutdown stops the raft host
 	c.log.Info("chunkserver serving", "addr", c.addr, "copysets", len(c.replicaIDs()))
 	err = c.heartbeatLoop(ctx, srvDone)
+	if err == nil && ctx.Err() != nil {
+		c.drainLeaders()
+	}
 	if metricsSrv != nil {
 		_ = metricsSrv.Close()
 	}

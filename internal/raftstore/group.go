@@ -85,6 +85,10 @@ type group struct {
 	lastReadAt time.Duration
 	readSeen   bool          // lastReadAt is set
 	transferAt time.Duration // last time a leadership transfer was seen
+	// timeoutNow: this node campaigns because the leader handed leadership to
+	// it (MsgTimeoutNow), so winning is a transfer, not an election. Cleared
+	// once it is leader or follower again.
+	timeoutNow bool
 
 	// fastLease (host clock, nanoseconds; 0 = none) lets ReadBarrier complete a read
 	// on the caller's goroutine, without a round on a worker: published at the end
@@ -234,6 +238,12 @@ func (g *group) prepare() (raft.Ready, bool) {
 		if g.voteBlock > 0 && (m.GetType() == raftpb.MsgVote || m.GetType() == raftpb.MsgPreVote) {
 			continue
 		}
+		if m.GetType() == raftpb.MsgTimeoutNow {
+			if g.h.draining.Load() {
+				continue // handing leaderships away: take none (Host.SetDraining)
+			}
+			g.timeoutNow = true
+		}
 		// Errors here are messages from peers raft no longer knows; dropping them
 		// is what raft wants.
 		_ = g.rn.Step(m)
@@ -295,6 +305,18 @@ func (g *group) refresh() {
 	}
 	if bs.Lead != g.leader || term != g.term || isLeader != g.isLeader {
 		g.statusDirty = true
+	}
+	if isLeader && !g.isLeader {
+		// One line per leadership gained, telling elections (a leader was lost:
+		// IO to the group stalled) from transfers (a planned hand-over).
+		via := "election"
+		if g.timeoutNow {
+			via = "transfer"
+		}
+		g.log.Info("raftstore: became leader", "term", term, "via", via)
+	}
+	if isLeader || bs.RaftState == raft.StateFollower {
+		g.timeoutNow = false
 	}
 	g.leader, g.term, g.isLeader = bs.Lead, term, isLeader
 	if bs.LeadTransferee != raft.None {
@@ -624,8 +646,10 @@ func (g *group) publish() {
 	}
 	if g.isLeader && g.failed == nil {
 		st.Progress = make(map[uint64]uint64)
+		st.Active = make(map[uint64]bool)
 		g.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
 			st.Progress[id] = pr.Match
+			st.Active[id] = pr.RecentActive
 		})
 	}
 	g.statusMu.Lock()
@@ -646,6 +670,7 @@ func (g *group) getStatus() GroupStatus {
 		}
 		st.Progress = p
 	}
+	st.Active = maps.Clone(st.Active)
 	return st
 }
 

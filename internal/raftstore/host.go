@@ -174,6 +174,9 @@ type Host struct {
 	started bool
 	stopped bool
 
+	// draining: this node takes no leadership handed to it (SetDraining).
+	draining atomic.Bool
+
 	stopc   chan struct{}
 	workers sync.WaitGroup // workers and the ticker
 	bg      sync.WaitGroup // snapshot creation and streaming goroutines (Stop waits)
@@ -487,6 +490,13 @@ func (h *Host) TransferLeader(id, to uint64) {
 	h.post(id, func(in *events) { in.transfers = append(in.transfers, to) })
 }
 
+// SetDraining makes this node, while on, refuse leaderships handed to it by
+// transfers (it drops MsgTimeoutNow), for a planned stop that hands its own
+// leaderships away: a peer's transfer (leader balancing) must not bring one
+// back meanwhile. Elections are not affected: it still votes, and campaigns
+// when a leader is lost.
+func (h *Host) SetDraining(on bool) { h.draining.Store(on) }
+
 // Snapshot makes group id take a snapshot now and compact its whole applied log
 // (not keeping CatchUpEntries; followers behind get a snapshot). The chunkserver
 // calls it for groups that keep old WAL segments alive. An idle group's leader first
@@ -564,6 +574,9 @@ type GroupStatus struct {
 	Err     error
 	// Progress is the match index of every peer; only on the leader.
 	Progress map[uint64]uint64
+	// Active: the peers the leader heard from within the last election
+	// timeout (raft's RecentActive; this node included); only on the leader.
+	Active map[uint64]bool
 	// Snapshot is the index of the group's last snapshot (created or installed).
 	Snapshot uint64
 }

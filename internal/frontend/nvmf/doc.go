@@ -19,7 +19,7 @@
 // response. The writer goroutine alone writes the socket: the reader and the
 // callbacks append to the out queue (never blocking) and signal it. Per
 // controller: a keep-alive goroutine that ends it (closing every queue's
-// socket) when no command arrived for twice KATO.
+// socket) when no command arrived for twice KATO plus KeepAliveGrace.
 //
 // INVARIANT: a connection has at most its queue size (+4 slack) commands
 // between capsule and response, each holding at most MaxTransfer of buffer,

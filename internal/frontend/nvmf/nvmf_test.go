@@ -242,10 +242,10 @@ func TestDiscovery(t *testing.T) {
 	}
 }
 
-// A controller whose host sends nothing for KATO (twice, the slack) is ended:
+// A controller whose host sends nothing for KATO (twice, no grace) is ended:
 // its queues are closed. One that keeps sending keep-alives lives.
 func TestKeepAliveTimeout(t *testing.T) {
-	_, addr, _ := startServer(t, nil)
+	_, addr, _ := startServer(t, func(c *Config) { c.KeepAliveGrace = -1 })
 	idle := dialInit(t, addr, false, false)
 	idle.must(idle.connect(VolumeNQNPrefix+"vol", hostA, 0, 0xffff, 200*time.Millisecond))
 	live := dialInit(t, addr, false, false)

@@ -53,6 +53,10 @@ type Config struct {
 	// WriteTimeout: a host that reads nothing for that long is disconnected.
 	// Default 60 s.
 	WriteTimeout time.Duration
+	// KeepAliveGrace is added to twice the host's KATO before a silent
+	// controller is ended: a host on a loaded machine (or an emulated CPU)
+	// sends its keep-alives late. Default 10 s; negative: none.
+	KeepAliveGrace time.Duration
 	// AdvertiseAddr is the address the discovery log gives for the I/O
 	// subsystems (host:port); default the address the host connected to.
 	AdvertiseAddr string
@@ -85,6 +89,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = 60 * time.Second
+	}
+	switch {
+	case c.KeepAliveGrace == 0:
+		c.KeepAliveGrace = 10 * time.Second
+	case c.KeepAliveGrace < 0:
+		c.KeepAliveGrace = 0
 	}
 	switch {
 	case c.QueueSize > 128 || c.QueueSize < 2:
@@ -261,15 +271,16 @@ func (c *controller) leave(cn *conn) {
 	}
 }
 
-// keepAlive ends the controller when no command arrived for twice KATO (the
-// spec lets a controller wait longer than KATO; a busy host's keep-alive may
-// be late). KATO 0 disables it; Set Features may change KATO at any time.
+// keepAlive ends the controller when no command arrived for twice KATO plus
+// Config.KeepAliveGrace (the spec lets a controller wait longer than KATO; a
+// busy host's keep-alive may be late). KATO 0 disables it; Set Features may
+// change KATO at any time.
 func (c *controller) keepAlive() {
 	for {
 		c.mu.Lock()
 		kato, idle := c.kato, time.Since(c.lastSeen)
 		c.mu.Unlock()
-		if kato > 0 && idle > 2*kato {
+		if kato > 0 && idle > 2*kato+c.s.cfg.KeepAliveGrace {
 			c.kill(fmt.Sprintf("keep-alive timeout (no command for %s, KATO %s)", idle.Round(time.Millisecond), kato))
 			return
 		}
