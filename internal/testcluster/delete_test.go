@@ -138,7 +138,7 @@ func (c *Cluster) checkNothingResurrected(vol uint64) {
 // issue 15): no chunkserver refuses a brand-new volume as unknown. Reports
 // creates per second; asserts no timing.
 func TestManyNewVolumes(t *testing.T) {
-	c := Start(t, Options{})
+	c := Start(t, Options{ChunkSize: 1 << 20}) // one chunk per volume: 2,000 of 4 MiB would fill 24 GB of disk
 	const (
 		volumes = 2000
 		workers = 32
