@@ -10,21 +10,23 @@ import (
 // debianPackage names the Debian package that installs each tool a test
 // runs; scripts/install-deps installs them.
 var debianPackage = map[string]string{
-	"etcd":        "etcd-server",
-	"fio":         "fio",
-	"fusermount3": "fuse3",
-	"ip":          "iproute2",
-	"iptables":    "iptables",
-	"losetup":     "mount",
-	"mkfs.ext4":   "e2fsprogs",
-	"mount":       "mount",
-	"nbd-client":  "nbd-client",
-	"nbdfuse":     "libnbd-bin",
-	"nbdinfo":     "libnbd-bin",
-	"nbdkit":      "nbdkit",
-	"qemu-img":    "qemu-utils",
-	"qemu-io":     "qemu-utils",
-	"umount":      "mount",
+	"etcd":          "etcd-server",
+	"fio":           "fio",
+	"fusermount3":   "fuse3",
+	"ip":            "iproute2",
+	"iscsi-inq":     "libiscsi-bin",
+	"iscsi-test-cu": "libiscsi-bin",
+	"iptables":      "iptables",
+	"losetup":       "mount",
+	"mkfs.ext4":     "e2fsprogs",
+	"mount":         "mount",
+	"nbd-client":    "nbd-client",
+	"nbdfuse":       "libnbd-bin",
+	"nbdinfo":       "libnbd-bin",
+	"nbdkit":        "nbdkit",
+	"qemu-img":      "qemu-utils",
+	"qemu-io":       "qemu-utils",
+	"umount":        "mount",
 }
 
 // RequireTool returns the path of the executable name, or skips t when it is

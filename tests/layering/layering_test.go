@@ -61,6 +61,8 @@ var rules = []rule{
 		why: "the one adapter from exports to the client library; knows no protocol"},
 	{pkg: "internal/frontend/access", may: withLeaves("internal/frontend", "internal/frontend/...", "pkg/client", "pkg/api", "pkg/mdsclient"),
 		why: "the one builder of front ends: protocols over the volumes adapter"},
+	{pkg: "internal/frontend/iscsi", may: withLeaves("internal/frontend", "internal/frontend/iscsi/scsi", "pkg/api"),
+		why: "the iSCSI transport over its own SCSI command set, both parsers and mappers over the backend interface"},
 	{pkg: "internal/frontend/...", may: withLeaves("internal/frontend", "pkg/api"),
 		why: "a protocol server is a parser and a mapper over the backend interface"},
 	{pkg: "internal/playground", may: withLeaves("internal/frontend", "internal/frontend/...", "internal/mds", "pkg/api", "pkg/client", "pkg/mdsclient"),

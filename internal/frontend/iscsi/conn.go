@@ -1,0 +1,709 @@
+package iscsi
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/frontend"
+	"github.com/basalt-storage/basalt/internal/frontend/iscsi/scsi"
+)
+
+const (
+	// maxQueued bounds the PDUs the reader queues for the writer on its own
+	// account (R2Ts, NOP-Ins, rejects); past it the reader waits.
+	maxQueued = 1024
+	// lingerTimeout bounds the wait for the initiator's close after a logout.
+	lingerTimeout = time.Second
+)
+
+// errLogout ends the reader after a successful logout.
+var errLogout = errors.New("iscsi: logged out")
+
+// conn is one TCP connection and, after login, its session (one connection
+// per session). See doc.go for its goroutines.
+type conn struct {
+	s   *Server
+	nc  net.Conn
+	br  *bufio.Reader // owned by the reader goroutine
+	log *slog.Logger
+
+	// Set by the login (reader goroutine), read-only afterwards.
+	isid          [6]byte
+	tsih          uint16
+	loginITT      uint32
+	initiator     string
+	target        string
+	volume        string
+	discovery     bool
+	key           sessionKey
+	registered    bool
+	att           *frontend.Attachment
+	lu            *scsi.LU
+	headerDigest  bool
+	dataDigest    bool
+	peerMaxData   int // the initiator's MaxRecvDataSegmentLength
+	maxBurst      int
+	firstBurst    int
+	initialR2T    bool
+	immediateData bool
+
+	// statSN is the reader's during login and the writer's afterwards.
+	statSN   uint32
+	expCmdSN atomic.Uint32
+	active   atomic.Int32 // non-immediate commands received and not yet answered
+	shutdown atomic.Bool  // BeginShutdown was called
+
+	// Reader-owned.
+	nextTTT     uint32
+	textPending map[uint32][]byte // Text responses still to send, by TTT
+
+	// mu guards the fields below; cond signals queue changes.
+	mu      sync.Mutex
+	cond    sync.Cond
+	queue   []*outItem
+	queued  int // reader-originated PDUs in queue
+	stopped bool
+	bytes   int64            // data buffer bytes charged by tasks in flight
+	tasks   map[uint32]*task // by ITT
+}
+
+// outItem is a batch of PDUs for the writer, which stamps their sequence
+// numbers, and what to do once they are written.
+type outItem struct {
+	pdus    []*pdu
+	release func()
+	reader  bool // counted in conn.queued
+}
+
+// task is one SCSI command. Its data-phase fields are the reader's until
+// executing is set; then only complete touches the task.
+type task struct {
+	itt, cmdSN  uint32
+	lun         [8]byte
+	counted     bool // counted in conn.active
+	cmd         *scsi.Command
+	edtl        int
+	readFlag    bool
+	buf         []byte // Data-Out buffer: the CDB's bytes
+	wanted      int
+	got         int // Data-Out bytes received (contiguous, from offset 0)
+	unsolEnd    int // unsolicited data ends here
+	unsolDone   bool
+	r2tOut      bool // an R2T is outstanding
+	r2tEnd      int
+	ttt         uint32
+	r2tSN       uint32
+	dataSN      uint32 // the DataSN the next Data-Out must carry (0 at each sequence's start)
+	charge      int64
+	executing   bool
+	aborted     atomic.Bool
+	done        chan struct{}
+	doneOnce    sync.Once
+	overflowOut int // Data-Out bytes the CDB wanted beyond the EDTL
+}
+
+func newConn(s *Server, nc net.Conn) *conn {
+	remote := "unknown"
+	if nc != nil && nc.RemoteAddr() != nil {
+		remote = nc.RemoteAddr().String()
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	c := &conn{
+		s: s, nc: nc, br: bufio.NewReaderSize(nc, 64<<10),
+		log:         s.log.With("remote", remote),
+		peerMaxData: 8192, maxBurst: 262144, firstBurst: 65536,
+		initialR2T: true, immediateData: true,
+		tasks: map[uint32]*task{}, textPending: map[uint32][]byte{},
+	}
+	c.cond.L = &c.mu
+	return c
+}
+
+// BeginShutdown ends the connection gracefully: the reader stops, the
+// commands it read are answered, then the socket closes (frontend.Conn).
+func (c *conn) BeginShutdown() {
+	c.shutdown.Store(true)
+	c.nc.SetReadDeadline(time.Now())
+}
+
+// Close ends the connection at once (frontend.Conn).
+func (c *conn) Close() { c.nc.Close() }
+
+// Serve runs the connection to its end on the calling goroutine (frontend.Conn).
+func (c *conn) Serve() {
+	defer c.nc.Close()
+	if err := c.login(); err != nil {
+		var lf *loginFailure
+		if !errors.As(err, &lf) && !errors.Is(err, io.EOF) {
+			c.log.Warn("iscsi: login failed; closing the connection", "err", err)
+		}
+		if c.att != nil {
+			c.att.Detach()
+		}
+		return
+	}
+	if c.registered {
+		defer c.s.unregister(c.key, c)
+	}
+	if c.att != nil {
+		defer c.att.Detach() // after every task completed (below)
+	}
+	c.log.Info("iscsi: logged in", "discovery", c.discovery, "header_digest", c.headerDigest,
+		"data_digest", c.dataDigest, "tsih", c.tsih)
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		c.writeLoop()
+	}()
+	err := c.readLoop()
+	if c.shutdown.Load() {
+		c.dropIdle() // then the commands in flight are answered before the close
+	} else if !errors.Is(err, errLogout) {
+		if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+			c.log.Warn("iscsi: closing the connection", "err", err)
+		}
+		c.nc.Close()
+	}
+	c.abortAll()
+	c.waitTasks()
+	c.mu.Lock()
+	c.stopped = true
+	c.cond.Broadcast()
+	c.mu.Unlock()
+	<-writerDone
+	if errors.Is(err, errLogout) {
+		c.linger()
+	}
+	c.log.Info("iscsi: connection closed", "end", endReason(err))
+}
+
+func endReason(err error) string {
+	switch {
+	case errors.Is(err, errLogout):
+		return "logout"
+	case errors.Is(err, io.EOF):
+		return "initiator closed"
+	}
+	return err.Error()
+}
+
+func (c *conn) linger() {
+	if cw, ok := c.nc.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+		c.nc.SetReadDeadline(time.Now().Add(lingerTimeout))
+		io.Copy(io.Discard, c.br)
+	}
+}
+
+// maxCmdSN is the last CmdSN the initiator may send now.
+func (c *conn) maxCmdSN(exp uint32) uint32 {
+	free := int32(c.s.cfg.MaxCommands) - c.active.Load()
+	return exp + uint32(max(free, 0)) - 1
+}
+
+// enqueue hands PDUs to the writer. Reader-originated batches wait while
+// too many are queued; completions never wait.
+func (c *conn) enqueue(it *outItem) {
+	c.mu.Lock()
+	if it.reader {
+		for c.queued >= maxQueued && !c.stopped {
+			c.cond.Wait()
+		}
+		c.queued += len(it.pdus)
+	}
+	c.queue = append(c.queue, it)
+	c.cond.Broadcast()
+	c.mu.Unlock()
+}
+
+func (c *conn) send(reader bool, pdus ...*pdu) {
+	c.enqueue(&outItem{pdus: pdus, reader: reader})
+}
+
+// writeLoop writes queued PDUs until the connection stops and the queue is
+// empty. A write failure closes the socket; later PDUs are dropped.
+func (c *conn) writeLoop() {
+	bw := bufio.NewWriterSize(c.nc, 256<<10)
+	var hdr []byte
+	failed := false
+	for {
+		c.mu.Lock()
+		for len(c.queue) == 0 && !c.stopped {
+			c.cond.Wait()
+		}
+		items := c.queue
+		c.queue = nil
+		for _, it := range items {
+			if it.reader {
+				c.queued -= len(it.pdus)
+			}
+		}
+		stop := c.stopped && len(items) == 0
+		c.cond.Broadcast()
+		c.mu.Unlock()
+		if stop {
+			return
+		}
+		if !failed {
+			c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+		}
+		for _, it := range items {
+			for _, p := range it.pdus {
+				if failed {
+					break
+				}
+				c.stamp(p)
+				hdr = appendPDU(hdr[:0], &pdu{bhs: p.bhs, ahs: p.ahs}, c.headerDigest, false)
+				// appendPDU set the length fields from an empty data segment: fix them.
+				n := len(p.data)
+				hdr[5], hdr[6], hdr[7] = byte(n>>16), byte(n>>8), byte(n)
+				if c.headerDigest {
+					d := digest(hdr[:len(hdr)-4])
+					copy(hdr[len(hdr)-4:], d[:])
+				}
+				_, err := bw.Write(hdr)
+				if err == nil && n > 0 {
+					_, err = bw.Write(p.data)
+					if err == nil {
+						pad := zeroPad[:pad4(n)-n]
+						_, err = bw.Write(pad)
+						if err == nil && c.dataDigest {
+							d := digest(p.data, pad)
+							_, err = bw.Write(d[:])
+						}
+					}
+				}
+				if err != nil {
+					failed = true
+					c.log.Warn("iscsi: write failed; closing the connection", "err", err)
+					c.nc.Close()
+				}
+			}
+		}
+		if !failed {
+			if err := bw.Flush(); err != nil {
+				failed = true
+				c.log.Warn("iscsi: write failed; closing the connection", "err", err)
+				c.nc.Close()
+			}
+		}
+		for _, it := range items {
+			if it.release != nil {
+				it.release()
+			}
+		}
+	}
+}
+
+// stamp sets a target PDU's StatSN, ExpCmdSN and MaxCmdSN as it is written.
+func (c *conn) stamp(p *pdu) {
+	switch p.opcode() {
+	case opSCSIResp, opTaskResp, opTextResp, opLogoutResp:
+		p.put32(24, c.statSN)
+		c.statSN++
+	case opNopIn:
+		p.put32(24, c.statSN)
+		if p.itt() != reservedTag {
+			c.statSN++
+		}
+	case opDataIn:
+		if p.bhs[1]&0x01 != 0 {
+			p.put32(24, c.statSN)
+			c.statSN++
+		}
+	default: // R2T, Reject
+		p.put32(24, c.statSN)
+	}
+	exp := c.expCmdSN.Load()
+	p.put32(28, exp)
+	p.put32(32, c.maxCmdSN(exp))
+}
+
+// readLoop reads and dispatches PDUs in full feature phase.
+func (c *conn) readLoop() error {
+	for {
+		p, err := readPDU(c.br, c.headerDigest, c.dataDigest, c.s.cfg.MaxRecvDataSegment)
+		if errors.Is(err, errDataDigest) {
+			c.log.Warn("iscsi: data digest mismatch; rejecting the PDU", "opcode", fmt.Sprintf("%#x", p.opcode()))
+			c.reject(p, rejectDataDigest)
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if err := c.dispatch(p); err != nil {
+			return err
+		}
+	}
+}
+
+func (c *conn) dispatch(p *pdu) error {
+	op := p.opcode()
+	if c.discovery {
+		switch op {
+		case opTextReq, opNopOut, opLogoutReq:
+		default:
+			c.reject(p, rejectProtocolError)
+			return nil
+		}
+	}
+	switch op {
+	case opSCSICmd:
+		c.scsiCommand(p)
+	case opDataOut:
+		return c.dataOut(p)
+	case opNopOut:
+		c.nopOut(p)
+	case opTaskMgmt:
+		return c.taskMgmt(p)
+	case opTextReq:
+		c.textRequest(p)
+	case opLogoutReq:
+		return c.logout(p)
+	case opLoginReq:
+		c.reject(p, rejectProtocolError)
+	default: // SNACK (error recovery level 0) and anything unknown
+		c.reject(p, rejectNotSupported)
+	}
+	return nil
+}
+
+func (c *conn) reject(p *pdu, reason byte) {
+	r := &pdu{data: append([]byte(nil), p.bhs[:]...)}
+	r.bhs[0] = opReject
+	r.bhs[1] = 0x80
+	r.bhs[2] = reason
+	r.put32(16, reservedTag)
+	c.send(true, r)
+}
+
+// acceptCmdSN advances ExpCmdSN for a non-immediate command in order and
+// reports whether to run it; an out-of-order or duplicate command is ignored
+// (RFC 7143 4.2.2.1).
+func (c *conn) acceptCmdSN(p *pdu) bool {
+	if p.immediate() {
+		return true
+	}
+	sn, exp := p.u32(24), c.expCmdSN.Load()
+	if sn != exp {
+		c.log.Debug("iscsi: ignoring a command out of the CmdSN window", "cmdsn", sn, "expcmdsn", exp)
+		return false
+	}
+	c.expCmdSN.Store(exp + 1)
+	return true
+}
+
+func (c *conn) scsiCommand(p *pdu) {
+	if !c.acceptCmdSN(p) {
+		return
+	}
+	t := &task{itt: p.itt(), cmdSN: p.u32(24), edtl: int(p.u32(20)), done: make(chan struct{})}
+	copy(t.lun[:], p.bhs[8:16])
+	t.readFlag = p.bhs[1]&0x40 != 0
+	writeFlag := p.bhs[1]&0x20 != 0
+	if !p.immediate() {
+		t.counted = true
+		c.active.Add(1)
+	}
+	cdb := p.bhs[32:48]
+	if ext := p.extendedCDB(); ext != nil {
+		cdb = append(append([]byte(nil), cdb...), ext...)
+	}
+	if t.lun != [8]byte{} && cdb[0] != 0xa0 && cdb[0] != 0x12 {
+		// LOGICAL UNIT NOT SUPPORTED (only REPORT LUNS and INQUIRY answer for
+		// a LUN that does not exist).
+		c.complete(t, scsi.Result{Status: scsi.StatusCheckCondition, Sense: &scsi.Sense{Key: scsi.KeyIllegalRequest, ASC: 0x25}})
+		return
+	}
+	cmd, sense := scsi.Decode(cdb, c.lu.BlockSize())
+	if sense != nil {
+		c.complete(t, scsi.Result{Status: scsi.StatusCheckCondition, Sense: sense})
+		return
+	}
+	t.cmd = cmd
+	edtl := t.edtl
+	if !writeFlag {
+		edtl = 0
+	}
+	if cmd.DataOut > 0 && edtl < cmd.DataOut {
+		// The initiator sends less than the CDB calls for (RFC 7143 11.4.5.2,
+		// as libiscsi's residual tests expect): a plain write writes the whole
+		// blocks it gets, with an overflow residual.
+		t.overflowOut = cmd.DataOut - edtl
+		if !cmd.Truncate(edtl, c.lu.BlockSize()) {
+			asc, ascq := byte(0x24), byte(0) // INVALID FIELD IN CDB
+			if edtl%c.lu.BlockSize() != 0 {
+				asc, ascq = 0x0e, 0x03 // INVALID FIELD IN INFORMATION UNIT
+			}
+			c.complete(t, scsi.Result{Status: scsi.StatusCheckCondition,
+				Sense: &scsi.Sense{Key: scsi.KeyIllegalRequest, ASC: asc, ASCQ: ascq}})
+			return
+		}
+	}
+	if cmd.ExactData() && edtl != cmd.DataOut {
+		// WRITE SAME and COMPARE AND WRITE: the data must be exactly what
+		// the CDB calls for.
+		c.complete(t, scsi.Result{Status: scsi.StatusCheckCondition,
+			Sense: &scsi.Sense{Key: scsi.KeyIllegalRequest, ASC: 0x24}})
+		return
+	}
+	t.wanted = cmd.DataOut
+	if len(p.data) > 0 && (!writeFlag || !c.immediateData || len(p.data) > t.edtl || len(p.data) > c.firstBurst) {
+		c.reject(p, rejectProtocolError)
+		c.complete(t, scsi.Result{Status: scsi.StatusCheckCondition, Sense: &scsi.Sense{Key: scsi.KeyAbortedCommand}})
+		return
+	}
+	t.charge = int64(t.wanted)
+	if cmd.Dir == scsi.DirIn {
+		t.charge = int64(min(cmd.DataIn, c.lu.MaxTransfer()))
+	}
+	c.mu.Lock()
+	full := c.bytes > 0 && c.bytes+t.charge > c.s.cfg.MaxSessionBytes
+	if !full {
+		c.bytes += t.charge
+		c.tasks[t.itt] = t
+	}
+	c.mu.Unlock()
+	if full {
+		t.charge = 0
+		c.complete(t, scsi.Result{Status: scsi.StatusTaskSetFull})
+		return
+	}
+	if t.wanted == 0 {
+		c.execute(t)
+		return
+	}
+	t.buf = make([]byte, t.wanted)
+	copy(t.buf, p.data)
+	t.got = len(p.data)
+	t.unsolEnd = t.got
+	if !c.initialR2T {
+		t.unsolEnd = min(c.firstBurst, t.edtl)
+	}
+	// F on the command: no unsolicited Data-Out follows.
+	t.unsolDone = t.got >= t.unsolEnd || p.final()
+	c.advance(t)
+}
+
+// advance runs a write whose data is complete, or asks for more.
+func (c *conn) advance(t *task) {
+	if t.got >= t.wanted {
+		c.execute(t)
+		return
+	}
+	if !t.unsolDone || t.r2tOut {
+		return
+	}
+	t.r2tOut = true
+	t.dataSN = 0
+	t.r2tEnd = min(t.got+c.maxBurst, t.wanted)
+	c.nextTTT++
+	if c.nextTTT == reservedTag {
+		c.nextTTT = 0
+	}
+	t.ttt = c.nextTTT
+	r := &pdu{}
+	r.bhs[0] = opR2T
+	r.bhs[1] = 0x80
+	copy(r.bhs[8:16], t.lun[:])
+	r.put32(16, t.itt)
+	r.put32(20, t.ttt)
+	r.put32(36, t.r2tSN)
+	r.put32(40, uint32(t.got))
+	r.put32(44, uint32(t.r2tEnd-t.got))
+	t.r2tSN++
+	c.send(true, r)
+}
+
+func (c *conn) dataOut(p *pdu) error {
+	c.mu.Lock()
+	t := c.tasks[p.itt()]
+	c.mu.Unlock()
+	if t == nil || t.executing {
+		// The command was already answered (an early CHECK CONDITION): its
+		// remaining data is dropped.
+		return nil
+	}
+	ttt, off, n := p.u32(20), int(p.u32(40)), len(p.data)
+	if off != t.got || off+n > t.edtl {
+		return fmt.Errorf("%w: Data-Out at offset %d+%d, expected %d (EDTL %d)", ErrMalformed, off, n, t.got, t.edtl)
+	}
+	if ttt == reservedTag {
+		if t.unsolDone || off+n > t.unsolEnd {
+			return fmt.Errorf("%w: unsolicited Data-Out beyond FirstBurstLength", ErrMalformed)
+		}
+	} else if !t.r2tOut || ttt != t.ttt || off+n > t.r2tEnd {
+		return fmt.Errorf("%w: Data-Out for an R2T that was not sent", ErrMalformed)
+	}
+	if sn := p.u32(36); sn != t.dataSN {
+		return fmt.Errorf("%w: Data-Out with DataSN %d, expected %d", ErrMalformed, sn, t.dataSN)
+	}
+	t.dataSN++
+	if off < t.wanted {
+		copy(t.buf[off:], p.data)
+	}
+	t.got += n
+	if ttt == reservedTag {
+		if p.final() || t.got >= t.unsolEnd {
+			t.unsolDone = true
+		}
+	} else if p.final() || t.got >= t.r2tEnd {
+		t.r2tOut = false
+	}
+	c.advance(t)
+	return nil
+}
+
+func (c *conn) execute(t *task) {
+	t.executing = true
+	c.lu.Execute(t.cmd, t.buf, func(r scsi.Result) { c.complete(t, r) })
+}
+
+// complete answers a task (on any goroutine) and forgets it.
+func (c *conn) complete(t *task, r scsi.Result) {
+	c.mu.Lock()
+	if c.tasks[t.itt] == t {
+		delete(c.tasks, t.itt)
+	}
+	c.mu.Unlock()
+	if t.counted {
+		c.active.Add(-1)
+	}
+	release := func() {
+		if t.charge > 0 {
+			c.mu.Lock()
+			c.bytes -= t.charge
+			c.mu.Unlock()
+		}
+		t.doneOnce.Do(func() { close(t.done) })
+	}
+	if t.aborted.Load() {
+		release()
+		return
+	}
+	data := r.Data
+	if !t.readFlag {
+		data = nil
+	}
+	// Residuals (RFC 7143 11.4.5): against the data the command moved.
+	var flags byte
+	var residual int
+	moved := len(data)
+	if t.cmd != nil && t.cmd.DataOut > 0 {
+		moved = t.wanted
+	}
+	switch {
+	case t.overflowOut > 0:
+		flags, residual = 0x04, t.overflowOut
+	case t.cmd != nil && t.cmd.Dir == scsi.DirIn && len(r.Data) > t.edtl:
+		flags, residual = 0x04, len(r.Data)-t.edtl
+	case moved < t.edtl:
+		flags, residual = 0x02, t.edtl-moved
+	}
+	send := min(len(data), t.edtl)
+	var pdus []*pdu
+	var dataSN uint32
+	collapse := r.Status == scsi.StatusGood && send > 0
+	for off := 0; off < send; {
+		n := min(send-off, c.peerMaxData)
+		burstEnd := (off/c.maxBurst + 1) * c.maxBurst
+		n = min(n, burstEnd-off)
+		d := &pdu{data: data[off : off+n]}
+		d.bhs[0] = opDataIn
+		last := off+n == send
+		if last || off+n == burstEnd {
+			d.bhs[1] |= 0x80
+		}
+		if last && collapse {
+			d.bhs[1] |= 0x01 | flags
+			d.bhs[3] = r.Status
+			d.put32(44, uint32(residual))
+		}
+		copy(d.bhs[8:16], t.lun[:])
+		d.put32(16, t.itt)
+		d.put32(20, reservedTag)
+		d.put32(36, dataSN)
+		d.put32(40, uint32(off))
+		dataSN++
+		pdus = append(pdus, d)
+		off += n
+	}
+	if !collapse {
+		s := &pdu{}
+		s.bhs[0] = opSCSIResp
+		s.bhs[1] = 0x80 | flags
+		s.bhs[3] = r.Status
+		s.put32(16, t.itt)
+		s.put32(36, dataSN+t.r2tSN)
+		s.put32(44, uint32(residual))
+		if r.Sense != nil {
+			sd := r.Sense.Fixed()
+			s.data = binary.BigEndian.AppendUint16(nil, uint16(len(sd)))
+			s.data = append(s.data, sd...)
+		}
+		pdus = append(pdus, s)
+	}
+	c.enqueue(&outItem{pdus: pdus, release: release})
+}
+
+// abortAll drops the tasks still waiting for data and marks the others
+// aborted (their responses are not sent). Called when the reader is done.
+func (c *conn) abortAll() {
+	c.mu.Lock()
+	var idle []*task
+	for itt, t := range c.tasks {
+		t.aborted.Store(true)
+		if !t.executing {
+			delete(c.tasks, itt)
+			idle = append(idle, t)
+		}
+	}
+	c.mu.Unlock()
+	for _, t := range idle {
+		c.complete(t, scsi.Result{Status: scsi.StatusTaskAborted})
+	}
+}
+
+// dropIdle aborts the tasks still waiting for Data-Out (the reader, which
+// would receive it, is done).
+func (c *conn) dropIdle() {
+	c.mu.Lock()
+	var idle []*task
+	for itt, t := range c.tasks {
+		if !t.executing {
+			t.aborted.Store(true)
+			delete(c.tasks, itt)
+			idle = append(idle, t)
+		}
+	}
+	c.mu.Unlock()
+	for _, t := range idle {
+		c.complete(t, scsi.Result{Status: scsi.StatusTaskAborted})
+	}
+}
+
+// waitTasks waits until no task is in flight (every backend callback ran).
+func (c *conn) waitTasks() {
+	for {
+		c.mu.Lock()
+		var t *task
+		for _, x := range c.tasks {
+			t = x
+			break
+		}
+		c.mu.Unlock()
+		if t == nil {
+			return
+		}
+		<-t.done
+	}
+}

@@ -1,0 +1,66 @@
+// Package iscsi is basalt's iSCSI target (RFC 7143) over the shared access
+// layer (package frontend): one target per volume, named
+// iqn.2026-11.io.basalt:CLUSTER:VOLUME, with the volume as LUN 0. The SCSI
+// command set is package scsi's; this package is the transport: PDUs, login,
+// sessions and the full feature phase.
+//
+// # Wire format
+//
+// A PDU is a 48-byte Basic Header Segment (opcode in byte 0 with the
+// immediate bit 0x40; DataSegmentLength in bytes 5-7; ITT in 16-19), any
+// Additional Header Segments (TotalAHSLength words, byte 4), an optional
+// CRC32C header digest, the data segment padded to 4 bytes, and an optional
+// CRC32C data digest. Digests are little-endian on the wire (as the Linux
+// initiator and libiscsi send them) and start with the first PDU after the
+// login's last response. readPDU bounds the data segment by the
+// MaxRecvDataSegmentLength this target declared.
+//
+// # Login
+//
+// conn.login runs the login phase under one deadline (Config.LoginTimeout,
+// which also bounds opening the volume). The first request names the
+// initiator, the session type (Normal or Discovery) and, for a normal
+// session, the target; an unknown target is refused with 0x0203 (not
+// found), an initiator off Config.Initiators with 0x0202 (authorization
+// failure). With Config.CHAP set, a normal session must pass CHAP in the
+// security stage (MD5, SHA-1 or SHA-256, whichever the initiator lists first;
+// one-way, or mutual when the initiator sends CHAP_I and CHAP_C), else 0x0201
+// (authentication failure). Operational keys are negotiated by RFC 7143
+// section 13's rules; this target asks for ErrorRecoveryLevel 0, one
+// connection per session, MaxOutstandingR2T 1 and in-order data. Secrets are
+// never logged.
+//
+// # Full feature phase: goroutines and ownership
+//
+//   - The reader (the connection's Serve goroutine) owns the socket's read
+//     side, the login state, the CmdSN window (ExpCmdSN, an atomic the writer
+//     reads) and each task's data phase (buffer, R2T state) until the task
+//     executes.
+//   - The writer (one goroutine) owns the write side and StatSN: it stamps
+//     StatSN, ExpCmdSN and MaxCmdSN into each PDU as it writes it.
+//   - Backend completions (any goroutine) build a task's Data-In and SCSI
+//     Response PDUs and queue them; they never block.
+//
+// conn.mu guards the output queue, the task table and the session's buffer
+// budget. INVARIANT: a task's charge (its Data-Out or Data-In buffer) is held
+// from the command's arrival until its response was written; a command that
+// would pass Config.MaxSessionBytes while others hold buffers is answered
+// TASK SET FULL, so a session never buffers more than the budget plus one
+// command. The reader waits when it has queued more than maxQueued PDUs of
+// its own (R2Ts, NOP-Ins, rejects), so an initiator that does not read cannot
+// grow the queue either.
+//
+// Commands run as soon as their data is in (several at once, answered out of
+// order). Non-immediate commands must arrive in CmdSN order; others are
+// ignored (RFC 7143 4.2.2.1). MaxCmdSN closes the window while
+// Config.MaxCommands commands are in flight.
+//
+// # Bad input
+//
+// A PDU that cannot be parsed, a header digest mismatch, Data-Out that does
+// not match the R2T it answers (offset, length, DataSN) or an oversized data
+// segment closes only that connection, with a log line; a data digest
+// mismatch or a PDU that is not valid in the session (a SCSI command in a
+// discovery session, SNACK) is answered with a Reject. Commands in the
+// backend when a connection ends still complete before its session detaches.
+package iscsi

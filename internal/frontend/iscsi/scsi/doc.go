@@ -1,0 +1,38 @@
+// Package scsi is the SCSI block command set (SPC-4, SBC-3) of basalt's iSCSI
+// target: one direct-access logical unit over a frontend.Backend.
+//
+// Decode parses a CDB on its own (no device state): the operation, where its
+// data flows and how many bytes, and the fields Execute needs; reserved and
+// unsupported fields (protection information, NACA, ANCHOR) are refused there
+// with ILLEGAL REQUEST, INVALID FIELD IN CDB and a field pointer. Execute then
+// checks the command against the device (LBA range, read-only, the maximum
+// transfer) and runs it: READ and WRITE go to the backend's Submit directly
+// (no goroutine per IO); commands made of several backend IOs (VERIFY with
+// BYTCHK, WRITE SAME, UNMAP, COMPARE AND WRITE) run on a goroutine each.
+//
+// Served: TEST UNIT READY, REQUEST SENSE, INQUIRY (standard data and VPD pages
+// 0x00, 0x80, 0x83, 0xB0, 0xB1, 0xB2), MODE SENSE(6/10) (caching, control and
+// informational exceptions pages; nothing changeable), START STOP UNIT (a
+// no-op), READ CAPACITY(10/16), READ/WRITE(6/10/12/16), WRITE AND VERIFY and
+// VERIFY(10/12/16), SYNCHRONIZE CACHE(10/16), PRE-FETCH(10/16) (a no-op), WRITE SAME(10/16) with UNMAP and
+// NDOB, UNMAP, GET LBA STATUS, COMPARE AND WRITE, REPORT LUNS and REPORT
+// SUPPORTED OPERATION CODES. Anything else is ILLEGAL REQUEST, INVALID COMMAND
+// OPERATION CODE.
+//
+// Semantics worth knowing:
+//   - Every completed write is durable (frontend.Backend), so the caching page
+//     says write-through, FUA needs no extra work and WRITE AND VERIFY is a
+//     WRITE.
+//   - Unmapped blocks read as zeros (api.OpTrim), so READ CAPACITY(16) sets
+//     LBPME and LBPRZ when the backend can trim.
+//   - GET LBA STATUS reports every block mapped: the front end does not yet
+//     learn which chunks exist.
+//   - COMPARE AND WRITE holds a lock that serializes it only against other
+//     COMPARE AND WRITEs through the same process (Config.CompareAndWrite). A
+//     plain WRITE, or a writer on another access node, can change the blocks
+//     between the compare and the write: it is NOT atomic across writers yet.
+//   - No unit attentions, persistent reservations or protection information.
+//
+// IO failures map to sense data by their frontend error class (ErrorSense;
+// the table is in package frontend's doc).
+package scsi

@@ -1,0 +1,446 @@
+package scsi
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"sync"
+
+	"github.com/basalt-storage/basalt/internal/frontend"
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// Config describes one logical unit. Backend and Info are required.
+type Config struct {
+	Backend frontend.Backend
+	// Info is the export as of the attach (block sizes checked); the size is
+	// re-read from Backend.Info for every command, so a resize is seen.
+	Info frontend.Info
+	// Classify wraps a failed IO's error in its frontend class; nil: as is.
+	Classify func(error) error
+	// ID identifies the device for ever (VPD page 0x83's NAA designator and the
+	// unit serial number): derive it from the cluster and volume.
+	ID uint64
+	// TargetName is the iSCSI target's name, reported as the SCSI target
+	// device name on VPD page 0x83.
+	TargetName string
+	// MaxTransfer is the largest READ or WRITE in bytes (Block Limits page);
+	// default 8 MiB, and never above the backend's maximum.
+	MaxTransfer int
+	// CompareAndWrite serializes COMPARE AND WRITE on this export among the LUs
+	// that share it (in this process only); nil: a lock of this LU's own.
+	CompareAndWrite *sync.Mutex
+}
+
+// LU is a SCSI logical unit (a direct-access block device) over one backend.
+// It is safe for concurrent use: Execute may run many commands at once.
+type LU struct {
+	cfg         Config
+	b           frontend.Backend
+	bs          int   // logical block size
+	physExp     byte  // logical blocks per physical block, as a power of two
+	maxXfer     int   // bytes, a multiple of bs
+	chunk       int64 // the largest single backend IO for trim/zero/write-same
+	readOnly    bool
+	canTrim     bool
+	canZero     bool
+	canFlush    bool
+	cawMu       *sync.Mutex
+	serial      string
+	maxCAWBlock int
+}
+
+// Result is a command's outcome: its status, the sense data of a CHECK
+// CONDITION, and the Data-In bytes (already cut to the allocation length).
+type Result struct {
+	Status byte
+	Sense  *Sense
+	Data   []byte
+}
+
+func good(data []byte) Result { return Result{Status: StatusGood, Data: data} }
+
+func check(s *Sense) Result { return Result{Status: StatusCheckCondition, Sense: s} }
+
+const (
+	maxUnmapDescriptors = 256
+	maxWriteSameBytes   = 1 << 30 // one WRITE SAME covers at most this much
+	maxCAWBlocks        = 16
+)
+
+// New returns the logical unit cfg describes.
+func New(cfg Config) *LU {
+	info := cfg.Info
+	bs := 512
+	if int(info.BlockSizes.Minimum) > bs {
+		bs = int(info.BlockSizes.Minimum)
+	}
+	var exp byte
+	for p := int(info.BlockSizes.Preferred); p > bs && exp < 15; p >>= 1 {
+		exp++
+	}
+	if cfg.MaxTransfer <= 0 {
+		cfg.MaxTransfer = 8 << 20
+	}
+	if m := int(info.BlockSizes.Maximum); m > 0 && m < cfg.MaxTransfer {
+		cfg.MaxTransfer = m
+	}
+	maxXfer := max(cfg.MaxTransfer/bs*bs, bs)
+	chunk := int64(maxWriteSameBytes)
+	if m := int64(info.BlockSizes.Maximum); m > 0 {
+		chunk = max(m/int64(bs)*int64(bs), int64(bs))
+	}
+	if cfg.Classify == nil {
+		cfg.Classify = func(err error) error { return err }
+	}
+	if cfg.CompareAndWrite == nil {
+		cfg.CompareAndWrite = new(sync.Mutex)
+	}
+	return &LU{
+		cfg: cfg, b: cfg.Backend, bs: bs, physExp: exp, maxXfer: maxXfer, chunk: chunk,
+		readOnly: info.ReadOnly, canTrim: info.CanTrim && !info.ReadOnly,
+		canZero: info.CanWriteZeroes && !info.ReadOnly, canFlush: info.CanFlush,
+		cawMu: cfg.CompareAndWrite, serial: fmt.Sprintf("%016x", cfg.ID),
+		maxCAWBlock: min(maxCAWBlocks, max(maxXfer/bs, 1)),
+	}
+}
+
+// BlockSize is the logical block size in bytes.
+func (lu *LU) BlockSize() int { return lu.bs }
+
+// MaxTransfer is the largest READ or WRITE in bytes.
+func (lu *LU) MaxTransfer() int { return lu.maxXfer }
+
+func (lu *LU) blocks() uint64 { return uint64(lu.b.Info().Size) / uint64(lu.bs) }
+
+// inRange reports whether [lba, lba+n) lies on the device.
+func (lu *LU) inRange(lba uint64, n uint64) bool {
+	total := lu.blocks()
+	return lba <= total && n <= total-lba
+}
+
+// Execute runs c (from Decode) with dataOut, the Data-Out bytes received (at
+// most c.DataOut; fewer if the initiator sent fewer), and calls done exactly
+// once, on any goroutine, maybe before Execute returns.
+func (lu *LU) Execute(c *Command, dataOut []byte, done func(Result)) {
+	if c.Dir == DirOut && len(dataOut) < c.DataOut {
+		// The initiator's expected transfer length is shorter than the CDB's.
+		done(check(invalidField(0)))
+		return
+	}
+	switch c.kind {
+	case kNone:
+		done(good(nil))
+	case kRead, kWrite:
+		lu.readWrite(c, dataOut, done)
+	case kPrefetch:
+		// Nothing to load ahead into: GOOD once the range is checked.
+		if !lu.inRange(c.lba, uint64(c.blocks)) {
+			done(check(sense(senseLBAOutOfRange)))
+			return
+		}
+		done(good(nil))
+	case kSync:
+		if !lu.canFlush {
+			done(good(nil))
+			return
+		}
+		lu.b.Submit(api.OpFlush, nil, 0, 0, func(err error) {
+			if err != nil {
+				done(check(ErrorSense(lu.cfg.Classify(err), true)))
+				return
+			}
+			done(good(nil))
+		})
+	case kVerify, kWriteSame, kCompareAndWrite, kUnmap, kGetLBAStatus:
+		if s := lu.precheck(c); s != nil {
+			done(check(s))
+			return
+		}
+		// Several backend IOs in a row: on a goroutine of their own.
+		go func() { done(lu.slow(c, dataOut)) }()
+	default:
+		done(lu.info(c))
+	}
+}
+
+// precheck validates what the slow commands need before any IO.
+func (lu *LU) precheck(c *Command) *Sense {
+	switch c.kind {
+	case kVerify:
+		if !lu.inRange(c.lba, uint64(c.blocks)) {
+			return sense(senseLBAOutOfRange)
+		}
+		if c.bytchk == 1 && int(c.blocks)*lu.bs > lu.maxXfer {
+			return invalidField(7)
+		}
+	case kWriteSame:
+		if lu.readOnly {
+			return sense(senseWriteProtected)
+		}
+		if (c.unmap || c.ndob) && !lu.canZero && !lu.canTrim {
+			return invalidField(1)
+		}
+		if uint64(c.blocks)*uint64(lu.bs) > maxWriteSameBytes {
+			return invalidField(10)
+		}
+		if !lu.inRange(c.lba, uint64(c.blocks)) {
+			return sense(senseLBAOutOfRange)
+		}
+	case kCompareAndWrite:
+		if lu.readOnly {
+			return sense(senseWriteProtected)
+		}
+		if int(c.blocks) > lu.maxCAWBlock {
+			return invalidField(13)
+		}
+		if !lu.inRange(c.lba, uint64(c.blocks)) {
+			return sense(senseLBAOutOfRange)
+		}
+	case kUnmap:
+		if !lu.canTrim {
+			if lu.readOnly {
+				return sense(senseWriteProtected)
+			}
+			return sense(senseInvalidOpcode)
+		}
+	case kGetLBAStatus:
+		if c.lba >= lu.blocks() {
+			return sense(senseLBAOutOfRange)
+		}
+	}
+	return nil
+}
+
+func (lu *LU) readWrite(c *Command, dataOut []byte, done func(Result)) {
+	write := c.kind == kWrite
+	if write && lu.readOnly {
+		done(check(sense(senseWriteProtected)))
+		return
+	}
+	if !lu.inRange(c.lba, uint64(c.blocks)) {
+		done(check(sense(senseLBAOutOfRange)))
+		return
+	}
+	n := int(c.blocks) * lu.bs
+	if n > lu.maxXfer {
+		field := 7
+		switch c.Op {
+		case opRead6, opWrite6:
+			field = 4
+		case opRead12, opWrite12, opWriteVerify12:
+			field = 6
+		case opRead16, opWrite16, opWriteVerify16:
+			field = 10
+		}
+		done(check(invalidField(field)))
+		return
+	}
+	if n == 0 {
+		done(good(nil))
+		return
+	}
+	off := int64(c.lba) * int64(lu.bs)
+	if write {
+		lu.b.Submit(api.OpWrite, dataOut[:n], off, int64(n), func(err error) {
+			if err != nil {
+				done(check(ErrorSense(lu.cfg.Classify(err), true)))
+				return
+			}
+			done(good(nil))
+		})
+		return
+	}
+	buf := make([]byte, n)
+	lu.b.Submit(api.OpRead, buf, off, int64(n), func(err error) {
+		if err != nil {
+			done(check(ErrorSense(lu.cfg.Classify(err), false)))
+			return
+		}
+		done(good(buf))
+	})
+}
+
+// io runs one backend IO and waits for it.
+func (lu *LU) io(op api.Op, buf []byte, off, n int64) error {
+	ch := make(chan error, 1)
+	lu.b.Submit(op, buf, off, n, func(err error) { ch <- err })
+	if err := <-ch; err != nil {
+		return lu.cfg.Classify(err)
+	}
+	return nil
+}
+
+// zero writes zeros (or trims, which reads back as zeros) over the range, in
+// chunks the backend takes.
+func (lu *LU) zero(off, n int64, trim bool) error {
+	op := api.OpWriteZeroes
+	if trim && lu.canTrim || !lu.canZero {
+		op = api.OpTrim
+	}
+	for n > 0 {
+		k := min(n, lu.chunk)
+		if err := lu.io(op, nil, off, k); err != nil {
+			return err
+		}
+		off, n = off+k, n-k
+	}
+	return nil
+}
+
+// slow runs the commands that take several backend IOs; prechecked.
+func (lu *LU) slow(c *Command, dataOut []byte) Result {
+	bs := int64(lu.bs)
+	off := int64(c.lba) * bs
+	n := int64(c.blocks) * bs
+	switch c.kind {
+	case kVerify:
+		if c.bytchk == 0 || n == 0 {
+			return good(nil)
+		}
+		buf := make([]byte, n)
+		if err := lu.io(api.OpRead, buf, off, n); err != nil {
+			return check(ErrorSense(err, false))
+		}
+		want := dataOut[:c.DataOut]
+		for i := int64(0); i < n; i += int64(len(want)) {
+			if j := mismatch(buf[i:i+int64(len(want))], want); j >= 0 {
+				s := sense(senseMiscompare)
+				s.Info, s.InfoValid = uint64(i)+uint64(j), true
+				if c.bytchk == 3 {
+					s.Info = uint64(j)
+				}
+				return check(s)
+			}
+		}
+		return good(nil)
+
+	case kWriteSame:
+		if c.ndob || (c.unmap && allZero(dataOut[:bs])) {
+			if err := lu.zero(off, n, c.unmap); err != nil {
+				return check(ErrorSense(err, true))
+			}
+			return good(nil)
+		}
+		pattern := dataOut[:bs]
+		if allZero(pattern) && lu.canZero {
+			if err := lu.zero(off, n, false); err != nil {
+				return check(ErrorSense(err, true))
+			}
+			return good(nil)
+		}
+		buf := bytes.Repeat(pattern, int(min(n, 1<<20)/bs))
+		for n > 0 {
+			k := min(n, int64(len(buf)))
+			if err := lu.io(api.OpWrite, buf[:k], off, k); err != nil {
+				return check(ErrorSense(err, true))
+			}
+			off, n = off+k, n-k
+		}
+		return good(nil)
+
+	case kCompareAndWrite:
+		if n == 0 {
+			return good(nil)
+		}
+		// Atomic only against other COMPARE AND WRITEs of this process: a
+		// plain WRITE, or a writer on another access node, can slip in
+		// between the read and the write.
+		lu.cawMu.Lock()
+		defer lu.cawMu.Unlock()
+		buf := make([]byte, n)
+		if err := lu.io(api.OpRead, buf, off, n); err != nil {
+			return check(ErrorSense(err, false))
+		}
+		if j := mismatch(buf, dataOut[:n]); j >= 0 {
+			s := sense(senseMiscompare)
+			s.Info, s.InfoValid = uint64(j), true
+			return check(s)
+		}
+		if err := lu.io(api.OpWrite, dataOut[n:2*n], off, n); err != nil {
+			return check(ErrorSense(err, true))
+		}
+		return good(nil)
+
+	case kUnmap:
+		return lu.unmap(dataOut[:c.DataOut])
+
+	case kGetLBAStatus:
+		// basalt does not tell this front end which chunks exist yet: every
+		// block is reported mapped.
+		total := lu.blocks()
+		d := make([]byte, 24)
+		binary.BigEndian.PutUint32(d[0:], 20)
+		binary.BigEndian.PutUint64(d[8:], c.lba)
+		binary.BigEndian.PutUint32(d[16:], uint32(min(total-c.lba, 0xffffffff)))
+		d[20] = 0 // mapped
+		return good(cut(d, c.alloc))
+	}
+	return check(sense(senseInternalError))
+}
+
+// unmap runs UNMAP's parameter list (SBC-3 5.28.2).
+func (lu *LU) unmap(p []byte) Result {
+	if len(p) == 0 {
+		return good(nil)
+	}
+	if len(p) < 8 {
+		return check(sense(senseParamLenError))
+	}
+	dl := int(binary.BigEndian.Uint16(p[2:]))
+	if dl > len(p)-8 {
+		dl = len(p) - 8 // as much as was sent (SBC-3: not an error)
+	}
+	if dl%16 != 0 {
+		return check(sense(senseParamLenError))
+	}
+	if dl/16 > maxUnmapDescriptors {
+		return check(invalidParamField(2))
+	}
+	descs := p[8 : 8+dl]
+	for i := 0; i < len(descs); i += 16 {
+		lba := binary.BigEndian.Uint64(descs[i:])
+		n := binary.BigEndian.Uint32(descs[i+8:])
+		if !lu.inRange(lba, uint64(n)) {
+			return check(sense(senseLBAOutOfRange))
+		}
+	}
+	bs := int64(lu.bs)
+	for i := 0; i < len(descs); i += 16 {
+		lba := int64(binary.BigEndian.Uint64(descs[i:]))
+		n := int64(binary.BigEndian.Uint32(descs[i+8:]))
+		if n == 0 {
+			continue
+		}
+		if err := lu.zero(lba*bs, n*bs, true); err != nil {
+			return check(ErrorSense(err, true))
+		}
+	}
+	return good(nil)
+}
+
+func mismatch(a, b []byte) int {
+	for i := range a {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return -1
+}
+
+func allZero(b []byte) bool {
+	for _, x := range b {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// cut returns at most alloc bytes of b.
+func cut(b []byte, alloc int) []byte {
+	if len(b) > alloc {
+		return b[:alloc]
+	}
+	return b
+}

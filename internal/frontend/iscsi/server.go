@@ -1,0 +1,221 @@
+package iscsi
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/frontend"
+)
+
+// IQNPrefix starts every target name: iqn.2026-11.io.basalt:CLUSTER:VOLUME.
+const IQNPrefix = "iqn.2026-11.io.basalt:"
+
+// TargetName is the IQN of volume in cluster.
+func TargetName(cluster, volume string) string { return IQNPrefix + cluster + ":" + volume }
+
+// ErrBadConfig: NewServer was given an unusable Config.
+var ErrBadConfig = errors.New("iscsi: bad config")
+
+// Config configures a Server. Exports and Cluster are required.
+type Config struct {
+	// Exports attaches sessions to volumes; every session to one volume shares
+	// its backend.
+	Exports *frontend.Exports
+	// Cluster names the cluster in target names (TargetName).
+	Cluster string
+	Logger  *slog.Logger // default slog.Default()
+
+	// CHAP, if set, is required of every login (security negotiation), for
+	// every target; nil: no authentication.
+	CHAP *CHAP
+	// Initiators, if not empty, are the only initiator names (IQNs, compared
+	// case-insensitively) allowed to log in to a normal session; others are
+	// refused with "authorization failure". Discovery is open to all.
+	Initiators []string
+	// Digests allows CRC32C header and data digests when the initiator
+	// offers them; default (false) accepts both.
+	NoDigests bool
+
+	// LoginTimeout bounds a whole login, from the first byte to the last
+	// login response, including opening the volume. Default 15 s.
+	LoginTimeout time.Duration
+	// WriteTimeout bounds one write of responses: an initiator that stops
+	// reading for that long is disconnected. Default 60 s.
+	WriteTimeout time.Duration
+	// MaxCommands is the command window of a session (MaxCmdSN - ExpCmdSN +
+	// 1 when idle). Default 64.
+	MaxCommands int
+	// MaxSessionBytes bounds the data buffers of a session's commands in
+	// flight; a command that would pass it (when others hold buffers) gets TASK
+	// SET FULL. Default 128 MiB.
+	MaxSessionBytes int64
+	// MaxTransfer is the largest READ or WRITE (the Block Limits page).
+	// Default 32 MiB.
+	MaxTransfer int
+	// MaxRecvDataSegment is the MaxRecvDataSegmentLength this target
+	// declares. Default 256 KiB.
+	MaxRecvDataSegment int
+}
+
+func (c *Config) setDefaults() error {
+	if c.Exports == nil {
+		return fmt.Errorf("%w: Exports is nil", ErrBadConfig)
+	}
+	if c.Cluster == "" || strings.ContainsAny(c.Cluster, ": ") {
+		return fmt.Errorf("%w: cluster name %q must be non-empty, without ':' or spaces", ErrBadConfig, c.Cluster)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.LoginTimeout <= 0 {
+		c.LoginTimeout = 15 * time.Second
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = 60 * time.Second
+	}
+	if c.MaxCommands <= 0 {
+		c.MaxCommands = 64
+	}
+	if c.MaxSessionBytes <= 0 {
+		c.MaxSessionBytes = 128 << 20
+	}
+	if c.MaxTransfer <= 0 {
+		c.MaxTransfer = 32 << 20
+	}
+	if c.MaxRecvDataSegment <= 0 {
+		c.MaxRecvDataSegment = 256 << 10
+	}
+	c.MaxRecvDataSegment = min(max(c.MaxRecvDataSegment, 512), 1<<24-1)
+	if c.CHAP != nil && (c.CHAP.User == "" || c.CHAP.Secret == "") {
+		return fmt.Errorf("%w: CHAP needs a user and a secret", ErrBadConfig)
+	}
+	return nil
+}
+
+// Server is an iSCSI target over an Exports: one target per volume, LUN 0.
+type Server struct {
+	cfg   Config
+	log   *slog.Logger
+	conns *frontend.Conns
+	ctx   context.Context // ends at Shutdown or Close: cuts short a login waiting for a volume
+
+	// cawLocks serialize COMPARE AND WRITE per volume in this process.
+	cawMu    sync.Mutex
+	cawLocks map[string]*sync.Mutex
+
+	// mu guards the fields below.
+	mu       sync.Mutex
+	tsih     uint16
+	sessions map[sessionKey]*conn // logged-in normal sessions, for reinstatement
+}
+
+// sessionKey identifies a session: the initiator's name and ISID (and the
+// target: the same ISID may be used towards different targets).
+type sessionKey struct {
+	initiator, target string
+	isid              [6]byte
+}
+
+// NewServer checks cfg and returns a Server.
+func NewServer(cfg Config) (*Server, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, cawLocks: map[string]*sync.Mutex{}, sessions: map[sessionKey]*conn{}}
+	s.conns = frontend.NewConns(frontend.ConnsConfig{
+		Protocol: "iscsi", Logger: cfg.Logger,
+		New: func(nc net.Conn) frontend.Conn { return newConn(s, nc) },
+	})
+	s.ctx = s.conns.Context()
+	return s, nil
+}
+
+// volumeOf returns the volume a target name names, or false.
+func (s *Server) volumeOf(target string) (string, bool) {
+	prefix := IQNPrefix + s.cfg.Cluster + ":"
+	if len(target) <= len(prefix) || !strings.EqualFold(target[:len(prefix)], prefix) {
+		return "", false
+	}
+	return target[len(prefix):], true
+}
+
+func (s *Server) allowed(initiator string) bool {
+	if len(s.cfg.Initiators) == 0 {
+		return true
+	}
+	for _, a := range s.cfg.Initiators {
+		if strings.EqualFold(a, initiator) {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) cawLock(volume string) *sync.Mutex {
+	s.cawMu.Lock()
+	defer s.cawMu.Unlock()
+	m := s.cawLocks[volume]
+	if m == nil {
+		m = new(sync.Mutex)
+		s.cawLocks[volume] = m
+	}
+	return m
+}
+
+// volumeID is the stable 64-bit identity of a volume's logical unit.
+func (s *Server) volumeID(volume string) uint64 {
+	h := sha256.Sum256([]byte(s.cfg.Cluster + "\x00" + volume))
+	return binary.BigEndian.Uint64(h[:])
+}
+
+// register records a new normal session and returns its TSIH, and the
+// connection of an older session with the same key, which it replaces
+// (session reinstatement: the caller closes it).
+func (s *Server) register(k sessionKey, c *conn) (tsih uint16, old *conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tsih++
+	if s.tsih == 0 {
+		s.tsih = 1
+	}
+	old = s.sessions[k]
+	s.sessions[k] = c
+	return s.tsih, old
+}
+
+func (s *Server) unregister(k sessionKey, c *conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sessions[k] == c {
+		delete(s.sessions, k)
+	}
+}
+
+// ErrServerClosed is returned by Serve after Shutdown or Close.
+var ErrServerClosed = frontend.ErrServerClosed
+
+// Serve accepts connections on ln until Shutdown or Close (then it returns
+// ErrServerClosed); it may run for several listeners at once and closes ln
+// when it returns.
+func (s *Server) Serve(ln net.Listener) error { return s.conns.Serve(ln) }
+
+// ServeConn serves one accepted connection until it ends.
+func (s *Server) ServeConn(nc net.Conn) error { return s.conns.ServeConn(nc) }
+
+// Shutdown stops accepting and ends every connection gracefully: the
+// commands already read are answered, then the connection closes. If ctx
+// ends first, the rest are closed hard.
+func (s *Server) Shutdown(ctx context.Context) error { return s.conns.Shutdown(ctx) }
+
+// Close stops accepting and closes every connection at once; commands in the
+// backend still complete before their sessions detach. It returns when every
+// connection ended.
+func (s *Server) Close() error { return s.conns.Close() }
