@@ -65,6 +65,7 @@ func chunkserverCommand() *cobra.Command {
 	var cfg chunkserver.Config
 	var mdsAddrs, pidFile, slowDisk, diskErr, scrubRate, snapRate string
 	var procs int
+	var crashAfterDelete bool
 	var nbdListen, nbdSocket string // the in-process NBD front end
 	cmd := &cobra.Command{
 		Use:   "chunkserver",
@@ -97,6 +98,13 @@ func chunkserverCommand() *cobra.Command {
 			}
 			if diskErr != "" {
 				cfg.Knobs.Datastore.Fdatasync = diskErrorKnob(diskErr)
+			}
+			if crashAfterDelete {
+				cfg.Knobs.AfterDeleteVolume = func(group, volume uint64) {
+					slog.Error("fault knob: crashing after a delete-volume entry", "copyset", group, "volume", volume)
+					_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+					select {} // the signal is on its way
+				}
 			}
 			cs, err := chunkserver.New(cfg) // takes the data directory's lock
 			if err != nil {
@@ -162,6 +170,8 @@ func chunkserverCommand() *cobra.Command {
 	_ = f.MarkHidden("fault-slow-disk-file")
 	f.StringVar(&diskErr, "fault-disk-error-file", "", "fault injection for tests: while this file exists, every chunk-file fdatasync fails with EIO (a failing disk)")
 	_ = f.MarkHidden("fault-disk-error-file")
+	f.BoolVar(&crashAfterDelete, "fault-crash-after-delete", false, "fault injection for tests: kill -9 this process right after a copyset applied a delete-volume entry")
+	_ = f.MarkHidden("fault-crash-after-delete")
 	_ = cmd.MarkFlagRequired("data")
 	return cmd
 }

@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/basalt-storage/basalt/internal/debughttp"
 	"github.com/basalt-storage/basalt/internal/frontend/access"
+	"github.com/basalt-storage/basalt/internal/frontend/iscsi"
 	"github.com/basalt-storage/basalt/internal/playground"
 )
 
@@ -92,6 +94,86 @@ func nvmfCommand() *cobra.Command {
 	return cmd
 }
 
+func iscsiCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "iscsi",
+		Short: "Serve volumes over iSCSI: one target per volume, iqn.2026-11.io.basalt:CLUSTER:VOLUME, LUN 0",
+		Args:  cobra.NoArgs,
+	}
+	mdsAddrs := mdsFlag(cmd)
+	f := cmd.Flags()
+	listen := f.String("listen", "127.0.0.1:3260", "the portal's TCP address")
+	cluster := f.String("cluster", "basalt", "the cluster's name in target names")
+	readOnly := f.Bool("read-only", false, "open volumes read-only (alongside another writer)")
+	chapUser := f.String("chap-user", "", "require CHAP: the user name initiators log in with")
+	chapSecretFile := f.String("chap-secret-file", "", "file holding the CHAP secret initiators must know (with --chap-user)")
+	mutualUser := f.String("chap-mutual-user", "", "mutual CHAP: the name this target answers with")
+	mutualSecretFile := f.String("chap-mutual-secret-file", "", "file holding the secret this target answers mutual CHAP with")
+	initiators := f.StringSlice("initiator", nil, "allow only these initiator names (repeat or comma-separate; default: any)")
+	metrics := f.String("metrics", "", "serve Prometheus /metrics and /debug/pprof/ on this address (empty: none)")
+	var procs int
+	procsFlag(cmd, &procs)
+	cmd.RunE = func(*cobra.Command, []string) error {
+		setProcs(procs)
+		icfg := access.ISCSIConfig{Listen: *listen, Cluster: *cluster, Initiators: *initiators}
+		if *chapUser != "" || *chapSecretFile != "" {
+			secret, err := readSecret(*chapSecretFile, "--chap-secret-file")
+			if err != nil {
+				return err
+			}
+			icfg.CHAP = &iscsi.CHAP{User: *chapUser, Secret: secret, MutualUser: *mutualUser}
+			if *mutualSecretFile != "" {
+				if icfg.CHAP.MutualSecret, err = readSecret(*mutualSecretFile, "--chap-mutual-secret-file"); err != nil {
+					return err
+				}
+			}
+		}
+		host, _ := os.Hostname()
+		cfg := access.Config{
+			MDS: splitList(*mdsAddrs), ReadOnly: *readOnly, Logger: slog.Default(),
+			ClientName: fmt.Sprintf("iscsi@%s/%d", host, os.Getpid()),
+			ISCSI:      icfg,
+		}
+		if *metrics != "" {
+			reg := debughttp.NewRegistry()
+			hs, a, err := debughttp.Serve(*metrics, reg)
+			if err != nil {
+				return fmt.Errorf("--metrics: %w", err)
+			}
+			defer hs.Close()
+			slog.Info("serving metrics", "addr", a.String())
+			cfg.Registry = reg
+		}
+		node, err := access.Start(cfg)
+		if err != nil {
+			return err
+		}
+		defer node.Close()
+		ctx, stop := signalContext()
+		defer stop()
+		<-ctx.Done()
+		return nil
+	}
+	return cmd
+}
+
+// readSecret reads a secret from a file (never from the command line, where
+// ps would show it), without its trailing newline.
+func readSecret(path, flag string) (string, error) {
+	if path == "" {
+		return "", fmt.Errorf("%s is required with CHAP", flag)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flag, err)
+	}
+	s := strings.TrimRight(string(b), "\r\n")
+	if s == "" {
+		return "", fmt.Errorf("%s: %s is empty", flag, path)
+	}
+	return s, nil
+}
+
 func playgroundCommand() *cobra.Command {
 	var cfg playground.Config
 	var size string
@@ -118,7 +200,8 @@ func playgroundCommand() *cobra.Command {
 	f.StringVar(&cfg.NBDListen, "nbd-listen", "127.0.0.1:10809", "NBD TCP address")
 	f.StringVar(&cfg.NBDSocket, "nbd-socket", "", "NBD Unix socket (default DIR/nbd.sock)")
 	f.StringVar(&cfg.NVMfListen, "nvmf-listen", "", "NVMe/TCP address (default 127.0.0.1:PORT-BASE+28)")
-	f.IntVar(&cfg.PortBase, "port-base", 6700, "first port: MDS, then etcd (+1, +2), chunkservers (+11..), metrics (+21..)")
+	f.StringVar(&cfg.ISCSIListen, "iscsi-listen", "", "iSCSI portal address (default 127.0.0.1:PORT-BASE+3)")
+	f.IntVar(&cfg.PortBase, "port-base", 6700, "first port: MDS, then etcd (+1, +2), the iSCSI portal (+3), chunkservers (+11..), metrics (+21..), NVMe/TCP (+28)")
 	f.Uint32Var(&cfg.Copysets, "copysets", 0, "copysets in the pool (default: the MDS default)")
 	f.IntVar(&cfg.Procs, "gomaxprocs", 0, "GOMAXPROCS of this process and each chunkserver (0: the CPUs shared among them, unless GOMAXPROCS is set; -1: Go's default)")
 	f.StringVar(&cfg.Metrics, "metrics", "", "serve the NBD front end's and client's Prometheus /metrics and /debug/pprof/ on this address (empty: none)")

@@ -45,6 +45,7 @@ func main() {
 		chunkserverCommand(),
 		nbdCommand(),
 		nvmfCommand(),
+		iscsiCommand(),
 		playgroundCommand(),
 		poolCommand(),
 		volumeCommand(),

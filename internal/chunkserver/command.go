@@ -23,7 +23,17 @@ const (
 	cmdTrim        cmdOp = 2 // discard [Offset, Offset+Length)
 	cmdWriteZeroes cmdOp = 3 // write zeros over [Offset, Offset+Length)
 	cmdFence       cmdOp = 4 // only raise the volume's epoch
+	// cmdDeleteVolume tombstones Volume (its epoch becomes tombstoneEpoch, so
+	// every later command of it is refused) and removes its chunks. Proposed
+	// by a leader that found the volume gone from the MDS (deletes.go).
+	cmdDeleteVolume cmdOp = 5
 )
+
+// tombstoneEpoch is the epoch a deleted volume has in the epoch table: no
+// writer's epoch reaches it, so a stale writer is refused forever, and the
+// table (persisted with every snapshot) carries the deletion to replicas
+// and restarts.
+const tombstoneEpoch = ^uint64(0)
 
 func (o cmdOp) String() string {
 	switch o {
@@ -35,6 +45,8 @@ func (o cmdOp) String() string {
 		return "write-zeroes"
 	case cmdFence:
 		return "fence"
+	case cmdDeleteVolume:
+		return "delete-volume"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -136,7 +148,7 @@ func decodeCommand(b []byte) (command, error) {
 			return command{}, fmt.Errorf("%w: write of %d bytes carries %d", ErrBadCommand, c.Length, len(data))
 		}
 		c.Data = data
-	case cmdTrim, cmdWriteZeroes, cmdFence:
+	case cmdTrim, cmdWriteZeroes, cmdFence, cmdDeleteVolume:
 		if len(data) != 0 {
 			return command{}, fmt.Errorf("%w: %v carries data", ErrBadCommand, c.Op)
 		}

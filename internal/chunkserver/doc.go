@@ -60,11 +60,11 @@
 // Every normal entry of a copyset's log is one command; all integers big-endian:
 //
 //	 0  uint8   version (1)
-//	 1  uint8   op: 1 write, 2 trim, 3 write-zeroes, 4 fence
+//	 1  uint8   op: 1 write, 2 trim, 3 write-zeroes, 4 fence, 5 delete-volume
 //	 2  uint16  reserved, 0
-//	 4  uint32  length: bytes of the IO (0 for fence)
+//	 4  uint32  length: bytes of the IO (0 for fence and delete-volume)
 //	 8  uint64  volume id
-//	16  uint64  epoch of the writer (docs/design.md §6)
+//	16  uint64  epoch of the writer (docs/design.md §6); 0 for delete-volume
 //	24  uint64  offset: byte offset in the volume
 //	32  ...     data: exactly length bytes for write, nothing otherwise
 //
@@ -77,14 +77,29 @@
 // Per volume the state machine keeps the highest epoch applied. A command with
 // a lower epoch is refused with FENCED and changes nothing; a higher one is
 // recorded first (a fence), then the write, discard or zeroing goes to the
-// chunk file with a plain pwrite (no fsync: the WAL made it durable). Commands
-// for volumes known to be deleted are refused with NO_SUCH_VOLUME. Every
+// chunk file with a plain pwrite (no fsync: the WAL made it durable). Every
 // command is a blind overwrite, so applying an entry twice (WAL replay after a
 // crash, a log replayed over a snapshot taken while writes went on) converges.
 // A rejection is a result; a disk error is not: Apply returns a non-api error,
 // raftstore stops the group, and the heartbeat's disk state becomes FULL or
 // IO_ERROR (api.DiskState; raftstore.DiskFailure tells a full disk from other
 // errors, for the state machine and the raft host alike).
+//
+// Deleting a volume is a command too (deletes.go). The leader of a copyset
+// reads the volumes it has epochs or chunks of, then a fresh volume list from
+// the MDS; a volume on the first and not on the second was deleted (it was
+// created before the copyset had anything of it, and ids are never reused),
+// and the leader proposes delete-volume for it. Applying it sets the
+// volume's epoch to the tombstone (max uint64) and removes its chunks
+// (Copyset.DeleteVolume: into the chunk-file pool's recycle/, chunks/ and
+// recycle/ fsynced before it returns). Every later command of the volume is
+// refused with NO_SUCH_VOLUME, by every replica alike, and the tombstone
+// travels with the epoch table in meta records and snapshots. So a replica
+// that was down at the deletion applies it when it catches up, a replayed
+// log cannot bring chunks back for good (the delete is replayed after the
+// writes), and Recover and InstallSnapshot sweep any chunk of a tombstoned
+// volume still on disk. Passes run when the volume cache sees volumes go and
+// every 10 s; the epoch table keeps 16 bytes per deleted volume.
 //
 // Capture is the epoch table: uint8 version (1), uint32 count, then count ×
 // (uint64 volume, uint64 epoch) sorted by volume. Persist(index, state) syncs
@@ -95,6 +110,8 @@
 //	synced to the chunk files (Persist syncs before SaveMeta).
 //	INVARIANT: a volume's recorded epoch never decreases, except when a
 //	snapshot from the leader replaces the whole table.
+//	INVARIANT: no chunk of a tombstoned volume outlives the apply of its
+//	delete-volume entry, a restart, or a snapshot install.
 //
 // # Data plane (handler)
 //
@@ -104,8 +121,10 @@
 //	unknown op                                   BAD_REQUEST
 //	Length 0; write payload length != Length;
 //	  payload on a read, trim or write-zeroes    BAD_REQUEST
-//	volume unknown (after one rate-limited
-//	  refresh of the volume cache) or deleted    NO_SUCH_VOLUME
+//	volume unknown after a refresh of the
+//	  volume cache begun after the request
+//	  came, or deleted (tombstoned here)         NO_SUCH_VOLUME
+//	  (the MDS unreachable for that refresh:     BUSY)
 //	Offset+Length > volume size, or the IO
 //	  crosses a chunk boundary                   OUT_OF_RANGE
 //	Length > 64 MiB (api.MaxPayload), or a
@@ -174,17 +193,21 @@
 //   - Reads are served where the barrier's callback runs (the reader, or a
 //     raft worker) when the page cache holds the data (preadv2 RWF_NOWAIT),
 //     else on a goroutine each; proposal callbacks only queue replies. A request for an
-//     unknown volume waits for the cache refresh on a goroutine of its own.
+//     unknown volume waits for the cache refresh on a goroutine of its own;
+//     those refreshes run one at a time on volumeCache.runMisses, each shared
+//     by every miss that arrived before it began.
+//   - deleteLoop: the delete passes (deletes.go).
 //   - raftstore workers: Apply/Capture/InstallSnapshot; a snapshot goroutine:
 //     Persist, WriteSnapshot, SendSnapshot.
 //   - raftnet: a sender goroutine per peer, a goroutine per incoming
 //     snapshot transfer (see its doc).
 //
 // Fault injection: Config.Knobs hands wal.Knobs and datastore.Knobs down
-// (slow or failing fsync, full disk).
+// (slow or failing fsync, full disk); Knobs.AfterDeleteVolume runs right after
+// a delete-volume entry was applied (a crash there).
 //
 // Lock order: volumeCache.refreshMu (held across the MDS calls of a refresh)
-// → volumeCache.mu, and → ChunkServer.mu (deleting a volume's chunks).
+// → volumeCache.mu; volumeCache.missMu is a leaf.
 // ChunkServer.mu, volumeCache.mu and stateMachine.mu are leaves: nothing else
 // is locked while one is held.
 //

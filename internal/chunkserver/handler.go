@@ -31,7 +31,6 @@ type replicaStore interface {
 	ReadAtCached(id chunkID, p []byte, off int64) (bool, error)
 	Chunks() ([]chunkID, error)
 	Checksum(id chunkID) (uint32, error)
-	DeleteVolume(volume uint64) error
 }
 
 // replica is one copyset hosted by this chunkserver.
@@ -201,14 +200,20 @@ func (hd *handler) validate(h api.Header, payload []byte) (*replica, volumeInfo,
 		st, _ := statusOf(err)
 		return nil, vi, st
 	}
-	if h.Epoch != 0 && h.Epoch < r.sm.epochOf(h.Volume) {
+	switch e := r.sm.epochOf(h.Volume); {
+	case e == tombstoneEpoch: // deleted; the volume cache has not caught up
+		return nil, vi, api.StatusNoSuchVolume
+	case h.Epoch != 0 && h.Epoch < e:
 		return nil, vi, api.StatusFenced
 	}
 	return r, vi, api.StatusOK
 }
 
 // serveIO handles read, write, trim and write-zeroes. mayRefresh: an unknown
-// volume may trigger one (rate-limited) volume-cache refresh.
+// volume first refreshes the volume cache (a list read after the request
+// arrived, shared with concurrent misses), so a volume created a moment ago
+// is served; if the MDS cannot be asked, the answer is BUSY (retried), never
+// a final NO_SUCH_VOLUME the cache cannot vouch for.
 // in, if not nil, is the pooled buffer the payload lies in, after room for
 // the proposal's header (AllocPayload): the proposal's, or the pool's again.
 func (hd *handler) serveIO(rw transport.ReplyWriter, h api.Header, payload []byte, in *[]byte, mayRefresh bool) {
@@ -222,7 +227,13 @@ func (hd *handler) serveIO(rw transport.ReplyWriter, h api.Header, payload []byt
 		hd.missWG.Add(1)
 		go func() {
 			defer hd.missWG.Done()
-			hd.vols.refreshMiss(hd.ctx, h.Volume)
+			if _, err := hd.vols.refreshMiss(hd.ctx, h.Volume); err != nil {
+				if in != nil {
+					bufpool.Put(in)
+				}
+				hd.reply(rw, h, api.StatusBusy, 0)
+				return
+			}
 			hd.serveIO(rw, h, payload, in, false)
 		}()
 		return
@@ -338,7 +349,10 @@ func (hd *handler) fence(rw transport.ReplyWriter, h api.Header, mayRefresh bool
 		hd.missWG.Add(1)
 		go func() {
 			defer hd.missWG.Done()
-			hd.vols.refreshMiss(hd.ctx, h.Volume)
+			if _, err := hd.vols.refreshMiss(hd.ctx, h.Volume); err != nil {
+				hd.reply(rw, h, api.StatusBusy, 0)
+				return
+			}
 			hd.fence(rw, h, false)
 		}()
 		return
@@ -378,7 +392,10 @@ func (hd *handler) validateFence(h api.Header) (*replica, api.Status) {
 		st, _ := statusOf(err)
 		return nil, st
 	}
-	if h.Epoch < r.sm.epochOf(h.Volume) {
+	switch e := r.sm.epochOf(h.Volume); {
+	case e == tombstoneEpoch:
+		return nil, api.StatusNoSuchVolume
+	case h.Epoch < e:
 		return nil, api.StatusFenced
 	}
 	return r, api.StatusOK

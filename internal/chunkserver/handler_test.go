@@ -30,6 +30,9 @@ type fakeMDS struct {
 	vols          []*api.Volume
 	rev           uint64
 	lists         int
+	err           error         // returned by ListVolumes when set
+	gate          chan struct{} // when set, ListVolumes waits for it to close
+	blocked       int           // ListVolumes calls waiting on gate
 }
 
 func (f *fakeMDS) ListPools(context.Context, *api.ListPoolsRequest, ...grpc.CallOption) (*api.ListPoolsResponse, error) {
@@ -42,6 +45,16 @@ func (f *fakeMDS) ListVolumes(context.Context, *api.ListVolumesRequest, ...grpc.
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.lists++
+	if f.err != nil {
+		return nil, f.err
+	}
+	if g := f.gate; g != nil {
+		f.blocked++
+		f.mu.Unlock()
+		<-g
+		f.mu.Lock()
+		f.blocked--
+	}
 	return &api.ListVolumesResponse{Volumes: f.vols, Revision: f.rev}, nil
 }
 
@@ -115,7 +128,6 @@ func newHandlerEnv(t *testing.T) *handlerEnv {
 	}
 	host := &directHost{replicas: map[uint64]*replica{}}
 	vc := newVolumeCache(mds, log, nil)
-	vc.missInterval = 0
 	for c := uint32(0); c < hCopysets; c++ {
 		g := api.GroupID(hPool, c)
 		cs, err := st.Copyset(g, hChunk)
@@ -123,7 +135,7 @@ func newHandlerEnv(t *testing.T) *handlerEnv {
 			t.Fatal(err)
 		}
 		host.replicas[g] = &replica{group: g, chunkSize: hChunk, store: cs,
-			sm: newStateMachine(g, hChunk, cs, vc.isDeleted, nil)}
+			sm: newStateMachine(g, hChunk, cs, nil)}
 	}
 	if err := vc.refresh(context.Background()); err != nil {
 		t.Fatal(err)
@@ -419,33 +431,96 @@ func TestHandlerBadInput(t *testing.T) {
 	}
 }
 
-// An unknown volume makes the cache look again (rate-limited): a volume created
-// after the last refresh is served without waiting for a heartbeat.
+// An unknown volume makes the cache look again before the answer: a volume
+// created after the last refresh is served without waiting for a heartbeat,
+// and one the MDS does not list is refused.
 func TestHandlerUnknownVolumeRefresh(t *testing.T) {
 	e := newHandlerEnv(t)
 	c := e.dial()
 	e.mds.mu.Lock()
 	e.mds.vols = append(e.mds.vols, &api.Volume{Id: 500, Size: hChunk, PoolId: hPool})
-	lists := e.mds.lists
 	e.mds.mu.Unlock()
 	h := api.Header{Op: api.OpWrite, Volume: 500, Epoch: 1, Length: 3, Copyset: csOf(500, 0)}
 	if r, _ := e.do(c, h, []byte("new")); r.Status != api.StatusOK {
 		t.Fatalf("write to a new volume: %v", r.Status)
 	}
-	// Rate limit: with the interval in force, unknown ids do not hammer the MDS.
-	e.hd.vols.refreshMu.Lock()
-	e.hd.vols.missInterval = time.Hour
-	e.hd.vols.refreshMu.Unlock()
-	for i := 0; i < 5; i++ {
-		h.Volume = 600 + uint64(i)
-		if r, _ := e.do(c, h, []byte("new")); r.Status != api.StatusNoSuchVolume {
-			t.Fatalf("unknown volume: %v", r.Status)
+	// Every miss looks again: a second new volume right after the first.
+	e.mds.mu.Lock()
+	e.mds.vols = append(e.mds.vols, &api.Volume{Id: 501, Size: hChunk, PoolId: hPool})
+	e.mds.mu.Unlock()
+	h.Volume, h.Copyset = 501, csOf(501, 0)
+	if r, _ := e.do(c, h, []byte("new")); r.Status != api.StatusOK {
+		t.Fatalf("write to a second new volume: %v", r.Status)
+	}
+	h.Volume, h.Copyset = 600, csOf(600, 0)
+	if r, _ := e.do(c, h, []byte("new")); r.Status != api.StatusNoSuchVolume {
+		t.Fatalf("unknown volume: %v", r.Status)
+	}
+	// The MDS unreachable: BUSY (retried by the client), not a final refusal.
+	e.mds.mu.Lock()
+	e.mds.err = errors.New("test: MDS down")
+	e.mds.mu.Unlock()
+	h.Volume, h.Copyset = 601, csOf(601, 0)
+	if r, _ := e.do(c, h, []byte("new")); r.Status != api.StatusBusy {
+		t.Fatalf("unknown volume, MDS down: %v", r.Status)
+	}
+}
+
+// Concurrent misses share refreshes: while one refresh runs, every miss that
+// arrives joins the next one, which starts after they arrived.
+func TestVolumeCacheMissesCoalesce(t *testing.T) {
+	e := newHandlerEnv(t)
+	vc := e.hd.vols
+	gate := make(chan struct{})
+	e.mds.mu.Lock()
+	e.mds.gate = gate
+	lists := e.mds.lists
+	e.mds.mu.Unlock()
+	const n = 20
+	var wg sync.WaitGroup
+	found := make([]bool, n)
+	first := make(chan struct{})
+	wg.Go(func() {
+		close(first)
+		found[0], _ = vc.refreshMiss(context.Background(), 700)
+	})
+	<-first
+	// Wait until the first miss's refresh is in ListVolumes.
+	waitFor(t, func() bool { e.mds.mu.Lock(); defer e.mds.mu.Unlock(); return e.mds.blocked == 1 })
+	// The volume is created now: only a refresh started after this sees it.
+	e.mds.mu.Lock()
+	e.mds.vols = append(e.mds.vols, &api.Volume{Id: 700, Size: hChunk, PoolId: hPool})
+	e.mds.mu.Unlock()
+	for i := 1; i < n; i++ {
+		wg.Go(func() { found[i], _ = vc.refreshMiss(context.Background(), 700) })
+	}
+	waitFor(t, func() bool {
+		vc.missMu.Lock()
+		defer vc.missMu.Unlock()
+		return vc.next != nil && vc.next.waiters == n-1
+	})
+	close(gate)
+	wg.Wait()
+	for i, ok := range found {
+		if !ok {
+			t.Errorf("miss %d did not find the volume", i)
 		}
 	}
 	e.mds.mu.Lock()
 	defer e.mds.mu.Unlock()
-	if n := e.mds.lists - lists; n > 2 {
-		t.Fatalf("%d volume list calls for unknown ids, want at most 2", n)
+	if got := e.mds.lists - lists; got != 2 {
+		t.Fatalf("%d volume lists for %d concurrent misses, want 2", got, n)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 60 s")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 

@@ -86,6 +86,10 @@ const DefaultDrainTimeout = 5 * time.Second
 type Knobs struct {
 	WAL       wal.Knobs
 	Datastore datastore.Knobs
+	// AfterDeleteVolume, if set, runs on the raft worker right after a
+	// replica applied a delete-volume entry (before anything else: the next
+	// entry, the next snapshot), e.g. to crash the process there.
+	AfterDeleteVolume func(group, volume uint64)
 }
 
 // Errors of New and Run.
@@ -323,7 +327,13 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	c.vols = newVolumeCache(c.mds, c.log, c.deleteVolumes)
+	deleteKick := make(chan struct{}, 1)
+	c.vols = newVolumeCache(c.mds, c.log, func([]uint64) {
+		select {
+		case deleteKick <- struct{}{}:
+		default:
+		}
+	})
 	if err := c.register(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped before the MDS ever answered
@@ -391,6 +401,10 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 		go func() { defer close(scrubDone); sc.Run(scrubCtx) }()
 		defer func() { stopScrub(); <-scrubDone }() // before shutdown closes the listener
 	}
+	delCtx, stopDeletes := context.WithCancel(ctx)
+	delDone := make(chan struct{})
+	go func() { defer close(delDone); c.deleteLoop(delCtx, deleteKick) }()
+	defer func() { stopDeletes(); <-delDone }() // before shutdown stops the raft host
 	c.log.Info("chunkserver serving", "addr", c.addr, "copysets", len(c.replicaIDs()))
 	err = c.heartbeatLoop(ctx, srvDone)
 	if err == nil && ctx.Err() != nil {
@@ -501,8 +515,9 @@ func (c *ChunkServer) startGroup(g uint64, chunkSize int64, peers []uint64, join
 	if err != nil {
 		return fmt.Errorf("copyset %#x: %w", g, err)
 	}
-	sm := newStateMachine(g, chunkSize, cs, c.vols.isDeleted, c.replicaFailed)
+	sm := newStateMachine(g, chunkSize, cs, c.replicaFailed)
 	sm.log = c.log
+	sm.afterDelete = c.cfg.Knobs.AfterDeleteVolume
 	if err := c.host.CreateGroup(g, peers, sm, join); err != nil {
 		return fmt.Errorf("copyset %#x: %w", g, err)
 	}
@@ -540,23 +555,6 @@ func (c *ChunkServer) replicaFailed(g uint64, err error) {
 	c.mu.Unlock()
 	// raftstore stops the group itself: Apply, Persist and InstallSnapshot
 	// return this error to it.
-}
-
-// deleteVolumes removes the chunks of deleted volumes from every copyset.
-func (c *ChunkServer) deleteVolumes(ids []uint64) {
-	c.mu.RLock()
-	rs := make([]*replica, 0, len(c.replicas))
-	for _, r := range c.replicas {
-		rs = append(rs, r)
-	}
-	c.mu.RUnlock()
-	for _, r := range rs {
-		for _, v := range ids {
-			if err := r.store.DeleteVolume(v); err != nil {
-				c.log.Warn("deleting a volume's chunks", "copyset", r.group, "volume", v, "err", err)
-			}
-		}
-	}
 }
 
 func (c *ChunkServer) serveMetrics() (*http.Server, error) {

@@ -26,6 +26,10 @@ type chunkStore interface {
 	WriteSnapshot(w io.Writer) error
 	ReceiveSnapshot(r io.Reader) error
 	InstallStaged() error
+	// DeleteVolume removes every chunk of a volume, durably.
+	DeleteVolume(volume uint64) error
+	// Volumes lists the volumes that have chunks here.
+	Volumes() ([]uint64, error)
 }
 
 // ErrStopped is the error a copyset's state machine returns once a disk error
@@ -43,8 +47,9 @@ type stateMachine struct {
 	chunkSize int64
 	store     chunkStore
 	log       *slog.Logger
-	// deleted reports volumes known to be deleted; their commands are skipped.
-	deleted func(volume uint64) bool
+	// afterDelete, when set, runs right after a delete-volume entry was
+	// applied (a fault-injection point: Knobs.AfterDeleteVolume).
+	afterDelete func(group, volume uint64)
 	// onFail is told once about the disk error that stopped this replica.
 	onFail func(group uint64, err error)
 
@@ -52,16 +57,17 @@ type stateMachine struct {
 	failed  atomic.Pointer[error]
 
 	mu sync.Mutex // guards epochs
-	// epochs: highest epoch applied per volume.
+	// epochs: highest epoch applied per volume; tombstoneEpoch for a deleted
+	// volume.
 	// INVARIANT: epochs[v] never decreases, except when InstallSnapshot replaces
 	// the whole table with the (newer) leader's.
+	// INVARIANT: once epochs[v] is tombstoneEpoch, no chunk of v is created
+	// here again (every command of v is refused), and Recover sweeps any chunk
+	// of v a crash left behind.
 	epochs map[uint64]uint64
 }
 
-func newStateMachine(group uint64, chunkSize int64, store chunkStore, deleted func(uint64) bool, onFail func(uint64, error)) *stateMachine {
-	if deleted == nil {
-		deleted = func(uint64) bool { return false }
-	}
+func newStateMachine(group uint64, chunkSize int64, store chunkStore, onFail func(uint64, error)) *stateMachine {
 	if onFail == nil {
 		onFail = func(uint64, error) {}
 	}
@@ -70,14 +76,13 @@ func newStateMachine(group uint64, chunkSize int64, store chunkStore, deleted fu
 		chunkSize: chunkSize,
 		store:     store,
 		log:       slog.Default(),
-		deleted:   deleted,
 		onFail:    onFail,
 		epochs:    make(map[uint64]uint64),
 	}
 }
 
-// Apply applies one committed command. Rejections (FENCED, a deleted volume)
-// are results, returned as *api.Error, and change nothing. A disk error stops
+// Apply applies one committed command. Rejections (FENCED, a deleted volume,
+// answered NO_SUCH_VOLUME) are results, returned as *api.Error, and change nothing. A disk error stops
 // the replica: it is returned as a non-api error (raftstore then stops the group).
 func (sm *stateMachine) Apply(index uint64, data []byte) error {
 	if p := sm.failed.Load(); p != nil {
@@ -92,6 +97,9 @@ func (sm *stateMachine) Apply(index uint64, data []byte) error {
 		return sm.fail(fmt.Errorf("copyset %#x entry %d: %w", sm.group, index, err))
 	}
 	res, err := sm.apply(c)
+	if err == nil && c.Op == cmdDeleteVolume && sm.afterDelete != nil {
+		sm.afterDelete(sm.group, c.Volume)
+	}
 	if err != nil {
 		return sm.fail(fmt.Errorf("copyset %#x entry %d (%v volume %d offset %d): %w",
 			sm.group, index, c.Op, c.Volume, c.Offset, err))
@@ -102,11 +110,15 @@ func (sm *stateMachine) Apply(index uint64, data []byte) error {
 
 // apply returns (result, disk error).
 func (sm *stateMachine) apply(c command) (error, error) {
-	if sm.deleted(c.Volume) {
-		return api.ErrNoSuchVolume, nil
+	if c.Op == cmdDeleteVolume {
+		return nil, sm.deleteVolume(c.Volume)
 	}
 	sm.mu.Lock()
 	high := sm.epochs[c.Volume]
+	if high == tombstoneEpoch {
+		sm.mu.Unlock()
+		return api.ErrNoSuchVolume, nil
+	}
 	if c.Epoch < high {
 		sm.mu.Unlock()
 		return api.ErrFenced, nil
@@ -134,6 +146,63 @@ func (sm *stateMachine) apply(c command) (error, error) {
 		return nil, sm.store.WriteZeroes(id, off, int64(c.Length))
 	}
 	panic("unreachable: decodeCommand checked the op")
+}
+
+// deleteVolume applies a delete-volume entry: tombstone first, so that
+// nothing of the volume is applied from here on, then the chunks go. Applying
+// it twice (a replay after a crash) removes what replayed writes recreated.
+func (sm *stateMachine) deleteVolume(volume uint64) error {
+	sm.mu.Lock()
+	sm.epochs[volume] = tombstoneEpoch
+	sm.mu.Unlock()
+	if err := sm.store.DeleteVolume(volume); err != nil {
+		return err
+	}
+	sm.log.Info("volume deleted from copyset", "copyset", sm.group, "volume", volume)
+	return nil
+}
+
+// sweepTombstoned removes the chunks of tombstoned volumes (Recover: none
+// should exist, but a chunk file the file system brought back, or one
+// from before tombstones existed, must not outlive its volume).
+func (sm *stateMachine) sweepTombstoned() error {
+	vols, err := sm.store.Volumes()
+	if err != nil {
+		return err
+	}
+	for _, v := range vols {
+		if sm.epochOf(v) != tombstoneEpoch {
+			continue
+		}
+		if err := sm.store.DeleteVolume(v); err != nil {
+			return err
+		}
+		sm.log.Info("swept the chunks of a deleted volume", "copyset", sm.group, "volume", v)
+	}
+	return nil
+}
+
+// liveVolumes returns the volumes this copyset has epochs or chunks of and
+// has not tombstoned.
+func (sm *stateMachine) liveVolumes() ([]uint64, error) {
+	vols, err := sm.store.Volumes()
+	if err != nil {
+		return nil, err
+	}
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	out := make([]uint64, 0, len(sm.epochs)+len(vols))
+	for v, e := range sm.epochs {
+		if e != tombstoneEpoch {
+			out = append(out, v)
+		}
+	}
+	for _, v := range vols {
+		if _, ok := sm.epochs[v]; !ok {
+			out = append(out, v)
+		}
+	}
+	return out, nil
 }
 
 // fail stops the replica for good after the disk error err; the error it
@@ -201,6 +270,9 @@ func (sm *stateMachine) Recover() (uint64, []byte, error) {
 	sm.mu.Lock()
 	sm.epochs = epochs
 	sm.mu.Unlock()
+	if err := sm.sweepTombstoned(); err != nil {
+		return 0, nil, fmt.Errorf("copyset %#x recover: %w", sm.group, err)
+	}
 	sm.applied.Store(index)
 	return index, state, nil
 }
@@ -230,6 +302,9 @@ func (sm *stateMachine) InstallSnapshot(index uint64, state []byte) error {
 	sm.mu.Lock()
 	sm.epochs = epochs
 	sm.mu.Unlock()
+	if err := sm.sweepTombstoned(); err != nil {
+		return sm.fail(fmt.Errorf("copyset %#x install snapshot %d: %w", sm.group, index, err))
+	}
 	sm.applied.Store(index)
 	return nil
 }

@@ -150,6 +150,50 @@ func (m *memStore) InstallStaged() error {
 	return nil
 }
 
+// DeleteVolume removes the volume's chunks durably (synced too), as the
+// datastore's does.
+func (m *memStore) DeleteVolume(volume uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id := range m.chunks {
+		if id.Volume == volume {
+			delete(m.chunks, id)
+		}
+	}
+	for id := range m.synced {
+		if id.Volume == volume {
+			delete(m.synced, id)
+		}
+	}
+	return nil
+}
+
+func (m *memStore) Volumes() ([]uint64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	seen := map[uint64]bool{}
+	var out []uint64
+	for id := range m.chunks {
+		if !seen[id.Volume] {
+			seen[id.Volume] = true
+			out = append(out, id.Volume)
+		}
+	}
+	return out, nil
+}
+
+func (m *memStore) volumeChunks(volume uint64) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for id := range m.chunks {
+		if id.Volume == volume {
+			n++
+		}
+	}
+	return n
+}
+
 func (m *memStore) equal(o *memStore) bool {
 	z := make([]byte, m.chunkSize)
 	keys := map[chunkID]bool{}
@@ -188,7 +232,7 @@ func readBack(t *testing.T, s chunkStore, vol, off uint64, n int) []byte {
 
 func TestApplyFencing(t *testing.T) {
 	st := newMemStore(testChunk)
-	sm := newStateMachine(1, testChunk, st, nil, nil)
+	sm := newStateMachine(1, testChunk, st, nil)
 	w := func(i, epoch, off uint64, b byte) error {
 		return sm.Apply(i, encodeCommand(command{Op: cmdWrite, Volume: 7, Epoch: epoch, Offset: off, Length: 4, Data: bytes.Repeat([]byte{b}, 4)}))
 	}
@@ -241,19 +285,115 @@ func TestApplyFencing(t *testing.T) {
 	}
 }
 
-func TestApplyDeletedVolumeAndCrossChunk(t *testing.T) {
+func TestApplyCrossChunk(t *testing.T) {
 	st := newMemStore(testChunk)
-	sm := newStateMachine(1, testChunk, st, func(v uint64) bool { return v == 9 }, nil)
-	err := sm.Apply(1, encodeCommand(command{Op: cmdWrite, Volume: 9, Epoch: 1, Length: 1, Data: []byte{1}}))
-	if !errors.Is(err, api.ErrNoSuchVolume) {
-		t.Fatalf("deleted volume: %v", err)
-	}
-	if len(st.chunks) != 0 || sm.epochOf(9) != 0 {
-		t.Fatal("a deleted volume's command changed state")
-	}
-	err = sm.Apply(2, encodeCommand(command{Op: cmdWriteZeroes, Volume: 1, Epoch: 1, Offset: testChunk - 1, Length: 2}))
+	sm := newStateMachine(1, testChunk, st, nil)
+	err := sm.Apply(2, encodeCommand(command{Op: cmdWriteZeroes, Volume: 1, Epoch: 1, Offset: testChunk - 1, Length: 2}))
 	if !errors.Is(err, api.ErrOutOfRange) {
 		t.Fatalf("cross-chunk: %v", err)
+	}
+}
+
+// A delete-volume entry tombstones the volume and removes its chunks; every
+// later command of it is refused NO_SUCH_VOLUME and changes nothing, and the
+// tombstone survives Persist and Recover.
+func TestApplyDeleteVolume(t *testing.T) {
+	st := newMemStore(testChunk)
+	sm := newStateMachine(1, testChunk, st, nil)
+	wr := func(index, vol, epoch, off uint64) error {
+		return sm.Apply(index, encodeCommand(command{Op: cmdWrite, Volume: vol, Epoch: epoch, Offset: off, Length: 1, Data: []byte{1}}))
+	}
+	for i, off := range []uint64{0, testChunk, 2 * testChunk} {
+		if err := wr(uint64(i+1), 9, 3, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := wr(4, 8, 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := sm.Apply(5, encodeCommand(command{Op: cmdDeleteVolume, Volume: 9})); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	if n := st.volumeChunks(9); n != 0 || sm.epochOf(9) != tombstoneEpoch {
+		t.Fatalf("after delete: %d chunks, epoch %#x", n, sm.epochOf(9))
+	}
+	if st.volumeChunks(8) != 1 {
+		t.Fatal("delete removed another volume's chunk")
+	}
+	for i, c := range []command{
+		{Op: cmdWrite, Volume: 9, Epoch: 4, Length: 1, Data: []byte{2}},
+		{Op: cmdWrite, Volume: 9, Epoch: 1 << 62, Length: 1, Data: []byte{2}},
+		{Op: cmdFence, Volume: 9, Epoch: 7},
+		{Op: cmdWriteZeroes, Volume: 9, Epoch: 4, Length: 8},
+	} {
+		if err := sm.Apply(uint64(6+i), encodeCommand(c)); !errors.Is(err, api.ErrNoSuchVolume) {
+			t.Fatalf("%v after delete: %v", c.Op, err)
+		}
+	}
+	if st.volumeChunks(9) != 0 || sm.epochOf(9) != tombstoneEpoch || sm.Applied() != 9 {
+		t.Fatal("a deleted volume's command changed state")
+	}
+	// Applying the delete again (a replay) is harmless.
+	if err := sm.Apply(10, encodeCommand(command{Op: cmdDeleteVolume, Volume: 9})); err != nil {
+		t.Fatal(err)
+	}
+	if err := sm.Persist(10, sm.Capture()); err != nil {
+		t.Fatal(err)
+	}
+	re := newStateMachine(1, testChunk, st.crash(), nil)
+	if idx, _, err := re.Recover(); err != nil || idx != 10 || re.epochOf(9) != tombstoneEpoch {
+		t.Fatalf("recover: %d %v epoch %#x", idx, err, re.epochOf(9))
+	}
+}
+
+// A crash after a delete was applied but before it was persisted: the
+// restarted replica replays the writes (recreating chunks) and then the
+// delete, and ends with nothing of the volume. A chunk of a tombstoned
+// volume that survived a crash anyway is swept by Recover.
+func TestDeleteVolumeCrashAndSweep(t *testing.T) {
+	st := newMemStore(testChunk)
+	sm := newStateMachine(1, testChunk, st, nil)
+	log := [][]byte{
+		encodeCommand(command{Op: cmdWrite, Volume: 9, Epoch: 1, Length: 1, Data: []byte{1}}),
+		encodeCommand(command{Op: cmdWrite, Volume: 9, Epoch: 1, Offset: testChunk, Length: 1, Data: []byte{1}}),
+		encodeCommand(command{Op: cmdDeleteVolume, Volume: 9}),
+	}
+	if err := sm.Apply(1, log[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := sm.Persist(1, sm.Capture()); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < len(log); i++ {
+		if err := sm.Apply(uint64(i+1), log[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st2 := st.crash()
+	re := newStateMachine(1, testChunk, st2, nil)
+	idx, _, err := re.Recover()
+	if err != nil || idx != 1 {
+		t.Fatalf("recover: %d %v", idx, err)
+	}
+	for i := idx; i < uint64(len(log)); i++ {
+		if err := re.Apply(i+1, log[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := st2.volumeChunks(9); n != 0 {
+		t.Fatalf("%d chunks of the deleted volume after replay", n)
+	}
+	if err := re.Persist(3, re.Capture()); err != nil {
+		t.Fatal(err)
+	}
+	// A chunk file the file system brought back: swept at the next start.
+	st3 := st2.crash()
+	st3.chunks[chunkID{Volume: 9, Index: 4}] = make([]byte, testChunk)
+	if _, _, err := newStateMachine(1, testChunk, st3, nil).Recover(); err != nil {
+		t.Fatal(err)
+	}
+	if n := st3.volumeChunks(9); n != 0 {
+		t.Fatalf("%d chunks of a tombstoned volume after Recover", n)
 	}
 }
 
@@ -261,7 +401,7 @@ func TestApplyDiskErrorStops(t *testing.T) {
 	st := newMemStore(testChunk)
 	st.failAt = 2
 	var failed []error
-	sm := newStateMachine(5, testChunk, st, nil, func(g uint64, err error) { failed = append(failed, err) })
+	sm := newStateMachine(5, testChunk, st, func(g uint64, err error) { failed = append(failed, err) })
 	wr := encodeCommand(command{Op: cmdWrite, Volume: 1, Epoch: 1, Length: 1, Data: []byte{1}})
 	if err := sm.Apply(1, wr); err != nil {
 		t.Fatal(err)
@@ -283,7 +423,7 @@ func TestApplyDiskErrorStops(t *testing.T) {
 }
 
 func TestApplyGarbageStops(t *testing.T) {
-	sm := newStateMachine(5, testChunk, newMemStore(testChunk), nil, nil)
+	sm := newStateMachine(5, testChunk, newMemStore(testChunk), nil)
 	if err := sm.Apply(1, []byte("not a command at all, definitely")); !errors.Is(err, ErrBadCommand) {
 		t.Fatalf("garbage: %v", err)
 	}
@@ -331,7 +471,7 @@ func randomLog(seed int64, n int) [][]byte {
 func TestReplayIdempotent(t *testing.T) {
 	log := randomLog(42, 400)
 	ref := newMemStore(testChunk)
-	refSM := newStateMachine(1, testChunk, ref, nil, nil)
+	refSM := newStateMachine(1, testChunk, ref, nil)
 	for i, e := range log {
 		_ = refSM.Apply(uint64(i+1), e)
 	}
@@ -342,7 +482,7 @@ func TestReplayIdempotent(t *testing.T) {
 				continue
 			}
 			st := newMemStore(testChunk)
-			sm := newStateMachine(1, testChunk, st, nil, nil)
+			sm := newStateMachine(1, testChunk, st, nil)
 			for i := 0; i < crashAt; i++ {
 				_ = sm.Apply(uint64(i+1), log[i])
 				if i+1 == persistAt {
@@ -357,7 +497,7 @@ func TestReplayIdempotent(t *testing.T) {
 			for id, c := range st.chunks {
 				st2.chunks[id] = bytes.Clone(c)
 			}
-			sm2 := newStateMachine(1, testChunk, st2, nil, nil)
+			sm2 := newStateMachine(1, testChunk, st2, nil)
 			idx, _, err := sm2.Recover()
 			if err != nil {
 				t.Fatal(err)
@@ -381,7 +521,7 @@ func TestReplayIdempotent(t *testing.T) {
 func TestCapturePersistRecoverSnapshot(t *testing.T) {
 	log := randomLog(7, 200)
 	st := newMemStore(testChunk)
-	sm := newStateMachine(1, testChunk, st, nil, nil)
+	sm := newStateMachine(1, testChunk, st, nil)
 	for i, e := range log {
 		_ = sm.Apply(uint64(i+1), e)
 	}
@@ -392,7 +532,7 @@ func TestCapturePersistRecoverSnapshot(t *testing.T) {
 	// Recover on the crashed copy sees exactly the persisted state, and the data
 	// synced by Persist.
 	st2 := st.crash()
-	sm2 := newStateMachine(1, testChunk, st2, nil, nil)
+	sm2 := newStateMachine(1, testChunk, st2, nil)
 	idx, got, err := sm2.Recover()
 	if err != nil || idx != 200 || !bytes.Equal(got, state) {
 		t.Fatalf("recover: %d %x %v", idx, got, err)
@@ -406,7 +546,7 @@ func TestCapturePersistRecoverSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	fst := newMemStore(testChunk)
-	fsm := newStateMachine(1, testChunk, fst, nil, nil)
+	fsm := newStateMachine(1, testChunk, fst, nil)
 	_ = fsm.Apply(1, encodeCommand(command{Op: cmdWrite, Volume: 3, Epoch: 1, Length: 1, Data: []byte{1}}))
 	if err := fsm.ReceiveSnapshot(&buf); err != nil {
 		t.Fatal(err)
@@ -417,7 +557,7 @@ func TestCapturePersistRecoverSnapshot(t *testing.T) {
 	if !fst.equal(st) || !bytes.Equal(fsm.Capture(), state) || fsm.Applied() != 200 {
 		t.Fatal("installed snapshot differs from the leader")
 	}
-	if idx, _, _ := newStateMachine(1, testChunk, fst, nil, nil).Recover(); idx != 200 {
+	if idx, _, _ := newStateMachine(1, testChunk, fst, nil).Recover(); idx != 200 {
 		t.Fatalf("install did not record index: %d", idx)
 	}
 	if _, err := decodeEpochs([]byte{1, 0, 0, 0, 2, 0}); !errors.Is(err, ErrBadEpochTable) {
@@ -434,6 +574,7 @@ func TestCommandGolden(t *testing.T) {
 		{Op: cmdTrim, Volume: 7, Epoch: 1, Offset: 512, Length: 65536},
 		{Op: cmdWriteZeroes, Volume: 7, Epoch: 2, Offset: 0, Length: 4096},
 		{Op: cmdFence, Volume: 7, Epoch: 9},
+		{Op: cmdDeleteVolume, Volume: 7},
 	}
 	var out strings.Builder
 	for _, c := range cmds {

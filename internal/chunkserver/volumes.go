@@ -18,20 +18,28 @@ type volumeInfo struct {
 }
 
 // volumeCache mirrors the MDS's volumes and pools. It is refreshed when a
-// heartbeat reports a new volumes_revision, and (at most once per missInterval)
-// when a request names a volume it does not know.
+// heartbeat reports a new volumes_revision, and before a request is answered
+// NO_SUCH_VOLUME: a volume created a moment ago is never refused because the
+// cache had not heard of it yet.
 //
-// Goroutines: any; refreshes are serialized by refreshMu. Lock order: refreshMu
-// before mu.
+// Goroutines: any; refreshes are serialized by refreshMu, and the refreshes
+// that misses ask for run on one goroutine at a time (runMisses). Lock order:
+// refreshMu before mu; missMu is a leaf.
 type volumeCache struct {
-	mds          api.MDSClient
-	log          *slog.Logger
-	missInterval time.Duration // guarded by refreshMu
+	mds api.MDSClient
+	log *slog.Logger
 	// onDeleted is told the volumes that vanished from the MDS's list.
 	onDeleted func(ids []uint64)
 
 	refreshMu sync.Mutex
-	lastMiss  time.Time // guarded by refreshMu
+
+	// missMu guards next and missRunning.
+	// INVARIANT: a miss waits for a refresh that starts after the miss joined
+	// it (next is not started yet), so the list it reads is newer than the
+	// request; concurrent misses share one refresh.
+	missMu      sync.Mutex
+	next        *missFlight // the refresh misses join; started once the running one ends
+	missRunning bool        // runMisses is running
 
 	mu       sync.RWMutex
 	vols     map[uint64]volumeInfo
@@ -41,17 +49,23 @@ type volumeCache struct {
 	loaded   bool
 }
 
+// missFlight is one refresh that misses wait for.
+type missFlight struct {
+	done    chan struct{} // closed when the refresh ended
+	err     error         // set before done is closed
+	waiters int           // misses waiting on it (guarded by missMu; for tests)
+}
+
 func newVolumeCache(mds api.MDSClient, log *slog.Logger, onDeleted func([]uint64)) *volumeCache {
 	if onDeleted == nil {
 		onDeleted = func([]uint64) {}
 	}
 	return &volumeCache{
-		mds:          mds,
-		log:          log,
-		missInterval: time.Second,
-		onDeleted:    onDeleted,
-		vols:         make(map[uint64]volumeInfo),
-		deleted:      make(map[uint64]bool),
+		mds:       mds,
+		log:       log,
+		onDeleted: onDeleted,
+		vols:      make(map[uint64]volumeInfo),
+		deleted:   make(map[uint64]bool),
 	}
 }
 
@@ -104,48 +118,90 @@ func (vc *volumeCache) stale(revision uint64) bool {
 
 // refresh reloads volumes and pools from the MDS.
 func (vc *volumeCache) refresh(ctx context.Context) error {
+	_, err := vc.refreshListed(ctx)
+	return err
+}
+
+// refreshListed refreshes and returns the ids of every volume the MDS listed
+// (volumes of pools the cache cannot use included): a list read after
+// refreshListed was called.
+func (vc *volumeCache) refreshListed(ctx context.Context) (map[uint64]bool, error) {
 	vc.refreshMu.Lock()
 	defer vc.refreshMu.Unlock()
 	return vc.refreshLocked(ctx)
 }
 
-// refreshMiss refreshes for an unknown volume id, at most once per
-// missInterval. It reports whether id is known afterwards.
-func (vc *volumeCache) refreshMiss(ctx context.Context, id uint64) bool {
-	vc.refreshMu.Lock()
-	defer vc.refreshMu.Unlock()
+// refreshMiss refreshes the cache for an unknown volume id, with a list read
+// after it was called; concurrent misses share one refresh. It reports
+// whether id is known afterwards; err is the refresh's error (the MDS could
+// not be asked), nil when id was found or the MDS does not list it.
+func (vc *volumeCache) refreshMiss(ctx context.Context, id uint64) (bool, error) {
 	if _, ok := vc.lookup(id); ok {
-		return true // another refresh found it meanwhile
+		return true, nil
 	}
-	if time.Since(vc.lastMiss) < vc.missInterval {
-		return false
+	vc.missMu.Lock()
+	f := vc.next
+	if f == nil {
+		f = &missFlight{done: make(chan struct{})}
+		vc.next = f
+		if !vc.missRunning {
+			vc.missRunning = true
+			go vc.runMisses(ctx)
+		}
 	}
-	vc.lastMiss = time.Now()
-	if err := vc.refreshLocked(ctx); err != nil {
-		vc.log.Warn("volume cache refresh failed", "err", err)
-		return false
+	f.waiters++
+	vc.missMu.Unlock()
+	select {
+	case <-f.done:
+	case <-ctx.Done():
+		return false, ctx.Err()
 	}
-	_, ok := vc.lookup(id)
-	return ok
+	if _, ok := vc.lookup(id); ok {
+		return true, nil
+	}
+	return false, f.err
 }
 
-func (vc *volumeCache) refreshLocked(ctx context.Context) error {
+// runMisses runs the refreshes misses wait for, one after another, until
+// none is wanted.
+func (vc *volumeCache) runMisses(ctx context.Context) {
+	for {
+		vc.missMu.Lock()
+		f := vc.next
+		vc.next = nil
+		if f == nil {
+			vc.missRunning = false
+			vc.missMu.Unlock()
+			return
+		}
+		vc.missMu.Unlock()
+		f.err = vc.refresh(ctx)
+		if f.err != nil {
+			vc.log.Warn("volume cache refresh failed", "err", f.err)
+		}
+		close(f.done)
+	}
+}
+
+func (vc *volumeCache) refreshLocked(ctx context.Context) (map[uint64]bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	pr, err := vc.mds.ListPools(ctx, &api.ListPoolsRequest{})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	vr, err := vc.mds.ListVolumes(ctx, &api.ListVolumesRequest{})
 	if err != nil {
-		return err
+		return nil, err
 	}
+	listed := make(map[uint64]bool, len(vr.GetVolumes()))
 	pools := make(map[uint32]*api.Pool, len(pr.GetPools()))
 	for _, p := range pr.GetPools() {
 		pools[p.GetId()] = p
 	}
 	vols := make(map[uint64]volumeInfo, len(vr.GetVolumes()))
 	for _, v := range vr.GetVolumes() {
+		listed[v.GetId()] = true
 		p := pools[v.GetPoolId()]
 		if p == nil || p.GetChunkSize() == 0 || p.GetCopysetCount() == 0 {
 			vc.log.Warn("volume in an unknown pool", "volume", v.GetId(), "pool", v.GetPoolId())
@@ -174,5 +230,5 @@ func (vc *volumeCache) refreshLocked(ctx context.Context) error {
 		vc.log.Info("volumes deleted", "volumes", gone)
 		vc.onDeleted(gone)
 	}
-	return nil
+	return listed, nil
 }

@@ -619,29 +619,63 @@ func (c *Copyset) isRemoved() bool {
 }
 
 // DeleteVolume removes every chunk of volume from the copyset. The files go
-// back to the pool (zeroed there, in the background) or are unlinked; the
-// directory change is made durable by the next Sync.
+// back to the pool (zeroed there, in the background) or are unlinked. The
+// removal is durable when DeleteVolume returns: chunks/ and the pool's
+// recycle directory are fsynced, so a crash cannot bring a chunk back.
 func (c *Copyset) DeleteVolume(volume uint64) error {
+	n, err := c.deleteVolume(volume)
+	if err != nil || n == 0 {
+		return err
+	}
+	if err := syncDir(c.chunksDir); err != nil {
+		return err
+	}
+	return c.s.pool.syncRecycle(c.chunkSize)
+}
+
+// deleteVolume moves the volume's chunk files out and returns how many.
+func (c *Copyset) deleteVolume(volume uint64) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.removed {
-		return ErrClosed
+		return 0, ErrClosed
 	}
+	n := 0
 	for id, ch := range c.chunks {
 		if id.Volume != volume {
 			continue
 		}
 		c.s.fds.kill(ch)
 		if err := c.s.pool.recycle(c.chunkSize, ch.path); err != nil {
-			return err
+			return n, err
 		}
+		n++
 		delete(c.chunks, id)
 		c.dirtyMu.Lock()
 		delete(c.dirty, ch)
 		c.dirDirty = true
 		c.dirtyMu.Unlock()
 	}
-	return nil
+	return n, nil
+}
+
+// Volumes returns the ids of the volumes that have a chunk file here, in no
+// particular order.
+func (c *Copyset) Volumes() ([]uint64, error) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.removed {
+		return nil, ErrClosed
+	}
+	seen := make(map[uint64]bool)
+	var out []uint64
+	for id := range c.chunks {
+		if !seen[id.Volume] {
+			seen[id.Volume] = true
+			out = append(out, id.Volume)
+		}
+	}
+	return out, nil
 }
 
 // Chunks lists the chunks that have a file, sorted by volume then index.

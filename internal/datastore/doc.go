@@ -63,8 +63,9 @@
 // keeps Config.PreallocChunks ready files for every chunk size in use
 // (fallocate to the chunk size, fsync, rename tmp-<seq> to <seq>, fsync the
 // size directory). A pool file is only ever used for a copyset of its own
-// chunk size. DeleteVolume renames the volume's chunk files into recycle/;
-// the filler punches them empty, preallocates them again, fsyncs them and
+// chunk size. DeleteVolume renames the volume's chunk files into recycle/
+// and fsyncs chunks/ and recycle/ before it returns (a deletion is durable at
+// once: a crash never brings a deleted chunk back into chunks/); the filler punches them empty, preallocates them again, fsyncs them and
 // makes them ready (up to twice the target; extra files are unlinked). With
 // PreallocChunks = 0 there is no filler: chunk files are created and
 // preallocated on first write and deleted chunks are unlinked. If the pool is

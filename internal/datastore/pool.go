@@ -209,6 +209,18 @@ func (p *pool) recycle(size int64, path string) error {
 	return nil
 }
 
+// syncRecycle makes the renames into recycle/ of chunk size size durable
+// (and recycle/ itself, created by the first of them).
+func (p *pool) syncRecycle(size int64) error {
+	if !p.enabled() {
+		return nil
+	}
+	if err := syncDir(filepath.Join(p.sizeDir(size), "recycle")); err != nil {
+		return err
+	}
+	return syncDir(p.sizeDir(size))
+}
+
 func (p *pool) sizeDir(size int64) string {
 	return filepath.Join(p.dir, strconv.FormatInt(size, 10))
 }

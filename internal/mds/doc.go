@@ -37,8 +37,11 @@
 // in keys so that keys sort by id.
 //
 //	/basalt/election/<lease hex>     election candidates; value: MDS address
-//	/basalt/ids/<kind>               last id issued; kind: chunkserver, pool, volume, session.
-//	                                 Ids start at 1 and are never reused.
+//	/basalt/ids/<kind>               last id issued or reserved; kind: chunkserver, pool, volume,
+//	                                 session. Ids start at 1 and are never reused. Volume and
+//	                                 session ids are reserved 128 at a time (idAllocator), so
+//	                                 they have gaps and, after a failover, need not follow
+//	                                 creation order.
 //	/basalt/chunkservers/<id>        {id, zone, server, addr, data_dir, capacity_bytes, registered_unix_ms}
 //	/basalt/pools/<id>               {id, name, replicas, chunk_size, copyset_count, created_unix_ms}
 //	/basalt/pool-names/<name>        pool id (decimal)

@@ -109,6 +109,9 @@ type Server struct {
 
 	crashed chan struct{} // closed by crash (tests): stop like kill -9
 	once    sync.Once
+
+	// volumeIDs and sessionIDs hand out ids from batches reserved in etcd.
+	volumeIDs, sessionIDs *idAllocator
 }
 
 type metrics struct {
@@ -175,6 +178,7 @@ func New(cfg Config) (*Server, error) {
 		transfers: map[uint64]pendingTransfer{},
 		crashed:   make(chan struct{}),
 	}
+	s.volumeIDs, s.sessionIDs = newIDAllocator(s, idVolume), newIDAllocator(s, idSession)
 	if s.advertise == "" {
 		s.advertise = defaultAdvertise(ln.Addr().(*net.TCPAddr))
 	}

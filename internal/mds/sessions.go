@@ -30,15 +30,18 @@ func (h *handler) OpenVolume(ctx context.Context, req *api.OpenVolumeRequest) (*
 	if err != nil {
 		return nil, err
 	}
+	id, err := s.sessionIDs.alloc(ctx)
+	if err != nil {
+		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		s.cli.Revoke(rctx, lease.ID)
+		cancel()
+		return nil, err
+	}
 	var vol volumeRecord
 	var sess sessionRecord
 	var prevWriter uint64
 	err = s.txn(ctx, func(stm concurrency.STM) error {
 		v, err := volumeByName(stm, req.Name)
-		if err != nil {
-			return err
-		}
-		id, err := nextID(stm, idSession)
 		if err != nil {
 			return err
 		}

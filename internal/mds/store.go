@@ -120,15 +120,13 @@ func decode[T any](s string) (T, error) {
 	return v, nil
 }
 
-// nextID increments the counter of kind inside stm and returns the new id.
+// nextID increments the counter of kind inside stm and returns the new id
+// (kinds created rarely: chunkservers, pools; volumes and sessions take
+// theirs from an idAllocator).
 func nextID(stm concurrency.STM, kind string) (uint64, error) {
-	cur := stm.Get(idsPrefix + kind)
-	var n uint64
-	if cur != "" {
-		var err error
-		if n, err = strconv.ParseUint(cur, 10, 64); err != nil {
-			return 0, fmt.Errorf("mds: corrupt id counter %s=%q", kind, cur)
-		}
+	n, err := counter(stm, kind)
+	if err != nil {
+		return 0, err
 	}
 	n++
 	stm.Put(idsPrefix+kind, strconv.FormatUint(n, 10))

@@ -89,27 +89,47 @@ func (h *handler) CreateVolume(ctx context.Context, req *api.CreateVolumeRequest
 	if err != nil {
 		return nil, err
 	}
-	rec := volumeRecord{Name: req.Name, Size: req.Size, PoolID: pool.ID, PoolName: pool.Name,
-		CreatedMs: time.Now().UnixMilli()}
-	err = s.txn(ctx, func(stm concurrency.STM) error {
-		if stm.Get(volumeNameKey(rec.Name)) != "" {
-			return fmt.Errorf("%w: volume %q exists", ErrAlreadyExists, rec.Name)
-		}
-		if stm.Get(poolKey(pool.ID)) == "" {
-			return fmt.Errorf("%w: pool %q does not exist", ErrNotFound, pool.Name)
-		}
-		id, err := nextID(stm, idVolume)
-		if err != nil {
-			return err
-		}
-		rec.ID = id
-		stm.Put(volumeKey(id), encode(rec))
-		stm.Put(volumeNameKey(rec.Name), strconv.FormatUint(id, 10))
-		bumpVolumesRevision(stm, "create "+rec.Name)
-		return nil
-	})
+	// The id is taken before the transaction: it reads no shared counter, so
+	// concurrent creates of different names do not conflict. A create that
+	// fails leaves its id unused.
+	id, err := s.volumeIDs.alloc(ctx)
 	if err != nil {
 		return nil, err
+	}
+	rec := volumeRecord{ID: id, Name: req.Name, Size: req.Size, PoolID: pool.ID, PoolName: pool.Name,
+		CreatedMs: time.Now().UnixMilli()}
+	// One plain transaction, not an STM: an STM (snapshot isolation) would
+	// also fail on the volumes-revision key every create writes, so
+	// concurrent creates would retry each other. The conditions are what the
+	// create depends on: this MDS is active, the name is free, the pool is
+	// there.
+	nameKey, pk, lk := volumeNameKey(rec.Name), poolKey(pool.ID), s.leaderKey()
+	if lk == "" {
+		return nil, ErrNotActive
+	}
+	resp, err := s.cli.Txn(ctx).If(
+		clientv3.Compare(clientv3.CreateRevision(lk), ">", 0),
+		clientv3.Compare(clientv3.CreateRevision(nameKey), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(pk), ">", 0),
+	).Then(
+		clientv3.OpPut(volumeKey(id), encode(rec)),
+		clientv3.OpPut(nameKey, strconv.FormatUint(id, 10)),
+		clientv3.OpPut(volumesRevKey, "create "+rec.Name),
+	).Else(
+		clientv3.OpGet(lk, clientv3.WithCountOnly()),
+		clientv3.OpGet(nameKey, clientv3.WithCountOnly()),
+	).Commit()
+	if err != nil {
+		return nil, err
+	}
+	if !resp.Succeeded {
+		switch {
+		case resp.Responses[0].GetResponseRange().Count == 0:
+			return nil, ErrNotActive
+		case resp.Responses[1].GetResponseRange().Count > 0:
+			return nil, fmt.Errorf("%w: volume %q exists", ErrAlreadyExists, rec.Name)
+		}
+		return nil, fmt.Errorf("%w: pool %q does not exist", ErrNotFound, pool.Name)
 	}
 	s.log.Info("volume created", "volume", rec.ID, "name", rec.Name, "size", rec.Size, "pool", rec.PoolName)
 	return &api.CreateVolumeResponse{Volume: rec.proto()}, nil

@@ -17,9 +17,11 @@ type Config struct {
 	Size      uint64 // volume size; default 8 GiB
 	NBDListen string // default 127.0.0.1:10809
 	NBDSocket string // default DIR/nbd.sock
-	PortBase  int    // MDS on PortBase, etcd on +1/+2, chunkservers on +11.., metrics on +21.., NVMe/TCP on +28; default 6700
+	PortBase  int    // MDS on PortBase, etcd on +1/+2, the iSCSI portal on +3, chunkservers on +11.., metrics on +21.., NVMe/TCP on +28; default 6700
 	// NVMfListen is the NVMe over TCP target's address; default 127.0.0.1:PortBase+28.
-	NVMfListen   string
+	NVMfListen string
+	// ISCSIListen is the iSCSI portal; default 127.0.0.1:PortBase+3.
+	ISCSIListen  string
 	Chunkservers int    // default 3
 	Copysets     uint32 // copysets of the pool; 0 = the MDS default
 	Binary       string // the basalt binary to start chunkservers with; default this executable
@@ -63,6 +65,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.NVMfListen == "" {
 		c.NVMfListen = addr(c.PortBase + 28)
+	}
+	if c.ISCSIListen == "" {
+		c.ISCSIListen = addr(c.PortBase + 3)
 	}
 	if c.Chunkservers == 0 {
 		c.Chunkservers = 3

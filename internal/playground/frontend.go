@@ -7,14 +7,18 @@ import (
 	"github.com/basalt-storage/basalt/internal/frontend/access"
 )
 
-// startFrontEnd serves NBD on TCP and on a Unix socket from this process, and
-// the front end's metrics if cfg asks; stop ends both.
+// ISCSICluster is the cluster name in the playground's iSCSI target names.
+const ISCSICluster = "playground"
+
+// startFrontEnd serves NBD on TCP and on a Unix socket, and iSCSI, from this
+// process, and the front end's metrics if cfg asks; stop ends both.
 func startFrontEnd(cfg Config, st *State) (stop func(), err error) {
 	fcfg := access.Config{
 		MDS: []string{st.MDS}, ClientName: "playground-nbd",
 		Logger: cfg.Logger.With("component", "frontend"),
 		NBD:    access.NBDConfig{Listen: cfg.NBDListen, Socket: cfg.NBDSocket},
 		NVMf:   access.NVMfConfig{Listen: cfg.NVMfListen},
+		ISCSI:  access.ISCSIConfig{Listen: cfg.ISCSIListen, Cluster: ISCSICluster},
 	}
 	stopMetrics := func() {}
 	if cfg.Metrics != "" {
@@ -30,7 +34,7 @@ func startFrontEnd(cfg Config, st *State) (stop func(), err error) {
 	node, err := access.Start(fcfg)
 	if err != nil {
 		stopMetrics()
-		return nil, fmt.Errorf("%w (is another playground running? use --nbd-listen, --nvmf-listen or --port-base)", err)
+		return nil, fmt.Errorf("%w (is another playground running? use --nbd-listen, --nvmf-listen, --iscsi-listen or --port-base)", err)
 	}
 	return func() {
 		node.Close()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/basalt-storage/basalt/internal/frontend/iscsi"
 	"os"
 	"path/filepath"
 	"time"
@@ -38,6 +39,9 @@ type State struct {
 	NBDUnixURI   string             `json:"nbd_unix_uri"`
 	NVMf         string             `json:"nvmf"`              // NVMe/TCP target (host:port)
 	NVMfNQN      string             `json:"nvmf_nqn"`          // the volume's subsystem NQN
+	ISCSI        string             `json:"iscsi"`             // the iSCSI portal
+	ISCSITarget  string             `json:"iscsi_target"`      // the volume's target name
+	ISCSIURI     string             `json:"iscsi_uri"`         // libiscsi's URL of LUN 0
 	Metrics      string             `json:"metrics,omitempty"` // this process's /metrics and /debug/pprof/
 	Volume       string             `json:"volume"`
 	Size         uint64             `json:"size"`
@@ -64,6 +68,9 @@ func newState(cfg Config) State {
 	st.NVMf = cfg.NVMfListen
 	st.NVMfNQN = nvmf.VolumeNQNPrefix + cfg.Volume
 	st.NBDUnixURI = "nbd+unix:///" + cfg.Volume + "?socket=" + st.NBDSocket
+	st.ISCSI = cfg.ISCSIListen
+	st.ISCSITarget = iscsi.TargetName(ISCSICluster, cfg.Volume)
+	st.ISCSIURI = "iscsi://" + st.ISCSI + "/" + st.ISCSITarget + "/0"
 	return st
 }
 

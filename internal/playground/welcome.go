@@ -22,6 +22,7 @@ basalt playground is running.
   MDS            %s   (etcd %s)
 %s  NBD            %s   and unix socket %s
   NVMe/TCP       %s   subsystem %s
+  iSCSI          portal %s, target %s, LUN 0
   volume         %s (%d bytes, 3 replicas)
   state file     %s/playground.json
 
@@ -31,6 +32,8 @@ Try it (in another terminal):
   qemu-img convert -p -n -f raw -O raw some.img '%s'
   fio --name=randwrite --ioengine=nbd --uri='%s' --rw=randwrite --bs=4k \
       --iodepth=32 --size=1g --runtime=20 --time_based
+  iscsi-inq '%s'
+  qemu-img convert -p -n -f raw -O raw some.img '%s'
   basalt status --mds %s
 
 Put ext4 on it (as root):
@@ -49,6 +52,6 @@ Or attach it with the kernel's NVMe/TCP initiator (as root; nvme-cli):
 Kill a chunkserver and watch IO go on:  kill -9 <pid>   (restart: see restart_cmd in playground.json)
 
 Ctrl-C stops everything; running the same command again brings the data back.
-`, st.MDS, st.Etcd, cs.String(), st.NBD, st.NBDSocket, st.NVMf, st.NVMfNQN, st.Volume, st.Size, st.Dir,
-		st.NBDURI, st.NBDURI, st.NBDUnixURI, st.MDS, st.NBDUnixURI, host, port, host, port, st.NVMfNQN)
+`, st.MDS, st.Etcd, cs.String(), st.NBD, st.NBDSocket, st.NVMf, st.NVMfNQN, st.ISCSI, st.ISCSITarget, st.Volume, st.Size, st.Dir,
+		st.NBDURI, st.NBDURI, st.NBDUnixURI, st.ISCSIURI, st.ISCSIURI, st.MDS, st.NBDUnixURI, host, port, host, port, st.NVMfNQN)
 }

@@ -312,6 +312,15 @@ func (p *Proc) PID() int {
 	return p.cmd.Process.Pid
 }
 
+// Exited is closed once p's current process was reaped (every thread of it
+// gone, its files and the data directory's lock closed), whoever ended it.
+// Nil before Start and after Kill or Stop.
+func (p *Proc) Exited() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reaped
+}
+
 // signalAndWait sends sig to p's process and returns once the process was
 // reaped (not merely a zombie): its pid, ports, files and log are released,
 // so a restart cannot race the old process. SIGKILL follows after 10 s; a

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
+	"github.com/basalt-storage/basalt/internal/frontend/iscsi"
 	"github.com/basalt-storage/basalt/internal/frontend/nbd"
 	"github.com/basalt-storage/basalt/internal/frontend/nvmf"
 	"github.com/basalt-storage/basalt/internal/frontend/volumes"
@@ -35,8 +36,9 @@ type Config struct {
 	// leads takes the local fast path (client.Config.Local).
 	Local client.Local
 
-	NBD  NBDConfig
-	NVMf NVMfConfig
+	NBD   NBDConfig
+	NVMf  NVMfConfig
+	ISCSI ISCSIConfig
 }
 
 // NVMfConfig says where the NVMe over TCP target listens; empty Listen: none.
@@ -49,6 +51,17 @@ type NVMfConfig struct {
 	AdvertiseAddr string
 }
 
+// ISCSIConfig says where the iSCSI target listens; Listen empty: no iSCSI.
+type ISCSIConfig struct {
+	Listen string // TCP address (the portal)
+	// Cluster names the cluster in target names: iqn.2026-11.io.basalt:CLUSTER:VOLUME.
+	Cluster string
+	// CHAP, if set, is required of every normal session; Initiators, if not
+	// empty, are the only initiator names allowed (iscsi.Config).
+	CHAP       *iscsi.CHAP
+	Initiators []string
+}
+
 // NBDConfig says where the NBD front end listens; both empty: no NBD.
 type NBDConfig struct {
 	Listen string // TCP address
@@ -58,7 +71,7 @@ type NBDConfig struct {
 func (c NBDConfig) enabled() bool { return c.Listen != "" || c.Socket != "" }
 
 // ErrNothingToServe: Start was given no front end to run.
-var ErrNothingToServe = errors.New("access: no front end configured (give an NBD TCP address or Unix socket, or an NVMe/TCP address)")
+var ErrNothingToServe = errors.New("access: no front end configured (give an NBD TCP address or Unix socket, an NVMe/TCP address or an iSCSI portal)")
 
 // Node is a running set of front ends over one export lifecycle.
 type Node struct {
@@ -67,6 +80,7 @@ type Node struct {
 	exports *frontend.Exports
 	nbd     *nbd.Server
 	nvmf    *nvmf.Server
+	iscsi   *iscsi.Server
 	addrs   []net.Addr
 
 	closeOnce sync.Once
@@ -75,7 +89,7 @@ type Node struct {
 
 // Start starts the front ends cfg names; they serve until Close.
 func Start(cfg Config) (*Node, error) {
-	if !cfg.NBD.enabled() && cfg.NVMf.Listen == "" {
+	if !cfg.NBD.enabled() && cfg.NVMf.Listen == "" && cfg.ISCSI.Listen == "" {
 		return nil, ErrNothingToServe
 	}
 	if cfg.Logger == nil {
@@ -110,6 +124,12 @@ func Start(cfg Config) (*Node, error) {
 	}
 	if cfg.NVMf.Listen != "" {
 		if err := n.startNVMf(cfg.NVMf); err != nil {
+			n.Close()
+			return nil, err
+		}
+	}
+	if cfg.ISCSI.Listen != "" {
+		if err := n.startISCSI(cfg.ISCSI); err != nil {
 			n.Close()
 			return nil, err
 		}
@@ -171,6 +191,29 @@ func (n *Node) startNBD(cfg NBDConfig, m *nbd.Metrics) error {
 	return nil
 }
 
+func (n *Node) startISCSI(cfg ISCSIConfig) error {
+	if cfg.Cluster == "" {
+		cfg.Cluster = "basalt"
+	}
+	srv, err := iscsi.NewServer(iscsi.Config{
+		Exports: n.exports, Cluster: cfg.Cluster, Logger: n.log,
+		CHAP: cfg.CHAP, Initiators: cfg.Initiators,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("iSCSI listen on %s: %w", cfg.Listen, err)
+	}
+	n.iscsi = srv
+	n.addrs = append(n.addrs, ln.Addr())
+	n.log.Info("serving iSCSI", "portal", ln.Addr().String(), "targets", iscsi.TargetName(cfg.Cluster, "VOLUME"),
+		"chap", cfg.CHAP != nil, "initiators_allowed", len(cfg.Initiators))
+	go srv.Serve(ln)
+	return nil
+}
+
 // removeStaleSocket removes the socket file at path if nobody serves on it
 // (left by a process that died); a live socket or a file of another kind is
 // an error, so a second front end never takes a running one's path over.
@@ -192,8 +235,17 @@ func removeStaleSocket(path string) error {
 	return os.Remove(path)
 }
 
-// Addrs returns the addresses the front ends listen on.
+// Addrs returns the addresses the front ends listen on: NBD's, then the
+// iSCSI portal.
 func (n *Node) Addrs() []net.Addr { return n.addrs }
+
+// ISCSIPortal returns the iSCSI portal's address, or nil if none.
+func (n *Node) ISCSIPortal() net.Addr {
+	if n.iscsi == nil {
+		return nil
+	}
+	return n.addrs[len(n.addrs)-1]
+}
 
 // Close stops the front ends (their connections end at once; IO in flight
 // completes first), then closes every volume and the MDS connection. Later
@@ -206,6 +258,9 @@ func (n *Node) Close() error {
 		}
 		if n.nvmf != nil {
 			errs = append(errs, n.nvmf.Close())
+		}
+		if n.iscsi != nil {
+			errs = append(errs, n.iscsi.Close())
 		}
 		errs = append(errs, n.exports.Close(), n.mds.Close())
 		n.closeErr = errors.Join(errs...)
