@@ -32,31 +32,11 @@ func nbdCommand() *cobra.Command {
 		if *listen == "" && *socket == "" {
 			return fmt.Errorf("nothing to serve on: give --listen or --socket")
 		}
-		host, _ := os.Hostname()
 		cfg := access.Config{
-			MDS: splitList(*mdsAddrs), ReadOnly: *readOnly, Logger: slog.Default(),
-			ClientName: fmt.Sprintf("nbd@%s/%d", host, os.Getpid()),
-			NBD:        access.NBDConfig{Listen: *listen, Socket: *socket},
+			MDS: splitList(*mdsAddrs), ReadOnly: *readOnly, ClientName: clientName("nbd"),
+			NBD: access.NBDConfig{Listen: *listen, Socket: *socket},
 		}
-		if *metrics != "" {
-			reg := debughttp.NewRegistry()
-			hs, a, err := debughttp.Serve(*metrics, reg)
-			if err != nil {
-				return fmt.Errorf("--metrics: %w", err)
-			}
-			defer hs.Close()
-			slog.Info("serving metrics", "addr", a.String())
-			cfg.Registry = reg
-		}
-		node, err := access.Start(cfg)
-		if err != nil {
-			return err
-		}
-		defer node.Close()
-		ctx, stop := signalContext()
-		defer stop()
-		<-ctx.Done()
-		return nil
+		return serveFrontEnds(cfg, *metrics)
 	}
 	return cmd
 }
@@ -72,24 +52,15 @@ func nvmfCommand() *cobra.Command {
 	hosts := cmd.Flags().String("allow-hosts", "", "comma-separated host NQNs that may connect (empty: every host)")
 	advertise := cmd.Flags().String("advertise", "", "address the discovery log gives for the subsystems (default: the one the host connected to)")
 	readOnly := cmd.Flags().Bool("read-only", false, "open volumes read-only (alongside another writer)")
+	metrics := cmd.Flags().String("metrics", "", "serve Prometheus /metrics and /debug/pprof/ on this address (empty: none)")
 	var procs int
 	procsFlag(cmd, &procs)
 	cmd.RunE = func(*cobra.Command, []string) error {
 		setProcs(procs)
-		host, _ := os.Hostname()
-		node, err := access.Start(access.Config{
-			MDS: splitList(*mdsAddrs), ReadOnly: *readOnly, Logger: slog.Default(),
-			ClientName: fmt.Sprintf("nvmf@%s/%d", host, os.Getpid()),
-			NVMf:       access.NVMfConfig{Listen: *listen, AllowedHosts: splitList(*hosts), AdvertiseAddr: *advertise},
-		})
-		if err != nil {
-			return err
-		}
-		defer node.Close()
-		ctx, stop := signalContext()
-		defer stop()
-		<-ctx.Done()
-		return nil
+		return serveFrontEnds(access.Config{
+			MDS: splitList(*mdsAddrs), ReadOnly: *readOnly, ClientName: clientName("nvmf"),
+			NVMf: access.NVMfConfig{Listen: *listen, AllowedHosts: splitList(*hosts), AdvertiseAddr: *advertise},
+		}, *metrics)
 	}
 	return cmd
 }
@@ -128,33 +99,44 @@ func iscsiCommand() *cobra.Command {
 				}
 			}
 		}
-		host, _ := os.Hostname()
 		cfg := access.Config{
-			MDS: splitList(*mdsAddrs), ReadOnly: *readOnly, Logger: slog.Default(),
-			ClientName: fmt.Sprintf("iscsi@%s/%d", host, os.Getpid()),
-			ISCSI:      icfg,
+			MDS: splitList(*mdsAddrs), ReadOnly: *readOnly, ClientName: clientName("iscsi"),
+			ISCSI: icfg,
 		}
-		if *metrics != "" {
-			reg := debughttp.NewRegistry()
-			hs, a, err := debughttp.Serve(*metrics, reg)
-			if err != nil {
-				return fmt.Errorf("--metrics: %w", err)
-			}
-			defer hs.Close()
-			slog.Info("serving metrics", "addr", a.String())
-			cfg.Registry = reg
-		}
-		node, err := access.Start(cfg)
-		if err != nil {
-			return err
-		}
-		defer node.Close()
-		ctx, stop := signalContext()
-		defer stop()
-		<-ctx.Done()
-		return nil
+		return serveFrontEnds(cfg, *metrics)
 	}
 	return cmd
+}
+
+// serveFrontEnds runs the front ends cfg names, and the metrics endpoint on
+// metricsAddr unless it is empty, until SIGINT or SIGTERM.
+func serveFrontEnds(cfg access.Config, metricsAddr string) error {
+	cfg.Logger = slog.Default()
+	if metricsAddr != "" {
+		reg := debughttp.NewRegistry()
+		hs, a, err := debughttp.Serve(metricsAddr, reg)
+		if err != nil {
+			return fmt.Errorf("--metrics: %w", err)
+		}
+		defer hs.Close()
+		slog.Info("serving metrics", "addr", a.String())
+		cfg.Registry = reg
+	}
+	node, err := access.Start(cfg)
+	if err != nil {
+		return err
+	}
+	defer node.Close()
+	ctx, stop := signalContext()
+	defer stop()
+	<-ctx.Done()
+	return nil
+}
+
+// clientName names this front-end process to the MDS: protocol@host/pid.
+func clientName(protocol string) string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s@%s/%d", protocol, host, os.Getpid())
 }
 
 // readSecret reads a secret from a file (never from the command line, where
