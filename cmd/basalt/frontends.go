@@ -53,7 +53,7 @@ func nvmfCommand() *cobra.Command {
 	advertise := cmd.Flags().String("advertise", "", "address the discovery log gives for the subsystems (default: the one the host connected to)")
 	readOnly := cmd.Flags().Bool("read-only", false, "open volumes read-only (alongside another writer)")
 	metrics := cmd.Flags().String("metrics", "", "serve Prometheus /metrics and /debug/pprof/ on this address (empty: none)")
-	single := cmd.Flags().Bool("single-path", false, "no ANA multipath: do not register as an access node with the MDS; one optimized path")
+	multipath := cmd.Flags().Bool("multipath", false, "ANA multipath: register as an access node with the MDS, which makes one access node's path optimized per host and namespace (run several with the same MDS)")
 	var procs int
 	procsFlag(cmd, &procs)
 	cmd.RunE = func(*cobra.Command, []string) error {
@@ -61,7 +61,7 @@ func nvmfCommand() *cobra.Command {
 		return serveFrontEnds(access.Config{
 			MDS: splitList(*mdsAddrs), ReadOnly: *readOnly, ClientName: clientName("nvmf"),
 			NVMf: access.NVMfConfig{Listen: *listen, AllowedHosts: splitList(*hosts), AdvertiseAddr: *advertise,
-				SinglePath: *single},
+				Multipath: *multipath},
 		}, *metrics)
 	}
 	cmd.AddCommand(nvmfAdminCommands()...)

@@ -50,9 +50,11 @@ type NVMfConfig struct {
 	// the host connected to); with ANA multipath, the address this access
 	// node registers with the MDS (default: the listener's).
 	AdvertiseAddr string
-	// SinglePath turns ANA multipath off: no access-node registration with
-	// the MDS, one optimized path, volumes attached at Connect.
-	SinglePath bool
+	// Multipath makes this target one access node of several exporting the
+	// same subsystems (docs/nvmf.md): it registers and heartbeats to the
+	// MDS, which assigns the ANA state of each host's paths. Off: one
+	// optimized path, volumes attached at Connect.
+	Multipath bool
 }
 
 // ISCSIConfig says where the iSCSI target listens; Listen empty: no iSCSI.
@@ -151,7 +153,7 @@ func (n *Node) startNVMf(cfg NVMfConfig, name string) error {
 		AllowedHosts: cfg.AllowedHosts, AdvertiseAddr: cfg.AdvertiseAddr}
 	kick := make(chan struct{}, 1)
 	var id uint64
-	if !cfg.SinglePath {
+	if cfg.Multipath {
 		if id, err = n.registerAccessNode(advertised(cfg.AdvertiseAddr, ln), name); err != nil {
 			ln.Close()
 			return err
@@ -172,8 +174,8 @@ func (n *Node) startNVMf(cfg NVMfConfig, name string) error {
 	n.nvmf = srv
 	n.addrs = append(n.addrs, ln.Addr())
 	n.log.Info("serving NVMe/TCP", "addr", ln.Addr().String(), "subsystems", nvmf.VolumeNQNPrefix+"VOLUME",
-		"allowed_hosts", len(cfg.AllowedHosts), "access_node", id, "ana_multipath", !cfg.SinglePath)
-	if !cfg.SinglePath {
+		"allowed_hosts", len(cfg.AllowedHosts), "access_node", id, "ana_multipath", cfg.Multipath)
+	if cfg.Multipath {
 		go n.anaLoop(id, srv, kick, n.stopANA)
 	}
 	go srv.Serve(ln)
