@@ -288,6 +288,9 @@ func (c *conn) admin(cmd *command) {
 				ctrl.aecfg = v
 			}
 			c.complete(cmd, scSuccess, ctrl.aecfg, 0)
+			if d := ctrl.deliverLocked(); d != nil { // a change while notices were off
+				d.c.complete(d, scSuccess, aenANAChange, 0)
+			}
 		case 0x06: // volatile write cache: present, and every write is durable anyway
 			c.complete(cmd, scSuccess, 1, 0)
 		case 0x08: // interrupt coalescing
@@ -476,7 +479,11 @@ func (c *conn) getLogPage(cmd *command) {
 		if s.cdw[10]&(1<<15) == 0 { // RAE clear: the host has seen the change
 			c.ctrl.mu.Lock()
 			c.ctrl.anaMasked = false
+			d := c.ctrl.deliverLocked() // a change after the page was built
 			c.ctrl.mu.Unlock()
+			if d != nil {
+				defer d.c.complete(d, scSuccess, aenANAChange, 0)
+			}
 		}
 	default:
 		c.complete(cmd, scInvalidLogPage|dnr, 0, 0)

@@ -151,25 +151,32 @@ func (s *Server) ports() []Port {
 	return slices.Clone(s.paths.Ports)
 }
 
-// notifyANA completes an outstanding Asynchronous Event Request with an ANA
-// change notice, or keeps the notice for the next one. Notices are masked
-// from one sent until the host reads the ANA log page without RAE.
+// notifyANA records an ANA change for the host and delivers it if it can.
+// A change while the host has not (yet) enabled ANA notices waits for
+// that: a host that read the ANA log before a change and enabled notices
+// after it must still hear of it.
 func (c *controller) notifyANA() {
 	c.mu.Lock()
-	if c.aecfg&aenANAEnabled == 0 || c.anaMasked {
-		c.mu.Unlock()
-		return
+	c.anaPending = true
+	cmd := c.deliverLocked()
+	c.mu.Unlock()
+	if cmd != nil {
+		cmd.c.complete(cmd, scSuccess, aenANAChange, 0)
 	}
-	if len(c.aers) == 0 {
-		c.anaPending = true
-		c.mu.Unlock()
-		return
+}
+
+// deliverLocked takes the AER that reports a pending ANA change, if one is
+// held, notices are enabled and not masked (from one sent until the host
+// reads the ANA log page without RAE). The caller holds c.mu and completes
+// the command after unlocking.
+func (c *controller) deliverLocked() *command {
+	if !c.anaPending || c.anaMasked || c.aecfg&aenANAEnabled == 0 || len(c.aers) == 0 {
+		return nil
 	}
 	cmd := c.aers[0]
 	c.aers = c.aers[1:]
-	c.anaMasked = true
-	c.mu.Unlock()
-	cmd.c.complete(cmd, scSuccess, aenANAChange, 0)
+	c.anaPending, c.anaMasked = false, true
+	return cmd
 }
 
 // asyncEvent holds an Asynchronous Event Request until there is an event.
@@ -181,14 +188,12 @@ func (c *conn) asyncEvent(cmd *command) {
 		c.complete(cmd, scAERLimit|dnr, 0, 0)
 		return
 	}
-	if ctrl.anaPending && !ctrl.anaMasked {
-		ctrl.anaPending, ctrl.anaMasked = false, true
-		ctrl.mu.Unlock()
-		c.complete(cmd, scSuccess, aenANAChange, 0)
-		return
-	}
 	ctrl.aers = append(ctrl.aers, cmd)
+	deliver := ctrl.deliverLocked()
 	ctrl.mu.Unlock()
+	if deliver != nil {
+		c.complete(deliver, scSuccess, aenANAChange, 0)
+	}
 }
 
 // anaLog builds the ANA log page of c: one ANA group per namespace (group

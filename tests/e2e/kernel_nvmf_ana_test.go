@@ -1,0 +1,362 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/testcluster"
+	"github.com/basalt-storage/basalt/internal/testhost"
+	"github.com/basalt-storage/basalt/internal/testutil"
+	"github.com/basalt-storage/basalt/pkg/api"
+	"github.com/basalt-storage/basalt/pkg/mdsclient"
+)
+
+// accessNode is a `basalt nvmf --multipath` process.
+type accessNode struct {
+	port   int
+	log    string
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+// startAccessNode runs `basalt nvmf --multipath` on a free port, advertised
+// to the guest as 10.0.2.2:PORT, allowing only guestHostNQN.
+func startAccessNode(t *testing.T, mds string) *accessNode {
+	t.Helper()
+	a := &accessNode{port: testutil.FreePort(t), exited: make(chan struct{})}
+	a.log = filepath.Join(t.TempDir(), "nvmf.log")
+	lf, err := os.Create(a.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.cmd = exec.Command(testcluster.Binary(t), "nvmf", "--multipath", "--mds", mds,
+		"--listen", "127.0.0.1:"+strconv.Itoa(a.port), "--advertise", "10.0.2.2:"+strconv.Itoa(a.port),
+		"--allow-hosts", guestHostNQN)
+	a.cmd.Stdout, a.cmd.Stderr = lf, lf
+	a.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := a.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = a.cmd.Wait(); lf.Close(); close(a.exited) }()
+	t.Cleanup(func() {
+		_ = a.cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-a.exited:
+		case <-time.After(30 * time.Second):
+			_ = a.cmd.Process.Kill()
+			<-a.exited
+		}
+		if t.Failed() {
+			t.Logf("---- basalt nvmf :%d log (tail) ----\n%s", a.port, tailFile(a.log, 60))
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(a.port), time.Second)
+		if err == nil {
+			c.Close()
+			return a
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("basalt nvmf does not listen on %d after 60 s:\n%s", a.port, tailFile(a.log, 100))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// kill ends the process as a crash would.
+func (a *accessNode) kill() {
+	_ = a.cmd.Process.Signal(syscall.SIGKILL)
+	<-a.exited
+}
+
+// guestPath is one path of a namespace as the guest's kernel sees it.
+type guestPath struct {
+	path     string // nvme0c1n1
+	port     int    // trsvcid of its controller
+	state    string // ana_state
+	ctrlLive bool   // the controller's state is live
+}
+
+// guestPaths reads /sys/class/nvme/*/nvme*c*n*/ana_state with each
+// controller's address and state.
+const guestPathsScript = `for f in /sys/class/nvme/nvme*/nvme*c*n*/ana_state; do
+	[ -e "$f" ] || continue
+	c=$(dirname $(dirname $f))
+	echo "$(basename $(dirname $f)) $(cat $f) $(cat $c/state) $(cat $c/address)"
+done`
+
+var trsvcidRE = regexp.MustCompile(`trsvcid=(\d+)`)
+
+func parseGuestPaths(out string) []guestPath {
+	var ps []guestPath
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 4 {
+			continue
+		}
+		p := guestPath{path: f[0], state: f[1], ctrlLive: f[2] == "live"}
+		if m := trsvcidRE.FindStringSubmatch(l); m != nil {
+			p.port, _ = strconv.Atoi(m[1])
+		}
+		ps = append(ps, p)
+	}
+	sort.Slice(ps, func(i, j int) bool { return ps[i].path < ps[j].path })
+	return ps
+}
+
+// countStates counts the states of the live paths.
+func countStates(ps []guestPath) map[string]int {
+	n := map[string]int{}
+	for _, p := range ps {
+		if p.ctrlLive {
+			n[p.state]++
+		}
+	}
+	return n
+}
+
+// anaTable renders the MDS's view (basalt nvmf ls) of one subsystem.
+func anaTable(l *api.ListANAResponse, sub string) (table string, optimized uint64) {
+	addr := map[uint64]string{}
+	var b strings.Builder
+	for _, n := range l.Nodes {
+		addr[n.Id] = n.Addr
+	}
+	for _, a := range l.Assignments {
+		if a.Subsystem != sub {
+			continue
+		}
+		optimized = a.Optimized
+		fmt.Fprintf(&b, "  nsid %d: optimized %d (%s), non-optimized", a.Nsid, a.Optimized, addr[a.Optimized])
+		for _, n := range a.NonOptimized {
+			fmt.Fprintf(&b, " %d (%s)", n, addr[n])
+		}
+		b.WriteString("\n")
+	}
+	return b.String(), optimized
+}
+
+// TestKernelNVMeANA: three `basalt nvmf --multipath` access nodes over the
+// playground's cluster; the guest's kernel discovers the volume's subsystem
+// on all three (one discovery record each), connects to every one
+// (nvme connect-all) and sees one optimized and two non-optimized paths,
+// as the MDS assigned them. fio writes with verify on the multipath
+// namespace; the access node of the optimized path is killed while it runs:
+// fio sees no error, the MDS makes a surviving path optimized, the kernel
+// uses it, and the verify passes. The failover pause (the longest write
+// completion latency fio saw) is logged, not asserted.
+func TestKernelNVMeANA(t *testing.T) {
+	begin := time.Now()
+	h := testhost.Start(t, testhost.Config{
+		Tools:   []string{"nvme", "fio"},
+		Modules: []string{"nvme-tcp", "crc32c_generic"},
+	})
+	p := startPlayground(t, "1GiB")
+	nodes := []*accessNode{startAccessNode(t, p.st.MDS), startAccessNode(t, p.st.MDS), startAccessNode(t, p.st.MDS)}
+	byPort := map[int]*accessNode{}
+	for _, a := range nodes {
+		byPort[a.port] = a
+	}
+	nqn := nvmfVolumeNQN + p.st.Volume
+	logs := func() string {
+		var b strings.Builder
+		for _, a := range nodes {
+			fmt.Fprintf(&b, "---- access node :%d ----\n%s\n", a.port, tailFile(a.log, 30))
+		}
+		return b.String()
+	}
+	guest := func(timeout time.Duration, script string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		out, err := h.Run(ctx, script)
+		if err != nil {
+			t.Fatalf("guest: %v\n%s", err, logs())
+		}
+		return out
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		_, _ = h.Run(ctx, "nvme disconnect-all")
+	})
+	mc, err := mdsclient.Dial([]string{p.st.MDS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mc.Close()
+	listANA := func() *api.ListANAResponse {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		l, err := mc.ListANA(ctx, &api.ListANARequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	// poll runs fn until it returns true, for up to d.
+	poll := func(d time.Duration, what string, fn func() (bool, string)) {
+		t.Helper()
+		deadline := time.Now().Add(d)
+		for {
+			ok, last := fn()
+			if ok {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within %s; last:\n%s\n%s", what, d, last, logs())
+			}
+			time.Sleep(time.Second)
+		}
+	}
+
+	// Discovery: one record per access node (once every node's first
+	// heartbeat reached the MDS).
+	disc := fmt.Sprintf("-t tcp -a 10.0.2.2 -s %d -q %s", nodes[0].port, guestHostNQN)
+	poll(3*time.Minute, "three discovery records", func() (bool, string) {
+		out := guest(2*time.Minute, "nvme discover "+disc)
+		n := 0
+		for _, a := range nodes {
+			if strings.Contains(out, fmt.Sprintf("trsvcid: %d", a.port)) {
+				n++
+			}
+		}
+		return n == 3 && strings.Count(out, nqn) == 3, out
+	})
+	connected := time.Now()
+	guest(3*time.Minute, "nvme connect-all "+disc+" -k 5")
+
+	// The kernel's paths: three, one optimized and two non-optimized, the
+	// optimized one the MDS's.
+	var paths []guestPath
+	var table string
+	poll(4*time.Minute, "one optimized and two non-optimized paths", func() (bool, string) {
+		paths = parseGuestPaths(guest(time.Minute, guestPathsScript))
+		n := countStates(paths)
+		if len(paths) != 3 || n["optimized"] != 1 || n["non-optimized"] != 2 {
+			return false, fmt.Sprint(paths)
+		}
+		var opt uint64
+		table, opt = anaTable(listANA(), nqn)
+		for _, pa := range paths {
+			if pa.state == "optimized" && !strings.Contains(table, fmt.Sprintf("optimized %d (10.0.2.2:%d)", opt, pa.port)) {
+				return false, fmt.Sprintf("kernel %v, MDS\n%s", paths, table)
+			}
+		}
+		return true, ""
+	})
+	pathsReady := time.Now()
+	subsys := guest(time.Minute, "nvme list-subsys")
+	logf(t, "nvme list-subsys:\n%s\nMDS assignment:\n%s", subsys, table)
+	logf(t, "path states (kernel): %v", paths)
+	if strings.Count(subsys, "live") < 3 {
+		t.Fatalf("nvme list-subsys shows fewer than three live paths:\n%s", subsys)
+	}
+	dev := guest(time.Minute, "ls /dev/nvme*n1 | grep -v c | head -1")
+	dev = strings.TrimSpace(dev)
+	if dev == "" {
+		t.Fatalf("no multipath namespace device:\n%s", guest(time.Minute, "ls /dev/nvme*"))
+	}
+	var optimized *accessNode
+	for _, pa := range paths {
+		if pa.state == "optimized" {
+			optimized = byPort[pa.port]
+		}
+	}
+	if optimized == nil {
+		t.Fatalf("the optimized path's port is none of the access nodes': %v", paths)
+	}
+
+	// fio with verify on the namespace; the optimized node dies under it.
+	type fioResult struct {
+		out string
+		err error
+	}
+	fioDone := make(chan fioResult, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+		defer cancel()
+		out, err := h.Run(ctx, "fio --name=ana --filename="+dev+" --rw=randwrite --bs=4k --offset=256m --size=128m "+
+			"--io_size=24m --ioengine=libaio --direct=1 --iodepth=16 --verify=crc32c --verify_fatal=1 --randseed=7 "+
+			"--verify_state_save=0 --output-format=json --output=/root/ana.json && cat /root/ana.json")
+		fioDone <- fioResult{out, err}
+	}()
+	// Kill once the optimized node has served writes for a while.
+	poll(5*time.Minute, "the optimized access node attaches the volume", func() (bool, string) {
+		b, _ := os.ReadFile(optimized.log)
+		return strings.Contains(string(b), "volume attached"), ""
+	})
+	time.Sleep(3 * time.Second)
+	killed := time.Now()
+	optimized.kill()
+	logf(t, "killed the optimized access node :%d at %s into fio", optimized.port, killed.Sub(pathsReady).Round(time.Millisecond))
+
+	// The MDS moves the optimized path to a survivor and the kernel follows.
+	var after []guestPath
+	poll(4*time.Minute, "a surviving path becomes optimized", func() (bool, string) {
+		after = parseGuestPaths(guest(time.Minute, guestPathsScript))
+		n := countStates(after)
+		if n["optimized"] != 1 || n["non-optimized"] != 1 {
+			return false, fmt.Sprint(after)
+		}
+		for _, pa := range after {
+			if pa.ctrlLive && pa.state == "optimized" && pa.port == optimized.port {
+				return false, fmt.Sprint(after)
+			}
+		}
+		return true, ""
+	})
+	moved := time.Now()
+	tableAfter, _ := anaTable(listANA(), nqn)
+	logf(t, "after the kill: kernel paths %v (optimized on a survivor %s after the kill)\nMDS assignment:\n%s",
+		after, moved.Sub(killed).Round(time.Millisecond), tableAfter)
+
+	var r fioResult
+	select {
+	case r = <-fioDone:
+	case <-time.After(20 * time.Minute):
+		t.Fatalf("fio did not finish within 20 min\n%s", logs())
+	}
+	if r.err != nil {
+		t.Fatalf("fio failed across the failover: %v\n%s", r.err, logs())
+	}
+	var report struct {
+		Jobs []struct {
+			Error int `json:"error"`
+			Write struct {
+				IOPS float64 `json:"iops"`
+				Clat struct {
+					Max float64 `json:"max"`
+				} `json:"clat_ns"`
+			} `json:"write"`
+			Read struct {
+				IOPS float64 `json:"iops"`
+			} `json:"read"`
+		} `json:"jobs"`
+	}
+	if i := strings.Index(r.out, "{"); i < 0 || json.Unmarshal([]byte(r.out[i:]), &report) != nil || len(report.Jobs) != 1 {
+		t.Fatalf("fio's report:\n%s", r.out)
+	}
+	j := report.Jobs[0]
+	if j.Error != 0 {
+		t.Fatalf("fio reports error %d", j.Error)
+	}
+	logf(t, "kernel NVMe/TCP ANA: discover to three paths with one optimized %s; fio randwrite 4 KiB QD16 + crc32c verify "+
+		"across the kill: %.0f write IOPS, %.0f verify-read IOPS, no error; failover pause (longest write completion) %s; "+
+		"whole test %s", pathsReady.Sub(connected).Round(time.Millisecond), j.Write.IOPS, j.Read.IOPS,
+		time.Duration(j.Write.Clat.Max).Round(time.Millisecond), time.Since(begin).Round(time.Millisecond))
+}
