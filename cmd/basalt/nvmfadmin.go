@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/basalt-storage/basalt/internal/frontend/nvmf"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -23,6 +24,9 @@ func (l anaList) table(w io.Writer) {
 	policy := map[string]string{}
 	for _, s := range l.Subsystems {
 		policy[s.Nqn] = policyText(s.Policy)
+		if len(s.Volumes) > 0 {
+			fmt.Fprintf(w, "\nGROUP %s (%s): namespaces %v\n", s.Nqn, policyText(s.Policy), s.Volumes)
+		}
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "SUBSYSTEM\tPOLICY\tHOST\tNSID\tACCESS NODE\tADDR\tSTATE")
@@ -93,19 +97,56 @@ func nvmfAdminCommands() []*cobra.Command {
 	}
 	pf := addAdminFlags(policy)
 	policy.RunE = func(_ *cobra.Command, args []string) error {
-		var p api.ANAPolicy
-		switch args[1] {
-		case "inherit":
-			p = api.ANAPolicy_ANA_POLICY_INHERIT
-		case "balance":
-			p = api.ANAPolicy_ANA_POLICY_BALANCE
-		default:
-			return fmt.Errorf("policy must be inherit or balance, not %q", args[1])
+		p, err := parsePolicy(args[1])
+		if err != nil {
+			return err
 		}
 		return pf.call(func(ctx context.Context, c api.MDSClient) (any, error) {
 			_, err := c.SetNVMfSubsystem(ctx, &api.SetNVMfSubsystemRequest{Subsystem: &api.NVMfSubsystem{Nqn: args[0], Policy: p}})
 			return nil, err
 		})
 	}
-	return []*cobra.Command{ls, policy}
+	group := &cobra.Command{
+		Use:   "group NAME VOLUME...",
+		Short: "Define the subsystem " + nvmf.GroupNQNPrefix + "NAME: one namespace per volume, NSIDs in the order given",
+		Args:  cobra.MinimumNArgs(2),
+	}
+	gf := addAdminFlags(group)
+	gpolicy := group.Flags().String("policy", "inherit", "ANA policy: inherit or balance")
+	group.RunE = func(_ *cobra.Command, args []string) error {
+		p, err := parsePolicy(*gpolicy)
+		if err != nil {
+			return err
+		}
+		nqn := nvmf.GroupNQNPrefix + args[0]
+		return gf.call(func(ctx context.Context, c api.MDSClient) (any, error) {
+			_, err := c.SetNVMfSubsystem(ctx, &api.SetNVMfSubsystemRequest{Subsystem: &api.NVMfSubsystem{
+				Nqn: nqn, Policy: p, Volumes: args[1:]}})
+			if err != nil {
+				return nil, err
+			}
+			return subsystemSet{Nqn: nqn, Policy: *gpolicy, Volumes: args[1:]}, nil
+		})
+	}
+	return []*cobra.Command{ls, policy, group}
+}
+
+type subsystemSet struct {
+	Nqn     string   `json:"nqn"`
+	Policy  string   `json:"policy"`
+	Volumes []string `json:"volumes"`
+}
+
+func (s subsystemSet) table(w io.Writer) {
+	fmt.Fprintf(w, "subsystem %s (policy %s): namespaces %v\n", s.Nqn, s.Policy, s.Volumes)
+}
+
+func parsePolicy(s string) (api.ANAPolicy, error) {
+	switch s {
+	case "inherit":
+		return api.ANAPolicy_ANA_POLICY_INHERIT, nil
+	case "balance":
+		return api.ANAPolicy_ANA_POLICY_BALANCE, nil
+	}
+	return 0, fmt.Errorf("policy must be inherit or balance, not %q", s)
 }

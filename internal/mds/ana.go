@@ -32,8 +32,17 @@ type accessNodeRecord struct {
 
 // nvmfSubsystemRecord is the value at /basalt/nvmf-subsystems/<escaped nqn>.
 type nvmfSubsystemRecord struct {
-	NQN    string `json:"nqn"`
-	Policy string `json:"policy"` // "inherit" or "balance"
+	NQN     string   `json:"nqn"`
+	Policy  string   `json:"policy"`            // "inherit" or "balance"
+	Volumes []string `json:"volumes,omitempty"` // a group's volumes, NSID order
+}
+
+func (r nvmfSubsystemRecord) proto() *api.NVMfSubsystem {
+	p := api.ANAPolicy_ANA_POLICY_INHERIT
+	if r.Policy == "balance" {
+		p = api.ANAPolicy_ANA_POLICY_BALANCE
+	}
+	return &api.NVMfSubsystem{Nqn: r.NQN, Policy: p, Volumes: r.Volumes}
 }
 
 // anaRecord is one element of the array at /basalt/ana-assignments.
@@ -97,15 +106,20 @@ func (h *handler) SetNVMfSubsystem(ctx context.Context, req *api.SetNVMfSubsyste
 	if sub.GetNqn() == "" {
 		return nil, fmt.Errorf("%w: a subsystem needs its NQN", ErrInvalidArgument)
 	}
-	rec := nvmfSubsystemRecord{NQN: sub.Nqn, Policy: policyName(sub.Policy)}
+	rec := nvmfSubsystemRecord{NQN: sub.Nqn, Policy: policyName(sub.Policy), Volumes: sub.Volumes}
 	err := h.s.txn(ctx, func(stm concurrency.STM) error {
+		for _, v := range sub.Volumes {
+			if stm.Get(volumeNameKey(v)) == "" {
+				return fmt.Errorf("%w: subsystem %s: volume %q does not exist", ErrNotFound, sub.Nqn, v)
+			}
+		}
 		stm.Put(nvmfSubsysKey(sub.Nqn), encode(rec))
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	h.s.log.Info("NVMe subsystem policy set", "subsystem", sub.Nqn, "policy", rec.Policy)
+	h.s.log.Info("NVMe subsystem set", "subsystem", sub.Nqn, "policy", rec.Policy, "volumes", rec.Volumes)
 	return &api.SetNVMfSubsystemResponse{}, nil
 }
 
@@ -132,7 +146,7 @@ func (h *handler) AccessNodeHeartbeat(ctx context.Context, req *api.AccessNodeHe
 	s.mu.Lock()
 	s.accessNodes[req.Id] = &liveAN{last: now, hosts: req.Hosts}
 	s.mu.Unlock()
-	nodes, assigned, err := s.reassignANA(ctx, now)
+	nodes, assigned, subs, err := s.reassignANA(ctx, now)
 	if err != nil {
 		return nil, err
 	}
@@ -151,6 +165,12 @@ func (h *handler) AccessNodeHeartbeat(ctx context.Context, req *api.AccessNodeHe
 			fmt.Fprintf(hash, "%s %s %d %d %v\n", a.Subsystem, a.Host, a.NSID, a.Optimized, a.NonOptimized)
 		}
 	}
+	for _, r := range subs {
+		if len(r.Volumes) > 0 {
+			resp.Subsystems = append(resp.Subsystems, r.proto())
+			fmt.Fprintf(hash, "%s %v\n", r.NQN, r.Volumes)
+		}
+	}
 	resp.Revision = hash.Sum64()
 	return resp, nil
 }
@@ -166,18 +186,18 @@ func (a anaRecord) proto() *api.ANAAssignment {
 // only reads them: until every live node has been heard from, a newly
 // active MDS would move paths away from nodes that are fine. Caller holds
 // s.anaMu.
-func (s *Server) reassignANA(ctx context.Context, now time.Time) ([]*api.AccessNode, []anaRecord, error) {
+func (s *Server) reassignANA(ctx context.Context, now time.Time) ([]*api.AccessNode, []anaRecord, []nvmfSubsystemRecord, error) {
 	recs, err := getPrefix[accessNodeRecord](ctx, s.cli, accessNodePrefix)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	subs, err := getPrefix[nvmfSubsystemRecord](ctx, s.cli, nvmfSubsysPrefix)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	stored, _, err := getOne[[]anaRecord](ctx, s.cli, anaKey)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	policy := map[string]placement.ANAPolicy{}
 	for _, r := range subs {
@@ -212,7 +232,7 @@ func (s *Server) reassignANA(ctx context.Context, now time.Time) ([]*api.AccessN
 	}
 	s.mu.Unlock()
 	if !settled {
-		return nodes, stored, nil
+		return nodes, stored, subs, nil
 	}
 	var in []placement.ANAHost
 	for k, nss := range hosts {
@@ -244,13 +264,13 @@ func (s *Server) reassignANA(ctx context.Context, now time.Time) ([]*api.AccessN
 		return a.NSID < b.NSID
 	})
 	if encode(next) == encode(stored) || (len(next) == 0 && len(stored) == 0) {
-		return nodes, next, nil
+		return nodes, next, subs, nil
 	}
 	if err := s.txn(ctx, func(stm concurrency.STM) error {
 		stm.Put(anaKey, encode(next))
 		return nil
 	}); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	for _, a := range next {
 		if p, ok := prev[placement.ANAKey{Subsystem: a.Subsystem, Host: a.Host, NSID: a.NSID}]; !ok ||
@@ -260,7 +280,7 @@ func (s *Server) reassignANA(ctx context.Context, now time.Time) ([]*api.AccessN
 				"live_access_nodes", live)
 		}
 	}
-	return nodes, next, nil
+	return nodes, next, subs, nil
 }
 
 // ListANA lists the access nodes, the ANA assignments and the subsystem
@@ -295,11 +315,7 @@ func (h *handler) ListANA(ctx context.Context, _ *api.ListANARequest) (*api.List
 		resp.Assignments = append(resp.Assignments, a.proto())
 	}
 	for _, r := range subs {
-		p := api.ANAPolicy_ANA_POLICY_INHERIT
-		if r.Policy == "balance" {
-			p = api.ANAPolicy_ANA_POLICY_BALANCE
-		}
-		resp.Subsystems = append(resp.Subsystems, &api.NVMfSubsystem{Nqn: r.NQN, Policy: p})
+		resp.Subsystems = append(resp.Subsystems, r.proto())
 	}
 	return resp, nil
 }

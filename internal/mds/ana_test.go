@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -119,5 +121,36 @@ func TestANAAssignments(t *testing.T) {
 	}
 	if _, err := c.AccessNodeHeartbeat(ctx, &api.AccessNodeHeartbeatRequest{Id: 999}); err == nil {
 		t.Error("heartbeat of an unregistered access node accepted")
+	}
+}
+
+// TestNVMfGroupSubsystem: a subsystem of several volumes is stored with
+// its policy and handed to access nodes in their heartbeat answers; one
+// naming a volume that does not exist is refused.
+func TestNVMfGroupSubsystem(t *testing.T) {
+	c := startWithPool(t, Config{}, 8)
+	ctx := ctxT(t)
+	for _, v := range []string{"a", "b"} {
+		if _, err := c.CreateVolume(ctx, &api.CreateVolumeRequest{Name: v, Size: 1 << 20, Pool: "p"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := c.SetNVMfSubsystem(ctx, &api.SetNVMfSubsystemRequest{Subsystem: &api.NVMfSubsystem{Nqn: "g", Volumes: []string{"a", "nope"}}})
+	wantCode(t, "a group with a missing volume", err, codes.NotFound)
+	if _, err := c.SetNVMfSubsystem(ctx, &api.SetNVMfSubsystemRequest{Subsystem: &api.NVMfSubsystem{
+		Nqn: "g", Policy: api.ANAPolicy_ANA_POLICY_BALANCE, Volumes: []string{"b", "a"}}}); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := c.RegisterAccessNode(ctx, &api.RegisterAccessNodeRequest{Addr: "10.0.0.9:4420"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb, err := c.AccessNodeHeartbeat(ctx, &api.AccessNodeHeartbeatRequest{Id: reg.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hb.Subsystems) != 1 || hb.Subsystems[0].Nqn != "g" || !slices.Equal(hb.Subsystems[0].Volumes, []string{"b", "a"}) ||
+		hb.Subsystems[0].Policy != api.ANAPolicy_ANA_POLICY_BALANCE || len(hb.Nodes) != 1 {
+		t.Fatalf("heartbeat answer: %v", hb)
 	}
 }

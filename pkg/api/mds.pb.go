@@ -2749,11 +2749,13 @@ func (x *ANAAssignment) GetNonOptimized() []uint64 {
 	return nil
 }
 
-// NVMfSubsystem is a subsystem's ANA policy (and, later, its namespaces).
+// NVMfSubsystem is a subsystem's ANA policy and, for a subsystem of several
+// namespaces (a group: any NQN but a volume's own), its volumes in NSID order.
 type NVMfSubsystem struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Nqn           string                 `protobuf:"bytes,1,opt,name=nqn,proto3" json:"nqn,omitempty"`
 	Policy        ANAPolicy              `protobuf:"varint,2,opt,name=policy,proto3,enum=basalt.api.v1.ANAPolicy" json:"policy,omitempty"`
+	Volumes       []string               `protobuf:"bytes,3,rep,name=volumes,proto3" json:"volumes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2802,11 +2804,19 @@ func (x *NVMfSubsystem) GetPolicy() ANAPolicy {
 	return ANAPolicy_ANA_POLICY_INHERIT
 }
 
+func (x *NVMfSubsystem) GetVolumes() []string {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
+}
+
 type AccessNodeHeartbeatResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Nodes         []*AccessNode          `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`             // the online access nodes
 	Assignments   []*ANAAssignment       `protobuf:"bytes,2,rep,name=assignments,proto3" json:"assignments,omitempty"` // of every host the request reported
-	Revision      uint64                 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`      // changes whenever the nodes or assignments do
+	Revision      uint64                 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`      // changes whenever the nodes, assignments or subsystems do
+	Subsystems    []*NVMfSubsystem       `protobuf:"bytes,4,rep,name=subsystems,proto3" json:"subsystems,omitempty"`   // those with volumes (groups)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2860,6 +2870,13 @@ func (x *AccessNodeHeartbeatResponse) GetRevision() uint64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *AccessNodeHeartbeatResponse) GetSubsystems() []*NVMfSubsystem {
+	if x != nil {
+		return x.Subsystems
+	}
+	return nil
 }
 
 type SetNVMfSubsystemRequest struct {
@@ -3241,14 +3258,18 @@ const file_mds_proto_rawDesc = "" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12\x12\n" +
 	"\x04nsid\x18\x03 \x01(\rR\x04nsid\x12\x1c\n" +
 	"\toptimized\x18\x04 \x01(\x04R\toptimized\x12#\n" +
-	"\rnon_optimized\x18\x05 \x03(\x04R\fnonOptimized\"S\n" +
+	"\rnon_optimized\x18\x05 \x03(\x04R\fnonOptimized\"m\n" +
 	"\rNVMfSubsystem\x12\x10\n" +
 	"\x03nqn\x18\x01 \x01(\tR\x03nqn\x120\n" +
-	"\x06policy\x18\x02 \x01(\x0e2\x18.basalt.api.v1.ANAPolicyR\x06policy\"\xaa\x01\n" +
+	"\x06policy\x18\x02 \x01(\x0e2\x18.basalt.api.v1.ANAPolicyR\x06policy\x12\x18\n" +
+	"\avolumes\x18\x03 \x03(\tR\avolumes\"\xe8\x01\n" +
 	"\x1bAccessNodeHeartbeatResponse\x12/\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x19.basalt.api.v1.AccessNodeR\x05nodes\x12>\n" +
 	"\vassignments\x18\x02 \x03(\v2\x1c.basalt.api.v1.ANAAssignmentR\vassignments\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x04R\brevision\"U\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\x12<\n" +
+	"\n" +
+	"subsystems\x18\x04 \x03(\v2\x1c.basalt.api.v1.NVMfSubsystemR\n" +
+	"subsystems\"U\n" +
 	"\x17SetNVMfSubsystemRequest\x12:\n" +
 	"\tsubsystem\x18\x01 \x01(\v2\x1c.basalt.api.v1.NVMfSubsystemR\tsubsystem\"\x1a\n" +
 	"\x18SetNVMfSubsystemResponse\"\x10\n" +
@@ -3388,53 +3409,54 @@ var file_mds_proto_depIdxs = []int32{
 	1,  // 26: basalt.api.v1.NVMfSubsystem.policy:type_name -> basalt.api.v1.ANAPolicy
 	39, // 27: basalt.api.v1.AccessNodeHeartbeatResponse.nodes:type_name -> basalt.api.v1.AccessNode
 	44, // 28: basalt.api.v1.AccessNodeHeartbeatResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
-	45, // 29: basalt.api.v1.SetNVMfSubsystemRequest.subsystem:type_name -> basalt.api.v1.NVMfSubsystem
-	39, // 30: basalt.api.v1.ListANAResponse.nodes:type_name -> basalt.api.v1.AccessNode
-	44, // 31: basalt.api.v1.ListANAResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
-	45, // 32: basalt.api.v1.ListANAResponse.subsystems:type_name -> basalt.api.v1.NVMfSubsystem
-	3,  // 33: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
-	6,  // 34: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
-	9,  // 35: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
-	14, // 36: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
-	16, // 37: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
-	18, // 38: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
-	21, // 39: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
-	23, // 40: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
-	25, // 41: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
-	27, // 42: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
-	29, // 43: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
-	31, // 44: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
-	33, // 45: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
-	35, // 46: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
-	37, // 47: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
-	40, // 48: basalt.api.v1.MDS.RegisterAccessNode:input_type -> basalt.api.v1.RegisterAccessNodeRequest
-	43, // 49: basalt.api.v1.MDS.AccessNodeHeartbeat:input_type -> basalt.api.v1.AccessNodeHeartbeatRequest
-	47, // 50: basalt.api.v1.MDS.SetNVMfSubsystem:input_type -> basalt.api.v1.SetNVMfSubsystemRequest
-	49, // 51: basalt.api.v1.MDS.ListANA:input_type -> basalt.api.v1.ListANARequest
-	4,  // 52: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
-	7,  // 53: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
-	10, // 54: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
-	15, // 55: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
-	17, // 56: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
-	19, // 57: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
-	22, // 58: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
-	24, // 59: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
-	26, // 60: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
-	28, // 61: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
-	30, // 62: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
-	32, // 63: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
-	34, // 64: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
-	36, // 65: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
-	38, // 66: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
-	41, // 67: basalt.api.v1.MDS.RegisterAccessNode:output_type -> basalt.api.v1.RegisterAccessNodeResponse
-	46, // 68: basalt.api.v1.MDS.AccessNodeHeartbeat:output_type -> basalt.api.v1.AccessNodeHeartbeatResponse
-	48, // 69: basalt.api.v1.MDS.SetNVMfSubsystem:output_type -> basalt.api.v1.SetNVMfSubsystemResponse
-	50, // 70: basalt.api.v1.MDS.ListANA:output_type -> basalt.api.v1.ListANAResponse
-	52, // [52:71] is the sub-list for method output_type
-	33, // [33:52] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	45, // 29: basalt.api.v1.AccessNodeHeartbeatResponse.subsystems:type_name -> basalt.api.v1.NVMfSubsystem
+	45, // 30: basalt.api.v1.SetNVMfSubsystemRequest.subsystem:type_name -> basalt.api.v1.NVMfSubsystem
+	39, // 31: basalt.api.v1.ListANAResponse.nodes:type_name -> basalt.api.v1.AccessNode
+	44, // 32: basalt.api.v1.ListANAResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
+	45, // 33: basalt.api.v1.ListANAResponse.subsystems:type_name -> basalt.api.v1.NVMfSubsystem
+	3,  // 34: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
+	6,  // 35: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
+	9,  // 36: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
+	14, // 37: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
+	16, // 38: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
+	18, // 39: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
+	21, // 40: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
+	23, // 41: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
+	25, // 42: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
+	27, // 43: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
+	29, // 44: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
+	31, // 45: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
+	33, // 46: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
+	35, // 47: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
+	37, // 48: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
+	40, // 49: basalt.api.v1.MDS.RegisterAccessNode:input_type -> basalt.api.v1.RegisterAccessNodeRequest
+	43, // 50: basalt.api.v1.MDS.AccessNodeHeartbeat:input_type -> basalt.api.v1.AccessNodeHeartbeatRequest
+	47, // 51: basalt.api.v1.MDS.SetNVMfSubsystem:input_type -> basalt.api.v1.SetNVMfSubsystemRequest
+	49, // 52: basalt.api.v1.MDS.ListANA:input_type -> basalt.api.v1.ListANARequest
+	4,  // 53: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
+	7,  // 54: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
+	10, // 55: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
+	15, // 56: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
+	17, // 57: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
+	19, // 58: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
+	22, // 59: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
+	24, // 60: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
+	26, // 61: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
+	28, // 62: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
+	30, // 63: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
+	32, // 64: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
+	34, // 65: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
+	36, // 66: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
+	38, // 67: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
+	41, // 68: basalt.api.v1.MDS.RegisterAccessNode:output_type -> basalt.api.v1.RegisterAccessNodeResponse
+	46, // 69: basalt.api.v1.MDS.AccessNodeHeartbeat:output_type -> basalt.api.v1.AccessNodeHeartbeatResponse
+	48, // 70: basalt.api.v1.MDS.SetNVMfSubsystem:output_type -> basalt.api.v1.SetNVMfSubsystemResponse
+	50, // 71: basalt.api.v1.MDS.ListANA:output_type -> basalt.api.v1.ListANAResponse
+	53, // [53:72] is the sub-list for method output_type
+	34, // [34:53] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_mds_proto_init() }

@@ -88,14 +88,16 @@ type guestPath struct {
 	port     int    // trsvcid of its controller
 	state    string // ana_state
 	ctrlLive bool   // the controller's state is live
+	subsys   string // subsystem NQN
+	nsid     int
 }
 
 // guestPaths reads /sys/class/nvme/*/nvme*c*n*/ana_state with each
 // controller's address and state.
 const guestPathsScript = `for f in /sys/class/nvme/nvme*/nvme*c*n*/ana_state; do
 	[ -e "$f" ] || continue
-	c=$(dirname $(dirname $f))
-	echo "$(basename $(dirname $f)) $(cat $f) $(cat $c/state) $(cat $c/address)"
+	p=$(dirname $f); c=$(dirname $p)
+	echo "$(basename $p) $(cat $f) $(cat $c/state) $(cat $c/subsysnqn) $(cat $p/nsid) $(cat $c/address)"
 done`
 
 var trsvcidRE = regexp.MustCompile(`trsvcid=(\d+)`)
@@ -104,10 +106,11 @@ func parseGuestPaths(out string) []guestPath {
 	var ps []guestPath
 	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
 		f := strings.Fields(l)
-		if len(f) < 4 {
+		if len(f) < 6 {
 			continue
 		}
-		p := guestPath{path: f[0], state: f[1], ctrlLive: f[2] == "live"}
+		p := guestPath{path: f[0], state: f[1], ctrlLive: f[2] == "live", subsys: f[3]}
+		p.nsid, _ = strconv.Atoi(f[4])
 		if m := trsvcidRE.FindStringSubmatch(l); m != nil {
 			p.port, _ = strconv.Atoi(m[1])
 		}
@@ -117,15 +120,26 @@ func parseGuestPaths(out string) []guestPath {
 	return ps
 }
 
-// countStates counts the states of the live paths.
-func countStates(ps []guestPath) map[string]int {
+// countStates counts the states of the live paths of subsystem sub.
+func countStates(ps []guestPath, sub string) map[string]int {
 	n := map[string]int{}
 	for _, p := range ps {
-		if p.ctrlLive {
+		if p.ctrlLive && p.subsys == sub {
 			n[p.state]++
 		}
 	}
 	return n
+}
+
+// of returns the paths of one subsystem.
+func of(ps []guestPath, sub string) []guestPath {
+	var out []guestPath
+	for _, p := range ps {
+		if p.subsys == sub {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // anaTable renders the MDS's view (basalt nvmf ls) of one subsystem.
@@ -245,8 +259,8 @@ func TestKernelNVMeANA(t *testing.T) {
 	var paths []guestPath
 	var table string
 	poll(4*time.Minute, "one optimized and two non-optimized paths", func() (bool, string) {
-		paths = parseGuestPaths(guest(time.Minute, guestPathsScript))
-		n := countStates(paths)
+		paths = of(parseGuestPaths(guest(time.Minute, guestPathsScript)), nqn)
+		n := countStates(paths, nqn)
 		if len(paths) != 3 || n["optimized"] != 1 || n["non-optimized"] != 2 {
 			return false, fmt.Sprint(paths)
 		}
@@ -308,8 +322,8 @@ func TestKernelNVMeANA(t *testing.T) {
 	// The MDS moves the optimized path to a survivor and the kernel follows.
 	var after []guestPath
 	poll(4*time.Minute, "a surviving path becomes optimized", func() (bool, string) {
-		after = parseGuestPaths(guest(time.Minute, guestPathsScript))
-		n := countStates(after)
+		after = of(parseGuestPaths(guest(time.Minute, guestPathsScript)), nqn)
+		n := countStates(after, nqn)
 		if n["optimized"] != 1 || n["non-optimized"] != 1 {
 			return false, fmt.Sprint(after)
 		}
@@ -356,7 +370,97 @@ func TestKernelNVMeANA(t *testing.T) {
 		t.Fatalf("fio reports error %d", j.Error)
 	}
 	logf(t, "kernel NVMe/TCP ANA: discover to three paths with one optimized %s; fio randwrite 4 KiB QD16 + crc32c verify "+
-		"across the kill: %.0f write IOPS, %.0f verify-read IOPS, no error; failover pause (longest write completion) %s; "+
-		"whole test %s", pathsReady.Sub(connected).Round(time.Millisecond), j.Write.IOPS, j.Read.IOPS,
-		time.Duration(j.Write.Clat.Max).Round(time.Millisecond), time.Since(begin).Round(time.Millisecond))
+		"across the kill: %.0f write IOPS, %.0f verify-read IOPS, no error; failover pause (longest write completion) %s",
+		pathsReady.Sub(connected).Round(time.Millisecond), j.Write.IOPS, j.Read.IOPS,
+		time.Duration(j.Write.Clat.Max).Round(time.Millisecond))
+
+	// A node joins (three live again), and two subsystems of three
+	// namespaces each: inherit puts one host's namespaces on one optimized
+	// node, balance on three.
+	nodes = append(nodes, startAccessNode(t, p.st.MDS))
+	byPort[nodes[3].port] = nodes[3]
+	groups := map[string]api.ANAPolicy{
+		groupNQNPrefix + "inh": api.ANAPolicy_ANA_POLICY_INHERIT,
+		groupNQNPrefix + "bal": api.ANAPolicy_ANA_POLICY_BALANCE,
+	}
+	for g, policy := range groups {
+		var vols []string
+		for i := range 3 {
+			v := fmt.Sprintf("%s-%d", strings.TrimPrefix(g, groupNQNPrefix), i+1)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			_, err := mc.CreateVolume(ctx, &api.CreateVolumeRequest{Name: v, Size: 64 << 20})
+			cancel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			vols = append(vols, v)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_, err := mc.SetNVMfSubsystem(ctx, &api.SetNVMfSubsystemRequest{Subsystem: &api.NVMfSubsystem{Nqn: g, Policy: policy, Volumes: vols}})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	disc = fmt.Sprintf("-t tcp -a 10.0.2.2 -s %d -q %s", nodes[3].port, guestHostNQN)
+	poll(3*time.Minute, "each group listed by the three live access nodes", func() (bool, string) {
+		out := guest(2*time.Minute, "nvme discover "+disc)
+		for g := range groups {
+			if strings.Count(out, g) != 3 {
+				return false, out
+			}
+		}
+		return true, ""
+	})
+	guest(3*time.Minute, "nvme connect-all "+disc+" -k 5")
+	var all []guestPath
+	poll(4*time.Minute, "three paths per group namespace, one optimized", func() (bool, string) {
+		all = parseGuestPaths(guest(time.Minute, guestPathsScript))
+		for g := range groups {
+			ps := of(all, g)
+			if len(ps) != 9 {
+				return false, fmt.Sprint(all)
+			}
+			for nsid := 1; nsid <= 3; nsid++ {
+				n := map[string]int{}
+				for _, pa := range ps {
+					if pa.nsid == nsid && pa.ctrlLive {
+						n[pa.state]++
+					}
+				}
+				if n["optimized"] != 1 || n["non-optimized"] != 2 {
+					return false, fmt.Sprint(ps)
+				}
+			}
+		}
+		return true, ""
+	})
+	l := listANA()
+	for g, policy := range groups {
+		opt := map[int]bool{}
+		for _, pa := range of(all, g) {
+			if pa.state == "optimized" && pa.ctrlLive {
+				opt[pa.port] = true
+			}
+		}
+		want := 1
+		if policy == api.ANAPolicy_ANA_POLICY_BALANCE {
+			want = 3
+		}
+		table, _ := anaTable(l, g)
+		logf(t, "%s (%s): kernel paths %v\nMDS assignment:\n%s", g, policyText(policy), of(all, g), table)
+		if len(opt) != want {
+			t.Errorf("%s (%s): the three namespaces are optimized on %d access nodes, want %d", g, policyText(policy), len(opt), want)
+		}
+	}
+	logf(t, "whole test %s", time.Since(begin).Round(time.Millisecond))
+}
+
+const groupNQNPrefix = "nqn.2024-11.io.basalt:group:"
+
+func policyText(p api.ANAPolicy) string {
+	if p == api.ANAPolicy_ANA_POLICY_BALANCE {
+		return "balance"
+	}
+	return "inherit"
 }

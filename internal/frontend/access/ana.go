@@ -71,7 +71,12 @@ func (n *Node) anaLoop(id uint64, srv *nvmf.Server, kick <-chan struct{}, stop <
 
 // pathsOf turns the MDS's answer into this node's ANA states.
 func pathsOf(id uint64, resp *api.AccessNodeHeartbeatResponse) nvmf.Paths {
-	p := nvmf.Paths{States: map[nvmf.PathKey]nvmf.ANAState{}}
+	p := nvmf.Paths{States: map[nvmf.PathKey]nvmf.ANAState{}, Groups: map[string][]string{}}
+	for _, s := range resp.Subsystems {
+		if len(s.Volumes) > 0 {
+			p.Groups[s.Nqn] = s.Volumes
+		}
+	}
 	for _, an := range resp.Nodes {
 		p.Ports = append(p.Ports, nvmf.Port{ID: an.Id, Addr: an.Addr})
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"math/bits"
 	"net"
 	"strconv"
@@ -104,7 +105,7 @@ func (c *conn) connect(cmd *command) {
 		case subNQN == DiscoveryNQN:
 			ctrl.discovery = true
 		default:
-			name, ok := volumeOf(subNQN)
+			vols, ok := c.s.subsystemVolumes(subNQN)
 			if !ok {
 				log.Info("nvmf: connect to an unknown subsystem refused")
 				c.invalidParam(cmd, 256, true)
@@ -115,39 +116,15 @@ func (c *conn) connect(cmd *command) {
 				c.complete(cmd, scConnectHost|dnr, 0, 0)
 				return
 			}
-			ctx, cancel := context.WithTimeout(c.s.conns.Context(), c.s.cfg.ConnectTimeout)
-			var att *frontend.Attachment
-			var info frontend.Info
-			var err error
-			if c.s.cfg.Multipath {
-				info, err = c.s.cfg.Exports.Describe(ctx, name) // attached at the first I/O command
-			} else if att, err = c.s.cfg.Exports.Attach(ctx, name); err == nil {
-				info = att.Info()
-			}
-			cancel()
-			if err != nil {
-				log.Info("nvmf: connect refused: the volume cannot be attached", "err", err)
-				if errors.Is(err, frontend.ErrNoSuchExport) {
-					c.invalidParam(cmd, 256, true)
-				} else {
-					c.complete(cmd, scConnectBusy, 0, 0)
-				}
-				return
-			}
-			ctrl.volume, ctrl.att = name, att
-			ctrl.ns = nsOf(info)
-			if ctrl.ns.lbaShift == 0 {
-				if att != nil {
-					att.Detach()
-				}
-				log.Warn("nvmf: volume's block size cannot be an NVMe LBA", "min_block", info.BlockSizes.Minimum)
-				c.invalidParam(cmd, 256, true)
+			if !c.attachAll(cmd, ctrl, vols, log) {
 				return
 			}
 		}
 		if !c.s.newController(ctrl) {
-			if ctrl.att != nil {
-				ctrl.att.Detach()
+			for _, ns := range ctrl.nss {
+				if ns.att != nil {
+					ns.att.Detach()
+				}
 			}
 			c.complete(cmd, scConnectBusy, 0, 0)
 			return
@@ -182,6 +159,50 @@ func (c *conn) connect(cmd *command) {
 		c.nc.SetReadDeadline(time.Now()) // Shutdown began during the Connect
 	}
 	c.complete(cmd, scSuccess, uint32(ctrl.id), 0)
+}
+
+// attachAll gives a new controller its namespaces, one per volume: described
+// (Multipath: attached at the first I/O command) or attached. On failure it
+// answers the Connect, detaches what it attached and returns false.
+func (c *conn) attachAll(cmd *command, ctrl *controller, vols []string, log *slog.Logger) bool {
+	ctx, cancel := context.WithTimeout(c.s.conns.Context(), c.s.cfg.ConnectTimeout)
+	defer cancel()
+	fail := func() bool {
+		for _, ns := range ctrl.nss {
+			if ns.att != nil {
+				ns.att.Detach()
+			}
+		}
+		ctrl.nss = nil
+		return false
+	}
+	for i, name := range vols {
+		var att *frontend.Attachment
+		var info frontend.Info
+		var err error
+		if c.s.cfg.Multipath {
+			info, err = c.s.cfg.Exports.Describe(ctx, name)
+		} else if att, err = c.s.cfg.Exports.Attach(ctx, name); err == nil {
+			info = att.Info()
+		}
+		if err != nil {
+			log.Info("nvmf: connect refused: the volume cannot be attached", "volume", name, "err", err)
+			if errors.Is(err, frontend.ErrNoSuchExport) {
+				c.invalidParam(cmd, 256, true)
+			} else {
+				c.complete(cmd, scConnectBusy, 0, 0)
+			}
+			return fail()
+		}
+		ns := &namespace{nsid: uint32(i + 1), volume: name, nsInfo: nsOf(info), att: att}
+		ctrl.nss = append(ctrl.nss, ns)
+		if ns.lbaShift == 0 {
+			log.Warn("nvmf: volume's block size cannot be an NVMe LBA", "volume", name, "min_block", info.BlockSizes.Minimum)
+			c.invalidParam(cmd, 256, true)
+			return fail()
+		}
+	}
+	return true
 }
 
 // Properties (controller registers).
@@ -342,11 +363,11 @@ func (c *conn) identify(cmd *command) {
 		c.complete(cmd, scInvalidField|dnr, 0, 0)
 		return
 	case cns == 0:
-		if s.nsid != 1 {
+		ns := ctrl.namespace(s.nsid)
+		if ns == nil {
 			c.complete(cmd, scInvalidNS|dnr, 0, 0)
 			return
 		}
-		ns := ctrl.ns
 		binary.LittleEndian.PutUint64(b[0:], ns.nlb)
 		binary.LittleEndian.PutUint64(b[8:], ns.nlb)
 		binary.LittleEndian.PutUint64(b[16:], ns.nlb)
@@ -354,24 +375,29 @@ func (c *conn) identify(cmd *command) {
 			b[24] |= 1 // thin provisioning
 			b[33] = 1  // deallocated blocks read as zeros
 		}
-		b[30] = 1 // NMIC: may be shared by controllers (multipath)
-		binary.LittleEndian.PutUint32(b[92:], 1)
+		b[30] = 1                                      // NMIC: may be shared by controllers (multipath)
+		binary.LittleEndian.PutUint32(b[92:], ns.nsid) // ANAGRPID: one ANA group per namespace
 		if ns.readOnly {
 			b[99] = 1
 		}
-		nguid, _ := ids(ctrl.volume)
+		nguid, _ := ids(ns.volume)
 		copy(b[104:120], nguid[:])
 		b[128+2] = byte(ns.lbaShift)
 	case cns == 2:
-		if s.nsid < 1 {
-			binary.LittleEndian.PutUint32(b[0:], 1)
+		i := 0
+		for _, ns := range ctrl.nss {
+			if ns.nsid > s.nsid && i < 1024 {
+				binary.LittleEndian.PutUint32(b[4*i:], ns.nsid)
+				i++
+			}
 		}
 	case cns == 3:
-		if s.nsid != 1 {
+		ns := ctrl.namespace(s.nsid)
+		if ns == nil {
 			c.complete(cmd, scInvalidNS|dnr, 0, 0)
 			return
 		}
-		nguid, uuid := ids(ctrl.volume)
+		nguid, uuid := ids(ns.volume)
 		b[0], b[1] = 2, 16
 		copy(b[4:20], nguid[:])
 		b[20], b[21] = 3, 16
@@ -418,20 +444,23 @@ func (c *conn) identifyController(b []byte) {
 		binary.LittleEndian.PutUint32(b[92:], 0)           // OAES: no ANA notices
 		binary.LittleEndian.PutUint32(b[1792:], sqeLen/16) // IOCCSZ: no in-capsule data
 	} else {
-		b[111] = 1                                // CNTRLTYPE: I/O
-		binary.LittleEndian.PutUint32(b[516:], 1) // NN
-		binary.LittleEndian.PutUint32(b[540:], 1) // MNAN
-		oncs := uint16(1 << 0)                    // Compare
-		if ctrl.ns.info.CanTrim {
-			oncs |= 1 << 2 // Dataset Management
+		b[111] = 1 // CNTRLTYPE: I/O
+		nn := uint32(len(ctrl.nss))
+		binary.LittleEndian.PutUint32(b[516:], nn) // NN
+		binary.LittleEndian.PutUint32(b[540:], nn) // MNAN
+		oncs := uint16(1 << 0)                     // Compare
+		for _, ns := range ctrl.nss {
+			if ns.info.CanTrim {
+				oncs |= 1 << 2 // Dataset Management (a no-op on a namespace that cannot trim)
+			}
 		}
 		oncs |= 1 << 3 // Write Zeroes (emulated with zero writes without backend support)
 		binary.LittleEndian.PutUint16(b[520:], oncs)
 		b[525] = 1                                                                         // VWC present
 		b[342] = 10                                                                        // ANATT
 		b[343] = 0x1f                                                                      // ANACAP: every ANA state reportable (as nvmet)
-		binary.LittleEndian.PutUint32(b[344:], 1)                                          // ANAGRPMAX
-		binary.LittleEndian.PutUint32(b[348:], 1)                                          // NANAGRPID
+		binary.LittleEndian.PutUint32(b[344:], nn)                                         // ANAGRPMAX: group id = NSID
+		binary.LittleEndian.PutUint32(b[348:], nn)                                         // NANAGRPID
 		binary.LittleEndian.PutUint32(b[1792:], uint32((sqeLen+c.s.cfg.InCapsuleData)/16)) // IOCCSZ
 	}
 	binary.LittleEndian.PutUint32(b[1796:], cqeLen/16) // IORCSZ
@@ -510,7 +539,14 @@ func (c *conn) discoveryLog() []byte {
 	if !c.s.hostAllowed(c.ctrl.hostNQN) {
 		names = nil
 	}
-	ports := c.s.ports() // Multipath: every live access node
+	ports, groups := c.s.ports() // Multipath: every live access node, group subsystems
+	nqns := make([]string, 0, len(names)+len(groups))
+	for _, n := range names {
+		nqns = append(nqns, VolumeNQNPrefix+n)
+	}
+	if c.s.hostAllowed(c.ctrl.hostNQN) {
+		nqns = append(nqns, groups...)
+	}
 	if len(ports) == 0 {
 		addr := c.s.cfg.AdvertiseAddr
 		if addr == "" {
@@ -518,10 +554,10 @@ func (c *conn) discoveryLog() []byte {
 		}
 		ports = []Port{{ID: 1, Addr: addr}}
 	}
-	n := len(names) * len(ports)
+	n := len(nqns) * len(ports)
 	page := make([]byte, 1024*(1+n))
 	h := fnv.New64a()
-	for _, n := range names {
+	for _, n := range nqns {
 		h.Write([]byte(n + "\x00"))
 	}
 	for _, p := range ports {
@@ -530,7 +566,7 @@ func (c *conn) discoveryLog() []byte {
 	binary.LittleEndian.PutUint64(page[0:], h.Sum64()|1)
 	binary.LittleEndian.PutUint64(page[8:], uint64(n))
 	i := 0
-	for _, name := range names {
+	for _, nqn := range nqns {
 		for _, p := range ports {
 			host, port, err := net.SplitHostPort(p.Addr)
 			if err != nil {
@@ -547,7 +583,7 @@ func (c *conn) discoveryLog() []byte {
 			binary.LittleEndian.PutUint16(e[6:], 0xffff)
 			binary.LittleEndian.PutUint16(e[8:], 32)
 			pad(e[32:64], port)
-			copy(e[256:512], VolumeNQNPrefix+name)
+			copy(e[256:512], nqn)
 			pad(e[512:768], host)
 		}
 	}

@@ -54,6 +54,10 @@ type Port struct {
 type Paths struct {
 	Ports  []Port
 	States map[PathKey]ANAState
+	// Groups are the subsystems of several namespaces (NQN → volumes in
+	// NSID order), defined in the MDS; every volume also has its own
+	// subsystem, VolumeNQNPrefix+NAME.
+	Groups map[string][]string
 }
 
 // HostNamespaces is one host connected to a subsystem on this node.
@@ -78,27 +82,35 @@ func (s *Server) SetPaths(p Paths) {
 	s.mu.Lock()
 	old := s.paths
 	s.paths = p
-	var changed []*controller
+	type change struct {
+		c  *controller
+		ns *namespace
+		st ANAState
+	}
+	var changes []change
 	for _, c := range s.ctrls {
-		if c.discovery {
-			continue
-		}
-		k := PathKey{c.subNQN, c.hostNQN, 1}
-		if stateIn(old, k) != stateIn(p, k) {
-			changed = append(changed, c)
+		for _, ns := range c.nss {
+			k := PathKey{c.subNQN, c.hostNQN, ns.nsid}
+			if st := stateIn(p, k); stateIn(old, k) != st {
+				changes = append(changes, change{c, ns, st})
+			}
 		}
 	}
-	if len(changed) > 0 {
+	if len(changes) > 0 {
 		s.anaChange++
 	}
 	s.mu.Unlock()
-	for _, c := range changed {
-		st := s.anaState(c)
-		s.log.Info("nvmf: ANA state changed", "cntlid", c.id, "subnqn", c.subNQN, "hostnqn", c.hostNQN, "state", st.String())
-		if st == ANAInaccessible {
-			c.dropAttachment(nil) // another node writes now; ours would only be fenced
+	notified := map[*controller]bool{}
+	for _, ch := range changes {
+		s.log.Info("nvmf: ANA state changed", "cntlid", ch.c.id, "subnqn", ch.c.subNQN, "hostnqn", ch.c.hostNQN,
+			"nsid", ch.ns.nsid, "state", ch.st.String())
+		if ch.st == ANAInaccessible {
+			ch.c.dropAttachment(ch.ns, nil) // another node writes now; ours would only be fenced
 		}
-		c.notifyANA()
+		if !notified[ch.c] {
+			notified[ch.c] = true
+			ch.c.notifyANA()
+		}
 	}
 }
 
@@ -109,14 +121,14 @@ func stateIn(p Paths, k PathKey) ANAState {
 	return ANANonOptimized
 }
 
-// anaState is c's namespace's state on this node.
-func (s *Server) anaState(c *controller) ANAState {
+// anaState is the state of c's namespace nsid on this node.
+func (s *Server) anaState(c *controller, nsid uint32) ANAState {
 	if !s.cfg.Multipath {
 		return ANAOptimized
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return stateIn(s.paths, PathKey{c.subNQN, c.hostNQN, 1})
+	return stateIn(s.paths, PathKey{c.subNQN, c.hostNQN, nsid})
 }
 
 // Hosts lists the hosts connected to I/O subsystems on this node, for the
@@ -131,7 +143,11 @@ func (s *Server) Hosts() []HostNamespaces {
 			continue
 		}
 		seen[k] = true
-		out = append(out, HostNamespaces{Subsystem: c.subNQN, Host: c.hostNQN, NSIDs: []uint32{1}})
+		h := HostNamespaces{Subsystem: c.subNQN, Host: c.hostNQN}
+		for _, ns := range c.nss {
+			h.NSIDs = append(h.NSIDs, ns.nsid)
+		}
+		out = append(out, h)
 	}
 	s.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool {
@@ -144,11 +160,18 @@ func (s *Server) Hosts() []HostNamespaces {
 }
 
 // ports returns the access nodes the discovery log lists (multipath), or
-// nil: this node alone.
-func (s *Server) ports() []Port {
+// nil: this node alone; and the NQNs of the group subsystems, sorted.
+func (s *Server) ports() ([]Port, []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return slices.Clone(s.paths.Ports)
+	var groups []string
+	for nqn, vols := range s.paths.Groups {
+		if len(vols) > 0 {
+			groups = append(groups, nqn)
+		}
+	}
+	slices.Sort(groups)
+	return slices.Clone(s.paths.Ports), groups
 }
 
 // notifyANA records an ANA change for the host and delivers it if it can.
@@ -197,42 +220,43 @@ func (c *conn) asyncEvent(cmd *command) {
 }
 
 // anaLog builds the ANA log page of c: one ANA group per namespace (group
-// id = NSID; today namespace 1), in c's state on this node. rgo: groups
-// only, no NSID lists.
+// id = NSID), each in the state of c's host's path through this node.
+// rgo: groups only, no NSID lists.
 func (s *Server) anaLog(c *controller, rgo bool) []byte {
-	st := s.anaState(c)
 	s.mu.Lock()
 	chg := s.anaChange
 	s.mu.Unlock()
-	page := make([]byte, 16+32+4)
+	page := make([]byte, 16, 16+len(c.nss)*36)
 	binary.LittleEndian.PutUint64(page[0:], chg)
-	binary.LittleEndian.PutUint16(page[8:], 1) // one group
-	g := page[16:]
-	binary.LittleEndian.PutUint32(g[0:], 1) // group 1
-	binary.LittleEndian.PutUint64(g[8:], chg)
-	g[16] = byte(st)
-	if rgo {
-		return page[:48]
+	binary.LittleEndian.PutUint16(page[8:], uint16(len(c.nss)))
+	for _, ns := range c.nss {
+		g := make([]byte, 32, 36)
+		binary.LittleEndian.PutUint32(g[0:], ns.nsid) // ANA group id
+		binary.LittleEndian.PutUint64(g[8:], chg)
+		g[16] = byte(s.anaState(c, ns.nsid))
+		if !rgo {
+			binary.LittleEndian.PutUint32(g[4:], 1) // one namespace: its own
+			g = binary.LittleEndian.AppendUint32(g, ns.nsid)
+		}
+		page = append(page, g...)
 	}
-	binary.LittleEndian.PutUint32(g[4:], 1)  // one namespace:
-	binary.LittleEndian.PutUint32(g[32:], 1) // NSID 1
 	return page
 }
 
-// attachment returns c's attachment, attaching the volume first if c has
+// attachment returns ns's attachment, attaching its volume first if it has
 // none (Config.Multipath attaches at the first I/O command, so that only
 // the node the host uses takes the volume's writer role).
-func (c *controller) attachment() (*frontend.Attachment, error) {
-	c.attMu.Lock()
-	defer c.attMu.Unlock()
+func (c *controller) attachment(ns *namespace) (*frontend.Attachment, error) {
+	ns.attMu.Lock()
+	defer ns.attMu.Unlock()
 	c.mu.Lock()
-	att := c.att
+	att := ns.att
 	c.mu.Unlock()
 	if att != nil {
 		return att, nil
 	}
 	ctx, cancel := context.WithTimeout(c.s.conns.Context(), c.s.cfg.ConnectTimeout)
-	att, err := c.s.cfg.Exports.Attach(ctx, c.volume)
+	att, err := c.s.cfg.Exports.Attach(ctx, ns.volume)
 	cancel()
 	if err != nil {
 		return nil, err
@@ -243,26 +267,26 @@ func (c *controller) attachment() (*frontend.Attachment, error) {
 		att.Detach()
 		return nil, frontend.ErrShuttingDown
 	}
-	c.att = att
+	ns.att = att
 	c.mu.Unlock()
-	c.s.log.Info("nvmf: volume attached", "cntlid", c.id, "volume", c.volume, "hostnqn", c.hostNQN)
+	c.s.log.Info("nvmf: volume attached", "cntlid", c.id, "nsid", ns.nsid, "volume", ns.volume, "hostnqn", c.hostNQN)
 	return att, nil
 }
 
-// dropAttachment retires c's attachment (att, or any when nil) after a
+// dropAttachment retires ns's attachment (att, or any when nil) after a
 // fenced IO or a move to inaccessible: the next I/O command attaches anew.
 // Retired attachments are detached with the controller's last connection.
-func (c *controller) dropAttachment(att *frontend.Attachment) {
+func (c *controller) dropAttachment(ns *namespace, att *frontend.Attachment) {
 	if !c.s.cfg.Multipath {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.att == nil || (att != nil && c.att != att) {
+	if ns.att == nil || (att != nil && ns.att != att) {
 		return
 	}
-	c.retired = append(c.retired, c.att)
-	c.att = nil
+	ns.retired = append(ns.retired, ns.att)
+	ns.att = nil
 }
 
 // isFenced reports a classified IO error meaning another writer took over.

@@ -2,8 +2,13 @@ package nvmf
 
 import (
 	"encoding/binary"
+	"io"
+	"log/slog"
+	"net"
 	"strings"
 	"testing"
+
+	"github.com/basalt-storage/basalt/internal/frontend"
 )
 
 // send writes one command without waiting for its response (an AER).
@@ -124,5 +129,87 @@ func TestMultipathANA(t *testing.T) {
 			strings.TrimSpace(string(e[32:64])) != port || strings.TrimRight(string(e[256:512]), "\x00") != key.Subsystem {
 			t.Fatalf("record %d: portid %d traddr %q trsvcid %q", i, binary.LittleEndian.Uint16(e[4:]), e[512:530], e[32:40])
 		}
+	}
+}
+
+// TestGroupSubsystem: a subsystem of several namespaces (Paths.Groups):
+// NSID i is the i-th volume, each namespace its own ANA group with its own
+// state, I/O goes to each namespace's volume.
+func TestGroupSubsystem(t *testing.T) {
+	disk2 := &memDisk{data: make([]byte, 2<<20)}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	disk1 := &memDisk{data: make([]byte, 1<<20)}
+	ex := frontend.NewExports(frontend.ExportsConfig{Opener: memOpener{"a": disk1, "b": disk2}, Logger: quiet})
+	s, err := NewServer(Config{Exports: ex, Logger: quiet, Multipath: true, NodeID: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	t.Cleanup(func() { s.Close(); ex.Close() })
+	const group = GroupNQNPrefix + "g"
+	s.SetPaths(Paths{
+		Groups: map[string][]string{group: {"a", "b"}},
+		States: map[PathKey]ANAState{{group, hostA, 1}: ANAOptimized, {group, hostA, 2}: ANAInaccessible},
+	})
+	admin := dialInit(t, ln.Addr().String(), false, false)
+	admin.must(admin.connect(group, hostA, 0, 0xffff, 0))
+	admin.must(admin.do(newSQE(adminSetFeatures, 0, 0x07, 0), nil, false, 0))
+	ioq := dialInit(t, ln.Addr().String(), false, false)
+	ioq.must(ioq.connect(group, hostA, 1, admin.cntlid, 0))
+	id := admin.must(admin.do(newSQE(adminIdentify, 0, 1), nil, false, 4096)).data
+	if nn := binary.LittleEndian.Uint32(id[516:]); nn != 2 || binary.LittleEndian.Uint32(id[344:]) != 2 {
+		t.Fatalf("NN %d ANAGRPMAX %d, want 2 and 2", nn, binary.LittleEndian.Uint32(id[344:]))
+	}
+	list := admin.must(admin.do(newSQE(adminIdentify, 0, 2), nil, false, 4096)).data
+	if binary.LittleEndian.Uint32(list) != 1 || binary.LittleEndian.Uint32(list[4:]) != 2 || binary.LittleEndian.Uint32(list[8:]) != 0 {
+		t.Fatalf("active namespace list %v", list[:12])
+	}
+	ns2 := admin.must(admin.do(newSQE(adminIdentify, 2, 0), nil, false, 4096)).data
+	if nsze := binary.LittleEndian.Uint64(ns2); nsze != 4096 || binary.LittleEndian.Uint32(ns2[92:]) != 2 {
+		t.Fatalf("namespace 2: NSZE %d ANAGRPID %d", nsze, binary.LittleEndian.Uint32(ns2[92:]))
+	}
+	page := admin.must(admin.do(newSQE(adminGetLogPage, 0xffffffff, logANA|(4096/4-1)<<16), nil, false, 4096)).data
+	if binary.LittleEndian.Uint16(page[8:]) != 2 {
+		t.Fatalf("ANA log: %d groups", binary.LittleEndian.Uint16(page[8:]))
+	}
+	for i, want := range []ANAState{ANAOptimized, ANAInaccessible} {
+		g := page[16+36*i:]
+		if binary.LittleEndian.Uint32(g[0:]) != uint32(i+1) || g[16] != byte(want) || binary.LittleEndian.Uint32(g[32:]) != uint32(i+1) {
+			t.Fatalf("ANA group %d: id %d state %d nsid %d, want state %d", i, binary.LittleEndian.Uint32(g[0:]), g[16],
+				binary.LittleEndian.Uint32(g[32:]), want)
+		}
+	}
+	data := make([]byte, 4096)
+	data[0] = 0x5a
+	ioq.must(ioq.do(rw(ioWrite, 0, 8), data, true, 0))
+	if disk1.snapshotAt(0, 1)[0] != 0x5a || disk2.opens() != 0 {
+		t.Fatal("the write to namespace 1 did not reach volume a alone")
+	}
+	w2 := rw(ioWrite, 0, 8)
+	binary.LittleEndian.PutUint32(w2[4:], 2)
+	if r, _ := ioq.do(w2, data, true, 0); r.status != scANAInaccessible {
+		t.Fatalf("write to the inaccessible namespace 2: status %#x", r.status)
+	}
+	s.SetPaths(Paths{
+		Groups: map[string][]string{group: {"a", "b"}},
+		States: map[PathKey]ANAState{{group, hostA, 1}: ANAOptimized, {group, hostA, 2}: ANANonOptimized},
+	})
+	ioq.must(ioq.do(w2, data, true, 0))
+	if disk2.snapshotAt(0, 1)[0] != 0x5a {
+		t.Fatal("the write to namespace 2 did not reach volume b")
+	}
+	if h := s.Hosts(); len(h) != 1 || len(h[0].NSIDs) != 2 {
+		t.Fatalf("Hosts() = %v", h)
+	}
+	// Discovery lists the group beside the volumes' own subsystems.
+	d := dialInit(t, ln.Addr().String(), false, false)
+	d.must(d.connect(DiscoveryNQN, hostA, 0, 0xffff, 0))
+	disc := d.must(d.do(newSQE(adminGetLogPage, 0, logDiscovery|(4096/4-1)<<16), nil, false, 4096)).data
+	if n := binary.LittleEndian.Uint64(disc[8:]); n != 3 || !strings.Contains(string(disc), group) {
+		t.Fatalf("%d discovery records (want a, b and the group)", n)
 	}
 }

@@ -38,6 +38,7 @@ type conn struct {
 	maxCapsule   int                  // in-capsule data accepted
 	noSQFlow     bool                 // Connect disabled SQ flow control: C2HData may carry SUCCESS
 	att          *frontend.Attachment // of the command being started (io)
+	ns           *namespace           // of the command being started (io)
 
 	inflight atomic.Int32   // commands read and not yet answered (AERs included)
 	wg       sync.WaitGroup // backend callbacks outstanding

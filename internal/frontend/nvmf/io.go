@@ -34,12 +34,12 @@ func statusOf(err error) uint16 {
 // submit runs one backend IO for cmd; done runs with the classified error.
 func (c *conn) submit(op api.Op, buf []byte, off, n int64, done func(error)) {
 	c.wg.Add(1)
-	att := c.att
+	att, ns := c.att, c.ns
 	att.Backend().Submit(op, buf, off, n, func(err error) {
 		if err != nil {
 			err = att.Classify(err)
 			if isFenced(err) {
-				c.ctrl.dropAttachment(att)
+				c.ctrl.dropAttachment(ns, att)
 			}
 		}
 		done(err)
@@ -50,40 +50,43 @@ func (c *conn) submit(op api.Op, buf []byte, off, n int64, done func(error)) {
 func (c *conn) io(cmd *command) {
 	s := cmd.sqe
 	ctrl := c.ctrl
-	ns := &ctrl.ns
 	if ctrl.discovery {
 		c.complete(cmd, scInvalidOpcode|dnr, 0, 0)
 		return
 	}
+	if s.opcode == ioFlush && s.nsid == 0xffffffff {
+		// Every namespace: a completed write is durable already (FUA
+		// needs nothing either), so there is nothing to wait for.
+		c.complete(cmd, scSuccess, 0, 0)
+		return
+	}
+	ns := ctrl.namespace(s.nsid)
+	if ns == nil {
+		c.complete(cmd, scInvalidNS|dnr, 0, 0)
+		return
+	}
+	c.ns = ns
 	if c.s.cfg.Multipath {
-		if c.s.anaState(ctrl) == ANAInaccessible {
+		if c.s.anaState(ctrl, ns.nsid) == ANAInaccessible {
 			c.complete(cmd, scANAInaccessible, 0, 0)
 			return
 		}
-		att, err := ctrl.attachment()
+		att, err := ctrl.attachment(ns)
 		if err != nil {
-			c.log.Warn("nvmf: the volume cannot be attached", "volume", ctrl.volume, "err", err)
+			c.log.Warn("nvmf: the volume cannot be attached", "volume", ns.volume, "err", err)
 			c.complete(cmd, scNSNotReady, 0, 0)
 			return
 		}
 		c.att = att
 	} else {
-		c.att = ctrl.att
+		c.att = ns.att
 	}
 	if s.opcode == ioFlush {
-		if s.nsid != 1 && s.nsid != 0xffffffff {
-			c.complete(cmd, scInvalidNS|dnr, 0, 0)
-			return
-		}
 		if !ns.info.CanFlush {
 			c.complete(cmd, scSuccess, 0, 0)
 			return
 		}
 		c.submit(api.OpFlush, nil, 0, 0, func(err error) { c.done(cmd, err) })
-		return
-	}
-	if s.nsid != 1 {
-		c.complete(cmd, scInvalidNS|dnr, 0, 0)
 		return
 	}
 	slba := uint64(s.cdw[10]) | uint64(s.cdw[11])<<32
@@ -155,7 +158,7 @@ func (c *conn) done(cmd *command, err error) {
 // so only the first NR ranges of the data are read.
 func (c *conn) dsm(cmd *command) {
 	s := cmd.sqe
-	ns := &c.ctrl.ns
+	ns := c.ns
 	nr := int(s.cdw[10]&0xff) + 1
 	if s.cdw[11]&4 == 0 || !ns.info.CanTrim {
 		c.complete(cmd, scSuccess, 0, 0)

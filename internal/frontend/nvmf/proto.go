@@ -109,6 +109,9 @@ const (
 	DiscoveryNQN = "nqn.2014-08.org.nvmexpress.discovery"
 	// VolumeNQNPrefix + volume name is the NQN of a volume's subsystem.
 	VolumeNQNPrefix = "nqn.2024-11.io.basalt:volume:"
+	// GroupNQNPrefix + group name is the NQN of a subsystem of several
+	// volumes, one namespace each (defined in the MDS; Paths.Groups).
+	GroupNQNPrefix = "nqn.2024-11.io.basalt:group:"
 )
 
 // sqe is a submission queue entry, decoded.

@@ -167,6 +167,18 @@ func (s *Server) hostAllowed(hostNQN string) bool {
 	return len(s.cfg.AllowedHosts) == 0 || slices.Contains(s.cfg.AllowedHosts, hostNQN)
 }
 
+// subsystemVolumes returns the volumes of an I/O subsystem, in NSID order:
+// the volume of VolumeNQNPrefix+NAME, or the group's (Paths.Groups).
+func (s *Server) subsystemVolumes(nqn string) ([]string, bool) {
+	if name, ok := volumeOf(nqn); ok {
+		return []string{name}, true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	vols, ok := s.paths.Groups[nqn]
+	return vols, ok && len(vols) > 0
+}
+
 // volumeOf returns the volume name of an I/O subsystem NQN.
 func volumeOf(subNQN string) (string, bool) {
 	name, ok := strings.CutPrefix(subNQN, VolumeNQNPrefix)
@@ -181,32 +193,47 @@ type controller struct {
 	hostNQN   string
 	hostID    [16]byte
 	discovery bool
-	volume    string
-	ns        nsInfo
-	attMu     sync.Mutex // serializes attaching (attachment); taken before mu
+	nss       []*namespace // NSID i+1 is nss[i]; none for discovery
 
 	// lastSeen is updated by every command on any of its queues (TBKAS).
-	mu       sync.Mutex
-	kato     time.Duration
-	lastSeen time.Time
-	cc       uint32
-	csts     uint32
-	nqueues  uint16 // I/O queues granted (Set Features number of queues)
-	aecfg    uint32
-	conns    map[*conn]bool
-	refs     int // connections attached, until their IO drained
-	dead     bool
-	stopKA   chan struct{}
-	// att is nil for discovery, and (Multipath) until the first I/O command
-	// or after a fenced IO; retired ones are detached by the last leave.
-	att        *frontend.Attachment
-	retired    []*frontend.Attachment
+	mu         sync.Mutex
+	kato       time.Duration
+	lastSeen   time.Time
+	cc         uint32
+	csts       uint32
+	nqueues    uint16 // I/O queues granted (Set Features number of queues)
+	aecfg      uint32
+	conns      map[*conn]bool
+	refs       int // connections attached, until their IO drained
+	dead       bool
+	stopKA     chan struct{}
 	aers       []*command // Asynchronous Event Requests held
 	anaPending bool       // an ANA change notice waits for an AER
 	anaMasked  bool       // a notice was sent; none until the host reads the ANA log
 }
 
-// nsInfo is the namespace the controller's volume presents.
+// namespace is one namespace of a controller: a volume.
+type namespace struct {
+	nsid   uint32
+	volume string
+	nsInfo
+	attMu sync.Mutex // serializes attaching (controller.attachment); taken before controller.mu
+	// att (under controller.mu) is nil (Multipath) until the first I/O
+	// command or after a fenced IO; retired ones are detached by the
+	// controller's last leave.
+	att     *frontend.Attachment
+	retired []*frontend.Attachment
+}
+
+// namespace returns the namespace nsid, or nil.
+func (c *controller) namespace(nsid uint32) *namespace {
+	if nsid < 1 || int64(nsid) > int64(len(c.nss)) {
+		return nil
+	}
+	return c.nss[nsid-1]
+}
+
+// nsInfo is what a namespace's volume presents.
 type nsInfo struct {
 	lbaShift uint
 	nlb      uint64
@@ -303,8 +330,10 @@ func (c *controller) leave(cn *conn) {
 	last := c.refs == 0
 	var atts []*frontend.Attachment
 	if last {
-		atts = append(c.retired, c.att)
-		c.att, c.retired = nil, nil
+		for _, ns := range c.nss {
+			atts = append(append(atts, ns.retired...), ns.att)
+			ns.att, ns.retired = nil, nil
+		}
 	}
 	c.mu.Unlock()
 	for _, a := range atts {
