@@ -539,10 +539,12 @@ func (c *conn) discoveryLog() []byte {
 	if !c.s.hostAllowed(c.ctrl.hostNQN) {
 		names = nil
 	}
-	ports, groups := c.s.ports() // Multipath: every live access node, group subsystems
+	ports, groups, grouped := c.s.ports() // Multipath: every live access node, group subsystems
 	nqns := make([]string, 0, len(names)+len(groups))
 	for _, n := range names {
-		nqns = append(nqns, VolumeNQNPrefix+n)
+		if !grouped[n] {
+			nqns = append(nqns, VolumeNQNPrefix+n)
+		}
 	}
 	if c.s.hostAllowed(c.ctrl.hostNQN) {
 		nqns = append(nqns, groups...)

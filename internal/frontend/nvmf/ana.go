@@ -160,8 +160,9 @@ func (s *Server) Hosts() []HostNamespaces {
 }
 
 // ports returns the access nodes the discovery log lists (multipath), or
-// nil: this node alone; and the NQNs of the group subsystems, sorted.
-func (s *Server) ports() ([]Port, []string) {
+// nil: this node alone; the NQNs of the group subsystems, sorted; and the
+// volumes in a group (not listed under their own subsystem).
+func (s *Server) ports() ([]Port, []string, map[string]bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var groups []string
@@ -171,7 +172,7 @@ func (s *Server) ports() ([]Port, []string) {
 		}
 	}
 	slices.Sort(groups)
-	return slices.Clone(s.paths.Ports), groups
+	return slices.Clone(s.paths.Ports), groups, s.groupedLocked()
 }
 
 // notifyANA records an ANA change for the host and delivers it if it can.

@@ -209,7 +209,12 @@ func TestGroupSubsystem(t *testing.T) {
 	d := dialInit(t, ln.Addr().String(), false, false)
 	d.must(d.connect(DiscoveryNQN, hostA, 0, 0xffff, 0))
 	disc := d.must(d.do(newSQE(adminGetLogPage, 0, logDiscovery|(4096/4-1)<<16), nil, false, 4096)).data
-	if n := binary.LittleEndian.Uint64(disc[8:]); n != 3 || !strings.Contains(string(disc), group) {
-		t.Fatalf("%d discovery records (want a, b and the group)", n)
+	if n := binary.LittleEndian.Uint64(disc[8:]); n != 1 || !strings.Contains(string(disc), group) {
+		t.Fatalf("%d discovery records (want the group alone: a and b are in it)", n)
+	}
+	// A grouped volume's own subsystem is not served.
+	other := dialInit(t, ln.Addr().String(), false, false)
+	if r, _ := other.connect(VolumeNQNPrefix+"a", hostA, 0, 0xffff, 0); r.status != scConnectInvalid {
+		t.Fatalf("connect to a grouped volume's own subsystem: status %#x", r.status)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"strings"
@@ -140,6 +141,12 @@ func NewServer(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, ctrls: map[uint16]*controller{}}
+	if cfg.Multipath {
+		// A restarted access node keeps its node id: start its controller
+		// ids elsewhere in its range, so a host still holding a controller
+		// of the previous run is not handed the same id again.
+		s.nextCtrl = uint16(rand.IntN(0xfff))
+	}
 	s.conns = frontend.NewConns(frontend.ConnsConfig{
 		Protocol: "nvmf",
 		Logger:   cfg.Logger,
@@ -168,15 +175,28 @@ func (s *Server) hostAllowed(hostNQN string) bool {
 }
 
 // subsystemVolumes returns the volumes of an I/O subsystem, in NSID order:
-// the volume of VolumeNQNPrefix+NAME, or the group's (Paths.Groups).
+// the volume of VolumeNQNPrefix+NAME, or the group's (Paths.Groups). A
+// volume in a group is served only through the group: the kernel refuses
+// one namespace (one NGUID) in two subsystems.
 func (s *Server) subsystemVolumes(nqn string) ([]string, bool) {
-	if name, ok := volumeOf(nqn); ok {
-		return []string{name}, true
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if name, ok := volumeOf(nqn); ok {
+		return []string{name}, !s.groupedLocked()[name]
+	}
 	vols, ok := s.paths.Groups[nqn]
 	return vols, ok && len(vols) > 0
+}
+
+// groupedLocked returns the volumes that belong to a group. Caller holds s.mu.
+func (s *Server) groupedLocked() map[string]bool {
+	m := map[string]bool{}
+	for _, vols := range s.paths.Groups {
+		for _, v := range vols {
+			m[v] = true
+		}
+	}
+	return m
 }
 
 // volumeOf returns the volume name of an I/O subsystem NQN.
