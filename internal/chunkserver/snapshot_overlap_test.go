@@ -83,10 +83,10 @@ func overlapLeader(t *testing.T) (old, new leaderSnapshot) {
 func TestInstallSnapshotUsesItsOwnStagedData(t *testing.T) {
 	old, new := overlapLeader(t)
 	f := newDiskSM(t)
-	if err := f.ReceiveSnapshot(bytes.NewReader(old.data)); err != nil {
+	if err := f.ReceiveSnapshot(old.index, bytes.NewReader(old.data)); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.ReceiveSnapshot(bytes.NewReader(new.data)); err != nil {
+	if err := f.ReceiveSnapshot(new.index, bytes.NewReader(new.data)); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.InstallSnapshot(old.index, old.state); err != nil {
@@ -110,7 +110,7 @@ func TestInstallSnapshotUsesItsOwnStagedData(t *testing.T) {
 func TestInstallSnapshotWithoutItsDataFails(t *testing.T) {
 	old, new := overlapLeader(t)
 	f := newDiskSM(t)
-	if err := f.ReceiveSnapshot(bytes.NewReader(old.data)); err != nil {
+	if err := f.ReceiveSnapshot(old.index, bytes.NewReader(old.data)); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.InstallSnapshot(old.index, old.state); err != nil {
@@ -121,5 +121,26 @@ func TestInstallSnapshotWithoutItsDataFails(t *testing.T) {
 	}
 	if idx, _, _ := f.Recover(); idx == new.index {
 		t.Fatalf("index %d recorded over index %d's data", new.index, old.index)
+	}
+}
+
+// The restart case the "already installed" path is for: the process stopped
+// after the datastore installed snapshot 10 but before its index was
+// recorded; raft calls InstallSnapshot(10) again, finds nothing staged, and
+// records 10 because 10 is the install the datastore last began.
+func TestInstallSnapshotAgainAfterRestart(t *testing.T) {
+	old, _ := overlapLeader(t)
+	f := newDiskSM(t)
+	if err := f.ReceiveSnapshot(old.index, bytes.NewReader(old.data)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.store.InstallStaged(old.index); err != nil { // then the process died
+		t.Fatal(err)
+	}
+	if err := f.InstallSnapshot(old.index, old.state); err != nil {
+		t.Fatal(err)
+	}
+	if idx, _, err := f.Recover(); idx != old.index || err != nil || block0(t, f)[0] != 'a' {
+		t.Fatalf("recover: %d %v, block %q", idx, err, block0(t, f)[:1])
 	}
 }
