@@ -53,6 +53,7 @@ func main() {
 		statusCommand(),
 		benchCommand(),
 		checkCommand(),
+		certCommand(),
 	)
 	if err := root.Execute(); err != nil {
 		if logToFile {

@@ -28,6 +28,9 @@ const (
 	topologyRevKey    = prefix + "topology-revision"
 	sessionPrefix     = prefix + "sessions/"
 	nodePrefix        = prefix + "nodes/"
+	accessNodePrefix  = prefix + "access-nodes/"
+	nvmfSubsysPrefix  = prefix + "nvmf-subsystems/"
+	anaKey            = prefix + "ana-assignments"
 )
 
 // Id counters (idsPrefix + kind).
@@ -36,6 +39,7 @@ const (
 	idPool        = "pool"
 	idVolume      = "volume"
 	idSession     = "session"
+	idAccessNode  = "access-node"
 )
 
 func idKey(p string, id uint64) string { return fmt.Sprintf("%s%020d", p, id) }

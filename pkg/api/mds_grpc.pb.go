@@ -41,6 +41,10 @@ const (
 	MDS_RegisterNode_FullMethodName        = "/basalt.api.v1.MDS/RegisterNode"
 	MDS_AttachVolume_FullMethodName        = "/basalt.api.v1.MDS/AttachVolume"
 	MDS_DetachVolume_FullMethodName        = "/basalt.api.v1.MDS/DetachVolume"
+	MDS_RegisterAccessNode_FullMethodName  = "/basalt.api.v1.MDS/RegisterAccessNode"
+	MDS_AccessNodeHeartbeat_FullMethodName = "/basalt.api.v1.MDS/AccessNodeHeartbeat"
+	MDS_SetNVMfSubsystem_FullMethodName    = "/basalt.api.v1.MDS/SetNVMfSubsystem"
+	MDS_ListANA_FullMethodName             = "/basalt.api.v1.MDS/ListANA"
 )
 
 // MDSClient is the client API for MDS service.
@@ -72,6 +76,11 @@ type MDSClient interface {
 	RegisterNode(ctx context.Context, in *RegisterNodeRequest, opts ...grpc.CallOption) (*RegisterNodeResponse, error)
 	AttachVolume(ctx context.Context, in *AttachVolumeRequest, opts ...grpc.CallOption) (*AttachVolumeResponse, error)
 	DetachVolume(ctx context.Context, in *DetachVolumeRequest, opts ...grpc.CallOption) (*DetachVolumeResponse, error)
+	// NVMe/TCP access nodes and their ANA path assignments (docs/nvmf.md).
+	RegisterAccessNode(ctx context.Context, in *RegisterAccessNodeRequest, opts ...grpc.CallOption) (*RegisterAccessNodeResponse, error)
+	AccessNodeHeartbeat(ctx context.Context, in *AccessNodeHeartbeatRequest, opts ...grpc.CallOption) (*AccessNodeHeartbeatResponse, error)
+	SetNVMfSubsystem(ctx context.Context, in *SetNVMfSubsystemRequest, opts ...grpc.CallOption) (*SetNVMfSubsystemResponse, error)
+	ListANA(ctx context.Context, in *ListANARequest, opts ...grpc.CallOption) (*ListANAResponse, error)
 }
 
 type mDSClient struct {
@@ -262,6 +271,46 @@ func (c *mDSClient) DetachVolume(ctx context.Context, in *DetachVolumeRequest, o
 	return out, nil
 }
 
+func (c *mDSClient) RegisterAccessNode(ctx context.Context, in *RegisterAccessNodeRequest, opts ...grpc.CallOption) (*RegisterAccessNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RegisterAccessNodeResponse)
+	err := c.cc.Invoke(ctx, MDS_RegisterAccessNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *mDSClient) AccessNodeHeartbeat(ctx context.Context, in *AccessNodeHeartbeatRequest, opts ...grpc.CallOption) (*AccessNodeHeartbeatResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AccessNodeHeartbeatResponse)
+	err := c.cc.Invoke(ctx, MDS_AccessNodeHeartbeat_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *mDSClient) SetNVMfSubsystem(ctx context.Context, in *SetNVMfSubsystemRequest, opts ...grpc.CallOption) (*SetNVMfSubsystemResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetNVMfSubsystemResponse)
+	err := c.cc.Invoke(ctx, MDS_SetNVMfSubsystem_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *mDSClient) ListANA(ctx context.Context, in *ListANARequest, opts ...grpc.CallOption) (*ListANAResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListANAResponse)
+	err := c.cc.Invoke(ctx, MDS_ListANA_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MDSServer is the server API for MDS service.
 // All implementations must embed UnimplementedMDSServer
 // for forward compatibility.
@@ -291,6 +340,11 @@ type MDSServer interface {
 	RegisterNode(context.Context, *RegisterNodeRequest) (*RegisterNodeResponse, error)
 	AttachVolume(context.Context, *AttachVolumeRequest) (*AttachVolumeResponse, error)
 	DetachVolume(context.Context, *DetachVolumeRequest) (*DetachVolumeResponse, error)
+	// NVMe/TCP access nodes and their ANA path assignments (docs/nvmf.md).
+	RegisterAccessNode(context.Context, *RegisterAccessNodeRequest) (*RegisterAccessNodeResponse, error)
+	AccessNodeHeartbeat(context.Context, *AccessNodeHeartbeatRequest) (*AccessNodeHeartbeatResponse, error)
+	SetNVMfSubsystem(context.Context, *SetNVMfSubsystemRequest) (*SetNVMfSubsystemResponse, error)
+	ListANA(context.Context, *ListANARequest) (*ListANAResponse, error)
 	mustEmbedUnimplementedMDSServer()
 }
 
@@ -354,6 +408,18 @@ func (UnimplementedMDSServer) AttachVolume(context.Context, *AttachVolumeRequest
 }
 func (UnimplementedMDSServer) DetachVolume(context.Context, *DetachVolumeRequest) (*DetachVolumeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DetachVolume not implemented")
+}
+func (UnimplementedMDSServer) RegisterAccessNode(context.Context, *RegisterAccessNodeRequest) (*RegisterAccessNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RegisterAccessNode not implemented")
+}
+func (UnimplementedMDSServer) AccessNodeHeartbeat(context.Context, *AccessNodeHeartbeatRequest) (*AccessNodeHeartbeatResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AccessNodeHeartbeat not implemented")
+}
+func (UnimplementedMDSServer) SetNVMfSubsystem(context.Context, *SetNVMfSubsystemRequest) (*SetNVMfSubsystemResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetNVMfSubsystem not implemented")
+}
+func (UnimplementedMDSServer) ListANA(context.Context, *ListANARequest) (*ListANAResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListANA not implemented")
 }
 func (UnimplementedMDSServer) mustEmbedUnimplementedMDSServer() {}
 func (UnimplementedMDSServer) testEmbeddedByValue()             {}
@@ -700,6 +766,78 @@ func _MDS_DetachVolume_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MDS_RegisterAccessNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegisterAccessNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MDSServer).RegisterAccessNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MDS_RegisterAccessNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MDSServer).RegisterAccessNode(ctx, req.(*RegisterAccessNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _MDS_AccessNodeHeartbeat_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AccessNodeHeartbeatRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MDSServer).AccessNodeHeartbeat(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MDS_AccessNodeHeartbeat_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MDSServer).AccessNodeHeartbeat(ctx, req.(*AccessNodeHeartbeatRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _MDS_SetNVMfSubsystem_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetNVMfSubsystemRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MDSServer).SetNVMfSubsystem(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MDS_SetNVMfSubsystem_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MDSServer).SetNVMfSubsystem(ctx, req.(*SetNVMfSubsystemRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _MDS_ListANA_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListANARequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MDSServer).ListANA(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MDS_ListANA_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MDSServer).ListANA(ctx, req.(*ListANARequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // MDS_ServiceDesc is the grpc.ServiceDesc for MDS service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -778,6 +916,22 @@ var MDS_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DetachVolume",
 			Handler:    _MDS_DetachVolume_Handler,
+		},
+		{
+			MethodName: "RegisterAccessNode",
+			Handler:    _MDS_RegisterAccessNode_Handler,
+		},
+		{
+			MethodName: "AccessNodeHeartbeat",
+			Handler:    _MDS_AccessNodeHeartbeat_Handler,
+		},
+		{
+			MethodName: "SetNVMfSubsystem",
+			Handler:    _MDS_SetNVMfSubsystem_Handler,
+		},
+		{
+			MethodName: "ListANA",
+			Handler:    _MDS_ListANA_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
