@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,12 +13,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/basalt-storage/basalt/internal/testcluster"
 	"github.com/basalt-storage/basalt/internal/testutil"
+	"github.com/basalt-storage/basalt/pkg/api"
+	"github.com/basalt-storage/basalt/pkg/client"
+	"github.com/basalt-storage/basalt/pkg/mdsclient"
 )
 
 // startCSI runs `basalt csi --mode all` against the playground's MDS, on a
@@ -110,5 +117,100 @@ func TestCSISanity(t *testing.T) {
 		if strings.Contains(line, filepath.Dir(sock)) || strings.Contains(line, dir) {
 			t.Errorf("left behind: %s", line)
 		}
+	}
+}
+
+// A ReadWriteOnce volume published to node B while node A still holds it
+// (A's node died, as Kubernetes sees it): the publish fences A's writer at
+// once — A's next write is refused with FENCED although its lease is still
+// valid — and B reads what A wrote before.
+func TestCSIPublishFencesOldWriter(t *testing.T) {
+	requireKernelAttach(t)
+	p := startPlayground(t, "1GiB")
+	sock := startCSI(t, p, "node-a")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	mc, err := mdsclient.Dial([]string{p.st.MDS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mc.Close()
+	if _, err := mc.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: "node-b"}}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctl := csi.NewControllerClient(conn)
+	rwo := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+	const vol = "pvc-fence"
+	if _, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: vol, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{rwo}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: vol, NodeId: "node-a", VolumeCapability: rwo}); err != nil {
+		t.Fatal(err)
+	}
+	// Node A's writer (what its kernel's IO becomes through the front end).
+	a, err := client.Open(ctx, client.Config{MDS: []string{p.st.MDS}, Volume: vol, ClientName: "node-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	want := make([]byte, 1<<20)
+	_, _ = rand.Read(want)
+	for _, off := range []int64{0, 20 << 20, 40 << 20} {
+		if _, err := a.WriteAt(want, off); err != nil {
+			t.Fatalf("node A writes at %d: %v", off, err)
+		}
+	}
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: vol, NodeId: "node-b", VolumeCapability: rwo}); err != nil {
+		t.Fatalf("publish to node B while A holds the volume: %v", err)
+	}
+	t.Logf("publish to node B (fencing node A) took %v", time.Since(start))
+	if _, err := a.WriteAt(want[:4096], 60<<20); !errors.Is(err, api.ErrFenced) {
+		t.Fatalf("node A's write after the publish to B: %v, want FENCED", err)
+	}
+	g, err := ctl.ControllerGetVolume(ctx, &csi.ControllerGetVolumeRequest{VolumeId: vol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids := g.Status.GetPublishedNodeIds(); len(ids) != 1 || ids[0] != "node-b" {
+		t.Fatalf("published to %v, want [node-b]", ids)
+	}
+	b, err := client.Open(ctx, client.Config{MDS: []string{p.st.MDS}, Volume: vol, ClientName: "node-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	got := make([]byte, len(want))
+	for _, off := range []int64{0, 20 << 20, 40 << 20} {
+		if _, err := b.ReadAt(got, off); err != nil {
+			t.Fatalf("node B reads at %d: %v", off, err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("node B reads other data at %d than node A wrote", off)
+		}
+	}
+	if _, err := b.WriteAt(want[:4096], 60<<20); err != nil {
+		t.Fatalf("node B writes: %v", err)
+	}
+	// Unpublished from every node, and with no session left, it can be deleted.
+	_ = a.Close()
+	_ = b.Close()
+	if _, err := ctl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: vol}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: vol}); err != nil {
+		t.Fatal(err)
 	}
 }
