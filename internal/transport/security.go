@@ -73,10 +73,14 @@ type Security struct {
 	Mode  Mode
 	TLS   *identity.Config
 	Allow []identity.Role
+	// ClientTLS, on a client, replaces TLS.ClientTLS(Allow...): a
+	// configuration made by identity.Config.ClientTLS (the public client
+	// library takes one, having no identity.Config in its API).
+	ClientTLS *tls.Config
 }
 
 func (s Security) check() error {
-	if s.Mode != ModeNone && s.TLS == nil {
+	if s.Mode != ModeNone && s.TLS == nil && s.ClientTLS == nil {
 		return ErrNoTLS
 	}
 	if s.Mode > ModeEncrypted {
@@ -134,7 +138,10 @@ func serverHandshake(nc net.Conn, sec Security, timeout time.Duration) (net.Conn
 
 // clientHandshake runs the client side on nc (see serverHandshake).
 func clientHandshake(ctx context.Context, nc net.Conn, sec Security) (net.Conn, identity.Identity, error) {
-	cfg := sec.TLS.ClientTLS(sec.Allow...)
+	cfg := sec.ClientTLS
+	if cfg == nil {
+		cfg = sec.TLS.ClientTLS(sec.Allow...)
+	}
 	tc := tls.Client(nc, cfg)
 	deadline, ok := ctx.Deadline()
 	if !ok {

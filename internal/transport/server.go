@@ -142,8 +142,8 @@ func (s *Server) logRefused(msg string, args ...any) {
 // NewServer returns a server that passes frames to h. It panics on a
 // secure Security without TLS (a wiring bug; Security.check).
 func NewServer(cfg ServerConfig, h Handler) *Server {
-	if err := cfg.Security.check(); err != nil {
-		panic(err)
+	if err := cfg.Security.check(); err != nil || (cfg.Security.Mode != ModeNone && cfg.Security.TLS == nil) {
+		panic(fmt.Sprintf("transport: server security: %v (a secure mode needs Security.TLS)", err))
 	}
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = DefaultMaxInFlight
