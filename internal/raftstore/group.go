@@ -52,13 +52,12 @@ type group struct {
 	failed  error // non-nil: the group stopped (disk failure, raft panic); it never runs again
 	removed bool
 
-	// Screening of network messages (guard.go). hint: the members the control
-	// plane lists (CreateGroup's peers, then Host.SetMembers); lastIndex:
-	// raft's last log index as of the last Ready.
-	// applying: the proposal whose entry is being applied (out of pending).
+	// Screening of network messages (guard.go), with lastIndex below. hint:
+	// the members the control plane lists (CreateGroup's peers, then
+	// Host.SetMembers). applying: the proposal whose entry is being applied
+	// (out of pending).
 	applying    *proposal
 	hint        []uint64
-	lastIndex   uint64
 	lastDropLog time.Time
 	dropsQuiet  int
 
@@ -160,7 +159,6 @@ func newGroup(h *Host, id uint64, peers []uint64, sm StateMachine, join bool) (*
 		return nil, fmt.Errorf("raftstore: group %d: recover: %w", id, err)
 	}
 	snapIndex := snap.GetMetadata().GetIndex()
-	g.lastIndex = max(last, snapIndex)
 	g.savedTerm, g.savedVote = hs.GetTerm(), hs.GetVote()
 	existing := !raft.IsEmptyHardState(hs) || last > 0 || snapIndex > 0
 	if existing {
@@ -321,7 +319,6 @@ func (g *group) prepare() (rd raft.Ready, ok bool) {
 		return raft.Ready{}, false
 	}
 	rd = g.rn.Ready()
-	g.trackLastIndex(&rd)
 	g.indexProposals(rd.Entries)
 	if n := len(rd.Entries); n > 0 {
 		// Appended entries replace any suffix from their first index on.

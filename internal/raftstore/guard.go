@@ -116,18 +116,6 @@ func (g *group) dropped(m *raftpb.Message, why string) {
 	g.lastDropLog, g.dropsQuiet = now, 0
 }
 
-// trackLastIndex follows raft's last log index through the Readys: their
-// entries replace everything after the first one's index, a snapshot
-// replaces the whole log.
-func (g *group) trackLastIndex(rd *raft.Ready) {
-	if !raft.IsEmptySnap(rd.Snapshot) {
-		g.lastIndex = rd.Snapshot.GetMetadata().GetIndex()
-	}
-	if n := len(rd.Entries); n > 0 {
-		g.lastIndex = rd.Entries[n-1].GetIndex()
-	}
-}
-
 // contain runs f, part of a round over the group; a panic in it stops this
 // group only (halt) instead of the process. A raft panic leaves the RawNode
 // in no known state, so the group never runs again on this host; the control
