@@ -49,8 +49,17 @@ type group struct {
 	rn     *raft.RawNode
 	st     raft.Storage
 
-	failed  error // non-nil: the group stopped (disk failure); it never runs again
+	failed  error // non-nil: the group stopped (disk failure, raft panic); it never runs again
 	removed bool
+
+	// Screening of network messages (guard.go), with lastIndex below. hint:
+	// the members the control plane lists (CreateGroup's peers, then
+	// Host.SetMembers). applying: the proposal whose entry is being applied
+	// (out of pending).
+	applying    *proposal
+	hint        []uint64
+	lastDropLog time.Time
+	dropsQuiet  int
 
 	confState *raftpb.ConfState
 	// savedTerm, savedVote: the HardState's term and vote as last handed to the log;
@@ -60,6 +69,7 @@ type group struct {
 	savedTerm, savedVote uint64
 	applied              uint64
 	appliedTerm          uint64
+	lastIndex            uint64 // of the last entry raft handed over to persist
 	// skipApplyTo: after a restart, entries up to here already reached the state
 	// machine durably (Recover); they are replayed for their conf changes only.
 	skipApplyTo uint64
@@ -128,6 +138,7 @@ func newGroup(h *Host, id uint64, peers []uint64, sm StateMachine, join bool) (*
 		confState:  &raftpb.ConfState{},
 		voteBlock:  h.cfg.ElectionTicks,
 		transferAt: -1,
+		hint:       slices.Clone(peers),
 	}
 	st := h.cfg.Log.Storage(id)
 	g.st = st
@@ -162,6 +173,7 @@ func newGroup(h *Host, id uint64, peers []uint64, sm StateMachine, join bool) (*
 		}
 		g.applied = snapIndex
 		g.appliedTerm = snap.GetMetadata().GetTerm()
+		g.lastIndex = max(last, snapIndex)
 		g.lastSnap = snapIndex
 		g.skipApplyTo = min(smIndex, hs.GetCommit())
 		// A restarted member may have acknowledged a leader's lease before it went
@@ -217,11 +229,24 @@ func newGroup(h *Host, id uint64, peers []uint64, sm StateMachine, join bool) (*
 }
 
 // prepare drains the inbox into raft and returns the Ready to handle, if any.
-func (g *group) prepare() (raft.Ready, bool) {
+func (g *group) prepare() (rd raft.Ready, ok bool) {
 	if g.failed != nil || g.removed {
 		return raft.Ready{}, false
 	}
 	ev := g.in.drain()
+	// A panic (raft refusing an input) stops this group only; the callbacks
+	// still in ev are failed (those handed to raft already are in pending,
+	// unindexed, waiting or readIdx, which halt fails).
+	defer func() {
+		if r := recover(); r != nil {
+			g.halt(r)
+			failEvents(ev, g.failed)
+			rd, ok = raft.Ready{}, false
+		}
+	}()
+	if ev.members != nil {
+		g.hint = ev.members
+	}
 	for _, r := range ev.appended {
 		if !g.appendDone(r) {
 			failEvents(ev, g.failed)
@@ -235,6 +260,10 @@ func (g *group) prepare() (raft.Ready, bool) {
 		}
 	}
 	for _, m := range ev.msgs {
+		if why := g.screen(m); why != "" && !g.h.noScreen {
+			g.dropped(m, why)
+			continue
+		}
 		if g.voteBlock > 0 && (m.GetType() == raftpb.MsgVote || m.GetType() == raftpb.MsgPreVote) {
 			continue
 		}
@@ -274,11 +303,13 @@ func (g *group) prepare() (raft.Ready, bool) {
 		g.noopProposed = false
 		g.maybeSnapshot(snapRelease)
 	}
-	for _, p := range ev.props {
+	for i, p := range ev.props {
+		ev.props[i] = nil // raft's now (for the deferred failEvents)
 		g.propose(p)
 	}
-	if len(ev.reads) > 0 {
-		g.read(ev.reads)
+	if reads := ev.reads; len(reads) > 0 {
+		ev.reads = nil
+		g.read(reads)
 	}
 	if ev.ticks > 0 {
 		g.statusDirty = true
@@ -287,8 +318,14 @@ func (g *group) prepare() (raft.Ready, bool) {
 	if !g.rn.HasReady() {
 		return raft.Ready{}, false
 	}
-	rd := g.rn.Ready()
+	rd = g.rn.Ready()
 	g.indexProposals(rd.Entries)
+	if n := len(rd.Entries); n > 0 {
+		// Appended entries replace any suffix from their first index on.
+		g.lastIndex = rd.Entries[n-1].GetIndex()
+	} else if !raft.IsEmptySnap(rd.Snapshot) {
+		g.lastIndex = rd.Snapshot.GetMetadata().GetIndex()
+	}
 	if rd.SoftState != nil {
 		g.statusDirty = true
 	}
@@ -388,10 +425,16 @@ func (g *group) fail(err error) {
 	if g.failed != nil {
 		return
 	}
-	g.failed = DiskFailure(err)
+	err = DiskFailure(err)
+	g.log.Error("raftstore: group stopped by a disk error", "err", err)
+	g.stopWith(err)
+}
+
+// stopWith stops the group for good: every callback, queued or later, gets err.
+func (g *group) stopWith(err error) {
+	g.failed = err
 	g.dropLease()
 	g.statusDirty = true
-	g.log.Error("raftstore: group stopped by a disk error", "err", g.failed)
 	ev := g.in.close(g.failed)
 	failEvents(ev, g.failed)
 	g.failAll(g.failed)
@@ -411,7 +454,9 @@ func (g *group) shutdown(err error) {
 
 func failEvents(ev events, err error) {
 	for _, p := range ev.props {
-		p.done(err)
+		if p != nil {
+			p.done(err)
+		}
 	}
 	for _, r := range ev.reads {
 		r.done(err)
@@ -525,6 +570,7 @@ func (g *group) applyEntries(ents []*raftpb.Entry) bool {
 		idx := e.GetIndex()
 		p := g.pending[idx]
 		if p != nil {
+			g.applying = p // a panic from here on answers p (halt)
 			delete(g.pending, idx)
 			if p.term == e.GetTerm() {
 				h.stats.proposeCommit.Observe(time.Since(p.start))
@@ -571,9 +617,11 @@ func (g *group) applyEntries(ents []*raftpb.Entry) bool {
 			if p != nil && p.cc != nil && len(cc.GetContext()) == 8 && binary.BigEndian.Uint64(cc.GetContext()) != p.seq {
 				res = g.notLeader() // not ours after all
 			}
-			g.log.Info("raftstore: membership changed", "index", idx, "voters", g.confState.GetVoters(), "learners", g.confState.GetLearners())
+			g.log.Info("raftstore: membership changed", "index", idx, "voters", g.confState.GetVoters(),
+				"voters_outgoing", g.confState.GetVotersOutgoing(), "learners", g.confState.GetLearners())
 		}
 		g.applied, g.appliedTerm = idx, e.GetTerm()
+		g.applying = nil
 		if p != nil {
 			switch {
 			case p.term != e.GetTerm():
@@ -630,25 +678,30 @@ func (g *group) publish() {
 	commit := g.rn.BasicStatus().GetCommit()
 	if !g.statusDirty {
 		g.statusMu.Lock()
-		g.status.Commit, g.status.Applied = commit, g.applied
+		g.status.Commit, g.status.Applied, g.status.LastIndex = commit, g.applied, g.lastIndex
 		g.statusMu.Unlock()
 		return
 	}
 	g.statusDirty = false
 	st := GroupStatus{
 		ID: g.id, Leader: g.leader, Term: g.term, Commit: commit, Applied: g.applied,
-		Voters:   slices.Clone(g.confState.GetVoters()),
-		Learners: slices.Clone(g.confState.GetLearners()),
-		IsLeader: g.isLeader && g.failed == nil,
-		Healthy:  g.failed == nil,
-		Err:      g.failed,
-		Snapshot: g.lastSnap,
+		Voters:         slices.Clone(g.confState.GetVoters()),
+		Learners:       slices.Clone(g.confState.GetLearners()),
+		VotersOutgoing: slices.Clone(g.confState.GetVotersOutgoing()),
+		AutoLeave:      g.confState.GetAutoLeave(),
+		LastIndex:      g.lastIndex,
+		IsLeader:       g.isLeader && g.failed == nil,
+		Healthy:        g.failed == nil,
+		Err:            g.failed,
+		Snapshot:       g.lastSnap,
 	}
 	if g.isLeader && g.failed == nil {
 		st.Progress = make(map[uint64]uint64)
+		st.Replicating = make(map[uint64]bool)
 		st.Active = make(map[uint64]bool)
 		g.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
 			st.Progress[id] = pr.Match
+			st.Replicating[id] = pr.State == tracker.StateReplicate
 			st.Active[id] = pr.RecentActive
 		})
 	}
@@ -663,13 +716,9 @@ func (g *group) getStatus() GroupStatus {
 	st := g.status
 	st.Voters = slices.Clone(st.Voters)
 	st.Learners = slices.Clone(st.Learners)
-	if st.Progress != nil {
-		p := make(map[uint64]uint64, len(st.Progress))
-		for k, v := range st.Progress {
-			p[k] = v
-		}
-		st.Progress = p
-	}
+	st.VotersOutgoing = slices.Clone(st.VotersOutgoing)
+	st.Progress = maps.Clone(st.Progress)
+	st.Replicating = maps.Clone(st.Replicating)
 	st.Active = maps.Clone(st.Active)
 	return st
 }

@@ -45,9 +45,11 @@ type testSM struct {
 	failInstall bool
 	// failPersist makes Persist fail with errDisk (a failed fsync of the chunks).
 	failPersist bool
-	persists    int // Persist calls
-	onApply     func(index uint64, data string)
-	applies     int
+	// panicky makes Apply panic on "panic:..." entries (a bug on one replica).
+	panicky  bool
+	persists int // Persist calls
+	onApply  func(index uint64, data string)
+	applies  int
 }
 
 func newTestSM() *testSM { return &testSM{kv: map[string]string{}, durKV: map[string]string{}} }
@@ -70,6 +72,9 @@ func (s *testSM) Apply(index uint64, data []byte) error {
 	}
 	s.applied = index
 	s.applies++
+	if s.panicky && strings.HasPrefix(string(data), "panic:") {
+		panic("test: state machine panics on " + string(data))
+	}
 	if strings.HasPrefix(string(data), "fence:") {
 		return api.ErrFenced
 	}
@@ -176,6 +181,8 @@ type simNet struct {
 	maxDelay int
 	cut      map[[2]uint64]bool
 	sent     int
+	// holdSnap: snapshots to these nodes fail (a rebuild that has not finished yet).
+	holdSnap map[uint64]bool
 }
 
 func (n *simNet) linked(a, b uint64) bool { return !n.cut[[2]uint64{a, b}] }
@@ -217,6 +224,9 @@ func (t simTransport) SendSnapshot(m Message, write func(io.Writer) error) error
 	h := n.hosts[to]
 	if h == nil || !n.linked(t.from, to) {
 		return errors.New("sim: unreachable")
+	}
+	if n.holdSnap[to] {
+		return errors.New("sim: snapshot held back")
 	}
 	var buf bytes.Buffer
 	if err := write(&buf); err != nil {

@@ -178,6 +178,9 @@ type Host struct {
 
 	// draining: this node takes no leadership handed to it (SetDraining).
 	draining atomic.Bool
+	// noScreen (tests only) steps network messages unscreened, so that a test
+	// can make raft itself panic.
+	noScreen bool
 
 	stopc   chan struct{}
 	workers sync.WaitGroup // workers and the ticker
@@ -508,6 +511,9 @@ func (h *Host) Snapshot(id uint64) {
 }
 
 // Step delivers raft messages from the transport. Unknown groups are ignored.
+// Each message is screened before raft sees it (guard.go): only the types a
+// peer sends, addressed to this node, with a term, from a member of the group,
+// and consistent with the log; the rest is dropped and logged.
 //
 // MsgSnap is dropped here: a snapshot message is only valid together with its data,
 // through ReceiveSnapshot (raft retries after the sender reports the failure).
@@ -556,6 +562,15 @@ func (h *Host) ReceiveSnapshot(m Message, r io.Reader) error {
 	return nil
 }
 
+// SetMembers tells group id the members the control plane lists for it.
+// Besides the members of its applied configuration, the group accepts raft
+// messages from these (a replica that missed the conf changes that added
+// its current leader must still hear from it).
+func (h *Host) SetMembers(id uint64, members []uint64) {
+	members = append(make([]uint64, 0, len(members)), members...)
+	h.post(id, func(in *events) { in.members = members })
+}
+
 func (h *Host) post(id uint64, f func(*events)) {
 	g := h.group(id)
 	if g == nil {
@@ -569,13 +584,23 @@ func (h *Host) post(id uint64, f func(*events)) {
 // GroupStatus is a group's state as of its last round.
 type GroupStatus struct {
 	ID, Leader, Term, Commit, Applied uint64
-	Voters, Learners                  []uint64
-	IsLeader                          bool
+	// Voters and Learners are the configuration, or a joint configuration's
+	// incoming half; VotersOutgoing is a joint configuration's outgoing half
+	// (empty when the group is not in one). AutoLeave: raft's leader leaves the
+	// joint configuration by itself once it applied the entry that entered it.
+	Voters, Learners, VotersOutgoing []uint64
+	AutoLeave                        bool
+	// LastIndex is the index of the last entry in this replica's log.
+	LastIndex uint64
+	IsLeader  bool
 	// Healthy is false once the group stopped after a disk failure (Err says why).
 	Healthy bool
 	Err     error
 	// Progress is the match index of every peer; only on the leader.
 	Progress map[uint64]uint64
+	// Replicating: the peers raft sends entries to normally (not probing, not
+	// waiting for a snapshot to be installed); only on the leader.
+	Replicating map[uint64]bool
 	// Active: the peers the leader heard from within the last election
 	// timeout (raft's RecentActive; this node included); only on the leader.
 	Active map[uint64]bool
@@ -641,11 +666,10 @@ func (h *Host) processBatch(batch []*group) {
 			//    append is durable (raft counts the leader in a quorum only once it
 			//    is); what must wait for durability raft keeps in the append's
 			//    responses (a follower's MsgAppResp, a vote).
-			out = g.outgoing(out, rd.Messages[:n])
+			g.contain(func() { out = g.outgoing(out, rd.Messages[:n]) })
 			works = append(works, w)
-		}
-		if !ok {
-			g.finishRound()
+		} else {
+			g.contain(g.finishRound)
 			g.procMu.Unlock()
 		}
 	}
@@ -664,17 +688,20 @@ func (h *Host) processBatch(batch []*group) {
 		w := &works[i]
 		g := w.g
 		// 3. Apply the committed entries (raft hands out only entries durable here),
-		//    answering their proposers, then tell raft; then the read states.
-		if g.failed == nil && w.apply != nil && g.applyEntries(w.apply.GetEntries()) {
-			h.cfg.Log.SetApplied(g.id, g.applied)
-			for _, m := range w.apply.GetResponses() {
-				_ = g.rn.Step(m)
+		//    answering their proposers, then tell raft; then the read states. A
+		//    panic stops this group only (contain).
+		g.contain(func() {
+			if g.failed == nil && w.apply != nil && g.applyEntries(w.apply.GetEntries()) {
+				h.cfg.Log.SetApplied(g.id, g.applied)
+				for _, m := range w.apply.GetResponses() {
+					_ = g.rn.Step(m)
+				}
 			}
-		}
-		if g.failed == nil {
-			g.handleReadStates(w.rd.ReadStates)
-		}
-		g.finishRound()
+			if g.failed == nil {
+				g.handleReadStates(w.rd.ReadStates)
+			}
+		})
+		g.contain(g.finishRound)
 		g.procMu.Unlock()
 	}
 }
@@ -770,6 +797,7 @@ type events struct {
 	snapReports []snapReport
 	snapDone    []snapResult
 	forceSnap   bool
+	members     []uint64 // Host.SetMembers (nil: no news)
 }
 
 type snapReport struct {
