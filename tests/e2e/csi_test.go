@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -58,6 +60,7 @@ func startCSI(t *testing.T, p *pg, nodeID string) string {
 			t.Logf("---- basalt csi log (tail) ----\n%s", tailFile(logPath, 100))
 		}
 	})
+	t.Cleanup(func() { releaseUnder(t, dir) })
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		if _, err := os.Stat(sock); err == nil {
@@ -74,6 +77,56 @@ func startCSI(t *testing.T, p *pg, nodeID string) string {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return sock
+}
+
+// releaseUnder undoes, best effort, whatever a failed test left attached
+// under roots: the file systems mounted there (lazily), the loop devices over
+// files there, then the nbdfuse mounts. A passing test leaves nothing (each
+// test checks that), so this only keeps a failure from leaking into the next.
+func releaseUnder(t *testing.T, roots ...string) {
+	t.Helper()
+	under := func(p string) bool {
+		for _, r := range roots {
+			if p == r || strings.HasPrefix(p, r+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	mounts := func(fuse bool) []string {
+		b, _ := os.ReadFile("/proc/self/mountinfo")
+		var out []string
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			i := slices.Index(f, "-")
+			if len(f) < 5 || i < 0 || i+1 >= len(f) || !under(f[4]) {
+				continue
+			}
+			if strings.HasPrefix(f[i+1], "fuse") == fuse {
+				out = append(out, f[4])
+			}
+		}
+		sort.Slice(out, func(a, b int) bool { return len(out[a]) > len(out[b]) })
+		return out
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, m := range mounts(false) {
+		t.Logf("left mounted: %s; unmounting", m)
+		_ = exec.CommandContext(ctx, "umount", "-l", m).Run()
+	}
+	out, _ := exec.CommandContext(ctx, "losetup", "-a").Output()
+	for _, line := range strings.Split(string(out), "\n") {
+		dev, rest, ok := strings.Cut(line, ":")
+		if ok && strings.Contains(rest, "(") && under(rest[strings.Index(rest, "(")+1:strings.LastIndex(rest, ")")]) {
+			t.Logf("left attached: %s; detaching", line)
+			_ = exec.CommandContext(ctx, "losetup", "-d", dev).Run()
+		}
+	}
+	for _, m := range mounts(true) {
+		t.Logf("left mounted: %s; unmounting", m)
+		_ = exec.CommandContext(ctx, "umount", "-l", m).Run()
+	}
 }
 
 func requireKernelAttach(t *testing.T) {
@@ -97,6 +150,7 @@ func TestCSISanity(t *testing.T) {
 	p := startPlayground(t, "1GiB")
 	sock := startCSI(t, p, "sanity-node")
 	dir := t.TempDir()
+	t.Cleanup(func() { releaseUnder(t, dir) })
 	cfg := sanity.NewTestConfig()
 	cfg.Address = sock
 	cfg.TargetPath = filepath.Join(dir, "target")
@@ -241,6 +295,7 @@ func TestCSIExpand(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
+	t.Cleanup(func() { releaseUnder(t, dir) })
 	staging, target := filepath.Join(dir, "staging"), filepath.Join(dir, "target")
 	if err := os.MkdirAll(staging, 0o755); err != nil {
 		t.Fatal(err)
