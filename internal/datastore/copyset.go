@@ -121,7 +121,7 @@ func (c *Copyset) scanChunks() error {
 			c.log.Warn("ignoring unknown file in chunks dir", "name", e.Name())
 			continue
 		}
-		chunks[id] = &chunk{id: id, path: filepath.Join(c.chunksDir, e.Name()), fd: -1}
+		chunks[id] = &chunk{id: id, path: filepath.Join(c.chunksDir, e.Name()), fd: -1, dfd: -1}
 	}
 	c.chunks = chunks
 	return nil
@@ -161,7 +161,7 @@ func (c *Copyset) create(id ChunkID) error {
 			return err
 		}
 	}
-	c.chunks[id] = &chunk{id: id, path: path, fd: -1}
+	c.chunks[id] = &chunk{id: id, path: path, fd: -1, dfd: -1}
 	c.dirtyMu.Lock()
 	c.dirDirty = true
 	c.dirtyMu.Unlock()
@@ -192,6 +192,22 @@ func (c *Copyset) markDirtyLocked(ch *chunk) {
 // fsync) and adds the chunk to the dirty set. The chunk file is created on
 // first write. [off, off+len(p)) must lie inside the chunk.
 func (c *Copyset) WriteAt(id ChunkID, p []byte, off int64) error {
+	return c.writeAt(id, p, off, false)
+}
+
+// WriteAtUncached is WriteAt for data nobody is expected to read soon (a
+// replica that does not serve reads): a large write whose offset, length and
+// memory are aligned to 512 bytes goes around the page cache (O_DIRECT),
+// from p itself. That saves the page-cache copy, its bookkeeping and the
+// later write-back; the chunk still joins the dirty set, since a direct
+// write lands in the disk's volatile cache and only Sync's fdatasync makes
+// it durable. Other writes, or a file system that refuses O_DIRECT, take
+// WriteAt's path.
+func (c *Copyset) WriteAtUncached(id ChunkID, p []byte, off int64) error {
+	return c.writeAt(id, p, off, len(p) >= directMin && (off|int64(len(p)))&(directAlign-1) == 0 && !c.s.noDirect.Load())
+}
+
+func (c *Copyset) writeAt(id ChunkID, p []byte, off int64, direct bool) error {
 	if err := c.checkRange(off, int64(len(p))); err != nil {
 		return err
 	}
@@ -217,7 +233,13 @@ func (c *Copyset) WriteAt(id ChunkID, p []byte, off int64) error {
 			}
 			continue
 		}
-		err = pwriteFull(fd, p, off)
+		done := false
+		if direct {
+			done, err = c.writeDirect(ch, p, off)
+		}
+		if !done && err == nil {
+			err = pwriteFull(fd, p, off)
+		}
 		c.s.fds.release(ch)
 		if err == nil {
 			c.markDirtyLocked(ch)
@@ -225,6 +247,61 @@ func (c *Copyset) WriteAt(id ChunkID, p []byte, off int64) error {
 		c.mu.RUnlock()
 		return err
 	}
+}
+
+// Direct writes (WriteAtUncached): at least directMin bytes, offset, length
+// and memory aligned to directAlign (the disk's logical block size as
+// O_DIRECT wants it; 512 on the disks we run on, and a file system that
+// wants more refuses with EINVAL, which turns direct writes off).
+const (
+	directMin   = 64 << 10
+	directAlign = 512
+)
+
+// isAligned reports whether p starts on a directAlign boundary in memory.
+func isAligned(p []byte) bool {
+	return uintptr(unsafe.Pointer(unsafe.SliceData(p)))&(directAlign-1) == 0
+}
+
+// writeDirect writes p at off through ch's O_DIRECT descriptor. done false
+// with a nil error: nothing was written, write through the page cache
+// instead (p misaligned in memory, or O_DIRECT refused). The caller holds a
+// reference to ch's descriptors.
+func (c *Copyset) writeDirect(ch *chunk, p []byte, off int64) (done bool, err error) {
+	dfd, err := c.s.fds.direct(ch)
+	if err != nil {
+		c.s.refuseDirect(err)
+		return false, nil
+	}
+	if !isAligned(p) {
+		// Misaligned in memory: a copy into an aligned buffer first costs
+		// more CPU than the page cache's own copy (BenchmarkLargeWrite).
+		return false, nil
+	}
+	src := p
+	first := true
+	for len(src) > 0 {
+		n, err := unix.Pwrite(dfd, src, off)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EINVAL && first {
+			c.s.refuseDirect(err)
+			return false, nil
+		}
+		if err != nil {
+			return true, ioError("pwrite (O_DIRECT)", err)
+		}
+		if n <= 0 || n&(directAlign-1) != 0 {
+			// A short write off the block size: finish through the page cache.
+			n = max(n, 0)
+			return true, pwriteFull(ch.fd, p[len(p)-len(src)+n:], off+int64(n))
+		}
+		first = false
+		src, off = src[n:], off+int64(n)
+	}
+	c.s.direct.Add(1)
+	return true, nil
 }
 
 // ReadAt fills p from off in chunk id. Absent chunks and never-written,
