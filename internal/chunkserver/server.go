@@ -342,7 +342,7 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 	}
 	id := c.ID()
 	c.log = c.cfg.Logger.With("component", "chunkserver", "chunkserver", id)
-	c.peers = raftnet.New(raftnet.Config{Self: id, Logger: c.log, SnapshotRate: c.cfg.SnapshotRate})
+	c.peers = raftnet.New(raftnet.Config{Self: id, Logger: c.log, SnapshotRate: c.cfg.SnapshotRate, AlignSkip: proposalRoom})
 	c.host, err = raftstore.New(raftstore.Config{
 		NodeID:          id,
 		Log:             c.wal,
