@@ -53,15 +53,18 @@ func nvmfCommand() *cobra.Command {
 	advertise := cmd.Flags().String("advertise", "", "address the discovery log gives for the subsystems (default: the one the host connected to)")
 	readOnly := cmd.Flags().Bool("read-only", false, "open volumes read-only (alongside another writer)")
 	metrics := cmd.Flags().String("metrics", "", "serve Prometheus /metrics and /debug/pprof/ on this address (empty: none)")
+	multipath := cmd.Flags().Bool("multipath", false, "ANA multipath: register as an access node with the MDS, which makes one access node's path optimized per host and namespace (run several with the same MDS)")
 	var procs int
 	procsFlag(cmd, &procs)
 	cmd.RunE = func(*cobra.Command, []string) error {
 		setProcs(procs)
 		return serveFrontEnds(access.Config{
 			MDS: splitList(*mdsAddrs), ReadOnly: *readOnly, ClientName: clientName("nvmf"),
-			NVMf: access.NVMfConfig{Listen: *listen, AllowedHosts: splitList(*hosts), AdvertiseAddr: *advertise},
+			NVMf: access.NVMfConfig{Listen: *listen, AllowedHosts: splitList(*hosts), AdvertiseAddr: *advertise,
+				Multipath: *multipath},
 		}, *metrics)
 	}
+	cmd.AddCommand(nvmfAdminCommands()...)
 	return cmd
 }
 

@@ -52,6 +52,7 @@ func main() {
 		statusCommand(),
 		benchCommand(),
 		checkCommand(),
+		certCommand(),
 	)
 	if err := root.Execute(); err != nil {
 		if logToFile {
