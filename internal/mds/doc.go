@@ -48,7 +48,8 @@
 //	/basalt/copysets/<pool id>       [{id, members: [chunkserver ids], epoch, move?}, ...] — every
 //	                                 copyset of the pool; move = {from, to, reason, started_unix_ms},
 //	                                 present while a member change is in flight (Scheduler)
-//	/basalt/volumes/<id>             {id, name, size, pool_id, pool_name, created_unix_ms, epoch, writer}
+//	/basalt/volumes/<id>             {id, name, size, pool_id, pool_name, created_unix_ms, epoch, writer,
+//	                                 attachments: [{node, read_only, attached_unix_ms}, ...]}
 //	/basalt/volume-names/<name>      volume id (decimal)
 //	/basalt/volumes-revision         its ModRevision is the volumes revision: bumped by
 //	                                 every volume create, resize and delete
@@ -56,6 +57,8 @@
 //	                                 pools or copysets (lets an MDS cache them)
 //	/basalt/sessions/<id>            {id, volume, read_only, epoch, client, lease, opened_unix_ms};
 //	                                 attached to an etcd lease of Config.SessionLease
+//	/basalt/nodes/<id>               {id, zone, server, registered_unix_ms}: a host that attaches
+//	                                 volumes (the CSI node plugin registers itself; RegisterNode)
 //	/basalt/access-nodes/<id>        {id, addr, name, registered_unix_ms}: NVMe/TCP access nodes
 //	                                 (RegisterAccessNode; the same addr keeps its id)
 //	/basalt/nvmf-subsystems/<nqn>    {nqn, policy}: a subsystem's ANA policy, inherit or balance
