@@ -113,9 +113,12 @@
 // copyset's epoch and records the move ("move": from, to, reason,
 // started). The chunkservers do the rest through Raft: the copyset's leader
 // adds the new member as a learner, which catches up (InstallSnapshot, then
-// the log), promotes it once caught up, and removes the old member
-// (internal/chunkserver members.go). A move is in flight until the leader's
-// heartbeat reports exactly the listed members as voters and no learners;
+// the log); once caught up, one joint change promotes it and removes the old
+// member, and raft leaves the joint configuration by itself (internal/chunkserver
+// members.go, raftstore.NextMoveStep). A move is in flight until the leader's
+// heartbeat reports exactly the listed members as voters, no learners and no
+// joint configuration (voters_outgoing empty: while it is joint, the incoming
+// half already lists the new members but the old one still counts for quorum);
 // the next round then clears the record ("copyset move done", with how long
 // it took). A move whose target went bad (dead, sick, or its replica
 // stopped) is a failed move: it stops counting and the copyset is repaired

@@ -380,19 +380,22 @@ func (x *RegisterChunkServerResponse) GetId() uint64 {
 }
 
 type CopysetStatus struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	PoolId        uint32                 `protobuf:"varint,1,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
-	CopysetId     uint32                 `protobuf:"varint,2,opt,name=copyset_id,json=copysetId,proto3" json:"copyset_id,omitempty"`
-	Leader        bool                   `protobuf:"varint,3,opt,name=leader,proto3" json:"leader,omitempty"`
-	Term          uint64                 `protobuf:"varint,4,opt,name=term,proto3" json:"term,omitempty"`
-	AppliedIndex  uint64                 `protobuf:"varint,5,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
-	CommitIndex   uint64                 `protobuf:"varint,6,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
-	Voters        []uint64               `protobuf:"varint,7,rep,packed,name=voters,proto3" json:"voters,omitempty"` // members as this replica sees them
-	Learners      []uint64               `protobuf:"varint,8,rep,packed,name=learners,proto3" json:"learners,omitempty"`
-	Healthy       bool                   `protobuf:"varint,9,opt,name=healthy,proto3" json:"healthy,omitempty"`                    // false if this replica stopped (disk error, ...)
-	LeaderId      uint64                 `protobuf:"varint,10,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"` // as this replica knows it; 0 if unknown
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	PoolId       uint32                 `protobuf:"varint,1,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	CopysetId    uint32                 `protobuf:"varint,2,opt,name=copyset_id,json=copysetId,proto3" json:"copyset_id,omitempty"`
+	Leader       bool                   `protobuf:"varint,3,opt,name=leader,proto3" json:"leader,omitempty"`
+	Term         uint64                 `protobuf:"varint,4,opt,name=term,proto3" json:"term,omitempty"`
+	AppliedIndex uint64                 `protobuf:"varint,5,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	CommitIndex  uint64                 `protobuf:"varint,6,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
+	Voters       []uint64               `protobuf:"varint,7,rep,packed,name=voters,proto3" json:"voters,omitempty"` // members as this replica sees them
+	Learners     []uint64               `protobuf:"varint,8,rep,packed,name=learners,proto3" json:"learners,omitempty"`
+	Healthy      bool                   `protobuf:"varint,9,opt,name=healthy,proto3" json:"healthy,omitempty"`                    // false if this replica stopped (disk error, ...)
+	LeaderId     uint64                 `protobuf:"varint,10,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"` // as this replica knows it; 0 if unknown
+	// A joint configuration's outgoing half (voters above are its incoming
+	// half); empty when the copyset is not in a joint configuration.
+	VotersOutgoing []uint64 `protobuf:"varint,11,rep,packed,name=voters_outgoing,json=votersOutgoing,proto3" json:"voters_outgoing,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *CopysetStatus) Reset() {
@@ -493,6 +496,13 @@ func (x *CopysetStatus) GetLeaderId() uint64 {
 		return x.LeaderId
 	}
 	return 0
+}
+
+func (x *CopysetStatus) GetVotersOutgoing() []uint64 {
+	if x != nil {
+		return x.VotersOutgoing
+	}
+	return nil
 }
 
 type HeartbeatRequest struct {
@@ -3509,7 +3519,7 @@ const file_mds_proto_rawDesc = "" +
 	"\x0ecapacity_bytes\x18\x05 \x01(\x04R\rcapacityBytes\x12\x0e\n" +
 	"\x02id\x18\x06 \x01(\x04R\x02id\"-\n" +
 	"\x1bRegisterChunkServerResponse\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\x04R\x02id\"\xa6\x02\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"\xcf\x02\n" +
 	"\rCopysetStatus\x12\x17\n" +
 	"\apool_id\x18\x01 \x01(\rR\x06poolId\x12\x1d\n" +
 	"\n" +
@@ -3522,7 +3532,8 @@ const file_mds_proto_rawDesc = "" +
 	"\blearners\x18\b \x03(\x04R\blearners\x12\x18\n" +
 	"\ahealthy\x18\t \x01(\bR\ahealthy\x12\x1b\n" +
 	"\tleader_id\x18\n" +
-	" \x01(\x04R\bleaderId\"\xf4\x02\n" +
+	" \x01(\x04R\bleaderId\x12'\n" +
+	"\x0fvoters_outgoing\x18\v \x03(\x04R\x0evotersOutgoing\"\xf4\x02\n" +
 	"\x10HeartbeatRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12%\n" +
