@@ -18,7 +18,6 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/scrub"
 	"github.com/basalt-storage/basalt/pkg/api"
-	"github.com/basalt-storage/basalt/pkg/mdsclient"
 )
 
 func checkCommand() *cobra.Command {
@@ -58,9 +57,9 @@ the volume is quiet). Every member reads all of its chunk data; --rate bounds th
 		if rc == 0 {
 			rc = -1 // scrub.Config: < 0 is none
 		}
-		c, err := mdsclient.Dial(splitList(*af.mds))
+		c, err := af.dial()
 		if err != nil {
-			return fmt.Errorf("connect to MDS %s: %w", *af.mds, err)
+			return err
 		}
 		defer c.Close()
 		ctx, cancel := signalContext()

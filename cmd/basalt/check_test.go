@@ -225,7 +225,7 @@ func TestCheckCluster(t *testing.T) {
 		return nil
 	})
 	// The table names it too.
-	cmd := exec.Command(testcluster.Binary(t), "check", "--mds", c.MDSAddr)
+	cmd := exec.Command(testcluster.Binary(t), "check", "--mds", c.MDSAddr, "--tls-dir", c.TLSDir)
 	tbl, err := cmd.Output()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || !strings.Contains(string(tbl), "replicas differ:") ||
@@ -237,7 +237,7 @@ func TestCheckCluster(t *testing.T) {
 // runCheckBinary runs `basalt check -o json` and returns its result and exit code.
 func runCheckBinary(t *testing.T, c *testcluster.Cluster) (*checkResult, int, string) {
 	t.Helper()
-	cmd := exec.Command(testcluster.Binary(t), "check", "--mds", c.MDSAddr, "-o", "json")
+	cmd := exec.Command(testcluster.Binary(t), "check", "--mds", c.MDSAddr, "--tls-dir", c.TLSDir, "-o", "json")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

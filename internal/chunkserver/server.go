@@ -2,6 +2,7 @@ package chunkserver
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -23,6 +24,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/datastore"
 	"github.com/basalt-storage/basalt/internal/debughttp"
 	"github.com/basalt-storage/basalt/internal/fsdir"
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/raftnet"
 	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/scrub"
@@ -34,10 +36,14 @@ import (
 
 // Config configures a chunkserver.
 type Config struct {
-	DataDir   string   // holds id, wal/, data/
-	MDS       []string // MDS addresses
-	Listen    string   // data-plane TCP (client IO + raft), e.g. 127.0.0.1:0
-	Advertise string   // address given to the MDS; default: the bound Listen address
+	DataDir string   // holds id, wal/, data/
+	MDS     []string // MDS addresses
+	// TLS is this chunkserver's identity (a chunkserver certificate naming
+	// its id; docs/security.md). The MDS is dialed with it; nil only for
+	// an --insecure MDS (tests).
+	TLS       *identity.Config
+	Listen    string // data-plane TCP (client IO + raft), e.g. 127.0.0.1:0
+	Advertise string // address given to the MDS; default: the bound Listen address
 	// TCPOnly: no same-host socket (transport.ListenLocal) beside Listen, so
 	// processes on this host reach the chunkserver over TCP too.
 	TCPOnly           bool
@@ -323,7 +329,11 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 		return ErrAlreadyRan
 	}
 	defer c.shutdown()
-	c.mds, err = mdsclient.Dial(c.cfg.MDS)
+	var mdsTLS *tls.Config
+	if c.cfg.TLS != nil {
+		mdsTLS = c.cfg.TLS.ClientTLS(identity.RoleMDS)
+	}
+	c.mds, err = mdsclient.Dial(c.cfg.MDS, mdsTLS)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/basalt-storage/basalt/internal/identity"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -76,7 +77,7 @@ func TestEagerFencing(t *testing.T) {
 		k++
 	}
 
-	mc, err := mdsclient.Dial(strings.Split(c.MDSAddr, ","))
+	mc, err := mdsclient.Dial(strings.Split(c.MDSAddr, ","), c.TLS(identity.RoleClient, "test"))
 	if err != nil {
 		t.Fatal(err)
 	}
