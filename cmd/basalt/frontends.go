@@ -58,15 +58,18 @@ func nvmfCommand() *cobra.Command {
 	metrics := cmd.Flags().String("metrics", "", "serve Prometheus /metrics on this address (empty: none)")
 	debug := debugFlag(cmd)
 	tf := addTLSFlags(cmd, identity.RoleAccess, identity.RoleClient)
+	multipath := cmd.Flags().Bool("multipath", false, "ANA multipath: register as an access node with the MDS, which makes one access node's path optimized per host and namespace (run several with the same MDS)")
 	var procs int
 	procsFlag(cmd, &procs)
 	cmd.RunE = func(*cobra.Command, []string) error {
 		setProcs(procs)
 		return serveFrontEnds(access.Config{
 			MDS: splitList(*mdsAddrs), ReadOnly: *readOnly, ClientName: clientName("nvmf"),
-			NVMf: access.NVMfConfig{Listen: *listen, AllowedHosts: splitList(*hosts), AdvertiseAddr: *advertise},
+			NVMf: access.NVMfConfig{Listen: *listen, AllowedHosts: splitList(*hosts), AdvertiseAddr: *advertise,
+				Multipath: *multipath},
 		}, *metrics, *debug, tf)
 	}
+	cmd.AddCommand(nvmfAdminCommands()...)
 	return cmd
 }
 

@@ -47,6 +47,10 @@ var rpcRoles = map[string][]identity.Role{
 	"RenewSession":        sessionRoles,
 	"CloseSession":        sessionRoles,
 	"ClusterStatus":       admin,
+	"RegisterAccessNode":  {identity.RoleAccess}, // an address another identity registered is refused
+	"AccessNodeHeartbeat": {identity.RoleAccess}, // only as the node its identity registered
+	"SetNVMfSubsystem":    admin,
+	"ListANA":             {identity.RoleAccess, identity.RoleAdmin},
 }
 
 type callerKey struct{}
@@ -138,6 +142,17 @@ func checkSessionOwner(ctx context.Context, sess sessionRecord, what string, adm
 		return nil
 	}
 	return fmt.Errorf("%w: %s may not %s session %d: it belongs to another identity", ErrPermissionDenied, id, what, sess.ID)
+}
+
+// checkAccessNodeOwner refuses a caller other than the identity that
+// registered the access node (a node registered on an Insecure MDS has no
+// owner and is taken over by the first identity that registers it).
+func checkAccessNodeOwner(ctx context.Context, rec accessNodeRecord) error {
+	id, ok := caller(ctx)
+	if !ok || rec.Owner == "" || id.String() == rec.Owner {
+		return nil
+	}
+	return fmt.Errorf("%w: %s may not speak for access node %d (%s): another identity registered it", ErrPermissionDenied, id, rec.ID, rec.Addr)
 }
 
 func methodName(full string) string {

@@ -189,6 +189,22 @@ func TestControlPlaneAuthorization(t *testing.T) {
 	_, err = web1.Heartbeat(ctx, &api.HeartbeatRequest{Id: 1})
 	wantCode(t, "a client heartbeating", err, codes.PermissionDenied)
 
+	// An access node speaks only for the node it registered.
+	a1, a2 := x.as(identity.RoleAccess, "a1"), x.as(identity.RoleAccess, "a2")
+	an, err := a1.RegisterAccessNode(ctx, &api.RegisterAccessNodeRequest{Addr: "an1:4420", Name: "a1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = a2.RegisterAccessNode(ctx, &api.RegisterAccessNodeRequest{Addr: "an1:4420", Name: "a2"})
+	wantCode(t, "access node a2 taking a1's address", err, codes.PermissionDenied)
+	_, err = a2.AccessNodeHeartbeat(ctx, &api.AccessNodeHeartbeatRequest{Id: an.Id})
+	wantCode(t, "access node a2 heartbeating as a1", err, codes.PermissionDenied)
+	if _, err := a1.AccessNodeHeartbeat(ctx, &api.AccessNodeHeartbeatRequest{Id: an.Id}); err != nil {
+		t.Fatalf("access node a1 heartbeats: %v", err)
+	}
+	_, err = web1.RegisterAccessNode(ctx, &api.RegisterAccessNodeRequest{Addr: "an9:4420"})
+	wantCode(t, "a client registering an access node", err, codes.PermissionDenied)
+
 	// Administration is the admin's.
 	if _, err := admin.CreatePool(ctx, &api.CreatePoolRequest{Name: "p", CopysetCount: 3}); err != nil {
 		t.Fatal(err)

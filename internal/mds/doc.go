@@ -56,11 +56,29 @@
 //	                                 pools or copysets (lets an MDS cache them)
 //	/basalt/sessions/<id>            {id, volume, read_only, epoch, client, lease, opened_unix_ms};
 //	                                 attached to an etcd lease of Config.SessionLease
+//	/basalt/access-nodes/<id>        {id, addr, name, registered_unix_ms}: NVMe/TCP access nodes
+//	                                 (RegisterAccessNode; the same addr keeps its id)
+//	/basalt/nvmf-subsystems/<nqn>    {nqn, policy}: a subsystem's ANA policy, inherit or balance
+//	                                 (the NQN path-escaped; absent: inherit)
+//	/basalt/ana-assignments          [{subsystem, host, nsid, optimized, non_optimized}, ...]:
+//	                                 the ANA paths of every host and namespace (ana.go)
 //
 // Every change touching more than one key (allocating an id, creating a
 // pool with its name index and copysets, opening a volume) is one etcd
 // software transaction with serializable-snapshot isolation: it retries when
 // a key it read changed, so concurrent requests never lose updates.
+//
+// # NVMe/TCP access nodes and ANA (ana.go)
+//
+// Access nodes (basalt nvmf --multipath) register once and heartbeat every
+// second with the (subsystem, host, namespaces) connected through them;
+// liveness is in memory like the chunkservers'. Each heartbeat recomputes
+// the assignment with placement.AssignANA over the live nodes (each host
+// only over the nodes it is connected to), sticky to the stored one, and
+// stores it when it changed; the answer carries the live nodes (the
+// discovery log's ports) and the reporting node's hosts' assignments. For
+// HeartbeatTimeout after a takeover the stored assignment is only read, so
+// that a new active MDS does not move paths off nodes it has not heard yet.
 //
 // # Pools and copysets
 //

@@ -123,6 +123,11 @@ type Server struct {
 	// transfers: leader transfers the scheduler armed, by group id; the
 	// leader's heartbeat answers carry them until done or timed out.
 	transfers map[uint64]pendingTransfer
+	// accessNodes is the in-memory heartbeat state of NVMe/TCP access
+	// nodes (ana.go), rebuilt from heartbeats after every takeover.
+	accessNodes map[uint64]*liveAN
+
+	anaMu sync.Mutex // serializes ANA reassignments (ana.go); taken before mu
 
 	topoMu sync.Mutex // guards topo; never held with mu
 	topo   *topology  // last topology read (readTopology)
@@ -200,13 +205,14 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("mds: listen %s: %w", cfg.Listen, err)
 	}
 	s := &Server{
-		cfg:       cfg,
-		ln:        ln,
-		advertise: cfg.Advertise,
-		reg:       prometheus.NewRegistry(),
-		live:      map[uint64]*liveCS{},
-		transfers: map[uint64]pendingTransfer{},
-		crashed:   make(chan struct{}),
+		cfg:         cfg,
+		ln:          ln,
+		advertise:   cfg.Advertise,
+		reg:         prometheus.NewRegistry(),
+		live:        map[uint64]*liveCS{},
+		accessNodes: map[uint64]*liveAN{},
+		transfers:   map[uint64]pendingTransfer{},
+		crashed:     make(chan struct{}),
 	}
 	s.volumeIDs, s.sessionIDs = newIDAllocator(s, idVolume), newIDAllocator(s, idSession)
 	if s.advertise == "" {
@@ -507,6 +513,7 @@ func (s *Server) becomeActive(key string) {
 	s.elKey = key
 	s.live = map[uint64]*liveCS{} // rebuilt from heartbeats
 	s.transfers = map[uint64]pendingTransfer{}
+	s.accessNodes = map[uint64]*liveAN{}
 	s.activeSince = time.Now()
 	s.mu.Unlock()
 	s.active.Store(true)

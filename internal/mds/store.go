@@ -27,6 +27,9 @@ const (
 	volumesRevKey     = prefix + "volumes-revision"
 	topologyRevKey    = prefix + "topology-revision"
 	sessionPrefix     = prefix + "sessions/"
+	accessNodePrefix  = prefix + "access-nodes/"
+	nvmfSubsysPrefix  = prefix + "nvmf-subsystems/"
+	anaKey            = prefix + "ana-assignments"
 )
 
 // Id counters (idsPrefix + kind).
@@ -35,6 +38,7 @@ const (
 	idPool        = "pool"
 	idVolume      = "volume"
 	idSession     = "session"
+	idAccessNode  = "access-node"
 )
 
 func idKey(p string, id uint64) string { return fmt.Sprintf("%s%020d", p, id) }

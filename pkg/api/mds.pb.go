@@ -78,6 +78,53 @@ func (DiskState) EnumDescriptor() ([]byte, []int) {
 	return file_mds_proto_rawDescGZIP(), []int{0}
 }
 
+// ANAPolicy chooses the optimized paths of a subsystem's namespaces.
+type ANAPolicy int32
+
+const (
+	ANAPolicy_ANA_POLICY_INHERIT ANAPolicy = 0 // one optimized access node per host for every namespace
+	ANAPolicy_ANA_POLICY_BALANCE ANAPolicy = 1 // a host's namespaces spread over distinct optimized nodes
+)
+
+// Enum value maps for ANAPolicy.
+var (
+	ANAPolicy_name = map[int32]string{
+		0: "ANA_POLICY_INHERIT",
+		1: "ANA_POLICY_BALANCE",
+	}
+	ANAPolicy_value = map[string]int32{
+		"ANA_POLICY_INHERIT": 0,
+		"ANA_POLICY_BALANCE": 1,
+	}
+)
+
+func (x ANAPolicy) Enum() *ANAPolicy {
+	p := new(ANAPolicy)
+	*p = x
+	return p
+}
+
+func (x ANAPolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ANAPolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_mds_proto_enumTypes[1].Descriptor()
+}
+
+func (ANAPolicy) Type() protoreflect.EnumType {
+	return &file_mds_proto_enumTypes[1]
+}
+
+func (x ANAPolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ANAPolicy.Descriptor instead.
+func (ANAPolicy) EnumDescriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{1}
+}
+
 type ChunkServer struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
 	Id                  uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -2337,6 +2384,660 @@ func (x *ClusterStatusResponse) GetMovesInFlight() uint32 {
 	return 0
 }
 
+// AccessNode is a process serving NVMe/TCP (basalt nvmf).
+type AccessNode struct {
+	state               protoimpl.MessageState `protogen:"open.v1"`
+	Id                  uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Addr                string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"` // the NVMe/TCP address hosts reach it on (host:port)
+	Name                string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Online              bool                   `protobuf:"varint,4,opt,name=online,proto3" json:"online,omitempty"` // a heartbeat within the MDS's access-node timeout
+	LastHeartbeatUnixMs int64                  `protobuf:"varint,5,opt,name=last_heartbeat_unix_ms,json=lastHeartbeatUnixMs,proto3" json:"last_heartbeat_unix_ms,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *AccessNode) Reset() {
+	*x = AccessNode{}
+	mi := &file_mds_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AccessNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AccessNode) ProtoMessage() {}
+
+func (x *AccessNode) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AccessNode.ProtoReflect.Descriptor instead.
+func (*AccessNode) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *AccessNode) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *AccessNode) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *AccessNode) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AccessNode) GetOnline() bool {
+	if x != nil {
+		return x.Online
+	}
+	return false
+}
+
+func (x *AccessNode) GetLastHeartbeatUnixMs() int64 {
+	if x != nil {
+		return x.LastHeartbeatUnixMs
+	}
+	return 0
+}
+
+// RegisterAccessNode returns the node's id; the same addr keeps its id.
+type RegisterAccessNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Addr          string                 `protobuf:"bytes,1,opt,name=addr,proto3" json:"addr,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterAccessNodeRequest) Reset() {
+	*x = RegisterAccessNodeRequest{}
+	mi := &file_mds_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterAccessNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterAccessNodeRequest) ProtoMessage() {}
+
+func (x *RegisterAccessNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterAccessNodeRequest.ProtoReflect.Descriptor instead.
+func (*RegisterAccessNodeRequest) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *RegisterAccessNodeRequest) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *RegisterAccessNodeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type RegisterAccessNodeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterAccessNodeResponse) Reset() {
+	*x = RegisterAccessNodeResponse{}
+	mi := &file_mds_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterAccessNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterAccessNodeResponse) ProtoMessage() {}
+
+func (x *RegisterAccessNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterAccessNodeResponse.ProtoReflect.Descriptor instead.
+func (*RegisterAccessNodeResponse) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *RegisterAccessNodeResponse) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+// NVMfHost is one host connected to a subsystem through the reporting node.
+type NVMfHost struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Subsystem     string                 `protobuf:"bytes,1,opt,name=subsystem,proto3" json:"subsystem,omitempty"` // subsystem NQN
+	Host          string                 `protobuf:"bytes,2,opt,name=host,proto3" json:"host,omitempty"`           // host NQN
+	Nsids         []uint32               `protobuf:"varint,3,rep,packed,name=nsids,proto3" json:"nsids,omitempty"` // the namespaces it sees
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NVMfHost) Reset() {
+	*x = NVMfHost{}
+	mi := &file_mds_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NVMfHost) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NVMfHost) ProtoMessage() {}
+
+func (x *NVMfHost) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NVMfHost.ProtoReflect.Descriptor instead.
+func (*NVMfHost) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *NVMfHost) GetSubsystem() string {
+	if x != nil {
+		return x.Subsystem
+	}
+	return ""
+}
+
+func (x *NVMfHost) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *NVMfHost) GetNsids() []uint32 {
+	if x != nil {
+		return x.Nsids
+	}
+	return nil
+}
+
+type AccessNodeHeartbeatRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Hosts         []*NVMfHost            `protobuf:"bytes,2,rep,name=hosts,proto3" json:"hosts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AccessNodeHeartbeatRequest) Reset() {
+	*x = AccessNodeHeartbeatRequest{}
+	mi := &file_mds_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AccessNodeHeartbeatRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AccessNodeHeartbeatRequest) ProtoMessage() {}
+
+func (x *AccessNodeHeartbeatRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AccessNodeHeartbeatRequest.ProtoReflect.Descriptor instead.
+func (*AccessNodeHeartbeatRequest) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *AccessNodeHeartbeatRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *AccessNodeHeartbeatRequest) GetHosts() []*NVMfHost {
+	if x != nil {
+		return x.Hosts
+	}
+	return nil
+}
+
+// ANAAssignment is the paths of one (subsystem, host, namespace): the
+// optimized node, the non-optimized ones; every other node is inaccessible.
+type ANAAssignment struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Subsystem     string                 `protobuf:"bytes,1,opt,name=subsystem,proto3" json:"subsystem,omitempty"`
+	Host          string                 `protobuf:"bytes,2,opt,name=host,proto3" json:"host,omitempty"`
+	Nsid          uint32                 `protobuf:"varint,3,opt,name=nsid,proto3" json:"nsid,omitempty"`
+	Optimized     uint64                 `protobuf:"varint,4,opt,name=optimized,proto3" json:"optimized,omitempty"`
+	NonOptimized  []uint64               `protobuf:"varint,5,rep,packed,name=non_optimized,json=nonOptimized,proto3" json:"non_optimized,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ANAAssignment) Reset() {
+	*x = ANAAssignment{}
+	mi := &file_mds_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ANAAssignment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ANAAssignment) ProtoMessage() {}
+
+func (x *ANAAssignment) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ANAAssignment.ProtoReflect.Descriptor instead.
+func (*ANAAssignment) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ANAAssignment) GetSubsystem() string {
+	if x != nil {
+		return x.Subsystem
+	}
+	return ""
+}
+
+func (x *ANAAssignment) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *ANAAssignment) GetNsid() uint32 {
+	if x != nil {
+		return x.Nsid
+	}
+	return 0
+}
+
+func (x *ANAAssignment) GetOptimized() uint64 {
+	if x != nil {
+		return x.Optimized
+	}
+	return 0
+}
+
+func (x *ANAAssignment) GetNonOptimized() []uint64 {
+	if x != nil {
+		return x.NonOptimized
+	}
+	return nil
+}
+
+// NVMfSubsystem is a subsystem's ANA policy (and, later, its namespaces).
+type NVMfSubsystem struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nqn           string                 `protobuf:"bytes,1,opt,name=nqn,proto3" json:"nqn,omitempty"`
+	Policy        ANAPolicy              `protobuf:"varint,2,opt,name=policy,proto3,enum=basalt.api.v1.ANAPolicy" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NVMfSubsystem) Reset() {
+	*x = NVMfSubsystem{}
+	mi := &file_mds_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NVMfSubsystem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NVMfSubsystem) ProtoMessage() {}
+
+func (x *NVMfSubsystem) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NVMfSubsystem.ProtoReflect.Descriptor instead.
+func (*NVMfSubsystem) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *NVMfSubsystem) GetNqn() string {
+	if x != nil {
+		return x.Nqn
+	}
+	return ""
+}
+
+func (x *NVMfSubsystem) GetPolicy() ANAPolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return ANAPolicy_ANA_POLICY_INHERIT
+}
+
+type AccessNodeHeartbeatResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nodes         []*AccessNode          `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`             // the online access nodes
+	Assignments   []*ANAAssignment       `protobuf:"bytes,2,rep,name=assignments,proto3" json:"assignments,omitempty"` // of every host the request reported
+	Revision      uint64                 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`      // changes whenever the nodes or assignments do
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AccessNodeHeartbeatResponse) Reset() {
+	*x = AccessNodeHeartbeatResponse{}
+	mi := &file_mds_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AccessNodeHeartbeatResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AccessNodeHeartbeatResponse) ProtoMessage() {}
+
+func (x *AccessNodeHeartbeatResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AccessNodeHeartbeatResponse.ProtoReflect.Descriptor instead.
+func (*AccessNodeHeartbeatResponse) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *AccessNodeHeartbeatResponse) GetNodes() []*AccessNode {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *AccessNodeHeartbeatResponse) GetAssignments() []*ANAAssignment {
+	if x != nil {
+		return x.Assignments
+	}
+	return nil
+}
+
+func (x *AccessNodeHeartbeatResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+type SetNVMfSubsystemRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Subsystem     *NVMfSubsystem         `protobuf:"bytes,1,opt,name=subsystem,proto3" json:"subsystem,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNVMfSubsystemRequest) Reset() {
+	*x = SetNVMfSubsystemRequest{}
+	mi := &file_mds_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNVMfSubsystemRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNVMfSubsystemRequest) ProtoMessage() {}
+
+func (x *SetNVMfSubsystemRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNVMfSubsystemRequest.ProtoReflect.Descriptor instead.
+func (*SetNVMfSubsystemRequest) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *SetNVMfSubsystemRequest) GetSubsystem() *NVMfSubsystem {
+	if x != nil {
+		return x.Subsystem
+	}
+	return nil
+}
+
+type SetNVMfSubsystemResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNVMfSubsystemResponse) Reset() {
+	*x = SetNVMfSubsystemResponse{}
+	mi := &file_mds_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNVMfSubsystemResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNVMfSubsystemResponse) ProtoMessage() {}
+
+func (x *SetNVMfSubsystemResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNVMfSubsystemResponse.ProtoReflect.Descriptor instead.
+func (*SetNVMfSubsystemResponse) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{46}
+}
+
+type ListANARequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListANARequest) Reset() {
+	*x = ListANARequest{}
+	mi := &file_mds_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListANARequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListANARequest) ProtoMessage() {}
+
+func (x *ListANARequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListANARequest.ProtoReflect.Descriptor instead.
+func (*ListANARequest) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{47}
+}
+
+type ListANAResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nodes         []*AccessNode          `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"` // every registered node
+	Assignments   []*ANAAssignment       `protobuf:"bytes,2,rep,name=assignments,proto3" json:"assignments,omitempty"`
+	Subsystems    []*NVMfSubsystem       `protobuf:"bytes,3,rep,name=subsystems,proto3" json:"subsystems,omitempty"` // those with a policy set
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListANAResponse) Reset() {
+	*x = ListANAResponse{}
+	mi := &file_mds_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListANAResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListANAResponse) ProtoMessage() {}
+
+func (x *ListANAResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListANAResponse.ProtoReflect.Descriptor instead.
+func (*ListANAResponse) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ListANAResponse) GetNodes() []*AccessNode {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *ListANAResponse) GetAssignments() []*ANAAssignment {
+	if x != nil {
+		return x.Assignments
+	}
+	return nil
+}
+
+func (x *ListANAResponse) GetSubsystems() []*NVMfSubsystem {
+	if x != nil {
+		return x.Subsystems
+	}
+	return nil
+}
+
 var File_mds_proto protoreflect.FileDescriptor
 
 const file_mds_proto_rawDesc = "" +
@@ -2515,13 +3216,57 @@ const file_mds_proto_rawDesc = "" +
 	"\x0fmoves_in_flight\x18\v \x01(\rR\rmovesInFlight\x1aH\n" +
 	"\x1aLeadersPerChunkserverEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01*d\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\x91\x01\n" +
+	"\n" +
+	"AccessNode\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x16\n" +
+	"\x06online\x18\x04 \x01(\bR\x06online\x123\n" +
+	"\x16last_heartbeat_unix_ms\x18\x05 \x01(\x03R\x13lastHeartbeatUnixMs\"C\n" +
+	"\x19RegisterAccessNodeRequest\x12\x12\n" +
+	"\x04addr\x18\x01 \x01(\tR\x04addr\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\",\n" +
+	"\x1aRegisterAccessNodeResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"R\n" +
+	"\bNVMfHost\x12\x1c\n" +
+	"\tsubsystem\x18\x01 \x01(\tR\tsubsystem\x12\x12\n" +
+	"\x04host\x18\x02 \x01(\tR\x04host\x12\x14\n" +
+	"\x05nsids\x18\x03 \x03(\rR\x05nsids\"[\n" +
+	"\x1aAccessNodeHeartbeatRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12-\n" +
+	"\x05hosts\x18\x02 \x03(\v2\x17.basalt.api.v1.NVMfHostR\x05hosts\"\x98\x01\n" +
+	"\rANAAssignment\x12\x1c\n" +
+	"\tsubsystem\x18\x01 \x01(\tR\tsubsystem\x12\x12\n" +
+	"\x04host\x18\x02 \x01(\tR\x04host\x12\x12\n" +
+	"\x04nsid\x18\x03 \x01(\rR\x04nsid\x12\x1c\n" +
+	"\toptimized\x18\x04 \x01(\x04R\toptimized\x12#\n" +
+	"\rnon_optimized\x18\x05 \x03(\x04R\fnonOptimized\"S\n" +
+	"\rNVMfSubsystem\x12\x10\n" +
+	"\x03nqn\x18\x01 \x01(\tR\x03nqn\x120\n" +
+	"\x06policy\x18\x02 \x01(\x0e2\x18.basalt.api.v1.ANAPolicyR\x06policy\"\xaa\x01\n" +
+	"\x1bAccessNodeHeartbeatResponse\x12/\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x19.basalt.api.v1.AccessNodeR\x05nodes\x12>\n" +
+	"\vassignments\x18\x02 \x03(\v2\x1c.basalt.api.v1.ANAAssignmentR\vassignments\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\"U\n" +
+	"\x17SetNVMfSubsystemRequest\x12:\n" +
+	"\tsubsystem\x18\x01 \x01(\v2\x1c.basalt.api.v1.NVMfSubsystemR\tsubsystem\"\x1a\n" +
+	"\x18SetNVMfSubsystemResponse\"\x10\n" +
+	"\x0eListANARequest\"\xc0\x01\n" +
+	"\x0fListANAResponse\x12/\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x19.basalt.api.v1.AccessNodeR\x05nodes\x12>\n" +
+	"\vassignments\x18\x02 \x03(\v2\x1c.basalt.api.v1.ANAAssignmentR\vassignments\x12<\n" +
+	"\n" +
+	"subsystems\x18\x03 \x03(\v2\x1c.basalt.api.v1.NVMfSubsystemR\n" +
+	"subsystems*d\n" +
 	"\tDiskState\x12\x16\n" +
 	"\x12DISK_STATE_UNKNOWN\x10\x00\x12\x11\n" +
 	"\rDISK_STATE_OK\x10\x01\x12\x13\n" +
 	"\x0fDISK_STATE_FULL\x10\x02\x12\x17\n" +
-	"\x13DISK_STATE_IO_ERROR\x10\x032\xb3\n" +
-	"\n" +
+	"\x13DISK_STATE_IO_ERROR\x10\x03*;\n" +
+	"\tANAPolicy\x12\x16\n" +
+	"\x12ANA_POLICY_INHERIT\x10\x00\x12\x16\n" +
+	"\x12ANA_POLICY_BALANCE\x10\x012\xbb\r\n" +
 	"\x03MDS\x12l\n" +
 	"\x13RegisterChunkServer\x12).basalt.api.v1.RegisterChunkServerRequest\x1a*.basalt.api.v1.RegisterChunkServerResponse\x12N\n" +
 	"\tHeartbeat\x12\x1f.basalt.api.v1.HeartbeatRequest\x1a .basalt.api.v1.HeartbeatResponse\x12c\n" +
@@ -2539,7 +3284,11 @@ const file_mds_proto_rawDesc = "" +
 	"OpenVolume\x12 .basalt.api.v1.OpenVolumeRequest\x1a!.basalt.api.v1.OpenVolumeResponse\x12W\n" +
 	"\fRenewSession\x12\".basalt.api.v1.RenewSessionRequest\x1a#.basalt.api.v1.RenewSessionResponse\x12W\n" +
 	"\fCloseSession\x12\".basalt.api.v1.CloseSessionRequest\x1a#.basalt.api.v1.CloseSessionResponse\x12Z\n" +
-	"\rClusterStatus\x12#.basalt.api.v1.ClusterStatusRequest\x1a$.basalt.api.v1.ClusterStatusResponseB*Z(github.com/basalt-storage/basalt/pkg/apib\x06proto3"
+	"\rClusterStatus\x12#.basalt.api.v1.ClusterStatusRequest\x1a$.basalt.api.v1.ClusterStatusResponse\x12i\n" +
+	"\x12RegisterAccessNode\x12(.basalt.api.v1.RegisterAccessNodeRequest\x1a).basalt.api.v1.RegisterAccessNodeResponse\x12l\n" +
+	"\x13AccessNodeHeartbeat\x12).basalt.api.v1.AccessNodeHeartbeatRequest\x1a*.basalt.api.v1.AccessNodeHeartbeatResponse\x12c\n" +
+	"\x10SetNVMfSubsystem\x12&.basalt.api.v1.SetNVMfSubsystemRequest\x1a'.basalt.api.v1.SetNVMfSubsystemResponse\x12H\n" +
+	"\aListANA\x12\x1d.basalt.api.v1.ListANARequest\x1a\x1e.basalt.api.v1.ListANAResponseB*Z(github.com/basalt-storage/basalt/pkg/apib\x06proto3"
 
 var (
 	file_mds_proto_rawDescOnce sync.Once
@@ -2553,110 +3302,139 @@ func file_mds_proto_rawDescGZIP() []byte {
 	return file_mds_proto_rawDescData
 }
 
-var file_mds_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_mds_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_mds_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_mds_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_mds_proto_goTypes = []any{
 	(DiskState)(0),                      // 0: basalt.api.v1.DiskState
-	(*ChunkServer)(nil),                 // 1: basalt.api.v1.ChunkServer
-	(*RegisterChunkServerRequest)(nil),  // 2: basalt.api.v1.RegisterChunkServerRequest
-	(*RegisterChunkServerResponse)(nil), // 3: basalt.api.v1.RegisterChunkServerResponse
-	(*CopysetStatus)(nil),               // 4: basalt.api.v1.CopysetStatus
-	(*HeartbeatRequest)(nil),            // 5: basalt.api.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),           // 6: basalt.api.v1.HeartbeatResponse
-	(*LeaderTransfer)(nil),              // 7: basalt.api.v1.LeaderTransfer
-	(*ListChunkServersRequest)(nil),     // 8: basalt.api.v1.ListChunkServersRequest
-	(*ListChunkServersResponse)(nil),    // 9: basalt.api.v1.ListChunkServersResponse
-	(*Pool)(nil),                        // 10: basalt.api.v1.Pool
-	(*Copyset)(nil),                     // 11: basalt.api.v1.Copyset
-	(*CopysetMove)(nil),                 // 12: basalt.api.v1.CopysetMove
-	(*CreatePoolRequest)(nil),           // 13: basalt.api.v1.CreatePoolRequest
-	(*CreatePoolResponse)(nil),          // 14: basalt.api.v1.CreatePoolResponse
-	(*ListPoolsRequest)(nil),            // 15: basalt.api.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),           // 16: basalt.api.v1.ListPoolsResponse
-	(*GetCopysetsRequest)(nil),          // 17: basalt.api.v1.GetCopysetsRequest
-	(*GetCopysetsResponse)(nil),         // 18: basalt.api.v1.GetCopysetsResponse
-	(*Volume)(nil),                      // 19: basalt.api.v1.Volume
-	(*CreateVolumeRequest)(nil),         // 20: basalt.api.v1.CreateVolumeRequest
-	(*CreateVolumeResponse)(nil),        // 21: basalt.api.v1.CreateVolumeResponse
-	(*GetVolumeRequest)(nil),            // 22: basalt.api.v1.GetVolumeRequest
-	(*GetVolumeResponse)(nil),           // 23: basalt.api.v1.GetVolumeResponse
-	(*ListVolumesRequest)(nil),          // 24: basalt.api.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),         // 25: basalt.api.v1.ListVolumesResponse
-	(*ResizeVolumeRequest)(nil),         // 26: basalt.api.v1.ResizeVolumeRequest
-	(*ResizeVolumeResponse)(nil),        // 27: basalt.api.v1.ResizeVolumeResponse
-	(*DeleteVolumeRequest)(nil),         // 28: basalt.api.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),        // 29: basalt.api.v1.DeleteVolumeResponse
-	(*OpenVolumeRequest)(nil),           // 30: basalt.api.v1.OpenVolumeRequest
-	(*OpenVolumeResponse)(nil),          // 31: basalt.api.v1.OpenVolumeResponse
-	(*RenewSessionRequest)(nil),         // 32: basalt.api.v1.RenewSessionRequest
-	(*RenewSessionResponse)(nil),        // 33: basalt.api.v1.RenewSessionResponse
-	(*CloseSessionRequest)(nil),         // 34: basalt.api.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),        // 35: basalt.api.v1.CloseSessionResponse
-	(*ClusterStatusRequest)(nil),        // 36: basalt.api.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),       // 37: basalt.api.v1.ClusterStatusResponse
-	nil,                                 // 38: basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
+	(ANAPolicy)(0),                      // 1: basalt.api.v1.ANAPolicy
+	(*ChunkServer)(nil),                 // 2: basalt.api.v1.ChunkServer
+	(*RegisterChunkServerRequest)(nil),  // 3: basalt.api.v1.RegisterChunkServerRequest
+	(*RegisterChunkServerResponse)(nil), // 4: basalt.api.v1.RegisterChunkServerResponse
+	(*CopysetStatus)(nil),               // 5: basalt.api.v1.CopysetStatus
+	(*HeartbeatRequest)(nil),            // 6: basalt.api.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),           // 7: basalt.api.v1.HeartbeatResponse
+	(*LeaderTransfer)(nil),              // 8: basalt.api.v1.LeaderTransfer
+	(*ListChunkServersRequest)(nil),     // 9: basalt.api.v1.ListChunkServersRequest
+	(*ListChunkServersResponse)(nil),    // 10: basalt.api.v1.ListChunkServersResponse
+	(*Pool)(nil),                        // 11: basalt.api.v1.Pool
+	(*Copyset)(nil),                     // 12: basalt.api.v1.Copyset
+	(*CopysetMove)(nil),                 // 13: basalt.api.v1.CopysetMove
+	(*CreatePoolRequest)(nil),           // 14: basalt.api.v1.CreatePoolRequest
+	(*CreatePoolResponse)(nil),          // 15: basalt.api.v1.CreatePoolResponse
+	(*ListPoolsRequest)(nil),            // 16: basalt.api.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),           // 17: basalt.api.v1.ListPoolsResponse
+	(*GetCopysetsRequest)(nil),          // 18: basalt.api.v1.GetCopysetsRequest
+	(*GetCopysetsResponse)(nil),         // 19: basalt.api.v1.GetCopysetsResponse
+	(*Volume)(nil),                      // 20: basalt.api.v1.Volume
+	(*CreateVolumeRequest)(nil),         // 21: basalt.api.v1.CreateVolumeRequest
+	(*CreateVolumeResponse)(nil),        // 22: basalt.api.v1.CreateVolumeResponse
+	(*GetVolumeRequest)(nil),            // 23: basalt.api.v1.GetVolumeRequest
+	(*GetVolumeResponse)(nil),           // 24: basalt.api.v1.GetVolumeResponse
+	(*ListVolumesRequest)(nil),          // 25: basalt.api.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),         // 26: basalt.api.v1.ListVolumesResponse
+	(*ResizeVolumeRequest)(nil),         // 27: basalt.api.v1.ResizeVolumeRequest
+	(*ResizeVolumeResponse)(nil),        // 28: basalt.api.v1.ResizeVolumeResponse
+	(*DeleteVolumeRequest)(nil),         // 29: basalt.api.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),        // 30: basalt.api.v1.DeleteVolumeResponse
+	(*OpenVolumeRequest)(nil),           // 31: basalt.api.v1.OpenVolumeRequest
+	(*OpenVolumeResponse)(nil),          // 32: basalt.api.v1.OpenVolumeResponse
+	(*RenewSessionRequest)(nil),         // 33: basalt.api.v1.RenewSessionRequest
+	(*RenewSessionResponse)(nil),        // 34: basalt.api.v1.RenewSessionResponse
+	(*CloseSessionRequest)(nil),         // 35: basalt.api.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),        // 36: basalt.api.v1.CloseSessionResponse
+	(*ClusterStatusRequest)(nil),        // 37: basalt.api.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),       // 38: basalt.api.v1.ClusterStatusResponse
+	(*AccessNode)(nil),                  // 39: basalt.api.v1.AccessNode
+	(*RegisterAccessNodeRequest)(nil),   // 40: basalt.api.v1.RegisterAccessNodeRequest
+	(*RegisterAccessNodeResponse)(nil),  // 41: basalt.api.v1.RegisterAccessNodeResponse
+	(*NVMfHost)(nil),                    // 42: basalt.api.v1.NVMfHost
+	(*AccessNodeHeartbeatRequest)(nil),  // 43: basalt.api.v1.AccessNodeHeartbeatRequest
+	(*ANAAssignment)(nil),               // 44: basalt.api.v1.ANAAssignment
+	(*NVMfSubsystem)(nil),               // 45: basalt.api.v1.NVMfSubsystem
+	(*AccessNodeHeartbeatResponse)(nil), // 46: basalt.api.v1.AccessNodeHeartbeatResponse
+	(*SetNVMfSubsystemRequest)(nil),     // 47: basalt.api.v1.SetNVMfSubsystemRequest
+	(*SetNVMfSubsystemResponse)(nil),    // 48: basalt.api.v1.SetNVMfSubsystemResponse
+	(*ListANARequest)(nil),              // 49: basalt.api.v1.ListANARequest
+	(*ListANAResponse)(nil),             // 50: basalt.api.v1.ListANAResponse
+	nil,                                 // 51: basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
 }
 var file_mds_proto_depIdxs = []int32{
 	0,  // 0: basalt.api.v1.ChunkServer.disk_state:type_name -> basalt.api.v1.DiskState
 	0,  // 1: basalt.api.v1.HeartbeatRequest.disk_state:type_name -> basalt.api.v1.DiskState
-	4,  // 2: basalt.api.v1.HeartbeatRequest.copysets:type_name -> basalt.api.v1.CopysetStatus
-	11, // 3: basalt.api.v1.HeartbeatResponse.copysets:type_name -> basalt.api.v1.Copyset
-	1,  // 4: basalt.api.v1.HeartbeatResponse.peers:type_name -> basalt.api.v1.ChunkServer
-	10, // 5: basalt.api.v1.HeartbeatResponse.pools:type_name -> basalt.api.v1.Pool
-	7,  // 6: basalt.api.v1.HeartbeatResponse.transfer_leaders:type_name -> basalt.api.v1.LeaderTransfer
-	1,  // 7: basalt.api.v1.ListChunkServersResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	12, // 8: basalt.api.v1.Copyset.move:type_name -> basalt.api.v1.CopysetMove
-	10, // 9: basalt.api.v1.CreatePoolResponse.pool:type_name -> basalt.api.v1.Pool
-	10, // 10: basalt.api.v1.ListPoolsResponse.pools:type_name -> basalt.api.v1.Pool
-	11, // 11: basalt.api.v1.GetCopysetsResponse.copysets:type_name -> basalt.api.v1.Copyset
-	1,  // 12: basalt.api.v1.GetCopysetsResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	19, // 13: basalt.api.v1.CreateVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	19, // 14: basalt.api.v1.GetVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	19, // 15: basalt.api.v1.ListVolumesResponse.volumes:type_name -> basalt.api.v1.Volume
-	19, // 16: basalt.api.v1.ResizeVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	19, // 17: basalt.api.v1.OpenVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	10, // 18: basalt.api.v1.OpenVolumeResponse.pool:type_name -> basalt.api.v1.Pool
-	11, // 19: basalt.api.v1.OpenVolumeResponse.copysets:type_name -> basalt.api.v1.Copyset
-	1,  // 20: basalt.api.v1.OpenVolumeResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	1,  // 21: basalt.api.v1.ClusterStatusResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	10, // 22: basalt.api.v1.ClusterStatusResponse.pools:type_name -> basalt.api.v1.Pool
-	11, // 23: basalt.api.v1.ClusterStatusResponse.copysets:type_name -> basalt.api.v1.Copyset
-	38, // 24: basalt.api.v1.ClusterStatusResponse.leaders_per_chunkserver:type_name -> basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
-	2,  // 25: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
-	5,  // 26: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
-	8,  // 27: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
-	13, // 28: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
-	15, // 29: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
-	17, // 30: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
-	20, // 31: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
-	22, // 32: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
-	24, // 33: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
-	26, // 34: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
-	28, // 35: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
-	30, // 36: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
-	32, // 37: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
-	34, // 38: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
-	36, // 39: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
-	3,  // 40: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
-	6,  // 41: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
-	9,  // 42: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
-	14, // 43: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
-	16, // 44: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
-	18, // 45: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
-	21, // 46: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
-	23, // 47: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
-	25, // 48: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
-	27, // 49: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
-	29, // 50: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
-	31, // 51: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
-	33, // 52: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
-	35, // 53: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
-	37, // 54: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
-	40, // [40:55] is the sub-list for method output_type
-	25, // [25:40] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	5,  // 2: basalt.api.v1.HeartbeatRequest.copysets:type_name -> basalt.api.v1.CopysetStatus
+	12, // 3: basalt.api.v1.HeartbeatResponse.copysets:type_name -> basalt.api.v1.Copyset
+	2,  // 4: basalt.api.v1.HeartbeatResponse.peers:type_name -> basalt.api.v1.ChunkServer
+	11, // 5: basalt.api.v1.HeartbeatResponse.pools:type_name -> basalt.api.v1.Pool
+	8,  // 6: basalt.api.v1.HeartbeatResponse.transfer_leaders:type_name -> basalt.api.v1.LeaderTransfer
+	2,  // 7: basalt.api.v1.ListChunkServersResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	13, // 8: basalt.api.v1.Copyset.move:type_name -> basalt.api.v1.CopysetMove
+	11, // 9: basalt.api.v1.CreatePoolResponse.pool:type_name -> basalt.api.v1.Pool
+	11, // 10: basalt.api.v1.ListPoolsResponse.pools:type_name -> basalt.api.v1.Pool
+	12, // 11: basalt.api.v1.GetCopysetsResponse.copysets:type_name -> basalt.api.v1.Copyset
+	2,  // 12: basalt.api.v1.GetCopysetsResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	20, // 13: basalt.api.v1.CreateVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	20, // 14: basalt.api.v1.GetVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	20, // 15: basalt.api.v1.ListVolumesResponse.volumes:type_name -> basalt.api.v1.Volume
+	20, // 16: basalt.api.v1.ResizeVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	20, // 17: basalt.api.v1.OpenVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	11, // 18: basalt.api.v1.OpenVolumeResponse.pool:type_name -> basalt.api.v1.Pool
+	12, // 19: basalt.api.v1.OpenVolumeResponse.copysets:type_name -> basalt.api.v1.Copyset
+	2,  // 20: basalt.api.v1.OpenVolumeResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	2,  // 21: basalt.api.v1.ClusterStatusResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	11, // 22: basalt.api.v1.ClusterStatusResponse.pools:type_name -> basalt.api.v1.Pool
+	12, // 23: basalt.api.v1.ClusterStatusResponse.copysets:type_name -> basalt.api.v1.Copyset
+	51, // 24: basalt.api.v1.ClusterStatusResponse.leaders_per_chunkserver:type_name -> basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
+	42, // 25: basalt.api.v1.AccessNodeHeartbeatRequest.hosts:type_name -> basalt.api.v1.NVMfHost
+	1,  // 26: basalt.api.v1.NVMfSubsystem.policy:type_name -> basalt.api.v1.ANAPolicy
+	39, // 27: basalt.api.v1.AccessNodeHeartbeatResponse.nodes:type_name -> basalt.api.v1.AccessNode
+	44, // 28: basalt.api.v1.AccessNodeHeartbeatResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
+	45, // 29: basalt.api.v1.SetNVMfSubsystemRequest.subsystem:type_name -> basalt.api.v1.NVMfSubsystem
+	39, // 30: basalt.api.v1.ListANAResponse.nodes:type_name -> basalt.api.v1.AccessNode
+	44, // 31: basalt.api.v1.ListANAResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
+	45, // 32: basalt.api.v1.ListANAResponse.subsystems:type_name -> basalt.api.v1.NVMfSubsystem
+	3,  // 33: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
+	6,  // 34: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
+	9,  // 35: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
+	14, // 36: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
+	16, // 37: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
+	18, // 38: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
+	21, // 39: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
+	23, // 40: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
+	25, // 41: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
+	27, // 42: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
+	29, // 43: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
+	31, // 44: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
+	33, // 45: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
+	35, // 46: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
+	37, // 47: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
+	40, // 48: basalt.api.v1.MDS.RegisterAccessNode:input_type -> basalt.api.v1.RegisterAccessNodeRequest
+	43, // 49: basalt.api.v1.MDS.AccessNodeHeartbeat:input_type -> basalt.api.v1.AccessNodeHeartbeatRequest
+	47, // 50: basalt.api.v1.MDS.SetNVMfSubsystem:input_type -> basalt.api.v1.SetNVMfSubsystemRequest
+	49, // 51: basalt.api.v1.MDS.ListANA:input_type -> basalt.api.v1.ListANARequest
+	4,  // 52: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
+	7,  // 53: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
+	10, // 54: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
+	15, // 55: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
+	17, // 56: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
+	19, // 57: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
+	22, // 58: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
+	24, // 59: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
+	26, // 60: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
+	28, // 61: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
+	30, // 62: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
+	32, // 63: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
+	34, // 64: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
+	36, // 65: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
+	38, // 66: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
+	41, // 67: basalt.api.v1.MDS.RegisterAccessNode:output_type -> basalt.api.v1.RegisterAccessNodeResponse
+	46, // 68: basalt.api.v1.MDS.AccessNodeHeartbeat:output_type -> basalt.api.v1.AccessNodeHeartbeatResponse
+	48, // 69: basalt.api.v1.MDS.SetNVMfSubsystem:output_type -> basalt.api.v1.SetNVMfSubsystemResponse
+	50, // 70: basalt.api.v1.MDS.ListANA:output_type -> basalt.api.v1.ListANAResponse
+	52, // [52:71] is the sub-list for method output_type
+	33, // [33:52] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_mds_proto_init() }
@@ -2669,8 +3447,8 @@ func file_mds_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mds_proto_rawDesc), len(file_mds_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   38,
+			NumEnums:      2,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

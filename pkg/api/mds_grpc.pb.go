@@ -38,6 +38,10 @@ const (
 	MDS_RenewSession_FullMethodName        = "/basalt.api.v1.MDS/RenewSession"
 	MDS_CloseSession_FullMethodName        = "/basalt.api.v1.MDS/CloseSession"
 	MDS_ClusterStatus_FullMethodName       = "/basalt.api.v1.MDS/ClusterStatus"
+	MDS_RegisterAccessNode_FullMethodName  = "/basalt.api.v1.MDS/RegisterAccessNode"
+	MDS_AccessNodeHeartbeat_FullMethodName = "/basalt.api.v1.MDS/AccessNodeHeartbeat"
+	MDS_SetNVMfSubsystem_FullMethodName    = "/basalt.api.v1.MDS/SetNVMfSubsystem"
+	MDS_ListANA_FullMethodName             = "/basalt.api.v1.MDS/ListANA"
 )
 
 // MDSClient is the client API for MDS service.
@@ -64,6 +68,11 @@ type MDSClient interface {
 	CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*CloseSessionResponse, error)
 	// Cluster health for `basalt status`.
 	ClusterStatus(ctx context.Context, in *ClusterStatusRequest, opts ...grpc.CallOption) (*ClusterStatusResponse, error)
+	// NVMe/TCP access nodes and their ANA path assignments (docs/nvmf.md).
+	RegisterAccessNode(ctx context.Context, in *RegisterAccessNodeRequest, opts ...grpc.CallOption) (*RegisterAccessNodeResponse, error)
+	AccessNodeHeartbeat(ctx context.Context, in *AccessNodeHeartbeatRequest, opts ...grpc.CallOption) (*AccessNodeHeartbeatResponse, error)
+	SetNVMfSubsystem(ctx context.Context, in *SetNVMfSubsystemRequest, opts ...grpc.CallOption) (*SetNVMfSubsystemResponse, error)
+	ListANA(ctx context.Context, in *ListANARequest, opts ...grpc.CallOption) (*ListANAResponse, error)
 }
 
 type mDSClient struct {
@@ -224,6 +233,46 @@ func (c *mDSClient) ClusterStatus(ctx context.Context, in *ClusterStatusRequest,
 	return out, nil
 }
 
+func (c *mDSClient) RegisterAccessNode(ctx context.Context, in *RegisterAccessNodeRequest, opts ...grpc.CallOption) (*RegisterAccessNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RegisterAccessNodeResponse)
+	err := c.cc.Invoke(ctx, MDS_RegisterAccessNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *mDSClient) AccessNodeHeartbeat(ctx context.Context, in *AccessNodeHeartbeatRequest, opts ...grpc.CallOption) (*AccessNodeHeartbeatResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AccessNodeHeartbeatResponse)
+	err := c.cc.Invoke(ctx, MDS_AccessNodeHeartbeat_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *mDSClient) SetNVMfSubsystem(ctx context.Context, in *SetNVMfSubsystemRequest, opts ...grpc.CallOption) (*SetNVMfSubsystemResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetNVMfSubsystemResponse)
+	err := c.cc.Invoke(ctx, MDS_SetNVMfSubsystem_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *mDSClient) ListANA(ctx context.Context, in *ListANARequest, opts ...grpc.CallOption) (*ListANAResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListANAResponse)
+	err := c.cc.Invoke(ctx, MDS_ListANA_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MDSServer is the server API for MDS service.
 // All implementations must embed UnimplementedMDSServer
 // for forward compatibility.
@@ -248,6 +297,11 @@ type MDSServer interface {
 	CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error)
 	// Cluster health for `basalt status`.
 	ClusterStatus(context.Context, *ClusterStatusRequest) (*ClusterStatusResponse, error)
+	// NVMe/TCP access nodes and their ANA path assignments (docs/nvmf.md).
+	RegisterAccessNode(context.Context, *RegisterAccessNodeRequest) (*RegisterAccessNodeResponse, error)
+	AccessNodeHeartbeat(context.Context, *AccessNodeHeartbeatRequest) (*AccessNodeHeartbeatResponse, error)
+	SetNVMfSubsystem(context.Context, *SetNVMfSubsystemRequest) (*SetNVMfSubsystemResponse, error)
+	ListANA(context.Context, *ListANARequest) (*ListANAResponse, error)
 	mustEmbedUnimplementedMDSServer()
 }
 
@@ -302,6 +356,18 @@ func (UnimplementedMDSServer) CloseSession(context.Context, *CloseSessionRequest
 }
 func (UnimplementedMDSServer) ClusterStatus(context.Context, *ClusterStatusRequest) (*ClusterStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ClusterStatus not implemented")
+}
+func (UnimplementedMDSServer) RegisterAccessNode(context.Context, *RegisterAccessNodeRequest) (*RegisterAccessNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RegisterAccessNode not implemented")
+}
+func (UnimplementedMDSServer) AccessNodeHeartbeat(context.Context, *AccessNodeHeartbeatRequest) (*AccessNodeHeartbeatResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AccessNodeHeartbeat not implemented")
+}
+func (UnimplementedMDSServer) SetNVMfSubsystem(context.Context, *SetNVMfSubsystemRequest) (*SetNVMfSubsystemResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetNVMfSubsystem not implemented")
+}
+func (UnimplementedMDSServer) ListANA(context.Context, *ListANARequest) (*ListANAResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListANA not implemented")
 }
 func (UnimplementedMDSServer) mustEmbedUnimplementedMDSServer() {}
 func (UnimplementedMDSServer) testEmbeddedByValue()             {}
@@ -594,6 +660,78 @@ func _MDS_ClusterStatus_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MDS_RegisterAccessNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegisterAccessNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MDSServer).RegisterAccessNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MDS_RegisterAccessNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MDSServer).RegisterAccessNode(ctx, req.(*RegisterAccessNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _MDS_AccessNodeHeartbeat_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AccessNodeHeartbeatRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MDSServer).AccessNodeHeartbeat(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MDS_AccessNodeHeartbeat_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MDSServer).AccessNodeHeartbeat(ctx, req.(*AccessNodeHeartbeatRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _MDS_SetNVMfSubsystem_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetNVMfSubsystemRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MDSServer).SetNVMfSubsystem(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MDS_SetNVMfSubsystem_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MDSServer).SetNVMfSubsystem(ctx, req.(*SetNVMfSubsystemRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _MDS_ListANA_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListANARequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MDSServer).ListANA(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MDS_ListANA_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MDSServer).ListANA(ctx, req.(*ListANARequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // MDS_ServiceDesc is the grpc.ServiceDesc for MDS service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -660,6 +798,22 @@ var MDS_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ClusterStatus",
 			Handler:    _MDS_ClusterStatus_Handler,
+		},
+		{
+			MethodName: "RegisterAccessNode",
+			Handler:    _MDS_RegisterAccessNode_Handler,
+		},
+		{
+			MethodName: "AccessNodeHeartbeat",
+			Handler:    _MDS_AccessNodeHeartbeat_Handler,
+		},
+		{
+			MethodName: "SetNVMfSubsystem",
+			Handler:    _MDS_SetNVMfSubsystem_Handler,
+		},
+		{
+			MethodName: "ListANA",
+			Handler:    _MDS_ListANA_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -174,3 +174,47 @@ func (c *Client) ClusterStatus(ctx context.Context, in *api.ClusterStatusRequest
 	})
 	return out, err
 }
+
+// RegisterAccessNode calls RegisterAccessNode on the active MDS.
+func (c *Client) RegisterAccessNode(ctx context.Context, in *api.RegisterAccessNodeRequest, opts ...grpc.CallOption) (*api.RegisterAccessNodeResponse, error) {
+	var out *api.RegisterAccessNodeResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.RegisterAccessNode(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// AccessNodeHeartbeat calls AccessNodeHeartbeat on the active MDS.
+func (c *Client) AccessNodeHeartbeat(ctx context.Context, in *api.AccessNodeHeartbeatRequest, opts ...grpc.CallOption) (*api.AccessNodeHeartbeatResponse, error) {
+	var out *api.AccessNodeHeartbeatResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.AccessNodeHeartbeat(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// SetNVMfSubsystem calls SetNVMfSubsystem on the active MDS.
+func (c *Client) SetNVMfSubsystem(ctx context.Context, in *api.SetNVMfSubsystemRequest, opts ...grpc.CallOption) (*api.SetNVMfSubsystemResponse, error) {
+	var out *api.SetNVMfSubsystemResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.SetNVMfSubsystem(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// ListANA calls ListANA on the active MDS.
+func (c *Client) ListANA(ctx context.Context, in *api.ListANARequest, opts ...grpc.CallOption) (*api.ListANAResponse, error) {
+	var out *api.ListANAResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.ListANA(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}

@@ -51,8 +51,14 @@ type NVMfConfig struct {
 	// AllowedHosts: the host NQNs that may connect; empty: every host.
 	AllowedHosts []string
 	// AdvertiseAddr is the address the discovery log gives (default: the one
-	// the host connected to).
+	// the host connected to); with ANA multipath, the address this access
+	// node registers with the MDS (default: the listener's).
 	AdvertiseAddr string
+	// Multipath makes this target one access node of several exporting the
+	// same subsystems (docs/nvmf.md): it registers and heartbeats to the
+	// MDS, which assigns the ANA state of each host's paths. Off: one
+	// optimized path, volumes attached at Connect.
+	Multipath bool
 }
 
 // ISCSIConfig says where the iSCSI target listens; Listen empty: no iSCSI.
@@ -86,6 +92,7 @@ type Node struct {
 	nvmf    *nvmf.Server
 	iscsi   *iscsi.Server
 	addrs   []net.Addr
+	stopANA chan struct{} // closed by Close: ends anaLoop
 
 	closeOnce sync.Once
 	closeErr  error
@@ -112,7 +119,7 @@ func Start(cfg Config) (*Node, error) {
 	if cfg.Registry != nil {
 		cm, nm = client.NewMetrics(cfg.Registry), nbd.NewMetrics(cfg.Registry)
 	}
-	n := &Node{log: cfg.Logger, mds: mc}
+	n := &Node{log: cfg.Logger, mds: mc, stopANA: make(chan struct{})}
 	n.exports = frontend.NewExports(frontend.ExportsConfig{
 		Logger: cfg.Logger,
 		Opener: volumes.New(volumes.Config{
@@ -127,7 +134,7 @@ func Start(cfg Config) (*Node, error) {
 		}
 	}
 	if cfg.NVMf.Listen != "" {
-		if err := n.startNVMf(cfg.NVMf); err != nil {
+		if err := n.startNVMf(cfg.NVMf, cfg.ClientName); err != nil {
 			n.Close()
 			return nil, err
 		}
@@ -141,20 +148,40 @@ func Start(cfg Config) (*Node, error) {
 	return n, nil
 }
 
-func (n *Node) startNVMf(cfg NVMfConfig) error {
-	srv, err := nvmf.NewServer(nvmf.Config{Exports: n.exports, Logger: n.log,
-		AllowedHosts: cfg.AllowedHosts, AdvertiseAddr: cfg.AdvertiseAddr})
-	if err != nil {
-		return err
-	}
+func (n *Node) startNVMf(cfg NVMfConfig, name string) error {
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("NVMe/TCP listen on %s: %w", cfg.Listen, err)
 	}
+	scfg := nvmf.Config{Exports: n.exports, Logger: n.log,
+		AllowedHosts: cfg.AllowedHosts, AdvertiseAddr: cfg.AdvertiseAddr}
+	kick := make(chan struct{}, 1)
+	var id uint64
+	if cfg.Multipath {
+		if id, err = n.registerAccessNode(advertised(cfg.AdvertiseAddr, ln), name); err != nil {
+			ln.Close()
+			return err
+		}
+		scfg.Multipath, scfg.NodeID = true, id
+		scfg.HostsChanged = func() {
+			select {
+			case kick <- struct{}{}:
+			default:
+			}
+		}
+	}
+	srv, err := nvmf.NewServer(scfg)
+	if err != nil {
+		ln.Close()
+		return err
+	}
 	n.nvmf = srv
 	n.addrs = append(n.addrs, ln.Addr())
 	n.log.Info("serving NVMe/TCP", "addr", ln.Addr().String(), "subsystems", nvmf.VolumeNQNPrefix+"VOLUME",
-		"allowed_hosts", len(cfg.AllowedHosts))
+		"allowed_hosts", len(cfg.AllowedHosts), "access_node", id, "ana_multipath", cfg.Multipath)
+	if cfg.Multipath {
+		go n.anaLoop(id, srv, kick, n.stopANA)
+	}
 	go srv.Serve(ln)
 	return nil
 }
@@ -256,6 +283,7 @@ func (n *Node) ISCSIPortal() net.Addr {
 // calls return the first one's result.
 func (n *Node) Close() error {
 	n.closeOnce.Do(func() {
+		close(n.stopANA)
 		var errs []error
 		if n.nbd != nil {
 			errs = append(errs, n.nbd.Close())

@@ -116,7 +116,14 @@ func (c *conn) connect(cmd *command) {
 				return
 			}
 			ctx, cancel := context.WithTimeout(c.s.conns.Context(), c.s.cfg.ConnectTimeout)
-			att, err := c.s.cfg.Exports.Attach(ctx, name)
+			var att *frontend.Attachment
+			var info frontend.Info
+			var err error
+			if c.s.cfg.Multipath {
+				info, err = c.s.cfg.Exports.Describe(ctx, name) // attached at the first I/O command
+			} else if att, err = c.s.cfg.Exports.Attach(ctx, name); err == nil {
+				info = att.Info()
+			}
 			cancel()
 			if err != nil {
 				log.Info("nvmf: connect refused: the volume cannot be attached", "err", err)
@@ -128,10 +135,12 @@ func (c *conn) connect(cmd *command) {
 				return
 			}
 			ctrl.volume, ctrl.att = name, att
-			ctrl.ns = nsOf(att.Info())
+			ctrl.ns = nsOf(info)
 			if ctrl.ns.lbaShift == 0 {
-				att.Detach()
-				log.Warn("nvmf: volume's block size cannot be an NVMe LBA", "min_block", att.Info().BlockSizes.Minimum)
+				if att != nil {
+					att.Detach()
+				}
+				log.Warn("nvmf: volume's block size cannot be an NVMe LBA", "min_block", info.BlockSizes.Minimum)
 				c.invalidParam(cmd, 256, true)
 				return
 			}
@@ -245,7 +254,7 @@ func (c *conn) admin(cmd *command) {
 	case adminKeepAlive:
 		c.complete(cmd, scSuccess, 0, 0)
 	case adminAsyncEvent:
-		// Held until the controller ends: there are no events to report yet.
+		c.asyncEvent(cmd) // held until there is an event
 	case adminAbort:
 		c.complete(cmd, scSuccess, 1, 0) // bit 0: the command was not aborted
 	case adminSetFeatures, adminGetFeatures:
@@ -384,6 +393,7 @@ func (c *conn) identifyController(b []byte) {
 	pad(b[64:72], "0.1")
 	b[72] = 6                                                        // RAB
 	b[76] = 1<<0 | 1<<1 | 1<<3                                       // CMIC: multi-port, multi-controller, ANA
+	binary.LittleEndian.PutUint32(b[92:], aenANAEnabled)             // OAES: ANA change notices
 	b[77] = byte(bits.TrailingZeros(uint(c.s.cfg.MaxTransfer)) - 12) // MDTS in 4 KiB pages
 	binary.LittleEndian.PutUint16(b[78:], ctrl.id)
 	binary.LittleEndian.PutUint32(b[80:], version)
@@ -402,6 +412,7 @@ func (c *conn) identifyController(b []byte) {
 	if ctrl.discovery {
 		b[111] = 2                                         // CNTRLTYPE: discovery
 		b[76] = 0                                          // no multipath on discovery
+		binary.LittleEndian.PutUint32(b[92:], 0)           // OAES: no ANA notices
 		binary.LittleEndian.PutUint32(b[1792:], sqeLen/16) // IOCCSZ: no in-capsule data
 	} else {
 		b[111] = 1                                // CNTRLTYPE: I/O
@@ -461,18 +472,11 @@ func (c *conn) getLogPage(cmd *command) {
 	case lid == logChangedNS:
 		page = make([]byte, 4096)
 	case lid == logANA:
-		page = make([]byte, 16+32+4)
-		binary.LittleEndian.PutUint64(page[0:], 1) // change count
-		binary.LittleEndian.PutUint16(page[8:], 1) // one group
-		g := page[16:]
-		binary.LittleEndian.PutUint32(g[0:], 1) // group 1
-		binary.LittleEndian.PutUint64(g[8:], 1)
-		g[16] = 1 // optimized
-		if lsp&1 == 0 {
-			binary.LittleEndian.PutUint32(g[4:], 1) // one namespace: NSID 1
-			binary.LittleEndian.PutUint32(g[32:], 1)
-		} else {
-			page = page[:48] // groups only
+		page = c.s.anaLog(c.ctrl, lsp&1 != 0)
+		if s.cdw[10]&(1<<15) == 0 { // RAE clear: the host has seen the change
+			c.ctrl.mu.Lock()
+			c.ctrl.anaMasked = false
+			c.ctrl.mu.Unlock()
 		}
 	default:
 		c.complete(cmd, scInvalidLogPage|dnr, 0, 0)
@@ -499,34 +503,46 @@ func (c *conn) discoveryLog() []byte {
 	if !c.s.hostAllowed(c.ctrl.hostNQN) {
 		names = nil
 	}
-	addr := c.s.cfg.AdvertiseAddr
-	if addr == "" {
-		addr = c.nc.LocalAddr().String()
+	ports := c.s.ports() // Multipath: every live access node
+	if len(ports) == 0 {
+		addr := c.s.cfg.AdvertiseAddr
+		if addr == "" {
+			addr = c.nc.LocalAddr().String()
+		}
+		ports = []Port{{ID: 1, Addr: addr}}
 	}
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		host, port = addr, strconv.Itoa(4420)
-	}
-	adrfam := byte(1)
-	if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
-		adrfam = 2
-	}
-	page := make([]byte, 1024*(1+len(names)))
+	n := len(names) * len(ports)
+	page := make([]byte, 1024*(1+n))
 	h := fnv.New64a()
 	for _, n := range names {
 		h.Write([]byte(n + "\x00"))
 	}
+	for _, p := range ports {
+		fmt.Fprintf(h, "%d %s\x00", p.ID, p.Addr)
+	}
 	binary.LittleEndian.PutUint64(page[0:], h.Sum64()|1)
-	binary.LittleEndian.PutUint64(page[8:], uint64(len(names)))
-	for i, n := range names {
-		e := page[1024*(i+1):]
-		e[0], e[1], e[2], e[3] = 3, adrfam, 2, 0 // TCP, address family, NVM subsystem, no secure channel requirement
-		binary.LittleEndian.PutUint16(e[4:], 1)
-		binary.LittleEndian.PutUint16(e[6:], 0xffff)
-		binary.LittleEndian.PutUint16(e[8:], 32)
-		pad(e[32:64], port)
-		copy(e[256:512], VolumeNQNPrefix+n)
-		pad(e[512:768], host)
+	binary.LittleEndian.PutUint64(page[8:], uint64(n))
+	i := 0
+	for _, name := range names {
+		for _, p := range ports {
+			host, port, err := net.SplitHostPort(p.Addr)
+			if err != nil {
+				host, port = p.Addr, strconv.Itoa(4420)
+			}
+			adrfam := byte(1)
+			if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
+				adrfam = 2
+			}
+			i++
+			e := page[1024*i:]
+			e[0], e[1], e[2], e[3] = 3, adrfam, 2, 0 // TCP, address family, NVM subsystem, no secure channel requirement
+			binary.LittleEndian.PutUint16(e[4:], uint16(p.ID))
+			binary.LittleEndian.PutUint16(e[6:], 0xffff)
+			binary.LittleEndian.PutUint16(e[8:], 32)
+			pad(e[32:64], port)
+			copy(e[256:512], VolumeNQNPrefix+name)
+			pad(e[512:768], host)
+		}
 	}
 	return page
 }

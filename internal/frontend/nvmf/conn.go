@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/basalt-storage/basalt/internal/frontend"
 )
 
 // conn is one TCP connection: one queue (admin or I/O) of one controller.
@@ -33,8 +35,9 @@ type conn struct {
 	ctrl         *controller
 	pending      map[uint16]*command // awaiting H2C data, by transfer tag
 	nextTag      uint16
-	maxCapsule   int  // in-capsule data accepted
-	noSQFlow     bool // Connect disabled SQ flow control: C2HData may carry SUCCESS
+	maxCapsule   int                  // in-capsule data accepted
+	noSQFlow     bool                 // Connect disabled SQ flow control: C2HData may carry SUCCESS
+	att          *frontend.Attachment // of the command being started (io)
 
 	inflight atomic.Int32   // commands read and not yet answered (AERs included)
 	wg       sync.WaitGroup // backend callbacks outstanding

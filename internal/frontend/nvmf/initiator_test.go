@@ -19,9 +19,16 @@ import (
 
 // memDisk is an in-memory frontend.Backend.
 type memDisk struct {
-	mu   sync.Mutex
-	data []byte
-	ro   bool
+	mu    sync.Mutex
+	data  []byte
+	ro    bool
+	nOpen int // Open calls
+}
+
+func (m *memDisk) opens() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.nOpen
 }
 
 func (m *memDisk) Info() frontend.Info {
@@ -48,16 +55,18 @@ type memOpener map[string]*memDisk
 
 func (o memOpener) Open(_ context.Context, name string) (frontend.Backend, error) {
 	if d, ok := o[name]; ok {
+		d.mu.Lock()
+		d.nOpen++
+		d.mu.Unlock()
 		return d, nil
 	}
 	return nil, frontend.ErrNoSuchExport
 }
 func (o memOpener) Stat(ctx context.Context, name string) (frontend.Info, error) {
-	b, err := o.Open(ctx, name)
-	if err != nil {
-		return frontend.Info{}, err
+	if d, ok := o[name]; ok {
+		return d.Info(), nil
 	}
-	return b.Info(), nil
+	return frontend.Info{}, frontend.ErrNoSuchExport
 }
 func (o memOpener) List(context.Context) ([]string, error) {
 	var names []string

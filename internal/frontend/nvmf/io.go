@@ -34,9 +34,13 @@ func statusOf(err error) uint16 {
 // submit runs one backend IO for cmd; done runs with the classified error.
 func (c *conn) submit(op api.Op, buf []byte, off, n int64, done func(error)) {
 	c.wg.Add(1)
-	c.ctrl.att.Backend().Submit(op, buf, off, n, func(err error) {
+	att := c.att
+	att.Backend().Submit(op, buf, off, n, func(err error) {
 		if err != nil {
-			err = c.ctrl.att.Classify(err)
+			err = att.Classify(err)
+			if isFenced(err) {
+				c.ctrl.dropAttachment(att)
+			}
 		}
 		done(err)
 		c.wg.Done()
@@ -50,6 +54,21 @@ func (c *conn) io(cmd *command) {
 	if ctrl.discovery {
 		c.complete(cmd, scInvalidOpcode|dnr, 0, 0)
 		return
+	}
+	if c.s.cfg.Multipath {
+		if c.s.anaState(ctrl) == ANAInaccessible {
+			c.complete(cmd, scANAInaccessible, 0, 0)
+			return
+		}
+		att, err := ctrl.attachment()
+		if err != nil {
+			c.log.Warn("nvmf: the volume cannot be attached", "volume", ctrl.volume, "err", err)
+			c.complete(cmd, scNSNotReady, 0, 0)
+			return
+		}
+		c.att = att
+	} else {
+		c.att = ctrl.att
 	}
 	if s.opcode == ioFlush {
 		if s.nsid != 1 && s.nsid != 0xffffffff {

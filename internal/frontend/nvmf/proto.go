@@ -100,6 +100,7 @@ const (
 	scConnectHost     = 0x184
 	scCompareFailed   = 0x285
 	scANAInaccessible = 0x302
+	scAERLimit        = 0x105
 	dnr               = 0x4000 // Do Not Retry, in the status word after the phase bit shift
 )
 

@@ -60,6 +60,17 @@ type Config struct {
 	// AdvertiseAddr is the address the discovery log gives for the I/O
 	// subsystems (host:port); default the address the host connected to.
 	AdvertiseAddr string
+	// Multipath makes this server one access node of several that export
+	// the same subsystems (docs/nvmf.md): the ANA states and the discovery
+	// log's ports come from SetPaths, a volume is attached at a
+	// controller's first I/O command rather than at Connect, and
+	// controller ids are NodeID%15<<12 | 1..0xfff, so that the access nodes
+	// of a cluster (ids unique mod 15) give out distinct ones.
+	Multipath bool
+	NodeID    uint64
+	// HostsChanged, if set, is called (on its own goroutine) when a
+	// controller of an I/O subsystem is created or ends: Hosts changed.
+	HostsChanged func()
 }
 
 func (c *Config) setDefaults() error {
@@ -116,9 +127,11 @@ type Server struct {
 	log   *slog.Logger
 	conns *frontend.Conns
 
-	mu       sync.Mutex
-	nextCtrl uint16
-	ctrls    map[uint16]*controller
+	mu        sync.Mutex
+	nextCtrl  uint16
+	ctrls     map[uint16]*controller
+	paths     Paths  // Multipath: the MDS's assignment (SetPaths)
+	anaChange uint64 // ANA change count: bumped by SetPaths when a state changed
 }
 
 // NewServer checks cfg and returns a Server; it listens on nothing until Serve.
@@ -169,8 +182,8 @@ type controller struct {
 	hostID    [16]byte
 	discovery bool
 	volume    string
-	att       *frontend.Attachment // nil for discovery
 	ns        nsInfo
+	attMu     sync.Mutex // serializes attaching (attachment); taken before mu
 
 	// lastSeen is updated by every command on any of its queues (TBKAS).
 	mu       sync.Mutex
@@ -184,6 +197,13 @@ type controller struct {
 	refs     int // connections attached, until their IO drained
 	dead     bool
 	stopKA   chan struct{}
+	// att is nil for discovery, and (Multipath) until the first I/O command
+	// or after a fenced IO; retired ones are detached by the last leave.
+	att        *frontend.Attachment
+	retired    []*frontend.Attachment
+	aers       []*command // Asynchronous Event Requests held
+	anaPending bool       // an ANA change notice waits for an AER
+	anaMasked  bool       // a notice was sent; none until the host reads the ANA log
 }
 
 // nsInfo is the namespace the controller's volume presents.
@@ -204,18 +224,31 @@ func (c *controller) touch() {
 func (s *Server) newController(c *controller) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for range 0xffef {
+	limit, base := uint16(0xffef), uint16(0)
+	if s.cfg.Multipath {
+		limit, base = 0xfff, uint16(s.cfg.NodeID%15)<<12
+	}
+	for range limit {
 		s.nextCtrl++
-		if s.nextCtrl == 0 || s.nextCtrl > 0xffef {
+		if s.nextCtrl == 0 || s.nextCtrl > limit {
 			s.nextCtrl = 1
 		}
-		if s.ctrls[s.nextCtrl] == nil {
-			c.id = s.nextCtrl
+		if s.ctrls[base|s.nextCtrl] == nil {
+			c.id = base | s.nextCtrl
 			s.ctrls[c.id] = c
+			if !c.discovery {
+				s.hostsChanged()
+			}
 			return true
 		}
 	}
 	return false
+}
+
+func (s *Server) hostsChanged() {
+	if s.cfg.HostsChanged != nil {
+		go s.cfg.HostsChanged()
+	}
 }
 
 func (s *Server) controller(id uint16) *controller {
@@ -253,6 +286,9 @@ func (c *controller) kill(why string) {
 	c.s.mu.Lock()
 	delete(c.s.ctrls, c.id)
 	c.s.mu.Unlock()
+	if !c.discovery {
+		c.s.hostsChanged()
+	}
 	c.s.log.Info("nvmf: controller ended", "cntlid", c.id, "subnqn", c.subNQN, "hostnqn", c.hostNQN, "why", why)
 	for _, cn := range conns {
 		cn.nc.Close()
@@ -265,9 +301,16 @@ func (c *controller) leave(cn *conn) {
 	delete(c.conns, cn)
 	c.refs--
 	last := c.refs == 0
+	var atts []*frontend.Attachment
+	if last {
+		atts = append(c.retired, c.att)
+		c.att, c.retired = nil, nil
+	}
 	c.mu.Unlock()
-	if last && c.att != nil {
-		c.att.Detach()
+	for _, a := range atts {
+		if a != nil {
+			a.Detach()
+		}
 	}
 }
 

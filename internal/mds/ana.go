@@ -1,0 +1,314 @@
+package mds
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"net/url"
+	"slices"
+	"sort"
+	"time"
+
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/basalt-storage/basalt/internal/placement"
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// liveAN is what the active MDS knows about an access node from its
+// heartbeats (Server.accessNodes, under Server.mu).
+type liveAN struct {
+	last  time.Time
+	hosts []*api.NVMfHost
+}
+
+// accessNodeRecord is the value at /basalt/access-nodes/<id>.
+type accessNodeRecord struct {
+	ID           uint64 `json:"id"`
+	Addr         string `json:"addr"`
+	Name         string `json:"name,omitempty"`
+	RegisteredMs int64  `json:"registered_unix_ms"`
+	// Owner is the identity that registered the node (basalt://…); only it
+	// re-registers or heartbeats as this node. "" on an Insecure MDS.
+	Owner string `json:"owner,omitempty"`
+}
+
+// nvmfSubsystemRecord is the value at /basalt/nvmf-subsystems/<escaped nqn>.
+type nvmfSubsystemRecord struct {
+	NQN    string `json:"nqn"`
+	Policy string `json:"policy"` // "inherit" or "balance"
+}
+
+// anaRecord is one element of the array at /basalt/ana-assignments.
+type anaRecord struct {
+	Subsystem    string   `json:"subsystem"`
+	Host         string   `json:"host"`
+	NSID         uint32   `json:"nsid"`
+	Optimized    uint64   `json:"optimized"`
+	NonOptimized []uint64 `json:"non_optimized,omitempty"`
+}
+
+func accessNodeKey(id uint64) string { return idKey(accessNodePrefix, id) }
+func nvmfSubsysKey(nqn string) string {
+	return nvmfSubsysPrefix + url.PathEscape(nqn)
+}
+
+// RegisterAccessNode records an access node by its NVMe/TCP address; a node
+// registering again from the same address keeps its id.
+func (h *handler) RegisterAccessNode(ctx context.Context, req *api.RegisterAccessNodeRequest) (*api.RegisterAccessNodeResponse, error) {
+	s := h.s
+	if req.Addr == "" {
+		return nil, fmt.Errorf("%w: an access node needs its address", ErrInvalidArgument)
+	}
+	var id uint64
+	owner := sessionOwner(ctx)
+	err := s.txn(ctx, func(stm concurrency.STM) error {
+		// Few access nodes: look the address up among them all.
+		recs, err := getPrefix[accessNodeRecord](ctx, s.cli, accessNodePrefix)
+		if err != nil {
+			return err
+		}
+		for _, r := range recs {
+			if r.Addr == req.Addr {
+				if err := checkAccessNodeOwner(ctx, r); err != nil {
+					return err
+				}
+				id = r.ID
+				if r.Name != req.Name || r.Owner != owner {
+					r.Name, r.Owner = req.Name, owner
+					stm.Put(accessNodeKey(id), encode(r))
+				}
+				return nil
+			}
+		}
+		if id, err = nextID(stm, idAccessNode); err != nil {
+			return err
+		}
+		stm.Put(accessNodeKey(id), encode(accessNodeRecord{ID: id, Addr: req.Addr, Name: req.Name,
+			RegisteredMs: time.Now().UnixMilli(), Owner: owner}))
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.accessNodes[id] = &liveAN{last: time.Now()}
+	s.mu.Unlock()
+	s.log.Info("access node registered", "access_node", id, "addr", req.Addr, "name", req.Name)
+	return &api.RegisterAccessNodeResponse{Id: id}, nil
+}
+
+// SetNVMfSubsystem sets a subsystem's ANA policy.
+func (h *handler) SetNVMfSubsystem(ctx context.Context, req *api.SetNVMfSubsystemRequest) (*api.SetNVMfSubsystemResponse, error) {
+	sub := req.GetSubsystem()
+	if sub.GetNqn() == "" {
+		return nil, fmt.Errorf("%w: a subsystem needs its NQN", ErrInvalidArgument)
+	}
+	rec := nvmfSubsystemRecord{NQN: sub.Nqn, Policy: policyName(sub.Policy)}
+	err := h.s.txn(ctx, func(stm concurrency.STM) error {
+		stm.Put(nvmfSubsysKey(sub.Nqn), encode(rec))
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	h.s.log.Info("NVMe subsystem policy set", "subsystem", sub.Nqn, "policy", rec.Policy)
+	return &api.SetNVMfSubsystemResponse{}, nil
+}
+
+func policyName(p api.ANAPolicy) string {
+	if p == api.ANAPolicy_ANA_POLICY_BALANCE {
+		return "balance"
+	}
+	return "inherit"
+}
+
+// AccessNodeHeartbeat records an access node's liveness and the hosts it
+// serves, reassigns the ANA paths if the live nodes or hosts changed, and
+// answers with the live nodes and the assignments of the reported hosts.
+func (h *handler) AccessNodeHeartbeat(ctx context.Context, req *api.AccessNodeHeartbeatRequest) (*api.AccessNodeHeartbeatResponse, error) {
+	s := h.s
+	if rec, ok, err := getOne[accessNodeRecord](ctx, s.cli, accessNodeKey(req.Id)); err != nil {
+		return nil, err
+	} else if !ok {
+		return nil, fmt.Errorf("%w: access node %d is not registered; register first", ErrNotFound, req.Id)
+	} else if err := checkAccessNodeOwner(ctx, rec); err != nil {
+		return nil, err
+	}
+	s.anaMu.Lock()
+	defer s.anaMu.Unlock()
+	now := time.Now()
+	s.mu.Lock()
+	s.accessNodes[req.Id] = &liveAN{last: now, hosts: req.Hosts}
+	s.mu.Unlock()
+	nodes, assigned, err := s.reassignANA(ctx, now)
+	if err != nil {
+		return nil, err
+	}
+	resp := &api.AccessNodeHeartbeatResponse{Nodes: nodes}
+	want := map[[2]string]bool{}
+	for _, hst := range req.Hosts {
+		want[[2]string{hst.Subsystem, hst.Host}] = true
+	}
+	hash := fnv.New64a()
+	for _, n := range nodes {
+		fmt.Fprintf(hash, "%d %s\n", n.Id, n.Addr)
+	}
+	for _, a := range assigned {
+		if want[[2]string{a.Subsystem, a.Host}] {
+			resp.Assignments = append(resp.Assignments, a.proto())
+			fmt.Fprintf(hash, "%s %s %d %d %v\n", a.Subsystem, a.Host, a.NSID, a.Optimized, a.NonOptimized)
+		}
+	}
+	resp.Revision = hash.Sum64()
+	return resp, nil
+}
+
+func (a anaRecord) proto() *api.ANAAssignment {
+	return &api.ANAAssignment{Subsystem: a.Subsystem, Host: a.Host, Nsid: a.NSID, Optimized: a.Optimized,
+		NonOptimized: a.NonOptimized}
+}
+
+// reassignANA computes the assignments for the live access nodes and the
+// hosts they report (placement.AssignANA, sticky to the stored ones) and
+// stores them if they changed. For HeartbeatTimeout after a takeover it
+// only reads them: until every live node has been heard from, a newly
+// active MDS would move paths away from nodes that are fine. Caller holds
+// s.anaMu.
+func (s *Server) reassignANA(ctx context.Context, now time.Time) ([]*api.AccessNode, []anaRecord, error) {
+	recs, err := getPrefix[accessNodeRecord](ctx, s.cli, accessNodePrefix)
+	if err != nil {
+		return nil, nil, err
+	}
+	subs, err := getPrefix[nvmfSubsystemRecord](ctx, s.cli, nvmfSubsysPrefix)
+	if err != nil {
+		return nil, nil, err
+	}
+	stored, _, err := getOne[[]anaRecord](ctx, s.cli, anaKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	policy := map[string]placement.ANAPolicy{}
+	for _, r := range subs {
+		if r.Policy == "balance" {
+			policy[r.NQN] = placement.ANABalance
+		}
+	}
+	var nodes []*api.AccessNode
+	var live []uint64
+	hosts := map[[2]string]map[uint32]bool{}
+	reach := map[[2]string][]uint64{} // the nodes each host is connected to
+	s.mu.Lock()
+	settled := now.Sub(s.activeSince) > s.cfg.HeartbeatTimeout
+	for _, r := range recs {
+		l := s.accessNodes[r.ID]
+		if l == nil || now.Sub(l.last) > s.cfg.HeartbeatTimeout {
+			continue
+		}
+		nodes = append(nodes, &api.AccessNode{Id: r.ID, Addr: r.Addr, Name: r.Name, Online: true,
+			LastHeartbeatUnixMs: l.last.UnixMilli()})
+		live = append(live, r.ID)
+		for _, h := range l.hosts {
+			k := [2]string{h.Subsystem, h.Host}
+			if hosts[k] == nil {
+				hosts[k] = map[uint32]bool{}
+			}
+			reach[k] = append(reach[k], r.ID)
+			for _, ns := range h.Nsids {
+				hosts[k][ns] = true
+			}
+		}
+	}
+	s.mu.Unlock()
+	if !settled {
+		return nodes, stored, nil
+	}
+	var in []placement.ANAHost
+	for k, nss := range hosts {
+		h := placement.ANAHost{Subsystem: k[0], Host: k[1], Policy: policy[k[0]], Nodes: reach[k]}
+		for ns := range nss {
+			h.NSIDs = append(h.NSIDs, ns)
+		}
+		in = append(in, h)
+	}
+	prev := map[placement.ANAKey]placement.ANAPaths{}
+	for _, a := range stored {
+		prev[placement.ANAKey{Subsystem: a.Subsystem, Host: a.Host, NSID: a.NSID}] = placement.ANAPaths{
+			Optimized: a.Optimized, NonOptimized: a.NonOptimized}
+	}
+	out := placement.AssignANA(live, in, prev)
+	next := make([]anaRecord, 0, len(out))
+	for k, p := range out {
+		next = append(next, anaRecord{Subsystem: k.Subsystem, Host: k.Host, NSID: k.NSID,
+			Optimized: p.Optimized, NonOptimized: p.NonOptimized})
+	}
+	sort.Slice(next, func(i, j int) bool {
+		a, b := next[i], next[j]
+		if a.Subsystem != b.Subsystem {
+			return a.Subsystem < b.Subsystem
+		}
+		if a.Host != b.Host {
+			return a.Host < b.Host
+		}
+		return a.NSID < b.NSID
+	})
+	if encode(next) == encode(stored) || (len(next) == 0 && len(stored) == 0) {
+		return nodes, next, nil
+	}
+	if err := s.txn(ctx, func(stm concurrency.STM) error {
+		stm.Put(anaKey, encode(next))
+		return nil
+	}); err != nil {
+		return nil, nil, err
+	}
+	for _, a := range next {
+		if p, ok := prev[placement.ANAKey{Subsystem: a.Subsystem, Host: a.Host, NSID: a.NSID}]; !ok ||
+			p.Optimized != a.Optimized || !slices.Equal(p.NonOptimized, a.NonOptimized) {
+			s.log.Info("ANA paths assigned", "subsystem", a.Subsystem, "host", a.Host, "nsid", a.NSID,
+				"optimized", a.Optimized, "non_optimized", a.NonOptimized, "was_optimized", p.Optimized,
+				"live_access_nodes", live)
+		}
+	}
+	return nodes, next, nil
+}
+
+// ListANA lists the access nodes, the ANA assignments and the subsystem
+// policies, for `basalt nvmf ls`.
+func (h *handler) ListANA(ctx context.Context, _ *api.ListANARequest) (*api.ListANAResponse, error) {
+	s := h.s
+	recs, err := getPrefix[accessNodeRecord](ctx, s.cli, accessNodePrefix)
+	if err != nil {
+		return nil, err
+	}
+	subs, err := getPrefix[nvmfSubsystemRecord](ctx, s.cli, nvmfSubsysPrefix)
+	if err != nil {
+		return nil, err
+	}
+	stored, _, err := getOne[[]anaRecord](ctx, s.cli, anaKey)
+	if err != nil {
+		return nil, err
+	}
+	resp := &api.ListANAResponse{}
+	now := time.Now()
+	s.mu.Lock()
+	for _, r := range recs {
+		n := &api.AccessNode{Id: r.ID, Addr: r.Addr, Name: r.Name}
+		if l := s.accessNodes[r.ID]; l != nil {
+			n.Online = now.Sub(l.last) <= s.cfg.HeartbeatTimeout
+			n.LastHeartbeatUnixMs = l.last.UnixMilli()
+		}
+		resp.Nodes = append(resp.Nodes, n)
+	}
+	s.mu.Unlock()
+	for _, a := range stored {
+		resp.Assignments = append(resp.Assignments, a.proto())
+	}
+	for _, r := range subs {
+		p := api.ANAPolicy_ANA_POLICY_INHERIT
+		if r.Policy == "balance" {
+			p = api.ANAPolicy_ANA_POLICY_BALANCE
+		}
+		resp.Subsystems = append(resp.Subsystems, &api.NVMfSubsystem{Nqn: r.NQN, Policy: p})
+	}
+	return resp, nil
+}
