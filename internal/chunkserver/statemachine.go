@@ -24,8 +24,15 @@ type chunkStore interface {
 	SaveMeta(b []byte) error
 	LoadMeta() ([]byte, error)
 	WriteSnapshot(w io.Writer) error
-	ReceiveSnapshot(r io.Reader) error
-	InstallStaged() error
+	// ReceiveSnapshot stages the data of the snapshot of index; InstallStaged
+	// installs the data staged for index only (datastore.ErrNoStaged if none).
+	ReceiveSnapshot(index uint64, r io.Reader) error
+	InstallStaged(index uint64) error
+	// Installed is the index of the last InstallStaged begun: its data is in
+	// place even when the process stopped inside it.
+	Installed() (uint64, error)
+	// DropStaged removes staged snapshots of indexes up to through.
+	DropStaged(through uint64) error
 	// DeleteVolume removes every chunk of a volume, durably.
 	DeleteVolume(volume uint64) error
 	// Volumes lists the volumes that have chunks here.
@@ -273,6 +280,9 @@ func (sm *stateMachine) Recover() (uint64, []byte, error) {
 	if err := sm.sweepTombstoned(); err != nil {
 		return 0, nil, fmt.Errorf("copyset %#x recover: %w", sm.group, err)
 	}
+	if err := sm.store.DropStaged(index); err != nil {
+		return 0, nil, fmt.Errorf("copyset %#x recover: %w", sm.group, err)
+	}
 	sm.applied.Store(index)
 	return index, state, nil
 }
@@ -280,18 +290,35 @@ func (sm *stateMachine) Recover() (uint64, []byte, error) {
 // WriteSnapshot streams the chunk data (leader side).
 func (sm *stateMachine) WriteSnapshot(w io.Writer) error { return sm.store.WriteSnapshot(w) }
 
-// ReceiveSnapshot stages a stream written by a leader's WriteSnapshot.
-func (sm *stateMachine) ReceiveSnapshot(r io.Reader) error { return sm.store.ReceiveSnapshot(r) }
+// ReceiveSnapshot stages a stream written by a leader's WriteSnapshot, the
+// data of the snapshot of index. Staged snapshots raft can no longer install
+// (at or below the applied index) are dropped first.
+func (sm *stateMachine) ReceiveSnapshot(index uint64, r io.Reader) error {
+	if err := sm.store.DropStaged(sm.applied.Load()); err != nil {
+		return fmt.Errorf("copyset %#x receive snapshot %d: %w", sm.group, index, err)
+	}
+	return sm.store.ReceiveSnapshot(index, r)
+}
 
-// InstallSnapshot swaps the staged data in and adopts the snapshot's epochs.
+// InstallSnapshot swaps in the data staged for index and adopts the
+// snapshot's epochs. Only the data received for index is used: a follower
+// can have two snapshots staged (overlapping streams), and installing the
+// other one's data under this index made its replica differ from the others.
 func (sm *stateMachine) InstallSnapshot(index uint64, state []byte) error {
 	epochs, err := decodeEpochs(state)
 	if err != nil {
 		return sm.fail(fmt.Errorf("copyset %#x install snapshot %d: %w", sm.group, index, err))
 	}
-	if err := sm.store.InstallStaged(); errors.Is(err, datastore.ErrNoStaged) {
+	if err := sm.store.InstallStaged(index); errors.Is(err, datastore.ErrNoStaged) {
 		// Called again after a restart that followed an install whose meta
-		// record was not yet saved: the data is in place already.
+		// record was not yet saved: the data is in place already, if the last
+		// install begun was this one. Anything else would record index over
+		// data that is not its own.
+		inst, ierr := sm.store.Installed()
+		if ierr != nil || inst != index {
+			return sm.fail(fmt.Errorf("copyset %#x install snapshot %d: %w (last install begun: %d, %v)",
+				sm.group, index, err, inst, ierr))
+		}
 		sm.log.Warn("snapshot already installed; recording it", "copyset", sm.group, "index", index)
 	} else if err != nil {
 		return sm.fail(fmt.Errorf("copyset %#x install snapshot %d: %w", sm.group, index, err))

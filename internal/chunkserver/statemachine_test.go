@@ -14,6 +14,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/basalt-storage/basalt/internal/datastore"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -27,7 +28,8 @@ type memStore struct {
 	chunks    map[chunkID][]byte
 	synced    map[chunkID][]byte
 	meta      []byte
-	staged    map[chunkID][]byte
+	staged    map[uint64]map[chunkID][]byte // by snapshot index
+	installed uint64
 	writes    int
 	failAt    int
 }
@@ -115,7 +117,7 @@ func (m *memStore) WriteSnapshot(w io.Writer) error {
 	return nil
 }
 
-func (m *memStore) ReceiveSnapshot(r io.Reader) error {
+func (m *memStore) ReceiveSnapshot(index uint64, r io.Reader) error {
 	b, err := io.ReadAll(r)
 	if err != nil {
 		return err
@@ -137,16 +139,45 @@ func (m *memStore) ReceiveSnapshot(r io.Reader) error {
 		staged[id] = c
 	}
 	m.mu.Lock()
-	m.staged = staged
+	if m.staged == nil {
+		m.staged = map[uint64]map[chunkID][]byte{}
+	}
+	m.staged[index] = staged
 	m.mu.Unlock()
 	return nil
 }
 
-func (m *memStore) InstallStaged() error {
+func (m *memStore) InstallStaged(index uint64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.chunks = m.staged
-	m.staged = nil
+	staged, ok := m.staged[index]
+	if !ok {
+		return datastore.ErrNoStaged
+	}
+	m.chunks = staged
+	m.installed = index
+	for i := range m.staged {
+		if i <= index {
+			delete(m.staged, i)
+		}
+	}
+	return nil
+}
+
+func (m *memStore) Installed() (uint64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.installed, nil
+}
+
+func (m *memStore) DropStaged(through uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := range m.staged {
+		if i <= through {
+			delete(m.staged, i)
+		}
+	}
 	return nil
 }
 
@@ -548,7 +579,7 @@ func TestCapturePersistRecoverSnapshot(t *testing.T) {
 	fst := newMemStore(testChunk)
 	fsm := newStateMachine(1, testChunk, fst, nil)
 	_ = fsm.Apply(1, encodeCommand(command{Op: cmdWrite, Volume: 3, Epoch: 1, Length: 1, Data: []byte{1}}))
-	if err := fsm.ReceiveSnapshot(&buf); err != nil {
+	if err := fsm.ReceiveSnapshot(200, &buf); err != nil {
 		t.Fatal(err)
 	}
 	if err := fsm.InstallSnapshot(200, state); err != nil {

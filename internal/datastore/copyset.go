@@ -40,7 +40,7 @@ func parseChunkName(name string) (ChunkID, bool) {
 // are safe for concurrent use.
 //
 // Lock order: Store.mu → Copyset.mu → Copyset.dirtyMu → fdCache.mu; pool.mu
-// is a leaf. syncMu and snapMu are taken before mu.
+// is a leaf. syncMu and snapMu are taken before mu; recvMu before snapMu.
 type Copyset struct {
 	s         *Store
 	group     uint64
@@ -68,7 +68,8 @@ type Copyset struct {
 	syncMu sync.Mutex          // serializes Sync; owns spare
 	spare  map[*chunk]struct{} // the other dirty set, empty, swapped in by Sync
 	metaMu sync.Mutex          // serializes SaveMeta
-	snapMu sync.Mutex          // serializes ReceiveSnapshot and InstallStaged
+	recvMu sync.Mutex          // serializes ReceiveSnapshot (owns staging/)
+	snapMu sync.Mutex          // guards the staged.<index> dirs: ReceiveSnapshot's rename, InstallStaged, DropStaged
 
 	zeroCRC atomic.Uint64 // crc32c of a chunk of zeros, +1<<32 once computed
 }
@@ -96,7 +97,7 @@ func loadCopyset(s *Store, group uint64) (*Copyset, error) {
 		return nil, fmt.Errorf("%w: copyset %016x: missing or bad info file", ErrCorrupt, group)
 	}
 	c.chunkSize = int64(binary.BigEndian.Uint64(info))
-	for _, tmp := range []string{infoFileName + ".tmp", metaFileName + ".tmp"} {
+	for _, tmp := range []string{infoFileName + ".tmp", metaFileName + ".tmp", installName + ".tmp"} {
 		os.Remove(filepath.Join(dir, tmp))
 	}
 	if err := os.RemoveAll(filepath.Join(dir, stagingDirName)); err != nil {

@@ -428,10 +428,10 @@ func TestRestartReplay(t *testing.T) {
 		if err := preCS.WriteSnapshot(&buf); err != nil {
 			t.Fatal(err)
 		}
-		if err := cs2.ReceiveSnapshot(&buf); err != nil {
+		if err := cs2.ReceiveSnapshot(7, &buf); err != nil {
 			t.Fatal(err)
 		}
-		if err := cs2.InstallStaged(); err != nil {
+		if err := cs2.InstallStaged(7); err != nil {
 			t.Fatal(err)
 		}
 		meta, _ := cs.LoadMeta()

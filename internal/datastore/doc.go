@@ -41,15 +41,16 @@
 //	    meta.tmp                           SaveMeta in progress (removed at Open)
 //	    chunks/<volume %016x>_<index %016x>  one file per chunk, exactly chunk-size long
 //	    staging/                           a snapshot being received (removed at Open)
-//	    staged/                            a received, fsynced snapshot awaiting install
+//	    staged.<raft index %016x>/         a received, fsynced snapshot awaiting install
+//	    install                            the raft index of the last install begun (framed)
 //	    chunks.old/                        the replaced chunks during InstallStaged
 //	  copysets/<group>.tmp/                a copyset being created (removed at Open)
 //	  copysets/<group>.removed/            a copyset being removed (removed at Open)
 //
 // <chunk size> is decimal bytes; <seq> is %016x from a per-store counter.
 //
-// Framed files (info, meta) are: magic u32 ("BINF" for info, "BMTA" for
-// meta), payload length u32, crc32c (Castagnoli) of the payload u32, payload;
+// Framed files (info, meta, install) are: magic u32 ("BINF" for info, "BMTA"
+// for meta, "BINS" for install), payload length u32, crc32c (Castagnoli) of the payload u32, payload;
 // integers big-endian. They are replaced atomically: write name.tmp, fsync,
 // rename over name, fsync the directory. A crash leaves the old or the new
 // file; a file that fails the length or CRC check is reported as ErrCorrupt,
@@ -99,34 +100,47 @@
 // replays the log from an index taken before the copy began (docs/design.md §5).
 // testdata/snapshot-v1.golden freezes the format.
 //
-// ReceiveSnapshot writes the chunks into staging/, validating every record
-// (sizes, order, bounds, duplicates) and finally the chunk count and CRC. On
-// any error staging/ is removed and the live chunks are untouched. On success
-// each file and the directory are fsynced and staging/ is renamed to staged/
-// (replacing an older staged/), then the copyset directory is fsynced.
+// ReceiveSnapshot(index, r) writes the chunks into staging/, validating every
+// record (sizes, order, bounds, duplicates) and finally the chunk count and
+// CRC. On any error staging/ is removed and the live chunks are untouched. On
+// success each file and the directory are fsynced and staging/ is renamed to
+// staged.<index, 16 hex digits>/ (replacing a staged snapshot of the same
+// index only), then the copyset directory is fsynced. Snapshots of several
+// indexes can be staged at once: a follower that gets a newer snapshot
+// before raft installed the older one must install each with its own data.
+// DropStaged(n) removes those up to n (the caller passes its applied index:
+// raft never installs them).
 //
 // # Installing a snapshot, and crash recovery
 //
-// InstallStaged waits for in-flight writes, then:
+// InstallStaged(index) uses staged.<index> and nothing else (ErrNoStaged
+// when it is missing). It waits for in-flight writes, then:
 //
+//  0. write index to the install file (writeAtomic)
 //  1. rename chunks → chunks.old
-//  2. rename staged → chunks
+//  2. rename staged.<index> → chunks
 //  3. fsync the copyset directory
 //  4. remove chunks.old
 //
-// Open repairs a crash inside this sequence before it loads the copyset:
+// and removes the staged snapshots below index. Open repairs a crash inside
+// this sequence before it loads the copyset:
 //
 //   - chunks.old and chunks both exist: step 2 happened; remove chunks.old.
-//   - chunks.old and staged exist, chunks does not: crashed between 1 and 2;
-//     finish by renaming staged → chunks, fsync, remove chunks.old.
+//   - chunks.old and the staged snapshot the install file names exist,
+//     chunks does not: crashed between 1 and 2; finish by renaming it →
+//     chunks, fsync, remove chunks.old.
 //   - only chunks.old exists: cannot happen with this order; roll back by
 //     renaming it to chunks.
-//   - staged exists alone: the install had not begun; the staged snapshot
-//     stays for a later InstallStaged or is replaced by the next receive.
+//   - staged.<index> exists alone: the install had not begun; it stays for a
+//     later InstallStaged(index).
+//   - staged/ (an earlier version's staged snapshot, its index unknown) is
+//     removed.
 //
 // So after a restart the copyset holds exactly the old chunks or exactly the
 // new ones. The caller records the snapshot's index with SaveMeta after
-// InstallStaged returns.
+// InstallStaged returns; if it stopped in between, InstallStaged(index) finds
+// nothing staged after the restart and Installed() == index tells it the data
+// is in place.
 //
 // # Concurrency
 //

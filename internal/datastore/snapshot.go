@@ -28,9 +28,27 @@ const (
 
 const (
 	stagingDirName = "staging"    // a snapshot being received; removed at Open
-	stagedDirName  = "staged"     // a complete, fsynced received snapshot
+	stagedPrefix   = "staged."    // staged.<index>: a complete, fsynced received snapshot of that index
+	legacyStaged   = "staged"     // a staged snapshot of an earlier version, index unknown
 	oldDirName     = "chunks.old" // the replaced chunks during InstallStaged
+	installName    = "install"    // the index of the last InstallStaged begun (writeAtomic)
+	installMagic   = 0x42494e53   // "BINS"
 )
+
+// stagedName is the directory name of the staged snapshot of index.
+func stagedName(index uint64) string { return fmt.Sprintf("%s%016x", stagedPrefix, index) }
+
+// parseStagedName returns the index of a staged snapshot's directory name.
+func parseStagedName(name string) (uint64, bool) {
+	var index uint64
+	if len(name) != len(stagedPrefix)+16 || name[:len(stagedPrefix)] != stagedPrefix {
+		return 0, false
+	}
+	if _, err := fmt.Sscanf(name[len(stagedPrefix):], "%016x", &index); err != nil {
+		return 0, false
+	}
+	return index, true
+}
 
 // crcWriter writes to w and keeps the crc32c of everything written.
 type crcWriter struct {
@@ -135,15 +153,19 @@ func (cr *crcReader) readFull(p []byte) error {
 	return nil
 }
 
-// ReceiveSnapshot reads a stream written by WriteSnapshot into the staging
-// area and makes it durable. The live chunks are not touched: on any error
-// (truncated stream, bad record, CRC mismatch, disk error) the staging area
-// is removed and the error returned. On success the data waits in staged/
-// for InstallStaged, replacing any earlier staged snapshot. The stream is
-// consumed exactly up to its trailer.
-func (c *Copyset) ReceiveSnapshot(r io.Reader) error {
-	c.snapMu.Lock()
-	defer c.snapMu.Unlock()
+// ReceiveSnapshot reads a stream written by WriteSnapshot, the data of the
+// snapshot of raft index index, into the staging area and makes it durable.
+// The live chunks are not touched: on any error (truncated stream, bad record,
+// CRC mismatch, disk error) the staging area is removed and the error
+// returned. On success the data waits in staged.<index>/ for
+// InstallStaged(index), replacing an earlier staged snapshot of the same index
+// only: snapshots of other indexes stay staged (a follower may get a newer
+// snapshot before raft installed the older one; each install must use its own
+// data). Receives are serialized. The stream is consumed exactly up to its
+// trailer.
+func (c *Copyset) ReceiveSnapshot(index uint64, r io.Reader) error {
+	c.recvMu.Lock()
+	defer c.recvMu.Unlock()
 	if c.isRemoved() {
 		return ErrClosed
 	}
@@ -158,7 +180,9 @@ func (c *Copyset) ReceiveSnapshot(r io.Reader) error {
 		os.RemoveAll(staging)
 		return err
 	}
-	staged := filepath.Join(c.dir, stagedDirName)
+	c.snapMu.Lock()
+	defer c.snapMu.Unlock()
+	staged := filepath.Join(c.dir, stagedName(index))
 	if err := os.RemoveAll(staged); err != nil {
 		os.RemoveAll(staging)
 		return ioError("remove "+staged, err)
@@ -168,6 +192,32 @@ func (c *Copyset) ReceiveSnapshot(r io.Reader) error {
 		return ioError("rename "+staging, err)
 	}
 	return syncDir(c.dir)
+}
+
+// DropStaged removes every staged snapshot of an index up to through (raft
+// refuses a snapshot at or below its commit index, so these are never
+// installed). Their removal need not be durable: Open keeps them until the
+// next DropStaged.
+func (c *Copyset) DropStaged(through uint64) error {
+	c.snapMu.Lock()
+	defer c.snapMu.Unlock()
+	return c.dropStaged(func(i uint64) bool { return i <= through })
+}
+
+// dropStaged removes the staged snapshots whose index drop selects. Caller holds snapMu.
+func (c *Copyset) dropStaged(drop func(uint64) bool) error {
+	ents, err := os.ReadDir(c.dir)
+	if err != nil {
+		return ioError("readdir "+c.dir, err)
+	}
+	for _, e := range ents {
+		if i, ok := parseStagedName(e.Name()); ok && drop(i) {
+			if err := os.RemoveAll(filepath.Join(c.dir, e.Name())); err != nil {
+				return ioError("remove "+e.Name(), err)
+			}
+		}
+	}
+	return nil
 }
 
 func (c *Copyset) receive(r io.Reader, staging string) error {
@@ -282,23 +332,44 @@ func (c *Copyset) receive(r io.Reader, staging string) error {
 	}
 }
 
-// HasStaged reports whether a received snapshot waits for InstallStaged.
-func (c *Copyset) HasStaged() bool {
-	_, err := os.Stat(filepath.Join(c.dir, stagedDirName))
+// HasStaged reports whether the snapshot of index is staged (received, not
+// yet installed).
+func (c *Copyset) HasStaged(index uint64) bool {
+	_, err := os.Stat(filepath.Join(c.dir, stagedName(index)))
 	return err == nil
 }
 
-// InstallStaged replaces the copyset's chunks with the staged snapshot:
+// Installed returns the index of the last InstallStaged begun (0: none). Once
+// it returned, or after a crash inside it and Open's repair, the chunks are
+// that snapshot's data (plus what was written since): a caller that finds the
+// snapshot no longer staged after a restart checks this before recording the
+// index as installed.
+func (c *Copyset) Installed() (uint64, error) {
+	b, err := readAtomic(c.dir, installName, installMagic)
+	if err != nil || b == nil {
+		return 0, err
+	}
+	if len(b) != 8 {
+		return 0, fmt.Errorf("%w: copyset %016x: bad install record", ErrCorrupt, c.group)
+	}
+	return binary.BigEndian.Uint64(b), nil
+}
+
+// InstallStaged replaces the copyset's chunks with the staged snapshot of
+// index (ErrNoStaged when there is none; the data staged for another index is
+// never used):
 //
+//  0. record index in the install file (durable)
 //  1. rename chunks → chunks.old
-//  2. rename staged → chunks
+//  2. rename staged.<index> → chunks
 //  3. fsync the copyset directory
 //  4. remove chunks.old
 //
 // Writes wait while it runs. A crash at any point is finished or rolled back
 // by Open (see doc.go). The dirty set is emptied: the old chunks are gone and
-// the staged ones were fsynced when received.
-func (c *Copyset) InstallStaged() error {
+// the staged ones were fsynced when received. Staged snapshots of lower
+// indexes are removed afterwards: raft never installs them now.
+func (c *Copyset) InstallStaged(index uint64) error {
 	c.snapMu.Lock()
 	defer c.snapMu.Unlock()
 	c.mu.Lock()
@@ -306,16 +377,21 @@ func (c *Copyset) InstallStaged() error {
 	if c.removed {
 		return ErrClosed
 	}
-	staged := filepath.Join(c.dir, stagedDirName)
+	staged := filepath.Join(c.dir, stagedName(index))
 	old := filepath.Join(c.dir, oldDirName)
 	if _, err := os.Stat(staged); errors.Is(err, fs.ErrNotExist) {
-		return ErrNoStaged
+		return fmt.Errorf("%w: snapshot %d", ErrNoStaged, index)
 	}
 	step := func(n int) error {
 		if f := c.s.cfg.Knobs.BeforeInstallStep; f != nil {
 			return f(n)
 		}
 		return nil
+	}
+	var rec [8]byte
+	binary.BigEndian.PutUint64(rec[:], index)
+	if err := writeAtomic(c.dir, installName, installMagic, rec[:]); err != nil {
+		return err
 	}
 	for _, ch := range c.chunks {
 		c.s.fds.kill(ch)
@@ -360,18 +436,29 @@ func (c *Copyset) InstallStaged() error {
 	if err := os.RemoveAll(old); err != nil {
 		c.log.Warn("removing replaced chunks failed", "err", err)
 	}
-	c.log.Info("snapshot installed", "chunks", len(c.chunks))
+	if err := c.dropStaged(func(i uint64) bool { return i < index }); err != nil {
+		c.log.Warn("removing older staged snapshots failed", "err", err)
+	}
+	c.log.Info("snapshot installed", "index", index, "chunks", len(c.chunks))
 	return nil
 }
 
 // recoverInstall repairs a copyset directory after a crash inside
 // InstallStaged (see doc.go): with chunks.old present, the swap is finished
-// if staged/ or the new chunks/ exist, else rolled back.
+// if the new chunks/ or the staged snapshot the install file names exist,
+// else rolled back. A staged/ of an earlier version (its index unknown) is
+// removed.
 func (c *Copyset) recoverInstall() error {
 	old := filepath.Join(c.dir, oldDirName)
-	staged := filepath.Join(c.dir, stagedDirName)
+	legacy := filepath.Join(c.dir, legacyStaged)
 	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
 	if exists(old) {
+		staged := legacy // an earlier version's install
+		if idx, err := c.Installed(); err != nil {
+			return err
+		} else if idx > 0 && exists(filepath.Join(c.dir, stagedName(idx))) {
+			staged = filepath.Join(c.dir, stagedName(idx))
+		}
 		switch {
 		case exists(c.chunksDir):
 			// Crashed after step 2: the new chunks are in place.
@@ -394,6 +481,12 @@ func (c *Copyset) recoverInstall() error {
 		}
 		if err := os.RemoveAll(old); err != nil {
 			return ioError("remove "+old, err)
+		}
+	}
+	if exists(legacy) {
+		c.log.Warn("removing a staged snapshot of an earlier version (its index is unknown)")
+		if err := os.RemoveAll(legacy); err != nil {
+			return ioError("remove "+legacy, err)
 		}
 	}
 	if !exists(c.chunksDir) {

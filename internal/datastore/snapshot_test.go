@@ -66,20 +66,20 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	if err := b.WriteAt(ChunkID{77, 0}, []byte("stale"), 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.ReceiveSnapshot(bytes.NewReader(stream)); err != nil {
+	if err := b.ReceiveSnapshot(7, bytes.NewReader(stream)); err != nil {
 		t.Fatal(err)
 	}
 	if p := make([]byte, 5); b.ReadAt(ChunkID{77, 0}, p, 0) != nil || string(p) != "stale" {
 		t.Fatal("ReceiveSnapshot changed the live data before InstallStaged")
 	}
-	if err := b.InstallStaged(); err != nil {
+	if err := b.InstallStaged(7); err != nil {
 		t.Fatal(err)
 	}
 	compareStores(t, a, b)
 	if ids, _ := b.Chunks(); len(ids) != 7 {
 		t.Fatalf("receiver has %d chunks, want 7: %v", len(ids), ids)
 	}
-	if err := b.InstallStaged(); !errors.Is(err, ErrNoStaged) {
+	if err := b.InstallStaged(7); !errors.Is(err, ErrNoStaged) {
 		t.Fatalf("second InstallStaged: %v, want ErrNoStaged", err)
 	}
 	// And after a restart.
@@ -114,7 +114,7 @@ func TestSnapshotWhileWriting(t *testing.T) {
 	dst := openStore(t, t.TempDir(), 0, Knobs{})
 	defer dst.Close()
 	b := mustCopyset(t, dst, 1)
-	if err := b.ReceiveSnapshot(&buf); err != nil {
+	if err := b.ReceiveSnapshot(7, &buf); err != nil {
 		t.Fatalf("a snapshot taken during writes is a valid stream: %v", err)
 	}
 }
@@ -154,7 +154,7 @@ func TestSnapshotRejectsBadStreams(t *testing.T) {
 	cases["chunk-size"] = snapshotOf(t, big)
 
 	for name, s := range cases {
-		err := b.ReceiveSnapshot(bytes.NewReader(s))
+		err := b.ReceiveSnapshot(7, bytes.NewReader(s))
 		if err == nil {
 			t.Errorf("%s: stream accepted", name)
 			continue
@@ -162,10 +162,10 @@ func TestSnapshotRejectsBadStreams(t *testing.T) {
 		if !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrChunkSize) {
 			t.Errorf("%s: error %v, want ErrCorrupt or ErrChunkSize", name, err)
 		}
-		if b.HasStaged() {
+		if b.HasStaged(7) {
 			t.Errorf("%s: a rejected stream left a staged snapshot", name)
 		}
-		if err := b.InstallStaged(); !errors.Is(err, ErrNoStaged) {
+		if err := b.InstallStaged(7); !errors.Is(err, ErrNoStaged) {
 			t.Errorf("%s: InstallStaged after a rejected stream: %v", name, err)
 		}
 		if after, _ := b.Checksum(ChunkID{1, 1}); after != before {
@@ -177,7 +177,7 @@ func TestSnapshotRejectsBadStreams(t *testing.T) {
 	}
 	// A reader failing mid-stream is returned, not hidden.
 	boom := errors.New("connection reset")
-	err := b.ReceiveSnapshot(io.MultiReader(bytes.NewReader(stream[:100]), errReader{boom}))
+	err := b.ReceiveSnapshot(7, io.MultiReader(bytes.NewReader(stream[:100]), errReader{boom}))
 	if !errors.Is(err, boom) {
 		t.Fatalf("reader error: %v, want %v", err, boom)
 	}
@@ -196,6 +196,12 @@ func TestInstallInterrupted(t *testing.T) {
 	a := mustCopyset(t, src, 1)
 	fillSparse(t, a, 4)
 	stream := snapshotOf(t, a)
+	// A newer snapshot staged beside it must not be taken for it.
+	src2 := openStore(t, t.TempDir(), 0, Knobs{})
+	defer src2.Close()
+	a2 := mustCopyset(t, src2, 1)
+	fillSparse(t, a2, 5)
+	newer := snapshotOf(t, a2)
 
 	for step := 1; step <= 4; step++ {
 		dir := t.TempDir()
@@ -214,10 +220,13 @@ func TestInstallInterrupted(t *testing.T) {
 		if err := b.Sync(); err != nil {
 			t.Fatal(err)
 		}
-		if err := b.ReceiveSnapshot(bytes.NewReader(stream)); err != nil {
+		if err := b.ReceiveSnapshot(7, bytes.NewReader(stream)); err != nil {
 			t.Fatal(err)
 		}
-		if err := b.InstallStaged(); !errors.Is(err, crash) {
+		if err := b.ReceiveSnapshot(9, bytes.NewReader(newer)); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.InstallStaged(7); !errors.Is(err, crash) {
 			t.Fatalf("step %d: InstallStaged = %v, want the crash", step, err)
 		}
 		dst.Close()
@@ -228,17 +237,27 @@ func TestInstallInterrupted(t *testing.T) {
 		hasOld := len(ids) == 1 && ids[0] == oldID
 		if step == 1 {
 			// Nothing moved yet: old data, snapshot still staged.
-			if !hasOld || !b.HasStaged() {
-				t.Fatalf("crash before step 1: chunks %v, staged %v; want old data and the staged snapshot", ids, b.HasStaged())
+			if !hasOld || !b.HasStaged(7) {
+				t.Fatalf("crash before step 1: chunks %v, staged %v; want old data and the staged snapshot", ids, b.HasStaged(7))
 			}
-			if err := b.InstallStaged(); err != nil {
+			if err := b.InstallStaged(7); err != nil {
 				t.Fatal(err)
 			}
 		}
 		compareStores(t, a, b)
-		if b.HasStaged() {
+		if b.HasStaged(7) {
 			t.Fatalf("step %d: staged snapshot left after recovery", step)
 		}
+		if inst, err := b.Installed(); inst != 7 || err != nil {
+			t.Fatalf("step %d: Installed = %d, %v; want 7", step, inst, err)
+		}
+		if !b.HasStaged(9) {
+			t.Fatalf("step %d: the newer staged snapshot is gone", step)
+		}
+		if err := b.InstallStaged(9); err != nil {
+			t.Fatal(err)
+		}
+		compareStores(t, a2, b)
 		for _, leftover := range []string{oldDirName, stagingDirName} {
 			if _, err := os.Stat(filepath.Join(b.dir, leftover)); err == nil {
 				t.Fatalf("step %d: %s left after recovery", step, leftover)
@@ -282,5 +301,64 @@ func TestSnapshotGolden(t *testing.T) {
 	}
 	if !bytes.Equal(got, want) {
 		t.Fatalf("snapshot stream format changed:\n got %x...\nwant %x...", got[:64], want[:min(64, len(want))])
+	}
+}
+
+// Two snapshots staged at once (overlapping streams): each install uses the
+// data received for its own index; an index with nothing staged is
+// ErrNoStaged even while another index is staged; an install drops the
+// staged snapshots below it, DropStaged those up to its argument.
+func TestStagedSnapshotsByIndex(t *testing.T) {
+	src := openStore(t, t.TempDir(), 0, Knobs{})
+	defer src.Close()
+	older := mustCopyset(t, src, 1)
+	fillSparse(t, older, 1)
+	olderStream := snapshotOf(t, older)
+	src2 := openStore(t, t.TempDir(), 0, Knobs{})
+	defer src2.Close()
+	newer := mustCopyset(t, src2, 1)
+	fillSparse(t, newer, 2)
+	newerStream := snapshotOf(t, newer)
+
+	dst := openStore(t, t.TempDir(), 0, Knobs{})
+	defer dst.Close()
+	b := mustCopyset(t, dst, 1)
+	for _, r := range []struct {
+		index  uint64
+		stream []byte
+	}{{3, olderStream}, {10, olderStream}, {20, newerStream}} {
+		if err := b.ReceiveSnapshot(r.index, bytes.NewReader(r.stream)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.InstallStaged(15); !errors.Is(err, ErrNoStaged) {
+		t.Fatalf("install of an index not staged: %v, want ErrNoStaged", err)
+	}
+	if err := b.DropStaged(5); err != nil || b.HasStaged(3) || !b.HasStaged(10) {
+		t.Fatalf("DropStaged(5): %v; staged 3 %v, 10 %v", err, b.HasStaged(3), b.HasStaged(10))
+	}
+	if err := b.InstallStaged(10); err != nil {
+		t.Fatal(err)
+	}
+	compareStores(t, older, b)
+	if err := b.InstallStaged(20); err != nil {
+		t.Fatal(err)
+	}
+	compareStores(t, newer, b)
+	if inst, _ := b.Installed(); inst != 20 {
+		t.Fatalf("Installed = %d, want 20", inst)
+	}
+	// Installing 20 dropped what was staged below it.
+	if err := b.ReceiveSnapshot(11, bytes.NewReader(olderStream)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ReceiveSnapshot(30, bytes.NewReader(olderStream)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.InstallStaged(30); err != nil {
+		t.Fatal(err)
+	}
+	if b.HasStaged(11) {
+		t.Fatal("a staged snapshot below the installed one was kept")
 	}
 }

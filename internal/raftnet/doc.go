@@ -81,7 +81,12 @@
 // The Receiver pipes data frames into Host.ReceiveSnapshot running on its own
 // goroutine; an out-of-sequence frame, or one on another connection than the
 // begin frame's, answers BAD_REQUEST (the former abandons the transfer); a
-// transfer idle for 30 s is abandoned.
+// transfer idle for 30 s is abandoned. One transfer per group at a time: a
+// begin frame for a group whose transfer is under way answers BUSY, and the
+// sender's raftstore reports the snapshot failed to raft, which retries once
+// the first transfer ended (two overlapping streams once made a follower
+// record a snapshot's index over another snapshot's data;
+// TestSnapshotReceiverOneStreamPerGroup).
 //
 // Bandwidth: one token bucket per chunkserver (Config.SnapshotRate, default
 // 64 MiB/s, burst one frame; throttle.go) covers the snapshot bytes it sends

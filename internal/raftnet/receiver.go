@@ -66,6 +66,7 @@ type snapSession struct {
 	id    uint64
 	owner transport.ReplyWriter // the connection that began it
 	group uint64
+	index uint64 // the snapshot's index
 	next  uint64 // sequence number of the next frame
 	pw    *io.PipeWriter
 	res   chan error // receive result, buffered
@@ -169,13 +170,26 @@ func (s *Receiver) serveSnapshot(rw transport.ReplyWriter, h api.Header, payload
 			return
 		}
 		pr, pw := io.Pipe()
-		ss = &snapSession{id: h.Volume, owner: rw, group: msgs[0].Group, next: 1, pw: pw, res: make(chan error, 1)}
+		ss = &snapSession{id: h.Volume, owner: rw, group: msgs[0].Group, next: 1, pw: pw, res: make(chan error, 1),
+			index: msgs[0].Msg.GetSnapshot().GetMetadata().GetIndex()}
 		ss.timer = time.AfterFunc(snapIdleTimeout, func() { s.abandon(ss) })
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
 			ss.timer.Stop()
 			reply(api.StatusIOError)
+			return
+		}
+		if other := s.groupSession(ss.group); other != nil {
+			// One stream per group: two would stage two snapshots of one copyset
+			// at once. The sender reports the failure to raft, which retries
+			// once the stream under way ended (installed or failed).
+			s.mu.Unlock()
+			ss.timer.Stop()
+			s.log.Info("snapshot stream refused: another one for the copyset is under way",
+				"copyset", ss.group, "from", h.Hint,
+				"index", msgs[0].Msg.GetSnapshot().GetMetadata().GetIndex(), "receiving", other.index)
+			reply(api.StatusBusy)
 			return
 		}
 		s.sessions[ss.id] = ss
@@ -226,6 +240,16 @@ func (s *Receiver) serveSnapshot(rw transport.ReplyWriter, h api.Header, payload
 	default:
 		reply(api.StatusBadRequest)
 	}
+}
+
+// groupSession returns the transfer under way for group, or nil. Caller holds s.mu.
+func (s *Receiver) groupSession(group uint64) *snapSession {
+	for _, ss := range s.sessions {
+		if ss.group == group {
+			return ss
+		}
+	}
+	return nil
 }
 
 func (s *Receiver) drop(ss *snapSession) {

@@ -712,3 +712,74 @@ func TestSnapshotReceiverClosed(t *testing.T) {
 		t.Fatalf("snapshot begin after Close: %v, want IO_ERROR", call.Reply.Status)
 	}
 }
+
+// Two overlapping snapshot streams for one group (a slow one still running
+// when a newer one begins, e.g. from a new leader): the receiver refuses the
+// second (BUSY) so that its sender reports the failure to raft and retries
+// later, instead of staging two snapshots of one copyset at once. A stream
+// for another group, and one for the same group once the first ended, go on.
+func TestSnapshotReceiverOneStreamPerGroup(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan uint64, 4)
+	var mu sync.Mutex
+	received := map[uint64]int{} // snapshot index → receives that returned
+	recv := newReceiver(t, func(m raftstore.Message, r io.Reader) error {
+		idx := m.Msg.GetSnapshot().GetMetadata().GetIndex()
+		started <- idx
+		if idx == 10 {
+			<-release // the slow stream
+		}
+		_, err := io.Copy(io.Discard, r)
+		mu.Lock()
+		received[idx]++
+		mu.Unlock()
+		return err
+	})
+	defer recv.Close()
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	defer unblock() // before recv.Close, which waits for the receives
+	addr := serveSink(t, recv)
+	pt := New(Config{Self: 1, Logger: testLogger(t), SnapshotRate: -1})
+	defer pt.Close()
+	pt.SetPeers(map[uint64]string{2: addr})
+
+	snapMsg := func(index uint64) *raftpb.Message {
+		snapType := raftpb.MsgSnap
+		return &raftpb.Message{Type: &snapType, From: proto.Uint64(1), To: proto.Uint64(2),
+			Snapshot: &raftpb.Snapshot{Metadata: &raftpb.SnapshotMetadata{Index: proto.Uint64(index), Term: proto.Uint64(2)}}}
+	}
+	write := func(w io.Writer) error { _, err := w.Write([]byte("chunk data")); return err }
+	first := make(chan error, 1)
+	go func() { first <- pt.SendSnapshot(raftstore.Message{Group: 77, Msg: snapMsg(10)}, write) }()
+	select {
+	case idx := <-started:
+		if idx != 10 {
+			t.Fatalf("receive of index %d started first", idx)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the first stream did not begin")
+	}
+	// The first stream is in its receive now: a second one for group 77 is refused.
+	err := pt.SendSnapshot(raftstore.Message{Group: 77, Msg: snapMsg(20)}, write)
+	if !errors.Is(err, ErrSnapshotRejected) {
+		t.Fatalf("second concurrent stream for one group: %v, want ErrSnapshotRejected", err)
+	}
+	// Another group is not held up.
+	if err := pt.SendSnapshot(raftstore.Message{Group: 78, Msg: snapMsg(30)}, write); err != nil {
+		t.Fatalf("stream for another group: %v", err)
+	}
+	unblock()
+	if err := <-first; err != nil {
+		t.Fatalf("first stream: %v", err)
+	}
+	// Once the first ended, the newer snapshot goes through.
+	if err := pt.SendSnapshot(raftstore.Message{Group: 77, Msg: snapMsg(20)}, write); err != nil {
+		t.Fatalf("stream after the first ended: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if received[10] != 1 || received[20] != 1 || received[30] != 1 {
+		t.Fatalf("receives per index: %v, want one each of 10, 20, 30", received)
+	}
+}

@@ -188,7 +188,8 @@
 // Recover's index directly as Applied, as one might, would skip those conf changes.
 // If the log's snapshot is newer than Recover's index, the process died between
 // persisting a received snapshot and installing it: InstallSnapshot is called again
-// (the staged data is still on disk). A new group bootstraps (join=false: every
+// (the staged data is still on disk, kept under the snapshot's index: a
+// StateMachine installs only the data staged for the index it is given). A new group bootstraps (join=false: every
 // initial member passes the same peers) or starts empty and waits for its leader
 // (join=true: it gets the log or a snapshot).
 //

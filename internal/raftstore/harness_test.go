@@ -35,10 +35,11 @@ type testSM struct {
 	kv      map[string]string
 	applied uint64
 	// durable is what survives a restart: set by Persist and InstallSnapshot.
-	durIndex uint64
-	durKV    map[string]string
-	staged   map[string]string
-	failAt   uint64 // Apply at this index returns errDisk (0: never)
+	durIndex    uint64
+	durKV       map[string]string
+	staged      map[string]string
+	stagedIndex uint64
+	failAt      uint64 // Apply at this index returns errDisk (0: never)
 	// failInstall makes InstallSnapshot fail (after Log.Save persisted the snapshot:
 	// a crash at the worst moment).
 	failInstall bool
@@ -55,7 +56,7 @@ func newTestSM() *testSM { return &testSM{kv: map[string]string{}, durKV: map[st
 func (s *testSM) restarted() *testSM {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return &testSM{kv: maps.Clone(s.durKV), applied: s.durIndex, durIndex: s.durIndex, durKV: maps.Clone(s.durKV), staged: maps.Clone(s.staged)}
+	return &testSM{kv: maps.Clone(s.durKV), applied: s.durIndex, durIndex: s.durIndex, durKV: maps.Clone(s.durKV), staged: maps.Clone(s.staged), stagedIndex: s.stagedIndex}
 }
 
 func (s *testSM) Apply(index uint64, data []byte) error {
@@ -114,13 +115,13 @@ func (s *testSM) WriteSnapshot(w io.Writer) error {
 	return json.NewEncoder(w).Encode(kv)
 }
 
-func (s *testSM) ReceiveSnapshot(r io.Reader) error {
+func (s *testSM) ReceiveSnapshot(index uint64, r io.Reader) error {
 	var kv map[string]string
 	if err := json.NewDecoder(r).Decode(&kv); err != nil {
 		return err
 	}
 	s.mu.Lock()
-	s.staged = kv
+	s.staged, s.stagedIndex = kv, index
 	s.mu.Unlock()
 	return nil
 }
@@ -133,6 +134,9 @@ func (s *testSM) InstallSnapshot(index uint64, state []byte) error {
 	}
 	if s.staged == nil {
 		return errors.New("test: nothing staged")
+	}
+	if s.stagedIndex != index {
+		return fmt.Errorf("test: install of snapshot %d with the data of %d", index, s.stagedIndex)
 	}
 	s.kv = maps.Clone(s.staged)
 	s.durKV = maps.Clone(s.staged)

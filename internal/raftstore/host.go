@@ -59,8 +59,10 @@ type StateMachine interface {
 	Recover() (index uint64, state []byte, err error)
 	// WriteSnapshot streams the data to a follower (leader side; writes may go on).
 	WriteSnapshot(w io.Writer) error
-	// ReceiveSnapshot stages streamed data durably (follower side).
-	ReceiveSnapshot(r io.Reader) error
+	// ReceiveSnapshot stages streamed data durably (follower side), as the data
+	// of the snapshot of index: InstallSnapshot(index) must use that data and
+	// no other (a follower can have two snapshots staged).
+	ReceiveSnapshot(index uint64, r io.Reader) error
 	// InstallSnapshot swaps the staged data in as of index, with state from the
 	// snapshot. It is called again after a restart when the log holds a snapshot newer
 	// than Recover's index, so the staged data must survive until it succeeded.
@@ -546,7 +548,7 @@ func (h *Host) ReceiveSnapshot(m Message, r io.Reader) error {
 	if m.Msg.GetType() != raftpb.MsgSnap {
 		return fmt.Errorf("raftstore: ReceiveSnapshot with %v", m.Msg.GetType())
 	}
-	if err := g.sm.ReceiveSnapshot(r); err != nil {
+	if err := g.sm.ReceiveSnapshot(m.Msg.GetSnapshot().GetMetadata().GetIndex(), r); err != nil {
 		return err
 	}
 	h.stats.snapsReceived.Add(1)
