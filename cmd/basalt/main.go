@@ -46,6 +46,7 @@ func main() {
 		nbdCommand(),
 		nvmfCommand(),
 		iscsiCommand(),
+		csiCommand(),
 		playgroundCommand(),
 		poolCommand(),
 		volumeCommand(),

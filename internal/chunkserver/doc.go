@@ -29,8 +29,13 @@
 // its epoch; the chunkservers carry the change out through Raft, one step at a
 // time on the copyset's leader, which looks at every heartbeat and every
 // 200 ms in between (reconcileInterval): a listed member missing from the group
-// joins as a learner; a listed learner within 64 entries of the leader's
-// applied index is promoted; a member no longer listed is removed. A leader
+// joins as a learner; a learner no longer listed is removed; once every listed
+// learner caught up (it installed its snapshot and its log is within 64 entries
+// of the leader's last index), one joint change (ConfChangeV2) promotes them and
+// removes the voters no longer listed, and raft leaves the joint configuration
+// by itself (raftstore.NextMoveStep; docs/reliability.md, "Moving a replica").
+// So a moving copyset never runs on fewer voters than its replica count, and the
+// heartbeat reports both halves of a joint configuration. A leader
 // that is itself no longer listed hands leadership to its most caught-up
 // voter (the MDS only tells members about a copyset). A replica that is not
 // listed deletes its copy once its own configuration excludes it, once it

@@ -90,7 +90,7 @@ func (c *ChunkServer) sendHeartbeat(ctx context.Context) (*api.HeartbeatResponse
 		req.Copysets = append(req.Copysets, &api.CopysetStatus{
 			PoolId: pool, CopysetId: id, Leader: gs.IsLeader, Term: gs.Term,
 			AppliedIndex: gs.Applied, CommitIndex: gs.Commit, Voters: gs.Voters,
-			Learners: gs.Learners, Healthy: gs.Healthy, LeaderId: gs.Leader,
+			Learners: gs.Learners, Healthy: gs.Healthy, LeaderId: gs.Leader, VotersOutgoing: gs.VotersOutgoing,
 		})
 	}
 	hctx, cancel := context.WithTimeout(ctx, max(c.cfg.HeartbeatInterval, time.Second))

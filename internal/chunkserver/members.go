@@ -4,13 +4,12 @@ import (
 	"slices"
 	"time"
 
-	"go.etcd.io/raft/v3/raftpb"
-
 	"github.com/basalt-storage/basalt/internal/raftstore"
 )
 
 // learnerCatchUp is how far (in entries) a learner may trail the leader's
-// applied index and still be promoted to voter.
+// last index, once it installed any snapshot it needed, and still be
+// promoted to voter (raftstore.GroupStatus.CaughtUp).
 const learnerCatchUp = 64
 
 // reconcileInterval: how often, between heartbeats, the leader of a moved
@@ -18,13 +17,21 @@ const learnerCatchUp = 64
 // heartbeat interval).
 const reconcileInterval = 200 * time.Millisecond
 
-// reconcileMembers moves a copyset's raft membership, one change at a time,
-// toward the members the MDS lists for it. Only the leader acts:
+// reconcileMembers moves a copyset's raft membership toward the members the
+// MDS lists for it, one step at a time (raftstore.NextMoveStep; only the
+// leader acts):
 //
 //  1. a listed member that is not in the group joins as a learner;
-//  2. a listed learner that caught up is promoted to voter;
-//  3. a voter or learner that is no longer listed is removed (the leader
-//     first hands leadership to a listed voter if it is the one to go).
+//  2. a learner no longer listed is removed;
+//  3. once the listed learners caught up (snapshot installed, log within
+//     learnerCatchUp entries of the leader's), one joint change promotes them
+//     and removes the voters no longer listed; raft leaves the joint
+//     configuration by itself as soon as the leader applied it (auto-leave).
+//     The leader first hands leadership to a listed voter if it is the one
+//     to go.
+//
+// So the copyset never runs on fewer voters than the pool's replica count
+// while a replica moves (docs/reliability.md, "Moving a replica").
 //
 // Runs on Run's goroutine (every heartbeat, and every reconcileInterval in
 // between); the change's callback only clears the pending mark.
@@ -42,46 +49,23 @@ func (c *ChunkServer) reconcileMembers(g uint64, want []uint64) {
 		return
 	}
 	c.mu.Unlock()
-	in := func(s []uint64, id uint64) bool { return slices.Contains(s, id) }
-	for _, m := range want {
-		if !in(st.Voters, m) && !in(st.Learners, m) {
-			c.proposeConf(g, raftpb.ConfChangeAddLearnerNode, m)
-			return
-		}
-	}
-	for _, l := range st.Learners {
-		if in(want, l) && st.Progress[l]+learnerCatchUp >= st.Applied {
-			c.proposeConf(g, raftpb.ConfChangeAddNode, l)
-			return
-		}
-	}
-	for _, v := range append(slices.Clone(st.Voters), st.Learners...) {
-		if in(want, v) {
-			continue
-		}
-		if v == c.ID() {
-			for _, to := range st.Voters {
-				if to != v && in(want, to) {
-					c.host.TransferLeader(g, to)
-					return
-				}
-			}
-			return
-		}
-		c.proposeConf(g, raftpb.ConfChangeRemoveNode, v)
+	step := raftstore.NextMoveStep(st, c.ID(), want, learnerCatchUp)
+	switch step.Kind {
+	case raftstore.MoveWait:
+		return
+	case raftstore.MoveTransferLeader:
+		c.log.Info("copyset leadership handed over: this member is to be removed", "copyset", g, "to", step.Node)
+		c.host.TransferLeader(g, step.Node)
 		return
 	}
-}
-
-func (c *ChunkServer) proposeConf(g uint64, typ raftpb.ConfChangeType, node uint64) {
 	c.mu.Lock()
 	c.confPending[g] = true
 	c.mu.Unlock()
-	c.log.Info("copyset membership change", "copyset", g, "change", typ.String(), "node", node)
-	cc := &raftpb.ConfChangeV2{Changes: []*raftpb.ConfChangeSingle{{Type: &typ, NodeId: &node}}}
-	c.host.ProposeConfChange(g, cc, func(err error) {
+	c.log.Info("copyset membership change", "copyset", g, "step", step.String(),
+		"voters", st.Voters, "learners", st.Learners, "want", want)
+	c.host.ProposeConfChange(g, step.ConfChange(), func(err error) {
 		if err != nil {
-			c.log.Debug("membership change not applied", "copyset", g, "node", node, "err", err)
+			c.log.Debug("membership change not applied", "copyset", g, "step", step.String(), "err", err)
 		}
 		c.mu.Lock()
 		delete(c.confPending, g)
@@ -119,7 +103,10 @@ func (c *ChunkServer) handOver(st raftstore.GroupStatus) {
 // away because it stopped). Until then, nothing is deleted.
 func (c *ChunkServer) removeIfGone(st raftstore.GroupStatus, unlistedFor time.Duration) {
 	self := c.ID()
-	member := len(st.Voters) == 0 || slices.Contains(st.Voters, self) || slices.Contains(st.Learners, self)
+	// A voter of a joint configuration's outgoing half still counts for
+	// quorum until the group leaves it.
+	member := len(st.Voters) == 0 || slices.Contains(st.Voters, self) || slices.Contains(st.Learners, self) ||
+		slices.Contains(st.VotersOutgoing, self)
 	orphan := st.Leader == 0 && unlistedFor >= c.cfg.OrphanTimeout
 	if member && !orphan && st.Healthy {
 		return

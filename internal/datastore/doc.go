@@ -160,7 +160,7 @@
 // never closed under an IO; a chunk deleted or replaced while pinned is
 // closed when its last user lets go.
 //
-// Lock order: Store.mu → Copyset.syncMu / snapMu → Copyset.mu →
+// Lock order: Store.mu → Copyset.recvMu → Copyset.syncMu / snapMu → Copyset.mu →
 // Copyset.dirtyMu → fdCache.mu; pool.mu is a leaf.
 //
 // Goroutines: the pool filler (one per Store, started by Open, stopped by

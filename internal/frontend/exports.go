@@ -33,7 +33,9 @@ type Exports struct {
 	mu      sync.Mutex
 	current map[string]*export // the export new attachments to a name join
 	live    map[*export]bool   // exports whose backend is open or opening
-	closing bool               // Close was called
+	// releasing counts, per name, backends release is closing right now.
+	releasing map[string]int
+	closing   bool // Close was called
 }
 
 // export is one opening of a backend, shared by its attachments.
@@ -206,11 +208,37 @@ func (e *Exports) release(x *export) {
 	if last {
 		x.closed = true
 		e.forget(x)
+		if e.releasing == nil {
+			e.releasing = map[string]int{}
+		}
+		e.releasing[x.name]++
 	}
 	e.mu.Unlock()
 	if last {
 		e.closeBackend(x, "last attachment detached")
+		e.mu.Lock()
+		if e.releasing[x.name]--; e.releasing[x.name] == 0 {
+			delete(e.releasing, x.name)
+		}
+		e.mu.Unlock()
 	}
+}
+
+// Idle reports that no backend of the named export is open, opening or
+// being closed: its session at the MDS is gone (a host that detached its
+// last attachment waits for this before the volume may be deleted).
+func (e *Exports) Idle(name string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.current[name] != nil || e.releasing[name] > 0 {
+		return false
+	}
+	for x := range e.live {
+		if x.name == name {
+			return false
+		}
+	}
+	return true
 }
 
 // forget drops x from the maps. Called with e.mu held.

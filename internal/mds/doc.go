@@ -48,7 +48,8 @@
 //	/basalt/copysets/<pool id>       [{id, members: [chunkserver ids], epoch, move?}, ...] — every
 //	                                 copyset of the pool; move = {from, to, reason, started_unix_ms},
 //	                                 present while a member change is in flight (Scheduler)
-//	/basalt/volumes/<id>             {id, name, size, pool_id, pool_name, created_unix_ms, epoch, writer}
+//	/basalt/volumes/<id>             {id, name, size, pool_id, pool_name, created_unix_ms, epoch, writer,
+//	                                 attachments: [{node, read_only, attached_unix_ms}, ...]}
 //	/basalt/volume-names/<name>      volume id (decimal)
 //	/basalt/volumes-revision         its ModRevision is the volumes revision: bumped by
 //	                                 every volume create, resize and delete
@@ -56,6 +57,8 @@
 //	                                 pools or copysets (lets an MDS cache them)
 //	/basalt/sessions/<id>            {id, volume, read_only, epoch, client, lease, opened_unix_ms};
 //	                                 attached to an etcd lease of Config.SessionLease
+//	/basalt/nodes/<id>               {id, zone, server, registered_unix_ms}: a host that attaches
+//	                                 volumes (the CSI node plugin registers itself; RegisterNode)
 //	/basalt/access-nodes/<id>        {id, addr, name, registered_unix_ms}: NVMe/TCP access nodes
 //	                                 (RegisterAccessNode; the same addr keeps its id)
 //	/basalt/nvmf-subsystems/<nqn>    {nqn, policy}: a subsystem's ANA policy, inherit or balance
@@ -110,9 +113,12 @@
 // copyset's epoch and records the move ("move": from, to, reason,
 // started). The chunkservers do the rest through Raft: the copyset's leader
 // adds the new member as a learner, which catches up (InstallSnapshot, then
-// the log), promotes it once caught up, and removes the old member
-// (internal/chunkserver members.go). A move is in flight until the leader's
-// heartbeat reports exactly the listed members as voters and no learners;
+// the log); once caught up, one joint change promotes it and removes the old
+// member, and raft leaves the joint configuration by itself (internal/chunkserver
+// members.go, raftstore.NextMoveStep). A move is in flight until the leader's
+// heartbeat reports exactly the listed members as voters, no learners and no
+// joint configuration (voters_outgoing empty: while it is joint, the incoming
+// half already lists the new members but the old one still counts for quorum);
 // the next round then clears the record ("copyset move done", with how long
 // it took). A move whose target went bad (dead, sick, or its replica
 // stopped) is a failed move: it stops counting and the copyset is repaired

@@ -137,7 +137,8 @@ func leaderTransferTimeout(cfg Config) time.Duration {
 //     (offline longer than RecoveryGrace; never with a negative grace),
 //     target (online, disk state OK and below fullPercent used).
 //  2. Copysets: a move in flight is one with a move record whose leader
-//     does not report the listed members as its voters yet (or, without a
+//     does not report the listed members as its voters yet, or reports a
+//     joint configuration (or, without a
 //     record, a leader reporting other voters); once reported it is done.
 //     A move whose target went bad failed: it is no longer in flight and
 //     its copyset is repaired again. Moves in flight fill the Budget
@@ -383,13 +384,15 @@ func (s *Server) replicaStatus(m, g uint64) *api.CopysetStatus {
 }
 
 // converged reports whether the copyset's leader reports exactly members as
-// its voters and no learners. Caller holds s.mu.
+// its voters, no learners and no joint configuration (whose incoming half
+// may already be members while the old member still counts for quorum).
+// Caller holds s.mu.
 func (s *Server) converged(g uint64, members []uint64, leader uint64) bool {
 	if leader == 0 {
 		return false
 	}
 	st := s.live[leader].copysets[g]
-	if st == nil || !st.Leader || len(st.Learners) > 0 {
+	if st == nil || !st.Leader || len(st.Learners) > 0 || len(st.VotersOutgoing) > 0 {
 		return false
 	}
 	return slices.Equal(slices.Sorted(slices.Values(st.Voters)), members)
@@ -409,7 +412,7 @@ func (s *Server) changing(pool uint32, c copysetRecord, now time.Time) bool {
 			continue // no leader's view of the configuration here
 		}
 		voters := slices.Sorted(slices.Values(st.Voters))
-		return !slices.Equal(voters, c.Members) || len(st.Learners) > 0
+		return !slices.Equal(voters, c.Members) || len(st.Learners) > 0 || len(st.VotersOutgoing) > 0
 	}
 	return false
 }

@@ -52,9 +52,11 @@ func TestRecoveryScheduler(t *testing.T) {
 	}
 
 	// The survivors heartbeat; each claims to lead its copysets with the
-	// voters in reported (the original members until converged is set).
+	// original members as voters, then (joint) the listed members as the
+	// incoming half of a joint configuration whose outgoing half is the
+	// original members, then (converged) the listed members alone.
 	var mu sync.Mutex
-	converged := false
+	joint, converged := false, false
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -71,17 +73,20 @@ func TestRecoveryScheduler(t *testing.T) {
 				continue
 			}
 			mu.Lock()
-			conv := converged
+			conv, jnt := converged, joint
 			mu.Unlock()
 			for _, id := range ids[:3] {
 				req := &api.HeartbeatRequest{Id: id}
 				for i, cs := range cur.Copysets {
-					voters := before.Copysets[i].Members
+					voters, outgoing := before.Copysets[i].Members, []uint64(nil)
+					if jnt && cs.Epoch != before.Copysets[i].Epoch {
+						voters, outgoing = cs.Members, before.Copysets[i].Members
+					}
 					if conv {
-						voters = cs.Members
+						voters, outgoing = cs.Members, nil
 					}
 					req.Copysets = append(req.Copysets, &api.CopysetStatus{PoolId: cs.PoolId, CopysetId: cs.Id,
-						Leader: true, Term: 1, Healthy: true, Voters: voters})
+						Leader: true, Term: 1, Healthy: true, Voters: voters, VotersOutgoing: outgoing})
 				}
 				c.Heartbeat(ctx, req)
 			}
@@ -115,6 +120,15 @@ func TestRecoveryScheduler(t *testing.T) {
 	time.Sleep(time.Second) // ten scheduling rounds, to (wrongly) start more
 	if n, _ := moved(); n != 2 {
 		t.Fatalf("%d copysets moved while earlier moves were in flight; want MaxRecoveryMoves = 2", n)
+	}
+	// A joint configuration is a move in flight too: the old member still
+	// counts for quorum until the group leaves it.
+	mu.Lock()
+	joint = true
+	mu.Unlock()
+	time.Sleep(2 * time.Second)
+	if n, _ := moved(); n != 2 {
+		t.Fatalf("%d copysets moved while earlier moves were in a joint configuration; want MaxRecoveryMoves = 2", n)
 	}
 	mu.Lock()
 	converged = true

@@ -27,6 +27,7 @@ const (
 	volumesRevKey     = prefix + "volumes-revision"
 	topologyRevKey    = prefix + "topology-revision"
 	sessionPrefix     = prefix + "sessions/"
+	nodePrefix        = prefix + "nodes/"
 	accessNodePrefix  = prefix + "access-nodes/"
 	nvmfSubsysPrefix  = prefix + "nvmf-subsystems/"
 	anaKey            = prefix + "ana-assignments"
@@ -49,6 +50,7 @@ func copysetKey(pool uint32) string   { return idKey(copysetPrefix, uint64(pool)
 func volumeKey(id uint64) string      { return idKey(volumePrefix, id) }
 func sessionKey(id uint64) string     { return idKey(sessionPrefix, id) }
 func poolNameKey(name string) string  { return poolNamePrefix + name }
+func nodeKey(id string) string        { return nodePrefix + id }
 func volumeNameKey(name string) string {
 	return volumeNamePrefix + name
 }
@@ -94,6 +96,24 @@ type volumeRecord struct {
 	Epoch uint64 `json:"epoch"`
 	// Writer is the session id of the current writer; 0 after it closed.
 	Writer uint64 `json:"writer,omitempty"`
+	// Attachments: the nodes the volume is published to (AttachVolume).
+	Attachments []attachmentRecord `json:"attachments,omitempty"`
+}
+
+// attachmentRecord is one node a volume is published to.
+type attachmentRecord struct {
+	Node       string `json:"node"`
+	ReadOnly   bool   `json:"read_only,omitempty"`
+	AttachedMs int64  `json:"attached_unix_ms"`
+}
+
+// nodeRecord is the value at /basalt/nodes/<id>: a host that attaches
+// volumes (RegisterNode).
+type nodeRecord struct {
+	ID           string `json:"id"`
+	Zone         string `json:"zone,omitempty"`
+	Server       string `json:"server,omitempty"`
+	RegisteredMs int64  `json:"registered_unix_ms"`
 }
 
 // sessionRecord is the value at /basalt/sessions/<id>, attached to the etcd
@@ -208,6 +228,10 @@ func (r poolRecord) proto() *api.Pool {
 }
 
 func (r volumeRecord) proto() *api.Volume {
-	return &api.Volume{Id: r.ID, Name: r.Name, Size: r.Size, PoolId: r.PoolID, PoolName: r.PoolName,
+	v := &api.Volume{Id: r.ID, Name: r.Name, Size: r.Size, PoolId: r.PoolID, PoolName: r.PoolName,
 		CreatedUnixMs: r.CreatedMs, Epoch: r.Epoch}
+	for _, a := range r.Attachments {
+		v.Attachments = append(v.Attachments, &api.Attachment{Node: a.Node, ReadOnly: a.ReadOnly, AttachedUnixMs: a.AttachedMs})
+	}
+	return v
 }

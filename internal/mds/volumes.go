@@ -245,6 +245,10 @@ func (h *handler) DeleteVolume(ctx context.Context, req *api.DeleteVolumeRequest
 			return err
 		}
 		rec = v
+		if len(v.Attachments) > 0 {
+			return fmt.Errorf("%w: volume %q is published to node %q; unpublish it first",
+				ErrFailedPrecondition, req.Name, v.Attachments[0].Node)
+		}
 		if v.Writer != 0 {
 			if sv := stm.Get(sessionKey(v.Writer)); sv != "" {
 				sess, _ := decode[sessionRecord](sv)

@@ -60,6 +60,7 @@ type group struct {
 	savedTerm, savedVote uint64
 	applied              uint64
 	appliedTerm          uint64
+	lastIndex            uint64 // of the last entry raft handed over to persist
 	// skipApplyTo: after a restart, entries up to here already reached the state
 	// machine durably (Recover); they are replayed for their conf changes only.
 	skipApplyTo uint64
@@ -162,6 +163,7 @@ func newGroup(h *Host, id uint64, peers []uint64, sm StateMachine, join bool) (*
 		}
 		g.applied = snapIndex
 		g.appliedTerm = snap.GetMetadata().GetTerm()
+		g.lastIndex = max(last, snapIndex)
 		g.lastSnap = snapIndex
 		g.skipApplyTo = min(smIndex, hs.GetCommit())
 		// A restarted member may have acknowledged a leader's lease before it went
@@ -289,6 +291,12 @@ func (g *group) prepare() (raft.Ready, bool) {
 	}
 	rd := g.rn.Ready()
 	g.indexProposals(rd.Entries)
+	if n := len(rd.Entries); n > 0 {
+		// Appended entries replace any suffix from their first index on.
+		g.lastIndex = rd.Entries[n-1].GetIndex()
+	} else if !raft.IsEmptySnap(rd.Snapshot) {
+		g.lastIndex = rd.Snapshot.GetMetadata().GetIndex()
+	}
 	if rd.SoftState != nil {
 		g.statusDirty = true
 	}
@@ -571,7 +579,8 @@ func (g *group) applyEntries(ents []*raftpb.Entry) bool {
 			if p != nil && p.cc != nil && len(cc.GetContext()) == 8 && binary.BigEndian.Uint64(cc.GetContext()) != p.seq {
 				res = g.notLeader() // not ours after all
 			}
-			g.log.Info("raftstore: membership changed", "index", idx, "voters", g.confState.GetVoters(), "learners", g.confState.GetLearners())
+			g.log.Info("raftstore: membership changed", "index", idx, "voters", g.confState.GetVoters(),
+				"voters_outgoing", g.confState.GetVotersOutgoing(), "learners", g.confState.GetLearners())
 		}
 		g.applied, g.appliedTerm = idx, e.GetTerm()
 		if p != nil {
@@ -630,25 +639,30 @@ func (g *group) publish() {
 	commit := g.rn.BasicStatus().GetCommit()
 	if !g.statusDirty {
 		g.statusMu.Lock()
-		g.status.Commit, g.status.Applied = commit, g.applied
+		g.status.Commit, g.status.Applied, g.status.LastIndex = commit, g.applied, g.lastIndex
 		g.statusMu.Unlock()
 		return
 	}
 	g.statusDirty = false
 	st := GroupStatus{
 		ID: g.id, Leader: g.leader, Term: g.term, Commit: commit, Applied: g.applied,
-		Voters:   slices.Clone(g.confState.GetVoters()),
-		Learners: slices.Clone(g.confState.GetLearners()),
-		IsLeader: g.isLeader && g.failed == nil,
-		Healthy:  g.failed == nil,
-		Err:      g.failed,
-		Snapshot: g.lastSnap,
+		Voters:         slices.Clone(g.confState.GetVoters()),
+		Learners:       slices.Clone(g.confState.GetLearners()),
+		VotersOutgoing: slices.Clone(g.confState.GetVotersOutgoing()),
+		AutoLeave:      g.confState.GetAutoLeave(),
+		LastIndex:      g.lastIndex,
+		IsLeader:       g.isLeader && g.failed == nil,
+		Healthy:        g.failed == nil,
+		Err:            g.failed,
+		Snapshot:       g.lastSnap,
 	}
 	if g.isLeader && g.failed == nil {
 		st.Progress = make(map[uint64]uint64)
+		st.Replicating = make(map[uint64]bool)
 		st.Active = make(map[uint64]bool)
 		g.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
 			st.Progress[id] = pr.Match
+			st.Replicating[id] = pr.State == tracker.StateReplicate
 			st.Active[id] = pr.RecentActive
 		})
 	}
@@ -663,13 +677,9 @@ func (g *group) getStatus() GroupStatus {
 	st := g.status
 	st.Voters = slices.Clone(st.Voters)
 	st.Learners = slices.Clone(st.Learners)
-	if st.Progress != nil {
-		p := make(map[uint64]uint64, len(st.Progress))
-		for k, v := range st.Progress {
-			p[k] = v
-		}
-		st.Progress = p
-	}
+	st.VotersOutgoing = slices.Clone(st.VotersOutgoing)
+	st.Progress = maps.Clone(st.Progress)
+	st.Replicating = maps.Clone(st.Replicating)
 	st.Active = maps.Clone(st.Active)
 	return st
 }

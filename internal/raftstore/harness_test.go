@@ -176,6 +176,8 @@ type simNet struct {
 	maxDelay int
 	cut      map[[2]uint64]bool
 	sent     int
+	// holdSnap: snapshots to these nodes fail (a rebuild that has not finished yet).
+	holdSnap map[uint64]bool
 }
 
 func (n *simNet) linked(a, b uint64) bool { return !n.cut[[2]uint64{a, b}] }
@@ -217,6 +219,9 @@ func (t simTransport) SendSnapshot(m Message, write func(io.Writer) error) error
 	h := n.hosts[to]
 	if h == nil || !n.linked(t.from, to) {
 		return errors.New("sim: unreachable")
+	}
+	if n.holdSnap[to] {
+		return errors.New("sim: snapshot held back")
 	}
 	var buf bytes.Buffer
 	if err := write(&buf); err != nil {

@@ -569,13 +569,23 @@ func (h *Host) post(id uint64, f func(*events)) {
 // GroupStatus is a group's state as of its last round.
 type GroupStatus struct {
 	ID, Leader, Term, Commit, Applied uint64
-	Voters, Learners                  []uint64
-	IsLeader                          bool
+	// Voters and Learners are the configuration, or a joint configuration's
+	// incoming half; VotersOutgoing is a joint configuration's outgoing half
+	// (empty when the group is not in one). AutoLeave: raft's leader leaves the
+	// joint configuration by itself once it applied the entry that entered it.
+	Voters, Learners, VotersOutgoing []uint64
+	AutoLeave                        bool
+	// LastIndex is the index of the last entry in this replica's log.
+	LastIndex uint64
+	IsLeader  bool
 	// Healthy is false once the group stopped after a disk failure (Err says why).
 	Healthy bool
 	Err     error
 	// Progress is the match index of every peer; only on the leader.
 	Progress map[uint64]uint64
+	// Replicating: the peers raft sends entries to normally (not probing, not
+	// waiting for a snapshot to be installed); only on the leader.
+	Replicating map[uint64]bool
 	// Active: the peers the leader heard from within the last election
 	// timeout (raft's RecentActive; this node included); only on the leader.
 	Active map[uint64]bool

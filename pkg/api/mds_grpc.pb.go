@@ -38,6 +38,9 @@ const (
 	MDS_RenewSession_FullMethodName        = "/basalt.api.v1.MDS/RenewSession"
 	MDS_CloseSession_FullMethodName        = "/basalt.api.v1.MDS/CloseSession"
 	MDS_ClusterStatus_FullMethodName       = "/basalt.api.v1.MDS/ClusterStatus"
+	MDS_RegisterNode_FullMethodName        = "/basalt.api.v1.MDS/RegisterNode"
+	MDS_AttachVolume_FullMethodName        = "/basalt.api.v1.MDS/AttachVolume"
+	MDS_DetachVolume_FullMethodName        = "/basalt.api.v1.MDS/DetachVolume"
 	MDS_RegisterAccessNode_FullMethodName  = "/basalt.api.v1.MDS/RegisterAccessNode"
 	MDS_AccessNodeHeartbeat_FullMethodName = "/basalt.api.v1.MDS/AccessNodeHeartbeat"
 	MDS_SetNVMfSubsystem_FullMethodName    = "/basalt.api.v1.MDS/SetNVMfSubsystem"
@@ -68,6 +71,11 @@ type MDSClient interface {
 	CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*CloseSessionResponse, error)
 	// Cluster health for `basalt status`.
 	ClusterStatus(ctx context.Context, in *ClusterStatusRequest, opts ...grpc.CallOption) (*ClusterStatusResponse, error)
+	// Hosts that attach volumes, and their attachments (the Kubernetes CSI
+	// driver's nodes and ControllerPublish records; docs/csi.md).
+	RegisterNode(ctx context.Context, in *RegisterNodeRequest, opts ...grpc.CallOption) (*RegisterNodeResponse, error)
+	AttachVolume(ctx context.Context, in *AttachVolumeRequest, opts ...grpc.CallOption) (*AttachVolumeResponse, error)
+	DetachVolume(ctx context.Context, in *DetachVolumeRequest, opts ...grpc.CallOption) (*DetachVolumeResponse, error)
 	// NVMe/TCP access nodes and their ANA path assignments (docs/nvmf.md).
 	RegisterAccessNode(ctx context.Context, in *RegisterAccessNodeRequest, opts ...grpc.CallOption) (*RegisterAccessNodeResponse, error)
 	AccessNodeHeartbeat(ctx context.Context, in *AccessNodeHeartbeatRequest, opts ...grpc.CallOption) (*AccessNodeHeartbeatResponse, error)
@@ -233,6 +241,36 @@ func (c *mDSClient) ClusterStatus(ctx context.Context, in *ClusterStatusRequest,
 	return out, nil
 }
 
+func (c *mDSClient) RegisterNode(ctx context.Context, in *RegisterNodeRequest, opts ...grpc.CallOption) (*RegisterNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RegisterNodeResponse)
+	err := c.cc.Invoke(ctx, MDS_RegisterNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *mDSClient) AttachVolume(ctx context.Context, in *AttachVolumeRequest, opts ...grpc.CallOption) (*AttachVolumeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AttachVolumeResponse)
+	err := c.cc.Invoke(ctx, MDS_AttachVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *mDSClient) DetachVolume(ctx context.Context, in *DetachVolumeRequest, opts ...grpc.CallOption) (*DetachVolumeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DetachVolumeResponse)
+	err := c.cc.Invoke(ctx, MDS_DetachVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *mDSClient) RegisterAccessNode(ctx context.Context, in *RegisterAccessNodeRequest, opts ...grpc.CallOption) (*RegisterAccessNodeResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RegisterAccessNodeResponse)
@@ -297,6 +335,11 @@ type MDSServer interface {
 	CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error)
 	// Cluster health for `basalt status`.
 	ClusterStatus(context.Context, *ClusterStatusRequest) (*ClusterStatusResponse, error)
+	// Hosts that attach volumes, and their attachments (the Kubernetes CSI
+	// driver's nodes and ControllerPublish records; docs/csi.md).
+	RegisterNode(context.Context, *RegisterNodeRequest) (*RegisterNodeResponse, error)
+	AttachVolume(context.Context, *AttachVolumeRequest) (*AttachVolumeResponse, error)
+	DetachVolume(context.Context, *DetachVolumeRequest) (*DetachVolumeResponse, error)
 	// NVMe/TCP access nodes and their ANA path assignments (docs/nvmf.md).
 	RegisterAccessNode(context.Context, *RegisterAccessNodeRequest) (*RegisterAccessNodeResponse, error)
 	AccessNodeHeartbeat(context.Context, *AccessNodeHeartbeatRequest) (*AccessNodeHeartbeatResponse, error)
@@ -356,6 +399,15 @@ func (UnimplementedMDSServer) CloseSession(context.Context, *CloseSessionRequest
 }
 func (UnimplementedMDSServer) ClusterStatus(context.Context, *ClusterStatusRequest) (*ClusterStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ClusterStatus not implemented")
+}
+func (UnimplementedMDSServer) RegisterNode(context.Context, *RegisterNodeRequest) (*RegisterNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RegisterNode not implemented")
+}
+func (UnimplementedMDSServer) AttachVolume(context.Context, *AttachVolumeRequest) (*AttachVolumeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AttachVolume not implemented")
+}
+func (UnimplementedMDSServer) DetachVolume(context.Context, *DetachVolumeRequest) (*DetachVolumeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DetachVolume not implemented")
 }
 func (UnimplementedMDSServer) RegisterAccessNode(context.Context, *RegisterAccessNodeRequest) (*RegisterAccessNodeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RegisterAccessNode not implemented")
@@ -660,6 +712,60 @@ func _MDS_ClusterStatus_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MDS_RegisterNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegisterNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MDSServer).RegisterNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MDS_RegisterNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MDSServer).RegisterNode(ctx, req.(*RegisterNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _MDS_AttachVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AttachVolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MDSServer).AttachVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MDS_AttachVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MDSServer).AttachVolume(ctx, req.(*AttachVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _MDS_DetachVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DetachVolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MDSServer).DetachVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MDS_DetachVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MDSServer).DetachVolume(ctx, req.(*DetachVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _MDS_RegisterAccessNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RegisterAccessNodeRequest)
 	if err := dec(in); err != nil {
@@ -798,6 +904,18 @@ var MDS_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ClusterStatus",
 			Handler:    _MDS_ClusterStatus_Handler,
+		},
+		{
+			MethodName: "RegisterNode",
+			Handler:    _MDS_RegisterNode_Handler,
+		},
+		{
+			MethodName: "AttachVolume",
+			Handler:    _MDS_AttachVolume_Handler,
+		},
+		{
+			MethodName: "DetachVolume",
+			Handler:    _MDS_DetachVolume_Handler,
 		},
 		{
 			MethodName: "RegisterAccessNode",

@@ -218,3 +218,36 @@ func (c *Client) ListANA(ctx context.Context, in *api.ListANARequest, opts ...gr
 	})
 	return out, err
 }
+
+// RegisterNode calls RegisterNode on the active MDS.
+func (c *Client) RegisterNode(ctx context.Context, in *api.RegisterNodeRequest, opts ...grpc.CallOption) (*api.RegisterNodeResponse, error) {
+	var out *api.RegisterNodeResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.RegisterNode(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// AttachVolume calls AttachVolume on the active MDS.
+func (c *Client) AttachVolume(ctx context.Context, in *api.AttachVolumeRequest, opts ...grpc.CallOption) (*api.AttachVolumeResponse, error) {
+	var out *api.AttachVolumeResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.AttachVolume(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// DetachVolume calls DetachVolume on the active MDS.
+func (c *Client) DetachVolume(ctx context.Context, in *api.DetachVolumeRequest, opts ...grpc.CallOption) (*api.DetachVolumeResponse, error) {
+	var out *api.DetachVolumeResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.DetachVolume(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}

@@ -66,6 +66,8 @@ var rules = []rule{
 		why: "the iSCSI transport over its own SCSI command set, both parsers and mappers over the backend interface"},
 	{pkg: "internal/frontend/...", may: withLeaves("internal/frontend", "pkg/api"),
 		why: "a protocol server is a parser and a mapper over the backend interface"},
+	{pkg: "internal/csi", may: withLeaves("internal/frontend", "internal/frontend/...", "pkg/api", "pkg/client", "pkg/mdsclient"),
+		why: "the Kubernetes CSI driver: the MDS API for the controller, a front end for the node's kernel attach"},
 	{pkg: "internal/playground", may: withLeaves("internal/frontend", "internal/frontend/...", "internal/mds", "pkg/api", "pkg/client", "pkg/mdsclient"),
 		why: "starts processes; the chunkservers are child processes"},
 	{pkg: "internal/bench", may: withLeaves("pkg/api", "pkg/mdsclient"), why: "drives fio and processes"},

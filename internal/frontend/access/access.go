@@ -270,6 +270,10 @@ func removeStaleSocket(path string) error {
 // iSCSI portal.
 func (n *Node) Addrs() []net.Addr { return n.addrs }
 
+// ExportIdle reports that the named export has no backend open, opening or
+// closing (frontend.Exports.Idle).
+func (n *Node) ExportIdle(name string) bool { return n.exports.Idle(name) }
+
 // ISCSIPortal returns the iSCSI portal's address, or nil if none.
 func (n *Node) ISCSIPortal() net.Addr {
 	if n.iscsi == nil {

@@ -1,0 +1,187 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/basalt-storage/basalt/pkg/api"
+	"github.com/basalt-storage/basalt/pkg/mdsclient"
+)
+
+// DriverName is the CSI driver name: the CSIDriver object's name and the
+// StorageClass's provisioner.
+const DriverName = "csi.basalt.io"
+
+// TopologyZoneKey is the topology segment NodeGetInfo reports the node's zone under.
+const TopologyZoneKey = "topology.basalt.io/zone"
+
+// Modes of the plugin.
+const (
+	ModeController = "controller"
+	ModeNode       = "node"
+	ModeAll        = "all"
+)
+
+// Config configures Serve.
+type Config struct {
+	// Endpoint is the Unix socket to serve CSI on: unix:///path or a path.
+	Endpoint string
+	// MDS addresses; required.
+	MDS []string
+	// Mode: controller, node or all (both, as csi-sanity wants).
+	Mode string
+	// DriverName, default DriverName.
+	DriverName string
+	// NodeID is the node's id (the Kubernetes node name); node mode. Zone and
+	// Server are registered with it.
+	NodeID, Zone, Server string
+	// StateDir holds the node plugin's NBD socket and per-volume state; node mode.
+	StateDir string
+	// Attach: auto (kernel NBD when /dev/nbd0 and nbd-client exist, else
+	// nbdfuse and a loop device), nbd or nbdfuse.
+	Attach string
+	// MDSClient, if set, is used instead of dialing MDS.
+	MDSClient *mdsclient.Client
+	Logger    *slog.Logger
+}
+
+// Driver is a running CSI plugin.
+type Driver struct {
+	cfg  Config
+	log  *slog.Logger
+	mds  *mdsclient.Client
+	srv  *grpc.Server
+	lis  net.Listener
+	node *Node
+}
+
+// Start listens on cfg.Endpoint and serves the services cfg.Mode names until Close.
+func Start(cfg Config) (*Driver, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.DriverName == "" {
+		cfg.DriverName = DriverName
+	}
+	if cfg.Mode == "" {
+		cfg.Mode = ModeAll
+	}
+	if cfg.Mode != ModeController && cfg.Mode != ModeNode && cfg.Mode != ModeAll {
+		return nil, fmt.Errorf("csi: mode %q: want controller, node or all", cfg.Mode)
+	}
+	d := &Driver{cfg: cfg, log: cfg.Logger, mds: cfg.MDSClient}
+	if d.mds == nil {
+		mc, err := mdsclient.Dial(cfg.MDS)
+		if err != nil {
+			return nil, err
+		}
+		d.mds = mc
+	}
+	path := strings.TrimPrefix(cfg.Endpoint, "unix://")
+	if path == "" {
+		return nil, errors.New("csi: no endpoint")
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	_ = os.Remove(path) // a stale socket of a previous run
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("csi: listen %s: %w", path, err)
+	}
+	d.lis = lis
+	d.srv = grpc.NewServer(grpc.UnaryInterceptor(d.logCalls))
+	csi.RegisterIdentityServer(d.srv, &identity{d: d})
+	if cfg.Mode != ModeNode {
+		csi.RegisterControllerServer(d.srv, &controller{d: d})
+	}
+	if cfg.Mode != ModeController {
+		n, err := startNode(d)
+		if err != nil {
+			lis.Close()
+			return nil, err
+		}
+		d.node = n
+		csi.RegisterNodeServer(d.srv, n)
+	}
+	go func() { _ = d.srv.Serve(lis) }()
+	d.log.Info("csi plugin serving", "endpoint", path, "mode", cfg.Mode, "driver", cfg.DriverName, "node", cfg.NodeID)
+	return d, nil
+}
+
+// Close stops serving. Attached volumes stay attached only as long as the
+// process lives: the NBD front end serving them stops with it.
+func (d *Driver) Close() {
+	d.srv.Stop()
+	if d.node != nil {
+		d.node.close()
+	}
+	if d.cfg.MDSClient == nil {
+		d.mds.Close()
+	}
+}
+
+// logCalls logs every call that failed, and every call at Debug.
+func (d *Driver) logCalls(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	resp, err := h(ctx, req)
+	method := info.FullMethod[strings.LastIndex(info.FullMethod, "/")+1:]
+	if err != nil {
+		d.log.Info("csi call failed", "method", method, "code", status.Code(err), "err", err, "took", time.Since(start))
+	} else {
+		d.log.Debug("csi call", "method", method, "took", time.Since(start))
+	}
+	return resp, err
+}
+
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}
+
+// identity is the CSI identity service.
+type identity struct {
+	csi.UnimplementedIdentityServer
+	d *Driver
+}
+
+func (i *identity) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
+	return &csi.GetPluginInfoResponse{Name: i.d.cfg.DriverName, VendorVersion: version()}, nil
+}
+
+func (i *identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
+	var caps []*csi.PluginCapability
+	if i.d.cfg.Mode != ModeNode {
+		caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_Service_{
+			Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_CONTROLLER_SERVICE}}})
+	}
+	caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_VolumeExpansion_{
+		VolumeExpansion: &csi.PluginCapability_VolumeExpansion{Type: csi.PluginCapability_VolumeExpansion_ONLINE}}})
+	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+// Probe is ready only when the MDS answers.
+func (i *identity) Probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := i.d.mds.ListPools(ctx, &api.ListPoolsRequest{}); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "the MDS does not answer: %v", err)
+	}
+	return &csi.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
+}

@@ -1,0 +1,216 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/basalt-storage/basalt/internal/testcluster"
+	"github.com/basalt-storage/basalt/internal/testutil"
+	"github.com/basalt-storage/basalt/pkg/api"
+	"github.com/basalt-storage/basalt/pkg/client"
+	"github.com/basalt-storage/basalt/pkg/mdsclient"
+)
+
+// startCSI runs `basalt csi --mode all` against the playground's MDS, on a
+// Unix socket, with its node plugin attaching through nbdfuse and a loop
+// device (this host's kernel has no nbd module); it returns the socket path.
+func startCSI(t *testing.T, p *pg, nodeID string) string {
+	t.Helper()
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "csi.sock")
+	logPath := filepath.Join(dir, "csi.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(testcluster.Binary(t), "csi", "--endpoint", "unix://"+sock, "--mds", p.st.MDS,
+		"--mode", "all", "--node-id", nodeID, "--zone", "zone-a", "--state-dir", filepath.Join(dir, "state"), "--attach", "nbdfuse")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-exited:
+		case <-time.After(60 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("---- basalt csi log (tail) ----\n%s", tailFile(logPath, 100))
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		select {
+		case <-exited:
+			t.Fatalf("basalt csi exited:\n%s", tailFile(logPath, 100))
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("basalt csi did not listen within 60 s:\n%s", tailFile(logPath, 100))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return sock
+}
+
+func requireKernelAttach(t *testing.T) {
+	t.Helper()
+	testutil.RequireTools(t, "nbdfuse", "losetup", "mkfs.ext4", "resize2fs", "blkid", "mount", "umount", "fusermount3")
+	if os.Geteuid() != 0 {
+		t.Skip("skipped: the CSI node plugin mounts file systems and attaches loop devices: needs root")
+	}
+	for _, dev := range []string{"/dev/fuse", "/dev/loop-control"} {
+		if _, err := os.Stat(dev); err != nil {
+			t.Skipf("skipped: %s is missing (no FUSE or loop devices here)", dev)
+		}
+	}
+}
+
+// csi-sanity, controller and node, against `basalt csi` backed by a
+// playground: every volume it stages is a real /dev/loopN over nbdfuse over
+// the NBD front end, with a real ext4 on it.
+func TestCSISanity(t *testing.T) {
+	requireKernelAttach(t)
+	p := startPlayground(t, "1GiB")
+	sock := startCSI(t, p, "sanity-node")
+	dir := t.TempDir()
+	cfg := sanity.NewTestConfig()
+	cfg.Address = sock
+	cfg.TargetPath = filepath.Join(dir, "target")
+	cfg.StagingPath = filepath.Join(dir, "staging")
+	cfg.TestVolumeSize = 64 << 20
+	cfg.TestVolumeExpandSize = 128 << 20
+	cfg.IdempotentCount = 3
+	cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	sanity.Test(t, cfg)
+	if t.Failed() {
+		return
+	}
+	// Nothing left behind: no loop device over an nbdfuse file of the
+	// plugin's, no mount under the plugin's or the test's directories.
+	out, _ := exec.CommandContext(context.Background(), "losetup", "-a").CombinedOutput()
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(out)+string(mounts), "\n") {
+		if strings.Contains(line, filepath.Dir(sock)) || strings.Contains(line, dir) {
+			t.Errorf("left behind: %s", line)
+		}
+	}
+}
+
+// A ReadWriteOnce volume published to node B while node A still holds it
+// (A's node died, as Kubernetes sees it): the publish fences A's writer at
+// once — A's next write is refused with FENCED although its lease is still
+// valid — and B reads what A wrote before.
+func TestCSIPublishFencesOldWriter(t *testing.T) {
+	requireKernelAttach(t)
+	p := startPlayground(t, "1GiB")
+	sock := startCSI(t, p, "node-a")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	mc, err := mdsclient.Dial([]string{p.st.MDS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mc.Close()
+	if _, err := mc.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: "node-b"}}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctl := csi.NewControllerClient(conn)
+	rwo := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+	const vol = "pvc-fence"
+	if _, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: vol, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{rwo}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: vol, NodeId: "node-a", VolumeCapability: rwo}); err != nil {
+		t.Fatal(err)
+	}
+	// Node A's writer (what its kernel's IO becomes through the front end).
+	a, err := client.Open(ctx, client.Config{MDS: []string{p.st.MDS}, Volume: vol, ClientName: "node-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	want := make([]byte, 1<<20)
+	_, _ = rand.Read(want)
+	for _, off := range []int64{0, 20 << 20, 40 << 20} {
+		if _, err := a.WriteAt(want, off); err != nil {
+			t.Fatalf("node A writes at %d: %v", off, err)
+		}
+	}
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: vol, NodeId: "node-b", VolumeCapability: rwo}); err != nil {
+		t.Fatalf("publish to node B while A holds the volume: %v", err)
+	}
+	t.Logf("publish to node B (fencing node A) took %v", time.Since(start))
+	if _, err := a.WriteAt(want[:4096], 60<<20); !errors.Is(err, api.ErrFenced) {
+		t.Fatalf("node A's write after the publish to B: %v, want FENCED", err)
+	}
+	g, err := ctl.ControllerGetVolume(ctx, &csi.ControllerGetVolumeRequest{VolumeId: vol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids := g.Status.GetPublishedNodeIds(); len(ids) != 1 || ids[0] != "node-b" {
+		t.Fatalf("published to %v, want [node-b]", ids)
+	}
+	b, err := client.Open(ctx, client.Config{MDS: []string{p.st.MDS}, Volume: vol, ClientName: "node-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	got := make([]byte, len(want))
+	for _, off := range []int64{0, 20 << 20, 40 << 20} {
+		if _, err := b.ReadAt(got, off); err != nil {
+			t.Fatalf("node B reads at %d: %v", off, err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("node B reads other data at %d than node A wrote", off)
+		}
+	}
+	if _, err := b.WriteAt(want[:4096], 60<<20); err != nil {
+		t.Fatalf("node B writes: %v", err)
+	}
+	// Unpublished from every node, and with no session left, it can be deleted.
+	_ = a.Close()
+	_ = b.Close()
+	if _, err := ctl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: vol}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: vol}); err != nil {
+		t.Fatal(err)
+	}
+}
