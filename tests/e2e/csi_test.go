@@ -37,7 +37,7 @@ func startCSI(t *testing.T, p *pg, nodeID string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(testcluster.Binary(t), "csi", "--endpoint", "unix://"+sock, "--mds", p.st.MDS,
+	cmd := exec.Command(testcluster.Binary(t), "csi", "--endpoint", "unix://"+sock, "--mds", p.st.MDS, "--tls-dir", p.st.TLSDir,
 		"--mode", "all", "--node-id", nodeID, "--zone", "zone-a", "--state-dir", filepath.Join(dir, "state"), "--attach", "nbdfuse")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -130,7 +130,7 @@ func TestCSIPublishFencesOldWriter(t *testing.T) {
 	sock := startCSI(t, p, "node-a")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	mc, err := mdsclient.Dial([]string{p.st.MDS})
+	mc, err := mdsclient.Dial([]string{p.st.MDS}, adminTLS(t, p.st.TLSDir))
 	if err != nil {
 		t.Fatal(err)
 	}
