@@ -198,7 +198,7 @@ func TestCheckCluster(t *testing.T) {
 	f.Close()
 	c.Start(proc)
 	c.Eventually(60*time.Second, "restarted replica answers", func(ctx context.Context) error {
-		_, err := testcluster.ReplicaChecksums(ctx, addrs[victim], c.Pool.Id, copyset)
+		_, err := testcluster.ReplicaChecksums(ctx, c.DataSecurity(), addrs[victim], c.Pool.Id, copyset)
 		return err
 	})
 	c.WaitHealthy(60 * time.Second)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"log/slog"
 	"os"
 
@@ -28,12 +29,16 @@ func csiCommand() *cobra.Command {
 	attach := f.String("attach", "auto", "node: how to attach volumes: auto (kernel NBD if loaded, else nbdfuse + loop), nbd or nbdfuse")
 	tf := addTLSFlags(cmd, identity.RoleAdmin, identity.RoleAccess)
 	cmd.RunE = func(*cobra.Command, []string) error {
-		mdsTLS, err := tf.mdsTLS()
+		id, err := tf.load()
 		if err != nil {
 			return err
 		}
+		var mdsTLS, dataTLS *tls.Config
+		if id != nil {
+			mdsTLS, dataTLS = id.ClientTLS(identity.RoleMDS), id.ClientTLS(identity.RoleChunkserver)
+		}
 		d, err := csi.Start(csi.Config{
-			Endpoint: *endpoint, MDS: splitList(*mdsAddrs), MDSTLS: mdsTLS, Mode: *mode, DriverName: *driver,
+			Endpoint: *endpoint, MDS: splitList(*mdsAddrs), MDSTLS: mdsTLS, DataTLS: dataTLS, Mode: *mode, DriverName: *driver,
 			NodeID: *nodeID, Zone: *zone, Server: host, StateDir: *stateDir, Attach: *attach,
 			Logger: slog.Default(),
 		})

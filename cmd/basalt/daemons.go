@@ -156,12 +156,12 @@ func chunkserverCommand() *cobra.Command {
 			// chunkserver leads takes the local fast path. It stops before the
 			// chunkserver, so the IO it has in flight can finish.
 			host, _ := os.Hostname()
-			var mdsTLS *tls.Config
+			var mdsTLS, dataTLS *tls.Config
 			if cfg.TLS != nil {
-				mdsTLS = cfg.TLS.ClientTLS(identity.RoleMDS)
+				mdsTLS, dataTLS = cfg.TLS.ClientTLS(identity.RoleMDS), cfg.TLS.ClientTLS(identity.RoleChunkserver)
 			}
 			node, err := access.Start(access.Config{
-				MDS: cfg.MDS, MDSTLS: mdsTLS, Local: cs, Registry: cs.Registry(),
+				MDS: cfg.MDS, MDSTLS: mdsTLS, DataTLS: dataTLS, Local: cs, Registry: cs.Registry(),
 				Logger:     slog.Default().With("component", "frontend"),
 				ClientName: fmt.Sprintf("chunkserver-nbd@%s/%d", host, os.Getpid()),
 				NBD:        access.NBDConfig{Listen: nbdListen, Socket: nbdSocket},

@@ -122,9 +122,12 @@ func iscsiCommand() *cobra.Command {
 // metricsAddr unless it is empty, until SIGINT or SIGTERM.
 func serveFrontEnds(cfg access.Config, metricsAddr, debugAddr string, tf *tlsFlags) error {
 	cfg.Logger = slog.Default()
-	var err error
-	if cfg.MDSTLS, err = tf.mdsTLS(); err != nil {
+	id, err := tf.load()
+	if err != nil {
 		return err
+	}
+	if id != nil {
+		cfg.MDSTLS, cfg.DataTLS = id.ClientTLS(identity.RoleMDS), id.ClientTLS(identity.RoleChunkserver)
 	}
 	stopDebug, err := serveDebug(debugAddr)
 	if err != nil {

@@ -21,7 +21,8 @@ func statusOf(err error) (api.Status, uint64) {
 		return ae.Status, ae.Hint
 	case errors.As(err, &nl): // ErrStopped too: the client tries the leader
 		return api.StatusNotLeader, nl.Leader
-	case errors.Is(err, raftstore.ErrStopped):
+	case errors.Is(err, raftstore.ErrStopped), errors.Is(err, raftstore.ErrRaftPanic):
+		// ErrRaftPanic: this replica stopped, the others serve.
 		return api.StatusNotLeader, 0
 	case errors.Is(err, raftstore.ErrNoGroup):
 		return api.StatusNoSuchCopyset, 0

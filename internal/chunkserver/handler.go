@@ -7,9 +7,11 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/bufpool"
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/raftnet"
 	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/transport"
@@ -61,11 +63,19 @@ type handler struct {
 	stats   *ioStats // heartbeat counters; nil in tests
 
 	missWG sync.WaitGroup // goroutines waiting on a volume-cache refresh
+
+	lastDenied atomic.Int64 // unix ns of the last "request refused" log line
 }
 
 // ServeFrame implements transport.Handler. It never panics on input and never
 // blocks on the network.
 func (hd *handler) ServeFrame(rw transport.ReplyWriter, h api.Header, payload []byte) {
+	if !hd.authorize(rw, h) {
+		if h.Op != api.OpRaft { // one-way: no answer
+			hd.reply(rw, h, api.StatusDenied, 0)
+		}
+		return
+	}
 	switch h.Op {
 	case api.OpRaft, api.OpSnapshot:
 		hd.peerIn.ServeFrame(rw, h, payload)
@@ -89,6 +99,46 @@ func (hd *handler) ServeFrame(rw transport.ReplyWriter, h api.Header, payload []
 	default:
 		hd.reply(rw, h, api.StatusBadRequest, 0)
 	}
+}
+
+// authorize reports whether the connection's identity may make request h
+// (docs/security.md): peer traffic only from chunkservers (raftnet then
+// checks that each speaks for itself), IO from clients and front ends,
+// checksums also from operators and peers (scrub). An unauthenticated server
+// (no TLS) allows everything.
+func (hd *handler) authorize(rw transport.ReplyWriter, h api.Header) bool {
+	who, ok := transport.PeerOf(rw)
+	if !ok {
+		return true
+	}
+	var allowed bool
+	switch h.Op {
+	case api.OpRaft, api.OpSnapshot:
+		allowed = who.Role == identity.RoleChunkserver
+	case api.OpChecksum, api.OpPing:
+		allowed = true // any role the server admitted
+	default:
+		// A chunkserver too: it may host a front end in process
+		// (basalt chunkserver --nbd-socket), whose IO to copysets led
+		// elsewhere goes out under the chunkserver's identity.
+		allowed = who.Role == identity.RoleClient || who.Role == identity.RoleAccess || who.Role == identity.RoleAdmin ||
+			who.Role == identity.RoleChunkserver
+	}
+	if !allowed {
+		hd.logDenied(who.String(), h)
+	}
+	return allowed
+}
+
+// logDenied logs a refused request, at most every 10 s.
+func (hd *handler) logDenied(who string, h api.Header) {
+	now := time.Now().UnixNano()
+	last := hd.lastDenied.Load()
+	if now-last < int64(10*time.Second) || !hd.lastDenied.CompareAndSwap(last, now) {
+		return
+	}
+	hd.log.Warn("request refused: the connection's identity may not make it", "peer", who, "op", h.Op.String(),
+		"volume", h.Volume, "copyset", h.Copyset)
 }
 
 // inPlaceMin: a write at least this large is read into a pooled buffer with

@@ -113,6 +113,13 @@ type handlerEnv struct {
 // pool hPool on a real datastore, with proposals applied directly.
 func newHandlerEnv(t *testing.T) *handlerEnv {
 	t.Helper()
+	return newHandlerEnvWith(t, transport.Security{}, noPeers{})
+}
+
+// newHandlerEnvWith is newHandlerEnv with the server's security and peer
+// transport given.
+func newHandlerEnvWith(t *testing.T, sec transport.Security, peers peerHandler) *handlerEnv {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	st, err := datastore.Open(datastore.Config{Dir: t.TempDir(), Logger: log})
 	if err != nil {
@@ -152,10 +159,10 @@ func newHandlerEnv(t *testing.T) *handlerEnv {
 		vols:    vc,
 		host:    host,
 		replica: func(g uint64) *replica { host.mu.Lock(); defer host.mu.Unlock(); return host.replicas[g] },
-		peerIn:  noPeers{},
+		peerIn:  peers,
 		metrics: newMetrics(),
 	}
-	srv := transport.NewServer(transport.ServerConfig{Logger: log}, hd)
+	srv := transport.NewServer(transport.ServerConfig{Logger: log, Security: sec}, hd)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

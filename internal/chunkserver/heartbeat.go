@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -154,6 +155,9 @@ func (c *ChunkServer) startListed(ctx context.Context, listed []*api.Copyset) er
 func (c *ChunkServer) reconcileListed(listed []*api.Copyset) {
 	c.want = make(map[uint64][]uint64)
 	for _, cs := range listed {
+		// Raft messages from the listed members are accepted even before this
+		// replica applied the conf change that added them (raftstore guard).
+		c.host.SetMembers(api.GroupID(cs.GetPoolId(), cs.GetId()), cs.GetMembers())
 		if cs.GetEpoch() != 0 {
 			g := api.GroupID(cs.GetPoolId(), cs.GetId())
 			c.want[g] = cs.GetMembers()
@@ -226,7 +230,9 @@ func (c *ChunkServer) diskState() api.DiskState {
 		// A group the raft host stopped because the WAL failed (ENOSPC, EIO)
 		// never reached an Apply: record its error too.
 		for _, st := range c.host.Groups() {
-			if !st.Healthy && st.Err != nil {
+			// A group stopped by a raft panic (ErrRaftPanic) is not a disk
+			// failure: the heartbeat reports that replica unhealthy, and only it.
+			if !st.Healthy && st.Err != nil && !errors.Is(st.Err, raftstore.ErrRaftPanic) {
 				c.mu.Lock()
 				if c.diskErr == nil {
 					c.diskErr = st.Err

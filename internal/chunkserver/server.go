@@ -44,6 +44,11 @@ type Config struct {
 	TLS       *identity.Config
 	Listen    string // data-plane TCP (client IO + raft), e.g. 127.0.0.1:0
 	Advertise string // address given to the MDS; default: the bound Listen address
+	// DataMode is the least security a data-plane connection (a client's or
+	// a peer's) must use when TLS is set: transport.ModeAuthenticated (the
+	// default, also for ModeNone) or transport.ModeEncrypted. Without TLS
+	// the data plane authenticates nobody.
+	DataMode transport.Mode
 	// TCPOnly: no same-host socket (transport.ListenLocal) beside Listen, so
 	// processes on this host reach the chunkserver over TCP too.
 	TCPOnly           bool
@@ -352,7 +357,9 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 	}
 	id := c.ID()
 	c.log = c.cfg.Logger.With("component", "chunkserver", "chunkserver", id)
-	c.peers = raftnet.New(raftnet.Config{Self: id, Logger: c.log, SnapshotRate: c.cfg.SnapshotRate})
+	dataSec := c.dataSecurity()
+	c.peers = raftnet.New(raftnet.Config{Self: id, Logger: c.log, SnapshotRate: c.cfg.SnapshotRate,
+		Security: dataSec})
 	c.host, err = raftstore.New(raftstore.Config{
 		NodeID:          id,
 		Log:             c.wal,
@@ -386,7 +393,8 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 	if err := c.recoverGroups(); err != nil {
 		return err
 	}
-	c.srv = transport.NewServer(transport.ServerConfig{Logger: c.log}, c.hd)
+	dataSec.Allow = dataRoles
+	c.srv = transport.NewServer(transport.ServerConfig{Logger: c.log, Security: dataSec}, c.hd)
 	c.local.Store(c.hd)
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- c.srv.Serve(c.ln) }()
@@ -403,6 +411,7 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 	if c.cfg.ScrubRate >= 0 {
 		sc := scrub.NewScrubber(scrub.ScrubberConfig{Targets: c.scrubTargets, BytesPerSec: c.cfg.ScrubRate,
 			Interval: c.cfg.ScrubInterval, PassInterval: c.cfg.ScrubPassInterval,
+			Check:  scrub.Config{Security: c.peerSecurity()},
 			Logger: c.cfg.Logger.With("chunkserver", c.ID())})
 		c.metrics.reg.MustRegister(sc.Collector("basalt_chunkserver_"))
 		c.scrubber.Store(sc)
@@ -424,6 +433,33 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 		_ = metricsSrv.Close()
 	}
 	return err
+}
+
+// dataRoles may connect to the data plane: peers (raft, snapshots),
+// clients and front ends (IO), operators (checksums, tools). What each may
+// do is the handler's (authorize).
+var dataRoles = []identity.Role{identity.RoleChunkserver, identity.RoleClient, identity.RoleAccess, identity.RoleAdmin}
+
+// dataSecurity is the data plane's transport.Security (see Config.DataMode).
+func (c *ChunkServer) dataSecurity() transport.Security {
+	if c.cfg.TLS == nil {
+		return transport.Security{}
+	}
+	mode := c.cfg.DataMode
+	if mode == transport.ModeNone {
+		mode = transport.ModeAuthenticated
+	}
+	return transport.Security{Mode: mode, TLS: c.cfg.TLS}
+}
+
+// peerSecurity is how this chunkserver dials its peers' data planes (raft,
+// snapshots, scrub checksums): as itself, accepting only chunkservers.
+func (c *ChunkServer) peerSecurity() transport.Security {
+	sec := c.dataSecurity()
+	if sec.Mode != transport.ModeNone {
+		sec.Allow = []identity.Role{identity.RoleChunkserver}
+	}
+	return sec
 }
 
 // shutdown stops everything Run started, in dependency order.

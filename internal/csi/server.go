@@ -47,6 +47,9 @@ type Config struct {
 	// the controller (it creates and deletes volumes), an access or admin
 	// one for a node plugin (docs/security.md). nil only for an --insecure MDS.
 	MDSTLS *tls.Config
+	// DataTLS is the same identity toward chunkservers (the controller's
+	// fencing open, the node plugin's front end); nil without TLS.
+	DataTLS *tls.Config
 	// Mode: controller, node or all (both, as csi-sanity wants).
 	Mode string
 	// DriverName, default DriverName.

@@ -19,11 +19,12 @@ func startFrontEnd(cfg Config, st *State) (stop func(), err error) {
 		return nil, err
 	}
 	fcfg := access.Config{
-		MDS: []string{st.MDS}, MDSTLS: id.ClientTLS(identity.RoleMDS), ClientName: "playground-nbd",
-		Logger: cfg.Logger.With("component", "frontend"),
-		NBD:    access.NBDConfig{Listen: cfg.NBDListen, Socket: cfg.NBDSocket},
-		NVMf:   access.NVMfConfig{Listen: cfg.NVMfListen},
-		ISCSI:  access.ISCSIConfig{Listen: cfg.ISCSIListen, Cluster: ISCSICluster},
+		MDS: []string{st.MDS}, MDSTLS: id.ClientTLS(identity.RoleMDS), DataTLS: id.ClientTLS(identity.RoleChunkserver),
+		ClientName: "playground-nbd",
+		Logger:     cfg.Logger.With("component", "frontend"),
+		NBD:        access.NBDConfig{Listen: cfg.NBDListen, Socket: cfg.NBDSocket},
+		NVMf:       access.NVMfConfig{Listen: cfg.NVMfListen},
+		ISCSI:      access.ISCSIConfig{Listen: cfg.ISCSIListen, Cluster: ISCSICluster},
 	}
 	stopMetrics := func() {}
 	if cfg.Metrics != "" {

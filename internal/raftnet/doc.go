@@ -60,11 +60,12 @@
 // # Trust
 //
 // A Receiver checks the format of what it reads and drops a malformed frame
-// whole; it cannot check the content. Raft trusts its peers: a message that
-// contradicts the log (a heartbeat committing past the last index, entries
-// that do not follow) makes raft panic, and so the process exit. Nothing
-// authenticates a peer yet, so the data-plane port must be reachable from
-// the cluster's own hosts only.
+// whole. The content is screened by raftstore.Host.Step against each group's
+// state (raftstore's doc, "Messages from the network"): local message types,
+// strangers, term-0 messages and messages that contradict the log never reach
+// raft, and a raft panic stops one group, never the process
+// (TestForgedRaftFramesDoNotCrashChunkservers sends issue 14's attack frames
+// to real chunkservers).
 //
 // # Snapshot transfer
 //

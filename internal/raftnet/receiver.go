@@ -116,6 +116,10 @@ func (s *Receiver) serveRaft(rw transport.ReplyWriter, h api.Header, payload []b
 	if alias {
 		rw.Retain() // the entries' data stay in payload
 	}
+	from, ok := s.sender(rw, h)
+	if !ok {
+		return
+	}
 	msgs, err := decodeBatch(payload, alias)
 	if err != nil {
 		s.logBad("bad raft frame dropped", "from", h.Hint, "err", err)
@@ -123,11 +127,31 @@ func (s *Receiver) serveRaft(rw transport.ReplyWriter, h api.Header, payload []b
 	}
 	keep := msgs[:0]
 	for _, m := range msgs {
-		if m.Msg.GetTo() == s.self && m.Msg.GetType() != raftpb.MsgSnap {
+		if m.Msg.GetTo() == s.self && m.Msg.GetType() != raftpb.MsgSnap && (from == 0 || m.Msg.GetFrom() == from) {
 			keep = append(keep, m)
+		} else if from != 0 && m.Msg.GetFrom() != from {
+			s.logBad("raft message speaking for another chunkserver dropped", "peer", from, "from", m.Msg.GetFrom(), "copyset", m.Group)
 		}
 	}
 	s.host.Step(keep)
+}
+
+// sender returns the chunkserver id rw's connection authenticated as (0 on
+// an unauthenticated server: ModeNone), and false — logged — when the peer
+// is no chunkserver or its frame's Hint claims another id. A chunkserver
+// speaks only for itself: every message it sends has From equal to its id.
+func (s *Receiver) sender(rw transport.ReplyWriter, h api.Header) (uint64, bool) {
+	who, ok := transport.PeerOf(rw)
+	if !ok {
+		return 0, true
+	}
+	id, isCS := who.ChunkserverID()
+	if !isCS || id != h.Hint || id == 0 {
+		s.logBad("peer frame refused: the connection's identity is not the chunkserver it claims",
+			"peer", who.String(), "claims", h.Hint, "op", h.Op.String())
+		return 0, false
+	}
+	return id, true
 }
 
 // logBad logs a dropped frame, at most once every 10 s.
@@ -163,9 +187,15 @@ func (s *Receiver) serveSnapshot(rw transport.ReplyWriter, h api.Header, payload
 			reply(api.StatusBadRequest)
 			return
 		}
+		from, ok := s.sender(rw, h)
+		if !ok {
+			reply(api.StatusDenied)
+			return
+		}
 		msgs, err := decodeBatch(payload, false)
 		if err != nil || len(msgs) != 1 || msgs[0].Msg.GetType() != raftpb.MsgSnap ||
-			msgs[0].Msg.GetTo() != s.self || msgs[0].Msg.GetSnapshot() == nil {
+			msgs[0].Msg.GetTo() != s.self || msgs[0].Msg.GetSnapshot() == nil ||
+			(from != 0 && msgs[0].Msg.GetFrom() != from) {
 			reply(api.StatusBadRequest)
 			return
 		}

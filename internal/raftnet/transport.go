@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
@@ -47,6 +48,10 @@ type Config struct {
 	// SnapshotRate bounds the snapshot bytes this chunkserver sends plus
 	// receives per second (0: DefaultSnapshotRate; < 0: no limit).
 	SnapshotRate int64
+	// Security is how peers are dialed (transport.Security; ModeNone by
+	// default). In a secure mode a peer must prove to be the chunkserver
+	// dialed: a connection to an address now held by another is dropped.
+	Security transport.Security
 }
 
 // Transport is the raftstore.Transport of a chunkserver: it sends raft
@@ -74,6 +79,8 @@ type Transport struct {
 	// snapLimit bounds the bytes of the snapshot streams this chunkserver
 	// sends and receives (shared with its Receiver); nil = no limit.
 	snapLimit *rate.Limiter
+
+	sec transport.Security
 }
 
 // New returns a Transport that knows no peers yet (SetPeers).
@@ -82,8 +89,32 @@ func New(cfg Config) *Transport {
 		cfg.Logger = slog.Default()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	sec := cfg.Security
+	if sec.Mode != transport.ModeNone {
+		sec.Allow = []identity.Role{identity.RoleChunkserver}
+	}
 	return &Transport{self: cfg.Self, log: cfg.Logger, ctx: ctx, stop: cancel, peers: make(map[uint64]*peer),
-		frameLimit: maxFrame, snapLimit: newSnapshotLimiter(cfg.SnapshotRate)}
+		frameLimit: maxFrame, snapLimit: newSnapshotLimiter(cfg.SnapshotRate), sec: sec}
+}
+
+// ErrWrongPeer: the server at a peer's address proved to be another
+// chunkserver (or not one).
+var ErrWrongPeer = errors.New("raftnet: peer address answered by another identity")
+
+// dial connects to chunkserver id at addr; in a secure mode the server must
+// prove to be that chunkserver.
+func (t *Transport) dial(ctx context.Context, id uint64, addr string) (*transport.Conn, error) {
+	c, err := transport.Dial(ctx, addr, transport.ConnConfig{Logger: t.log, Security: t.sec})
+	if err != nil {
+		return nil, err
+	}
+	if who, ok := c.Peer(); ok {
+		if got, isCS := who.ChunkserverID(); !isCS || got != id {
+			_ = c.Close()
+			return nil, fmt.Errorf("%w: %s is %s, not chunkserver %d", ErrWrongPeer, addr, who, id)
+		}
+	}
+	return c, nil
 }
 
 // peer is one destination chunkserver.
@@ -269,7 +300,7 @@ func (t *Transport) runPeer(p *peer) {
 		}
 		if conn == nil {
 			ctx, cancel := context.WithTimeout(t.ctx, time.Second)
-			c, err := transport.Dial(ctx, addr, transport.ConnConfig{Logger: t.log})
+			c, err := t.dial(ctx, p.id, addr)
 			cancel()
 			if err != nil {
 				nextDial = time.Now().Add(redialBackoff)
@@ -319,7 +350,7 @@ func (t *Transport) SendSnapshot(m raftstore.Message, write func(io.Writer) erro
 	ctx, cancel := context.WithCancel(t.ctx)
 	defer cancel()
 	dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
-	conn, err := transport.Dial(dctx, addr, transport.ConnConfig{Logger: t.log})
+	conn, err := t.dial(dctx, to, addr)
 	dcancel()
 	if err != nil {
 		return err

@@ -205,6 +205,39 @@
 // full disk (ENOSPC, EDQUOT), ErrIO otherwise (DiskFailure, the one place that tells
 // them apart). Other groups go on.
 //
+// # Messages from the network (guard.go)
+//
+// Raft trusts its input: a heartbeat committing past the log, or a storage
+// thread's response, makes it panic. So every message Step delivers is
+// screened on the worker, against the group's own state, before raft sees it:
+//
+//   - its type is one a peer sends (MsgApp, MsgAppResp, MsgHeartbeat(Resp),
+//     MsgVote(Resp), MsgPreVote(Resp), MsgTimeoutNow; MsgSnap only through
+//     ReceiveSnapshot). Local types (raft.IsLocalMsg: the storage threads'
+//     MsgStorageAppend/Apply and responses, MsgHup, MsgBeat, ...) and the
+//     forwarding ones this host never sends (MsgProp, MsgReadIndex,
+//     MsgTransferLeader, MsgForgetLeader) are never accepted;
+//   - To is this node; From is not 0, not this node, not a local thread;
+//     Term is not 0 (raft steps a term-0 message as a local one);
+//   - From is a member of the applied configuration (voter, learner, either
+//     side of a joint one) or one the control plane lists (CreateGroup's
+//     peers, Host.SetMembers): a replica that missed the conf change adding its
+//     new leader still hears from it. A group with neither (a replica joined
+//     empty, before its first snapshot) accepts any sender — the transport
+//     authenticates chunkservers before a frame is read;
+//   - a heartbeat commits no further than raft's last index, a MsgAppResp
+//     acknowledges no further, a MsgApp's entries follow its index one by one
+//     with terms between its LogTerm and Term (lastIndex follows the Readys).
+//
+// A refused message is counted (Stats.MessagesDropped) and logged at most every
+// 10 s per group. What screening cannot catch (a member that lies within the
+// rules) is contained: a panic in a group's round (raft's, or the state
+// machine's) is recovered, stops that group only — GroupStatus.Err wraps
+// ErrRaftPanic, with the panic and a stack in the log — and every pending and
+// later callback gets the error. The process and the other groups go on; the
+// chunkserver reports the replica unhealthy (not its disk), and the control
+// plane replaces it.
+//
 // # Tests drive the host
 //
 // With Config.Manual the host has no goroutines: a test calls Tick and ProcessReady

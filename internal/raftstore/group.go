@@ -49,8 +49,17 @@ type group struct {
 	rn     *raft.RawNode
 	st     raft.Storage
 
-	failed  error // non-nil: the group stopped (disk failure); it never runs again
+	failed  error // non-nil: the group stopped (disk failure, raft panic); it never runs again
 	removed bool
+
+	// Screening of network messages (guard.go), with lastIndex below. hint:
+	// the members the control plane lists (CreateGroup's peers, then
+	// Host.SetMembers). applying: the proposal whose entry is being applied
+	// (out of pending).
+	applying    *proposal
+	hint        []uint64
+	lastDropLog time.Time
+	dropsQuiet  int
 
 	confState *raftpb.ConfState
 	// savedTerm, savedVote: the HardState's term and vote as last handed to the log;
@@ -129,6 +138,7 @@ func newGroup(h *Host, id uint64, peers []uint64, sm StateMachine, join bool) (*
 		confState:  &raftpb.ConfState{},
 		voteBlock:  h.cfg.ElectionTicks,
 		transferAt: -1,
+		hint:       slices.Clone(peers),
 	}
 	st := h.cfg.Log.Storage(id)
 	g.st = st
@@ -219,11 +229,24 @@ func newGroup(h *Host, id uint64, peers []uint64, sm StateMachine, join bool) (*
 }
 
 // prepare drains the inbox into raft and returns the Ready to handle, if any.
-func (g *group) prepare() (raft.Ready, bool) {
+func (g *group) prepare() (rd raft.Ready, ok bool) {
 	if g.failed != nil || g.removed {
 		return raft.Ready{}, false
 	}
 	ev := g.in.drain()
+	// A panic (raft refusing an input) stops this group only; the callbacks
+	// still in ev are failed (those handed to raft already are in pending,
+	// unindexed, waiting or readIdx, which halt fails).
+	defer func() {
+		if r := recover(); r != nil {
+			g.halt(r)
+			failEvents(ev, g.failed)
+			rd, ok = raft.Ready{}, false
+		}
+	}()
+	if ev.members != nil {
+		g.hint = ev.members
+	}
 	for _, r := range ev.appended {
 		if !g.appendDone(r) {
 			failEvents(ev, g.failed)
@@ -237,6 +260,10 @@ func (g *group) prepare() (raft.Ready, bool) {
 		}
 	}
 	for _, m := range ev.msgs {
+		if why := g.screen(m); why != "" && !g.h.noScreen {
+			g.dropped(m, why)
+			continue
+		}
 		if g.voteBlock > 0 && (m.GetType() == raftpb.MsgVote || m.GetType() == raftpb.MsgPreVote) {
 			continue
 		}
@@ -276,11 +303,13 @@ func (g *group) prepare() (raft.Ready, bool) {
 		g.noopProposed = false
 		g.maybeSnapshot(snapRelease)
 	}
-	for _, p := range ev.props {
+	for i, p := range ev.props {
+		ev.props[i] = nil // raft's now (for the deferred failEvents)
 		g.propose(p)
 	}
-	if len(ev.reads) > 0 {
-		g.read(ev.reads)
+	if reads := ev.reads; len(reads) > 0 {
+		ev.reads = nil
+		g.read(reads)
 	}
 	if ev.ticks > 0 {
 		g.statusDirty = true
@@ -289,7 +318,7 @@ func (g *group) prepare() (raft.Ready, bool) {
 	if !g.rn.HasReady() {
 		return raft.Ready{}, false
 	}
-	rd := g.rn.Ready()
+	rd = g.rn.Ready()
 	g.indexProposals(rd.Entries)
 	if n := len(rd.Entries); n > 0 {
 		// Appended entries replace any suffix from their first index on.
@@ -396,10 +425,16 @@ func (g *group) fail(err error) {
 	if g.failed != nil {
 		return
 	}
-	g.failed = DiskFailure(err)
+	err = DiskFailure(err)
+	g.log.Error("raftstore: group stopped by a disk error", "err", err)
+	g.stopWith(err)
+}
+
+// stopWith stops the group for good: every callback, queued or later, gets err.
+func (g *group) stopWith(err error) {
+	g.failed = err
 	g.dropLease()
 	g.statusDirty = true
-	g.log.Error("raftstore: group stopped by a disk error", "err", g.failed)
 	ev := g.in.close(g.failed)
 	failEvents(ev, g.failed)
 	g.failAll(g.failed)
@@ -419,7 +454,9 @@ func (g *group) shutdown(err error) {
 
 func failEvents(ev events, err error) {
 	for _, p := range ev.props {
-		p.done(err)
+		if p != nil {
+			p.done(err)
+		}
 	}
 	for _, r := range ev.reads {
 		r.done(err)
@@ -533,6 +570,7 @@ func (g *group) applyEntries(ents []*raftpb.Entry) bool {
 		idx := e.GetIndex()
 		p := g.pending[idx]
 		if p != nil {
+			g.applying = p // a panic from here on answers p (halt)
 			delete(g.pending, idx)
 			if p.term == e.GetTerm() {
 				h.stats.proposeCommit.Observe(time.Since(p.start))
@@ -583,6 +621,7 @@ func (g *group) applyEntries(ents []*raftpb.Entry) bool {
 				"voters_outgoing", g.confState.GetVotersOutgoing(), "learners", g.confState.GetLearners())
 		}
 		g.applied, g.appliedTerm = idx, e.GetTerm()
+		g.applying = nil
 		if p != nil {
 			switch {
 			case p.term != e.GetTerm():

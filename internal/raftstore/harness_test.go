@@ -45,9 +45,11 @@ type testSM struct {
 	failInstall bool
 	// failPersist makes Persist fail with errDisk (a failed fsync of the chunks).
 	failPersist bool
-	persists    int // Persist calls
-	onApply     func(index uint64, data string)
-	applies     int
+	// panicky makes Apply panic on "panic:..." entries (a bug on one replica).
+	panicky  bool
+	persists int // Persist calls
+	onApply  func(index uint64, data string)
+	applies  int
 }
 
 func newTestSM() *testSM { return &testSM{kv: map[string]string{}, durKV: map[string]string{}} }
@@ -70,6 +72,9 @@ func (s *testSM) Apply(index uint64, data []byte) error {
 	}
 	s.applied = index
 	s.applies++
+	if s.panicky && strings.HasPrefix(string(data), "panic:") {
+		panic("test: state machine panics on " + string(data))
+	}
 	if strings.HasPrefix(string(data), "fence:") {
 		return api.ErrFenced
 	}

@@ -178,6 +178,9 @@ type Host struct {
 
 	// draining: this node takes no leadership handed to it (SetDraining).
 	draining atomic.Bool
+	// noScreen (tests only) steps network messages unscreened, so that a test
+	// can make raft itself panic.
+	noScreen bool
 
 	stopc   chan struct{}
 	workers sync.WaitGroup // workers and the ticker
@@ -508,6 +511,9 @@ func (h *Host) Snapshot(id uint64) {
 }
 
 // Step delivers raft messages from the transport. Unknown groups are ignored.
+// Each message is screened before raft sees it (guard.go): only the types a
+// peer sends, addressed to this node, with a term, from a member of the group,
+// and consistent with the log; the rest is dropped and logged.
 //
 // MsgSnap is dropped here: a snapshot message is only valid together with its data,
 // through ReceiveSnapshot (raft retries after the sender reports the failure).
@@ -554,6 +560,15 @@ func (h *Host) ReceiveSnapshot(m Message, r io.Reader) error {
 	h.stats.snapsReceived.Add(1)
 	h.step([]Message{m}, true)
 	return nil
+}
+
+// SetMembers tells group id the members the control plane lists for it.
+// Besides the members of its applied configuration, the group accepts raft
+// messages from these (a replica that missed the conf changes that added
+// its current leader must still hear from it).
+func (h *Host) SetMembers(id uint64, members []uint64) {
+	members = append(make([]uint64, 0, len(members)), members...)
+	h.post(id, func(in *events) { in.members = members })
 }
 
 func (h *Host) post(id uint64, f func(*events)) {
@@ -651,11 +666,10 @@ func (h *Host) processBatch(batch []*group) {
 			//    append is durable (raft counts the leader in a quorum only once it
 			//    is); what must wait for durability raft keeps in the append's
 			//    responses (a follower's MsgAppResp, a vote).
-			out = g.outgoing(out, rd.Messages[:n])
+			g.contain(func() { out = g.outgoing(out, rd.Messages[:n]) })
 			works = append(works, w)
-		}
-		if !ok {
-			g.finishRound()
+		} else {
+			g.contain(g.finishRound)
 			g.procMu.Unlock()
 		}
 	}
@@ -674,17 +688,20 @@ func (h *Host) processBatch(batch []*group) {
 		w := &works[i]
 		g := w.g
 		// 3. Apply the committed entries (raft hands out only entries durable here),
-		//    answering their proposers, then tell raft; then the read states.
-		if g.failed == nil && w.apply != nil && g.applyEntries(w.apply.GetEntries()) {
-			h.cfg.Log.SetApplied(g.id, g.applied)
-			for _, m := range w.apply.GetResponses() {
-				_ = g.rn.Step(m)
+		//    answering their proposers, then tell raft; then the read states. A
+		//    panic stops this group only (contain).
+		g.contain(func() {
+			if g.failed == nil && w.apply != nil && g.applyEntries(w.apply.GetEntries()) {
+				h.cfg.Log.SetApplied(g.id, g.applied)
+				for _, m := range w.apply.GetResponses() {
+					_ = g.rn.Step(m)
+				}
 			}
-		}
-		if g.failed == nil {
-			g.handleReadStates(w.rd.ReadStates)
-		}
-		g.finishRound()
+			if g.failed == nil {
+				g.handleReadStates(w.rd.ReadStates)
+			}
+		})
+		g.contain(g.finishRound)
 		g.procMu.Unlock()
 	}
 }
@@ -780,6 +797,7 @@ type events struct {
 	snapReports []snapReport
 	snapDone    []snapResult
 	forceSnap   bool
+	members     []uint64 // Host.SetMembers (nil: no news)
 }
 
 type snapReport struct {

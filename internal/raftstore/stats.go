@@ -102,12 +102,17 @@ type Stats struct {
 	ReadyRounds, ReadyGroups                                            uint64
 	Proposals, LeaseReads, ReadIndexReads                               uint64
 	SnapshotsCreated, SnapshotsSent, SnapshotsReceived, SnapshotsFailed uint64
+	// MessagesDropped counts raft messages from the network refused by the
+	// guard (wrong type, sender or addressee, no term, past the log).
+	MessagesDropped uint64
 }
 
 type stats struct {
 	proposeCommit, apply, logSave                               *Histogram
 	readyRounds, readyGroups, proposals, leaseReads, indexReads atomic.Uint64
-	snapsCreated, snapsSent, snapsReceived, snapsFailed         atomic.Uint64
+	// msgsDropped counts raft messages from the network the guard refused.
+	msgsDropped                                         atomic.Uint64
+	snapsCreated, snapsSent, snapsReceived, snapsFailed atomic.Uint64
 }
 
 func newStats() *stats {
@@ -130,5 +135,6 @@ func (h *Host) Stats() Stats {
 		SnapshotsSent:     s.snapsSent.Load(),
 		SnapshotsReceived: s.snapsReceived.Load(),
 		SnapshotsFailed:   s.snapsFailed.Load(),
+		MessagesDropped:   s.msgsDropped.Load(),
 	}
 }

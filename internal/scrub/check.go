@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/basalt-storage/basalt/internal/transport"
 	"log/slog"
 	"slices"
 	"sync"
@@ -126,6 +127,9 @@ type Config struct {
 	// reads every chunk of the copyset to answer, so it must cover a large one.
 	Timeout time.Duration
 	Logger  *slog.Logger
+	// Security is how the default Fetcher connects to chunkservers
+	// (transport.Security: mode and identity; ModeNone by default).
+	Security transport.Security
 }
 
 // Defaults of Config.
@@ -164,7 +168,7 @@ func NewChecker(cfg Config) *Checker {
 	}
 	c := &Checker{cfg: cfg, log: cfg.Logger.With("component", "scrub"), chunks: map[uint64]uint64{}}
 	if c.cfg.Fetcher == nil {
-		c.ownFetch = NewDialer(cfg.Logger)
+		c.ownFetch = NewDialer(cfg.Logger, cfg.Security)
 		c.cfg.Fetcher = c.ownFetch
 	}
 	return c

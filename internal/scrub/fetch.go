@@ -60,13 +60,13 @@ type Dialer struct {
 }
 
 // NewDialer returns a Dialer; Close it to drop its connections.
-func NewDialer(log *slog.Logger) *Dialer {
+func NewDialer(log *slog.Logger, sec transport.Security) *Dialer {
 	if log == nil {
 		log = slog.Default()
 	}
 	conns := transport.NewConnCache(transport.ConnCacheConfig[string]{
 		Addr: func(addr string) (string, error) { return addr, nil },
-		Conn: transport.ConnConfig{Logger: log},
+		Conn: transport.ConnConfig{Logger: log, Security: sec},
 	})
 	return &Dialer{conns: conns, sizes: map[uint64]int{}}
 }

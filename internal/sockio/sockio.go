@@ -100,6 +100,8 @@ type Writer struct {
 	n     int
 	err   error
 	block bool // fn waits for the socket on EAGAIN (Write) or not (TryWrite)
+	// gather collects small pieces when nc is not a socket (gatherWrite).
+	gather []byte
 }
 
 // NewWriter returns a Writer of nc. When nc is not a socket (net.Pipe in
@@ -136,9 +138,7 @@ func (w *Writer) TryWrite(bufs [][]byte) int {
 // bytes written; an error (a broken socket, the write deadline, Close) ends it.
 func (w *Writer) Write(bufs [][]byte) (int, error) {
 	if w.rc == nil {
-		nb := net.Buffers(bufs)
-		n, err := nb.WriteTo(w.nc)
-		return int(n), err
+		return w.gatherWrite(bufs)
 	}
 	w.block = true
 	total := 0
@@ -149,6 +149,48 @@ func (w *Writer) Write(bufs [][]byte) (int, error) {
 			return total, err
 		}
 		bufs = Advance(bufs, n)
+	}
+	return total, nil
+}
+
+// gatherMax: a connection that is not a socket (a TLS one) is written in
+// writes of up to this many bytes, small pieces gathered, so that a frame's
+// header and payload go in one TLS record rather than one each.
+const gatherMax = 16 << 10
+
+// gatherWrite writes bufs to w.nc, gathering small pieces.
+func (w *Writer) gatherWrite(bufs [][]byte) (int, error) {
+	total := 0
+	for _, b := range bufs {
+		if len(w.gather)+len(b) <= gatherMax {
+			w.gather = append(w.gather, b...)
+			continue
+		}
+		if len(w.gather) > 0 {
+			n, err := w.nc.Write(w.gather)
+			total += n
+			w.gather = w.gather[:0]
+			if err != nil {
+				return total, err
+			}
+		}
+		if len(b) >= gatherMax {
+			n, err := w.nc.Write(b)
+			total += n
+			if err != nil {
+				return total, err
+			}
+			continue
+		}
+		w.gather = append(w.gather, b...)
+	}
+	if len(w.gather) > 0 {
+		n, err := w.nc.Write(w.gather)
+		total += n
+		w.gather = w.gather[:0]
+		if err != nil {
+			return total, err
+		}
 	}
 	return total, nil
 }

@@ -483,8 +483,10 @@ func (c *Cluster) Open(name string, readOnly bool) *client.Volume {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	v, err := client.Open(ctx, client.Config{MDS: strings.Split(c.MDSAddr, ","), MDSTLS: c.TLS(identity.RoleClient, "test"),
-		Volume: name, ReadOnly: readOnly, ClientName: c.t.Name(),
+	id := c.Identity(identity.RoleClient, "test")
+	v, err := client.Open(ctx, client.Config{MDS: strings.Split(c.MDSAddr, ","), MDSTLS: id.ClientTLS(identity.RoleMDS),
+		DataTLS: id.ClientTLS(identity.RoleChunkserver),
+		Volume:  name, ReadOnly: readOnly, ClientName: c.t.Name(),
 		IOTimeout: c.IOTimeout, OpTimeout: c.OpTimeout})
 	if err != nil {
 		c.t.Fatalf("open volume %s: %v", name, err)

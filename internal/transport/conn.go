@@ -10,6 +10,7 @@ import (
 	"net"
 	"sync"
 
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/sockio"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -31,6 +32,9 @@ var (
 // ConnConfig configures a client connection.
 type ConnConfig struct {
 	Logger *slog.Logger // default slog.Default()
+	// Security: the handshake Dial makes before the connection is used
+	// (security.go); Allow names the roles accepted as the server.
+	Security Security
 }
 
 // Call is one request and, when it completes, its reply. A Call may be reused once
@@ -104,15 +108,34 @@ type Conn struct {
 
 	readerDone chan struct{}
 	writerDone chan struct{}
+
+	peer   identity.Identity // the server, verified by the handshake (authed)
+	authed bool
 }
 
 // Dial connects to addr (see LocalName) and starts the connection's goroutines.
 func Dial(ctx context.Context, addr string, cfg ConnConfig) (*Conn, error) {
+	if err := cfg.Security.check(); err != nil {
+		return nil, err
+	}
 	nc, err := connect(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
-	return NewConn(nc, cfg), nil
+	if cfg.Security.Mode == ModeNone {
+		return NewConn(nc, cfg), nil
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	fc, peer, err := clientHandshake(ctx, nc, cfg.Security)
+	if err != nil {
+		_ = nc.Close()
+		return nil, fmt.Errorf("%s: %w", addr, err)
+	}
+	c := newConn(nc, fc, cfg)
+	c.peer, c.authed = peer, true
+	return c, nil
 }
 
 // NewConn runs the client protocol over an established connection (tests,
@@ -121,15 +144,21 @@ func NewConn(nc net.Conn, cfg ConnConfig) *Conn {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
+	return newConn(nc, nc, cfg)
+}
+
+// newConn runs the client protocol over fc, which is nc or a TLS
+// connection over it; closing the Conn closes nc.
+func newConn(nc, fc net.Conn, cfg ConnConfig) *Conn {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
 	c := &Conn{
 		nc:         nc,
-		br:         bufio.NewReaderSize(sockio.NewReader(nc), readBufferSize),
+		br:         bufio.NewReaderSize(sockio.NewReader(fc), readBufferSize),
 		log:        log.With("remote", nc.RemoteAddr().String()),
-		raw:        sockio.NewWriter(nc),
+		raw:        sockio.NewWriter(fc),
 		pending:    make(map[uint64]*Call),
 		readerDone: make(chan struct{}),
 		writerDone: make(chan struct{}),
@@ -139,6 +168,10 @@ func NewConn(nc net.Conn, cfg ConnConfig) *Conn {
 	go c.writeLoop()
 	return c
 }
+
+// Peer is the verified identity of the server; ok is false without a
+// security handshake (ModeNone, NewConn).
+func (c *Conn) Peer() (id identity.Identity, ok bool) { return c.peer, c.authed }
 
 // RemoteAddr is the peer's address.
 func (c *Conn) RemoteAddr() net.Addr { return c.nc.RemoteAddr() }

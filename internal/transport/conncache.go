@@ -27,6 +27,9 @@ type ConnCacheConfig[K comparable] struct {
 	// replica) instead of queueing behind dials of a dead server. 0: every Get
 	// without a live connection dials.
 	RedialInterval time.Duration
+	// Check, if set, vets a new connection before it is used (the server's
+	// identity, Conn.Peer); an error closes it and fails that dial.
+	Check func(key K, c *Conn) error
 }
 
 // ConnCache keeps one Conn per key (a chunkserver id, an address), dialled on
@@ -109,7 +112,7 @@ func (c *ConnCache[K]) Get(key K, cb func(*Conn, error)) {
 	e.dialing = true
 	e.waiters = append(e.waiters, cb)
 	e.mu.Unlock()
-	go c.dial(e, addr)
+	go c.dial(key, e, addr)
 }
 
 // Conn is Get for callers that may block: it returns the connection for key,
@@ -132,10 +135,16 @@ func (c *ConnCache[K]) Conn(ctx context.Context, key K) (*Conn, error) {
 
 // dial is the short-lived goroutine that dials addr for e and hands the
 // outcome to e's waiters.
-func (c *ConnCache[K]) dial(e *cachedConn, addr string) {
+func (c *ConnCache[K]) dial(key K, e *cachedConn, addr string) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.DialTimeout)
 	conn, err := Dial(ctx, addr, c.cfg.Conn)
 	cancel()
+	if err == nil && c.cfg.Check != nil {
+		if err = c.cfg.Check(key, conn); err != nil {
+			conn.Close()
+			conn = nil
+		}
+	}
 	e.mu.Lock()
 	// Under e.mu: a Close that has not reached e yet will find the connection.
 	c.mu.Lock()

@@ -47,11 +47,11 @@ func pingConn(t *testing.T, c *Conn) {
 	}
 }
 
-func identity(a string) (string, error) { return a, nil }
+func sameAddr(a string) (string, error) { return a, nil }
 
 func TestConnCacheSharesOneConnPerKey(t *testing.T) {
 	addr, accepted, _ := pingServer(t)
-	cache := NewConnCache(ConnCacheConfig[string]{Addr: identity})
+	cache := NewConnCache(ConnCacheConfig[string]{Addr: sameAddr})
 	defer cache.Close()
 	var wg sync.WaitGroup
 	conns := make([]*Conn, 20)
@@ -81,7 +81,7 @@ func TestConnCacheSharesOneConnPerKey(t *testing.T) {
 
 func TestConnCacheRedialsADeadConn(t *testing.T) {
 	addr, accepted, _ := pingServer(t)
-	cache := NewConnCache(ConnCacheConfig[string]{Addr: identity})
+	cache := NewConnCache(ConnCacheConfig[string]{Addr: sameAddr})
 	defer cache.Close()
 	c1, err := cache.Conn(context.Background(), addr)
 	if err != nil {
@@ -133,7 +133,7 @@ func TestConnCacheFailsFastAfterAFailedDial(t *testing.T) {
 
 func TestConnCacheClose(t *testing.T) {
 	addr, _, _ := pingServer(t)
-	cache := NewConnCache(ConnCacheConfig[string]{Addr: identity})
+	cache := NewConnCache(ConnCacheConfig[string]{Addr: sameAddr})
 	c, err := cache.Conn(context.Background(), addr)
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/bufpool"
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/sockio"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -33,7 +34,26 @@ type ServerConfig struct {
 	// Default (and upper limit) MaxPayload.
 	MaxPayload int
 	Logger     *slog.Logger // default slog.Default()
+
+	// Security: the handshake every connection makes before its first frame
+	// is read (security.go); the zero value is ModeNone.
+	Security Security
+	// HandshakeTimeout bounds the handshake (default DefaultHandshakeTimeout).
+	HandshakeTimeout time.Duration
+	// MaxConns bounds the open connections; more are closed as they are
+	// accepted (default DefaultMaxConns).
+	MaxConns int
+	// FrameTimeout bounds the time from a frame's first byte to its last: a
+	// peer that starts a frame and stalls (slow loris) is disconnected. Idle
+	// time between frames is not bounded. Default DefaultFrameTimeout.
+	FrameTimeout time.Duration
 }
+
+// Defaults of ServerConfig's limits.
+const (
+	DefaultMaxConns     = 4096
+	DefaultFrameTimeout = 60 * time.Second
+)
 
 // Handler serves the frames of a Server.
 type Handler interface {
@@ -94,20 +114,51 @@ type Server struct {
 	alloc PayloadAllocator // h, if it is one
 	log   *slog.Logger
 
-	mu     sync.Mutex
-	closed bool
-	lns    map[net.Listener]struct{}
-	conns  map[*serverConn]struct{}
-	wg     sync.WaitGroup // accept loops and connection goroutines
+	mu      sync.Mutex
+	closed  bool
+	lns     map[net.Listener]struct{}
+	conns   map[*serverConn]struct{}
+	wg      sync.WaitGroup // accept loops and connection goroutines
+	lastLog time.Time      // last refused-connection log line (under mu)
+	refused int            // connections refused since then
 }
 
-// NewServer returns a server that passes frames to h.
+// logRefused logs a refused connection (over the cap, a failed handshake)
+// at most every 10 s.
+func (s *Server) logRefused(msg string, args ...any) {
+	s.mu.Lock()
+	s.refused++
+	now := time.Now()
+	if now.Sub(s.lastLog) < 10*time.Second {
+		s.mu.Unlock()
+		return
+	}
+	n := s.refused
+	s.lastLog, s.refused = now, 0
+	s.mu.Unlock()
+	s.log.Warn(msg, append(args, "refused_since_last_log", n)...)
+}
+
+// NewServer returns a server that passes frames to h. It panics on a
+// secure Security without TLS (a wiring bug; Security.check).
 func NewServer(cfg ServerConfig, h Handler) *Server {
+	if err := cfg.Security.check(); err != nil || (cfg.Security.Mode != ModeNone && cfg.Security.TLS == nil) {
+		panic(fmt.Sprintf("transport: server security: %v (a secure mode needs Security.TLS)", err))
+	}
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = DefaultMaxInFlight
 	}
 	if cfg.MaxPayload <= 0 || cfg.MaxPayload > api.MaxPayload {
 		cfg.MaxPayload = api.MaxPayload
+	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.FrameTimeout <= 0 {
+		cfg.FrameTimeout = DefaultFrameTimeout
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -194,6 +245,12 @@ func (s *Server) ServeConn(nc net.Conn) {
 		_ = nc.Close()
 		return
 	}
+	if len(s.conns) >= s.cfg.MaxConns {
+		s.mu.Unlock()
+		_ = nc.Close()
+		s.logRefused("transport: connection refused: too many open connections", "remote", remote.String(), "max", s.cfg.MaxConns)
+		return
+	}
 	s.conns[sc] = struct{}{}
 	s.wg.Add(2)
 	s.mu.Unlock()
@@ -246,6 +303,11 @@ type serverConn struct {
 	raw    *sockio.Writer // inline replies only when raw.CanTry
 	slots  chan struct{}
 
+	// peer is the verified identity of the other end (authed: the server's
+	// Security is not ModeNone); set by the reader before the first frame.
+	peer   identity.Identity
+	authed bool
+
 	retained bool    // reader goroutine only: set by Retain during ServeFrame
 	owned    *[]byte // reader goroutine only: AllocPayload's buffer of the frame being served
 	ownedOff int
@@ -272,6 +334,32 @@ type serverConn struct {
 func (sc *serverConn) RemoteAddr() net.Addr { return sc.remote }
 
 func (sc *serverConn) Retain() { sc.retained = true }
+
+// Peer implements Peer.
+func (sc *serverConn) Peer() (identity.Identity, bool) { return sc.peer, sc.authed }
+
+// handshake runs the server's security handshake, and switches the reader
+// and writer to the connection it returns (TLS in ModeEncrypted). Nothing is
+// written before it ends, so the writer is not in use yet.
+func (sc *serverConn) handshake() error {
+	sec := sc.s.cfg.Security
+	if sec.Mode == ModeNone {
+		return nil
+	}
+	fc, peer, err := serverHandshake(sc.nc, sec, sc.s.cfg.HandshakeTimeout)
+	if err != nil {
+		return err
+	}
+	sc.peer, sc.authed = peer, true
+	if fc != sc.nc {
+		sc.br = bufio.NewReaderSize(sockio.NewReader(fc), readBufferSize)
+		sc.mu.Lock()
+		sc.raw = sockio.NewWriter(fc)
+		sc.mu.Unlock()
+	}
+	sc.log = sc.log.With("peer", peer.String())
+	return nil
+}
 
 func (sc *serverConn) PayloadBuffer() (*[]byte, int) { return sc.owned, sc.ownedOff }
 
@@ -372,27 +460,47 @@ func (sc *serverConn) close(cause error) {
 		if cause != nil {
 			sc.log.Debug("transport: closing connection", "err", cause)
 		}
+		// Out of the count first: once the peer sees the close, its
+		// connection no longer counts against MaxConns.
+		s := sc.s
+		s.mu.Lock()
+		delete(s.conns, sc)
+		s.mu.Unlock()
 		close(sc.closing)
 		_ = sc.nc.Close()
 		sc.mu.Lock()
 		sc.closed = true
 		sc.wake.Broadcast()
 		sc.mu.Unlock()
-		s := sc.s
-		s.mu.Lock()
-		delete(s.conns, sc)
-		s.mu.Unlock()
 	})
 }
 
 func (sc *serverConn) readLoop() {
 	defer sc.s.wg.Done()
+	if err := sc.handshake(); err != nil {
+		sc.s.logRefused("transport: connection refused: security handshake failed", "remote", sc.remote.String(), "err", err)
+		sc.close(err)
+		return
+	}
 	var hb [api.HeaderSize]byte
+	frameTimeout := sc.s.cfg.FrameTimeout
 	for {
-		if _, err := io.ReadFull(sc.br, hb[:]); err != nil {
+		// Wait for a frame as long as it takes; from its first byte on, the
+		// rest must come within FrameTimeout (armed only when the frame is not
+		// all buffered already: no cost for the small frames of the fast path).
+		if _, err := sc.br.Peek(1); err != nil {
 			if errors.Is(err, io.EOF) {
 				err = nil // a clean close between frames
 			}
+			sc.close(err)
+			return
+		}
+		armed := false
+		if sc.br.Buffered() < api.HeaderSize {
+			_ = sc.nc.SetReadDeadline(time.Now().Add(frameTimeout))
+			armed = true
+		}
+		if _, err := io.ReadFull(sc.br, hb[:]); err != nil {
 			sc.close(err)
 			return
 		}
@@ -417,6 +525,10 @@ func (sc *serverConn) readLoop() {
 		var payload []byte
 		var pooled *[]byte
 		sc.retained = false
+		if !armed && int(h.PayloadLen) > sc.br.Buffered() {
+			_ = sc.nc.SetReadDeadline(time.Now().Add(frameTimeout))
+			armed = true
+		}
 		if h.PayloadLen > 0 {
 			if sc.s.alloc != nil {
 				n := int(h.PayloadLen)
@@ -439,6 +551,9 @@ func (sc *serverConn) readLoop() {
 				sc.close(err) // EOF mid-frame
 				return
 			}
+		}
+		if armed {
+			_ = sc.nc.SetReadDeadline(time.Time{})
 		}
 		if m := sc.br.Buffered() >= api.HeaderSize; m != sc.more.Load() {
 			sc.more.Store(m)

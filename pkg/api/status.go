@@ -30,6 +30,10 @@ const (
 	StatusNoSpace Status = 9
 	// StatusReadOnly: a write arrived on a read-only session (epoch 0).
 	StatusReadOnly Status = 10
+	// StatusDenied: the connection's identity may not make this request (a
+	// peer-only op from a client), or the volume has no valid capability
+	// attached on this connection (docs/security.md).
+	StatusDenied Status = 11
 )
 
 var statusNames = map[Status]string{
@@ -44,6 +48,7 @@ var statusNames = map[Status]string{
 	StatusNoSuchCopyset: "NO_SUCH_COPYSET",
 	StatusNoSpace:       "NO_SPACE",
 	StatusReadOnly:      "READ_ONLY",
+	StatusDenied:        "DENIED",
 }
 
 func (s Status) String() string {
@@ -80,6 +85,7 @@ var (
 	ErrNoSuchCopyset = &Error{Status: StatusNoSuchCopyset}
 	ErrNoSpace       = &Error{Status: StatusNoSpace}
 	ErrReadOnly      = &Error{Status: StatusReadOnly}
+	ErrDenied        = &Error{Status: StatusDenied}
 )
 
 // StatusError returns nil for StatusOK and an *Error otherwise.

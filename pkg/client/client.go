@@ -55,6 +55,16 @@ type Config struct {
 	OpTimeout  time.Duration // one IO, all retries included; default 60 s
 	Logger     *slog.Logger
 
+	// DataTLS is how connections to chunkservers prove this client's
+	// identity and check theirs (docs/security.md): the identity's
+	// ClientTLS(RoleChunkserver). Each chunkserver must prove to be the one
+	// dialled. nil: no handshake (an --insecure cluster).
+	DataTLS *tls.Config
+	// DataEncrypted asks for TLS for the whole connection; by default the
+	// handshake authenticates both ends and the frames then go in clear
+	// (the "authenticated" mode).
+	DataEncrypted bool
+
 	// MDSClient, if set, is used instead of dialing MDS (tests, processes that
 	// already hold one). The Volume does not close it.
 	MDSClient api.MDSClient

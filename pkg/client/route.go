@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,10 +29,40 @@ func newConnCache(v *Volume) *transport.ConnCache[uint64] {
 			}
 			return "", errNoAddress
 		},
-		Conn:           transport.ConnConfig{Logger: v.log},
+		Conn:           transport.ConnConfig{Logger: v.log, Security: dataSecurity(v.cfg)},
 		DialTimeout:    v.cfg.IOTimeout,
 		RedialInterval: redialInterval,
+		Check:          checkChunkserver,
 	})
+}
+
+// dataSecurity is how the client connects to chunkservers (Config.DataTLS,
+// Config.DataEncrypted).
+func dataSecurity(cfg Config) transport.Security {
+	switch {
+	case cfg.DataTLS == nil:
+		return transport.Security{}
+	case cfg.DataEncrypted:
+		return transport.Security{Mode: transport.ModeEncrypted, ClientTLS: cfg.DataTLS}
+	}
+	return transport.Security{Mode: transport.ModeAuthenticated, ClientTLS: cfg.DataTLS}
+}
+
+// errWrongChunkserver: the server at a chunkserver's address proved to be
+// another one (an address reused, or a stale route).
+var errWrongChunkserver = errors.New("client: address answered by another chunkserver")
+
+// checkChunkserver refuses a connection whose server proved to be another
+// chunkserver than id.
+func checkChunkserver(id uint64, c *transport.Conn) error {
+	who, ok := c.Peer()
+	if !ok {
+		return nil
+	}
+	if got, isCS := who.ChunkserverID(); !isCS || got != id {
+		return fmt.Errorf("%w: %s, not chunkserver %d", errWrongChunkserver, who, id)
+	}
+	return nil
 }
 
 // copysetRoute is what the client knows of one copyset.

@@ -157,7 +157,7 @@ func TestCSIPublishFencesOldWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Node A's writer (what its kernel's IO becomes through the front end).
-	a, err := client.Open(ctx, client.Config{MDS: []string{p.st.MDS}, MDSTLS: adminTLS(t, p.st.TLSDir), Volume: vol, ClientName: "node-a"})
+	a, err := client.Open(ctx, client.Config{MDS: []string{p.st.MDS}, MDSTLS: adminTLS(t, p.st.TLSDir), DataTLS: adminDataTLS(t, p.st.TLSDir), Volume: vol, ClientName: "node-a"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ func TestCSIPublishFencesOldWriter(t *testing.T) {
 	if ids := g.Status.GetPublishedNodeIds(); len(ids) != 1 || ids[0] != "node-b" {
 		t.Fatalf("published to %v, want [node-b]", ids)
 	}
-	b, err := client.Open(ctx, client.Config{MDS: []string{p.st.MDS}, MDSTLS: adminTLS(t, p.st.TLSDir), Volume: vol, ClientName: "node-b"})
+	b, err := client.Open(ctx, client.Config{MDS: []string{p.st.MDS}, MDSTLS: adminTLS(t, p.st.TLSDir), DataTLS: adminDataTLS(t, p.st.TLSDir), Volume: vol, ClientName: "node-b"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -229,3 +229,13 @@ func adminTLS(t *testing.T, dir string) *tls.Config {
 	}
 	return id.ClientTLS(identity.RoleMDS)
 }
+
+// adminDataTLS is the playground's admin identity toward chunkservers.
+func adminDataTLS(t *testing.T, dir string) *tls.Config {
+	t.Helper()
+	id, err := identity.Load(dir, "admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id.ClientTLS(identity.RoleChunkserver)
+}

@@ -28,6 +28,9 @@ type Config struct {
 	// MDSTLS is the TLS configuration for the MDS (an access or client
 	// certificate; docs/security.md); nil only for an --insecure MDS.
 	MDSTLS *tls.Config
+	// DataTLS is the same identity toward chunkservers
+	// (client.Config.DataTLS); nil only for a cluster without TLS.
+	DataTLS *tls.Config
 	// ReadOnly opens every volume read-only, to serve alongside a writer elsewhere.
 	ReadOnly bool
 	// ClientName is shown in the MDS's sessions; default "frontend@HOST/PID".
@@ -124,7 +127,7 @@ func Start(cfg Config) (*Node, error) {
 		Logger: cfg.Logger,
 		Opener: volumes.New(volumes.Config{
 			MDS: mc, ReadOnly: cfg.ReadOnly, ClientName: cfg.ClientName,
-			Logger: cfg.Logger, Metrics: cm, Local: cfg.Local,
+			Logger: cfg.Logger, Metrics: cm, Local: cfg.Local, DataTLS: cfg.DataTLS,
 		}),
 	})
 	if cfg.NBD.enabled() {

@@ -1,0 +1,252 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/identity"
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// party issues role/name from ca into a directory of its own and loads it.
+func party(t testing.TB, ca *identity.CA, role identity.Role, name string) *identity.Config {
+	t.Helper()
+	dir := t.TempDir()
+	if _, _, err := ca.IssueFiles(dir, "", role, name, identity.IssueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := identity.Load(dir, identity.Base(role, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func newCA(t testing.TB, cluster string) *identity.CA {
+	t.Helper()
+	ca, err := identity.InitCA(t.TempDir(), cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+// peerRecorder echoes requests and records the peer each frame came from.
+type peerRecorder struct {
+	mu    sync.Mutex
+	peers []identity.Identity
+	anon  int
+}
+
+func (p *peerRecorder) ServeFrame(rw ReplyWriter, h api.Header, payload []byte) {
+	id, ok := PeerOf(rw)
+	p.mu.Lock()
+	if ok {
+		p.peers = append(p.peers, id)
+	} else {
+		p.anon++
+	}
+	p.mu.Unlock()
+	out := append([]byte(nil), payload...)
+	rw.Reply(h, out, nil)
+}
+
+func (p *peerRecorder) frames() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.peers) + p.anon
+}
+
+// TestSecureModes: in both secure modes a client and a chunkserver prove
+// who they are before the first frame, each side learns the other's
+// identity, and frames of every size go through (a 1 MiB one spans many TLS
+// records in ModeEncrypted).
+func TestSecureModes(t *testing.T) {
+	ca := newCA(t, "c1")
+	srvID := party(t, ca, identity.RoleChunkserver, "7")
+	cliID := party(t, ca, identity.RoleClient, "app")
+	for _, mode := range []Mode{ModeAuthenticated, ModeEncrypted} {
+		t.Run(mode.String(), func(t *testing.T) {
+			rec := &peerRecorder{}
+			_, addr := startServer(t, ServerConfig{Security: Security{Mode: mode, TLS: srvID,
+				Allow: []identity.Role{identity.RoleClient, identity.RoleChunkserver}}}, rec)
+			c, err := Dial(context.Background(), addr, ConnConfig{Security: Security{Mode: mode, TLS: cliID,
+				Allow: []identity.Role{identity.RoleChunkserver}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if p, ok := c.Peer(); !ok || p.Name != "7" || p.Role != identity.RoleChunkserver {
+				t.Fatalf("client sees server %v %v", p, ok)
+			}
+			for _, n := range []int{0, 1, 4096, 1 << 20} {
+				payload := bytes.Repeat([]byte{byte(n)}, n)
+				call := &Call{Header: api.Header{Op: api.OpWrite, Length: uint32(n)}, Payload: payload, ReadBuf: make([]byte, n)}
+				if err := c.Do(context.Background(), call); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(call.ReadBuf[:call.Reply.PayloadLen], payload) {
+					t.Fatalf("%d-byte echo differs", n)
+				}
+			}
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			if rec.anon != 0 || len(rec.peers) != 4 || rec.peers[0].Role != identity.RoleClient || rec.peers[0].Name != "app" {
+				t.Fatalf("server saw peers %v and %d anonymous frames", rec.peers, rec.anon)
+			}
+		})
+	}
+}
+
+// TestHandshakeRefusals: a connection that does not prove an acceptable
+// identity is closed before any of its frames is served — an attacker
+// sending plain frames, a certificate of another cluster's CA, a role the
+// server does not serve, a client asking for less than the server needs.
+func TestHandshakeRefusals(t *testing.T) {
+	ca := newCA(t, "c1")
+	srvID := party(t, ca, identity.RoleChunkserver, "1")
+	other := party(t, newCA(t, "c1"), identity.RoleClient, "mallory") // same cluster name, another CA
+	admin := party(t, ca, identity.RoleAdmin, "admin")
+	cli := party(t, ca, identity.RoleClient, "app")
+	rec := &peerRecorder{}
+	srv := Security{Mode: ModeEncrypted, TLS: srvID, Allow: []identity.Role{identity.RoleClient}}
+	_, addr := startServer(t, ServerConfig{Security: srv, HandshakeTimeout: time.Second}, rec)
+
+	// Plain frames, as today's clients (or an attacker) send them.
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hb [api.HeaderSize]byte
+	h := api.Header{Op: api.OpRead, Volume: 1, Offset: 0, Length: 4096, Epoch: ^uint64(0), ID: 1}
+	h.Encode(hb[:])
+	for range 4 {
+		_, _ = nc.Write(hb[:])
+	}
+	// The server closes (EOF, or a reset: it did not read all we sent).
+	_ = nc.SetReadDeadline(time.Now().Add(60 * time.Second))
+	if _, err := io.ReadAll(nc); isTimeout(err) {
+		t.Fatalf("plain client: %v (want the server to close)", err)
+	}
+	nc.Close()
+
+	cases := []struct {
+		name string
+		sec  Security
+	}{
+		{"another CA", Security{Mode: ModeEncrypted, TLS: other}},
+		{"role not served", Security{Mode: ModeEncrypted, TLS: admin}},
+		{"mode below the server's", Security{Mode: ModeAuthenticated, TLS: cli}},
+	}
+	for _, tc := range cases {
+		c, err := Dial(context.Background(), addr, ConnConfig{Security: tc.sec})
+		if err == nil {
+			c.Close()
+			t.Errorf("%s: connected", tc.name)
+			continue
+		}
+		if !errors.Is(err, ErrHandshake) {
+			t.Errorf("%s: %v, want ErrHandshake", tc.name, err)
+		}
+	}
+	if n := rec.frames(); n != 0 {
+		t.Fatalf("the server served %d frames of unauthenticated connections", n)
+	}
+	// And the right client gets in.
+	c, err := Dial(context.Background(), addr, ConnConfig{Security: Security{Mode: ModeEncrypted, TLS: cli}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+}
+
+// waitClosed waits (up to 60 s) until the server closes nc.
+func waitClosed(t *testing.T, nc net.Conn, what string) {
+	t.Helper()
+	_ = nc.SetReadDeadline(time.Now().Add(60 * time.Second))
+	var b [1]byte
+	if _, err := nc.Read(b[:]); err == nil || errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
+		t.Fatalf("%s: connection not closed by the server: %v", what, err)
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// TestListenerLimits: a connection that stalls in its handshake or in the
+// middle of a frame (slow loris) is closed, and connections over MaxConns
+// are closed as they are accepted.
+func TestListenerLimits(t *testing.T) {
+	ca := newCA(t, "c1")
+	srvID := party(t, ca, identity.RoleChunkserver, "1")
+	rec := &peerRecorder{}
+	_, secAddr := startServer(t, ServerConfig{Security: Security{Mode: ModeAuthenticated, TLS: srvID},
+		HandshakeTimeout: 200 * time.Millisecond}, rec)
+	_, addr := startServer(t, ServerConfig{FrameTimeout: 200 * time.Millisecond, MaxConns: 2}, rec)
+
+	idle, err := net.Dial("tcp", secAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	waitClosed(t, idle, "no handshake")
+
+	// Half a header, then nothing.
+	loris, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer loris.Close()
+	_, _ = loris.Write(make([]byte, api.HeaderSize/2))
+	waitClosed(t, loris, "half a header")
+
+	// A header announcing 64 MiB, and a few bytes of it.
+	loris2, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer loris2.Close()
+	var hb [api.HeaderSize]byte
+	big := api.Header{Op: api.OpWrite, Length: 4096, PayloadLen: api.MaxPayload, ID: 1}
+	big.Encode(hb[:])
+	_, _ = loris2.Write(append(hb[:], 1, 2, 3))
+	waitClosed(t, loris2, "a stalled payload")
+
+	// An idle connection between frames stays (a client's cached connection).
+	c1 := dial(t, addr)
+	c2 := dial(t, addr)
+	call := &Call{Header: api.Header{Op: api.OpWrite}, Payload: []byte("x"), ReadBuf: make([]byte, 1)}
+	if err := c1.Do(context.Background(), call); err != nil {
+		t.Fatal(err)
+	}
+	// A third is over the cap (the two stalled ones are gone: wait for that).
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		third, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = third.SetReadDeadline(time.Now().Add(2 * time.Second))
+		var b [1]byte
+		_, err = third.Read(b[:])
+		third.Close()
+		if err != nil && !isTimeout(err) {
+			break // closed by the server
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a connection over MaxConns was kept")
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // longer than FrameTimeout: idle is fine
+	if err := c2.Do(context.Background(), call); err != nil {
+		t.Fatalf("an idle connection was closed: %v", err)
+	}
+}
