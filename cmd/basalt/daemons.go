@@ -91,7 +91,7 @@ func chunkserverCommand() *cobra.Command {
 	var crashAfterDelete bool
 	var nbdListen, nbdSocket string // the in-process NBD front end
 	var tf *tlsFlags
-	var debug *string
+	var debug, nbdCert *string
 	cmd := &cobra.Command{
 		Use:   "chunkserver",
 		Short: "Run a chunkserver on one data directory (one disk)",
@@ -156,9 +156,18 @@ func chunkserverCommand() *cobra.Command {
 			// chunkserver leads takes the local fast path. It stops before the
 			// chunkserver, so the IO it has in flight can finish.
 			host, _ := os.Hostname()
+			// The front end is an access node: chunkservers serve IO only to
+			// clients and access nodes, so it needs an identity of its own.
 			var mdsTLS, dataTLS *tls.Config
 			if cfg.TLS != nil {
-				mdsTLS, dataTLS = cfg.TLS.ClientTLS(identity.RoleMDS), cfg.TLS.ClientTLS(identity.RoleChunkserver)
+				if *nbdCert == "" {
+					return fmt.Errorf("--nbd-listen/--nbd-socket with --tls-dir need --nbd-tls-cert: an access certificate in %s for the in-process front end (basalt cert issue --role access --name N)", *tf.dir)
+				}
+				fid, err := identity.LoadRole(*tf.dir, *nbdCert, identity.RoleAccess)
+				if err != nil {
+					return fmt.Errorf("--nbd-tls-cert: %w", err)
+				}
+				mdsTLS, dataTLS = fid.ClientTLS(identity.RoleMDS), fid.ClientTLS(identity.RoleChunkserver)
 			}
 			node, err := access.Start(access.Config{
 				MDS: cfg.MDS, MDSTLS: mdsTLS, DataTLS: dataTLS, Local: cs, Registry: cs.Registry(),
@@ -185,6 +194,7 @@ func chunkserverCommand() *cobra.Command {
 	}
 	tf = addTLSFlags(cmd, identity.RoleChunkserver)
 	debug = debugFlag(cmd)
+	nbdCert = cmd.Flags().String("nbd-tls-cert", "", "base name of the access certificate in --tls-dir the in-process NBD front end uses")
 	f := cmd.Flags()
 	f.StringVar(&cfg.DataDir, "data", "", "data directory (WAL and chunk files); required")
 	f.StringVar(&nbdListen, "nbd-listen", "", "also serve NBD on this TCP address, in process: IO to copysets this chunkserver leads takes the local fast path (empty: none)")

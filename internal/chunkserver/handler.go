@@ -118,11 +118,7 @@ func (hd *handler) authorize(rw transport.ReplyWriter, h api.Header) bool {
 	case api.OpChecksum, api.OpPing:
 		allowed = true // any role the server admitted
 	default:
-		// A chunkserver too: it may host a front end in process
-		// (basalt chunkserver --nbd-socket), whose IO to copysets led
-		// elsewhere goes out under the chunkserver's identity.
-		allowed = who.Role == identity.RoleClient || who.Role == identity.RoleAccess || who.Role == identity.RoleAdmin ||
-			who.Role == identity.RoleChunkserver
+		allowed = who.Role == identity.RoleClient || who.Role == identity.RoleAccess || who.Role == identity.RoleAdmin
 	}
 	if !allowed {
 		hd.logDenied(who.String(), h)

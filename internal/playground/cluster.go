@@ -72,7 +72,8 @@ func chunkserverState(cfg Config, st *State, i int) ChunkserverState {
 	}
 	if sock := filepath.Join(cs.DataDir, "nbd.sock"); len(sock) < maxSocketPath {
 		cs.NBDSocket = sock
-		cs.RestartCmd = append(cs.RestartCmd, "--nbd-socket", sock)
+		cs.RestartCmd = append(cs.RestartCmd, "--nbd-socket", sock,
+			"--nbd-tls-cert", identity.Base(identity.RoleAccess, "cs"+strconv.Itoa(i)))
 	}
 	return cs
 }

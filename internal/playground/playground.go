@@ -32,7 +32,8 @@ func Run(ctx context.Context, cfg Config) error {
 	need := []identity.Need{{Role: identity.RoleMDS, Name: "mds"}, {Role: identity.RoleAdmin, Name: "admin"},
 		{Role: identity.RoleAccess, Name: "playground"}}
 	for i := 1; i <= cfg.Chunkservers; i++ {
-		need = append(need, identity.Need{Role: identity.RoleChunkserver, Name: strconv.Itoa(i)})
+		need = append(need, identity.Need{Role: identity.RoleChunkserver, Name: strconv.Itoa(i)},
+			identity.Need{Role: identity.RoleAccess, Name: "cs" + strconv.Itoa(i)}) // its in-process NBD
 	}
 	if err := identity.EnsureCerts(st.TLSDir, "playground", need); err != nil {
 		return fmt.Errorf("playground certificates in %s: %w", st.TLSDir, err)

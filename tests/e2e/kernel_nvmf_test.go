@@ -139,7 +139,7 @@ func startNVMf(t *testing.T, mds, tlsDir string) (int, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(testcluster.Binary(t), "nvmf", "--mds", mds, "--tls-dir", tlsDir, "--listen", "127.0.0.1:"+strconv.Itoa(port),
+	cmd := exec.Command(testcluster.Binary(t), "nvmf", "--mds", mds, "--tls-dir", tlsDir, "--tls-cert", "access-playground", "--listen", "127.0.0.1:"+strconv.Itoa(port),
 		"--allow-hosts", guestHostNQN)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
