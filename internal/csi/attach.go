@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -222,6 +223,28 @@ func hasFS(ctx context.Context, dev string) (string, error) {
 	return strings.TrimSpace(string(out)), nil
 }
 
+// blank reports whether the first MiB of dev reads as zeroes: a fresh
+// volume. mkfs runs only on a blank device, so a read error or a file system
+// blkid does not know never gets formatted over.
+func blank(dev string) (bool, error) {
+	f, err := os.Open(dev)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	n, err := io.ReadFull(f, buf)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return false, fmt.Errorf("reading %s: %w", dev, err)
+	}
+	for _, b := range buf[:n] {
+		if b != 0 {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
 func mkfs(ctx context.Context, fsType, dev string) error {
 	var err error
 	switch fsType {
@@ -233,6 +256,56 @@ func mkfs(ctx context.Context, fsType, dev string) error {
 	default:
 		err = fmt.Errorf("cannot make file system %q", fsType)
 	}
+	return err
+}
+
+// ext4Size is the size of the ext4 file system on dev (dumpe2fs -h).
+func ext4Size(ctx context.Context, dev string) (int64, error) {
+	out, err := run(ctx, "dumpe2fs", "-h", dev)
+	if err != nil {
+		return 0, err
+	}
+	var count, size int64
+	for _, l := range strings.Split(out, "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if !ok {
+			continue
+		}
+		n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		switch strings.TrimSpace(k) {
+		case "Block count":
+			count = n
+		case "Block size":
+			size = n
+		}
+	}
+	if count == 0 || size == 0 {
+		return 0, fmt.Errorf("dumpe2fs -h %s: no block count or size", dev)
+	}
+	return count * size, nil
+}
+
+// growExt4Offline grows an unmounted ext4 to its device when the volume grew
+// since it was made (Kubernetes expands while no pod uses the volume: the
+// driver's expansion is OFFLINE). Online growth needs CAP_SYS_RESOURCE.
+func growExt4Offline(ctx context.Context, dev string) error {
+	fs, err := ext4Size(ctx, dev)
+	if err != nil {
+		return err
+	}
+	size, err := deviceSize(dev)
+	if err != nil {
+		return err
+	}
+	if size-fs < 4<<20 { // less than a few block groups' worth: nothing to do
+		return nil
+	}
+	out, err := exec.CommandContext(ctx, "e2fsck", "-f", "-p", dev).CombinedOutput()
+	var ee *exec.ExitError
+	if err != nil && !(errors.As(err, &ee) && ee.ExitCode() == 1) { // 1: errors corrected
+		return fmt.Errorf("e2fsck -f -p %s: %v: %s", dev, err, strings.TrimSpace(string(out)))
+	}
+	_, err = run(ctx, "resize2fs", dev)
 	return err
 }
 

@@ -27,8 +27,10 @@ var fsTypes = map[string]bool{"ext4": true, "xfs": true}
 
 // checkCap validates one volume capability: an access type (mount with a
 // file system we make, or block) and an access mode we serve. A file system
-// is never shared by writers on several nodes; a block volume may have one
-// writer and many readers (a shared-disk database).
+// is never shared by writers on several nodes; a block volume may be
+// attached by many (a shared-disk database): one writer at a time — the
+// latest node to write takes the writer epoch and fences the one before —
+// and readers.
 func checkCap(c *csi.VolumeCapability) error {
 	if c == nil {
 		return fmt.Errorf("volume capability missing")
@@ -48,7 +50,10 @@ func checkCap(c *csi.VolumeCapability) error {
 	case csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
 		csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY,
 		csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY:
-	case csi.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER:
+	case csi.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER,
+		csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER:
+		// Kubernetes' ReadWriteMany: every node may attach, the one that
+		// writes holds the writer epoch and fences the one before.
 		if !block {
 			return fmt.Errorf("access mode %s needs volumeMode Block (a file system cannot be shared by several nodes)", m)
 		}

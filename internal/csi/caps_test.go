@@ -48,13 +48,14 @@ func TestCheckCap(t *testing.T) {
 		mount("xfs", csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY),
 		block(csi.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER),
 		block(csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY),
+		block(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER),
 	}
 	bad := []*csi.VolumeCapability{
 		nil,
 		{AccessMode: mode(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)},
 		mount("zfs", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER),
 		mount("ext4", csi.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER), // a shared file system
-		block(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER),
+		mount("", csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER),
 		block(csi.VolumeCapability_AccessMode_UNKNOWN),
 	}
 	for _, c := range ok {

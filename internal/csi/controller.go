@@ -106,6 +106,11 @@ func volumeContext(params map[string]string, v *api.Volume) map[string]string {
 	return ctx
 }
 
+// ValidateParameters checks StorageClass parameters as CreateVolume does:
+// pool, fsType (ext4, xfs), protocol (auto, nbd, nbdfuse) and the
+// csi.storage.k8s.io/ keys the sidecars pass; nil when CreateVolume takes them.
+func ValidateParameters(params map[string]string) error { return checkParams(params) }
+
 func checkParams(params map[string]string) error {
 	for k, v := range params {
 		switch k {

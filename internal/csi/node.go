@@ -196,11 +196,19 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 		case fs == "" && st.ReadOnly:
 			return fail(fmt.Errorf("the volume holds no file system and is read-only"))
 		case fs == "":
+			if ok, err := blank(st.Device); err != nil || !ok {
+				return fail(fmt.Errorf("%s holds data but no file system blkid knows; not formatting it (%v)", st.Device, err))
+			}
 			if err := mkfs(ctx, st.FsType, st.Device); err != nil {
 				return fail(err)
 			}
 		default:
 			st.FsType = fs
+			if fs == "ext4" && !st.ReadOnly {
+				if err := growExt4Offline(ctx, st.Device); err != nil {
+					return fail(err)
+				}
+			}
 		}
 		if err := os.MkdirAll(st.StagingPath, 0o750); err != nil {
 			return fail(err)

@@ -179,8 +179,11 @@ func (i *identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabili
 		caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_Service_{
 			Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_CONTROLLER_SERVICE}}})
 	}
+	// OFFLINE: the MDS grows a volume at any time, but a device attached
+	// through NBD or nbdfuse + loop keeps the size it had at attach, so the
+	// file system grows at the next stage (docs/csi.md).
 	caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_VolumeExpansion_{
-		VolumeExpansion: &csi.PluginCapability_VolumeExpansion{Type: csi.PluginCapability_VolumeExpansion_ONLINE}}})
+		VolumeExpansion: &csi.PluginCapability_VolumeExpansion{Type: csi.PluginCapability_VolumeExpansion_OFFLINE}}})
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
 }
 

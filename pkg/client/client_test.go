@@ -235,6 +235,30 @@ func TestBusyBackoff(t *testing.T) {
 	}
 }
 
+// A chunkserver learns of a grown volume at its next heartbeat; until then it
+// answers OUT_OF_RANGE for IO the client knows to be inside the volume. The
+// client retries such IO like BUSY.
+func TestStaleSizeRetried(t *testing.T) {
+	c := newFakeCluster(t)
+	stale := 3
+	c.setHook(func(_ uint64, h api.Header) action {
+		if stale > 0 {
+			stale--
+			return outOfRange
+		}
+		return serve
+	})
+	v := c.open(t, nil)
+	if _, err := v.WriteAt([]byte("x"), 0); err != nil {
+		t.Fatalf("write answered OUT_OF_RANGE by a stale chunkserver: %v", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if stale != 0 {
+		t.Fatalf("stale answers left: %d", stale)
+	}
+}
+
 func TestFencedIsFinal(t *testing.T) {
 	c := newFakeCluster(t)
 	v := c.open(t, nil)
@@ -263,7 +287,7 @@ func TestFinalStatuses(t *testing.T) {
 	c := newFakeCluster(t)
 	v := c.open(t, nil)
 	for _, st := range []api.Status{api.StatusIOError, api.StatusNoSpace, api.StatusNoSuchVolume,
-		api.StatusReadOnly, api.StatusBadRequest, api.StatusOutOfRange} {
+		api.StatusReadOnly, api.StatusBadRequest} { // OUT_OF_RANGE: TestStaleSizeRetried
 		disk := st == api.StatusIOError || st == api.StatusNoSpace
 		c.mu.Lock()
 		c.force, c.forceAll = st, api.StatusOK

@@ -54,7 +54,9 @@
 //	                          final (returned as *api.Error) once a majority of the
 //	                          members answered one of them in a round (the copyset
 //	                          cannot commit: its leader, if any, has no quorum)
-//	OUT_OF_RANGE, NO_SUCH_VOLUME, READ_ONLY, BAD_REQUEST
+//	OUT_OF_RANGE              like BUSY: the client checked the range, so the chunkserver
+//	                          has not heard of a grow yet (it learns at its next heartbeat)
+//	NO_SUCH_VOLUME, READ_ONLY, BAD_REQUEST
 //	                          final: returned as *api.Error (errors.Is works)
 //
 // Writes are idempotent overwrites, so retrying one whose first attempt may have

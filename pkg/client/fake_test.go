@@ -29,14 +29,15 @@ const (
 type action int
 
 const (
-	serve   action = iota // normal handling
-	busy                  // answer BUSY
-	ignore                // never answer
-	drop                  // close the connection
-	delayed               // answer after the cluster's delay
-	noSpace               // answer NO_SPACE (a replica stopped by a full disk)
-	gated                 // answer once the cluster's gate is closed
-	fenced                // answer FENCED (a newer writer reached the copyset)
+	serve      action = iota // normal handling
+	busy                     // answer BUSY
+	ignore                   // never answer
+	drop                     // close the connection
+	delayed                  // answer after the cluster's delay
+	noSpace                  // answer NO_SPACE (a replica stopped by a full disk)
+	gated                    // answer once the cluster's gate is closed
+	fenced                   // answer FENCED (a newer writer reached the copyset)
+	outOfRange               // answer OUT_OF_RANGE (a chunkserver that has not heard of a grow yet)
 )
 
 type fakeCluster struct {
@@ -169,6 +170,10 @@ func (s *fakeServer) ServeFrame(rw transport.ReplyWriter, h api.Header, payload 
 		return
 	case fenced:
 		h.Status = api.StatusFenced
+		rw.Reply(h, nil, nil)
+		return
+	case outOfRange:
+		h.Status = api.StatusOutOfRange
 		rw.Reply(h, nil, nil)
 		return
 	case drop:

@@ -167,6 +167,7 @@ type piece struct {
 	rounds  int         // full rounds of failed members
 	hops    int         // NOT_LEADER redirects in a row
 	busy    int         // BUSY answers in a row
+	stale   int         // OUT_OF_RANGE answers (retried up to maxStaleRetries)
 	lastErr error
 }
 
@@ -284,6 +285,10 @@ func (p *piece) replied(call *transport.Call) {
 // repliedLocal handles the outcome of one attempt on the local fast path.
 func (p *piece) repliedLocal(reply api.Header) { p.handleReply(reply, nil) }
 
+// maxStaleRetries bounds the retries of OUT_OF_RANGE: with the BUSY backoff
+// (capped at 500 ms) about 10 s, many chunkserver heartbeats.
+const maxStaleRetries = 28
+
 // handleReply acts on an attempt's reply header, or on the transport error
 // that ended it.
 func (p *piece) handleReply(h api.Header, err error) {
@@ -294,7 +299,7 @@ func (p *piece) handleReply(h api.Header, err error) {
 		p.connFailed(fmt.Errorf("chunkserver %d: %w", p.target, err))
 		return
 	}
-	if h.Status != api.StatusBusy {
+	if h.Status != api.StatusBusy && h.Status != api.StatusOutOfRange {
 		p.busy = 0
 	}
 	switch h.Status {
@@ -333,9 +338,19 @@ func (p *piece) handleReply(h api.Header, err error) {
 			return
 		}
 		p.moveOn(r)
-	case api.StatusBusy:
+	case api.StatusBusy, api.StatusOutOfRange:
+		// OUT_OF_RANGE for a piece the client checked against the volume's
+		// size (and cut at chunk boundaries): the chunkserver has not heard
+		// of a grow yet — it learns sizes at its next heartbeat, about a
+		// second — so it is retried like BUSY until the op's deadline.
 		v.m.retry(v.m.busy())
-		p.lastErr = api.ErrBusy
+		p.lastErr = api.StatusError(h.Status, h.Hint)
+		if h.Status == api.StatusBusy {
+			p.lastErr = api.ErrBusy
+		} else if p.stale++; p.stale > maxStaleRetries {
+			p.finish(p.lastErr) // not a stale size after all (~10 s of heartbeats)
+			return
+		}
 		p.busy++
 		d := min(busyBase<<min(p.busy, 20), busyMax)
 		time.AfterFunc(jitter(d), p.attempt)

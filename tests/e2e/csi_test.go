@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -58,6 +60,7 @@ func startCSI(t *testing.T, p *pg, nodeID string) string {
 			t.Logf("---- basalt csi log (tail) ----\n%s", tailFile(logPath, 100))
 		}
 	})
+	t.Cleanup(func() { releaseUnder(t, dir) })
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		if _, err := os.Stat(sock); err == nil {
@@ -74,6 +77,56 @@ func startCSI(t *testing.T, p *pg, nodeID string) string {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return sock
+}
+
+// releaseUnder undoes, best effort, whatever a failed test left attached
+// under roots: the file systems mounted there (lazily), the loop devices over
+// files there, then the nbdfuse mounts. A passing test leaves nothing (each
+// test checks that), so this only keeps a failure from leaking into the next.
+func releaseUnder(t *testing.T, roots ...string) {
+	t.Helper()
+	under := func(p string) bool {
+		for _, r := range roots {
+			if p == r || strings.HasPrefix(p, r+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	mounts := func(fuse bool) []string {
+		b, _ := os.ReadFile("/proc/self/mountinfo")
+		var out []string
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			i := slices.Index(f, "-")
+			if len(f) < 5 || i < 0 || i+1 >= len(f) || !under(f[4]) {
+				continue
+			}
+			if strings.HasPrefix(f[i+1], "fuse") == fuse {
+				out = append(out, f[4])
+			}
+		}
+		sort.Slice(out, func(a, b int) bool { return len(out[a]) > len(out[b]) })
+		return out
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, m := range mounts(false) {
+		t.Logf("left mounted: %s; unmounting", m)
+		_ = exec.CommandContext(ctx, "umount", "-l", m).Run()
+	}
+	out, _ := exec.CommandContext(ctx, "losetup", "-a").Output()
+	for _, line := range strings.Split(string(out), "\n") {
+		dev, rest, ok := strings.Cut(line, ":")
+		if ok && strings.Contains(rest, "(") && under(rest[strings.Index(rest, "(")+1:strings.LastIndex(rest, ")")]) {
+			t.Logf("left attached: %s; detaching", line)
+			_ = exec.CommandContext(ctx, "losetup", "-d", dev).Run()
+		}
+	}
+	for _, m := range mounts(true) {
+		t.Logf("left mounted: %s; unmounting", m)
+		_ = exec.CommandContext(ctx, "umount", "-l", m).Run()
+	}
 }
 
 func requireKernelAttach(t *testing.T) {
@@ -97,6 +150,7 @@ func TestCSISanity(t *testing.T) {
 	p := startPlayground(t, "1GiB")
 	sock := startCSI(t, p, "sanity-node")
 	dir := t.TempDir()
+	t.Cleanup(func() { releaseUnder(t, dir) })
 	cfg := sanity.NewTestConfig()
 	cfg.Address = sock
 	cfg.TargetPath = filepath.Join(dir, "target")
@@ -212,5 +266,98 @@ func TestCSIPublishFencesOldWriter(t *testing.T) {
 	}
 	if _, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: vol}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Expansion as Kubernetes does it for a driver with OFFLINE expansion: the
+// pod goes, ControllerExpandVolume grows the volume, the next stage attaches
+// the bigger device and NodeExpandVolume grows ext4 to it; the file written
+// before is intact and the file system sees the new size.
+func TestCSIExpand(t *testing.T) {
+	requireKernelAttach(t)
+	p := startPlayground(t, "1GiB")
+	sock := startCSI(t, p, "node-a")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctl, node := csi.NewControllerClient(conn), csi.NewNodeClient(conn)
+	rwo := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+	const vol = "pvc-grow"
+	if _, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: vol, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{rwo}}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	t.Cleanup(func() { releaseUnder(t, dir) })
+	staging, target := filepath.Join(dir, "staging"), filepath.Join(dir, "target")
+	if err := os.MkdirAll(staging, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	stage := func() {
+		t.Helper()
+		if _, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: vol, NodeId: "node-a", VolumeCapability: rwo}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol, StagingTargetPath: staging, VolumeCapability: rwo}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: vol, StagingTargetPath: staging, TargetPath: target, VolumeCapability: rwo}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unstage := func() {
+		t.Helper()
+		if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol, TargetPath: target}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol, StagingTargetPath: staging}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ctl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: vol, NodeId: "node-a"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fsBytes := func() int64 {
+		t.Helper()
+		var fs syscall.Statfs_t
+		if err := syscall.Statfs(target, &fs); err != nil {
+			t.Fatal(err)
+		}
+		return int64(fs.Blocks) * fs.Bsize
+	}
+	stage()
+	want := make([]byte, 5<<20)
+	_, _ = rand.Read(want)
+	if err := os.WriteFile(filepath.Join(target, "data"), want, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := fsBytes()
+	unstage()
+	r, err := ctl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: vol,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 256 << 20}, VolumeCapability: rwo})
+	if err != nil || r.CapacityBytes != 256<<20 || !r.NodeExpansionRequired {
+		t.Fatalf("ControllerExpandVolume: %v %v", r, err)
+	}
+	stage()
+	defer unstage()
+	if _, err := node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: vol, VolumePath: target,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 256 << 20}, VolumeCapability: rwo}); err != nil {
+		t.Fatal(err)
+	}
+	after := fsBytes()
+	t.Logf("ext4: %d MiB before, %d MiB after the expansion", before>>20, after>>20)
+	if before > 64<<20 || after < 200<<20 {
+		t.Fatalf("ext4 has %d bytes before and %d after growing the volume from 64 to 256 MiB", before, after)
+	}
+	got, err := os.ReadFile(filepath.Join(target, "data"))
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("the file written before the expansion: %v (equal: %v)", err, bytes.Equal(got, want))
 	}
 }

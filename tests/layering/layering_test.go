@@ -77,6 +77,7 @@ var rules = []rule{
 	{pkg: "internal/testhost/...", may: withLeaves("internal/testhost/wire"), why: "the guest's agent and its channel's framing"},
 	{pkg: "internal/testutil", may: withLeaves(), why: "test support"},
 	{pkg: "tests/...", may: []string{"..."}, why: "tests use anything"},
+	{pkg: "deploy", may: []string{"internal/csi", "internal/testcluster"}, why: "Kubernetes manifests and the Helm chart; their test checks them against the driver"},
 }
 
 // testSupport: these packages and those under them support tests; production code
