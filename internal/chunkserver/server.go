@@ -359,7 +359,7 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 	c.log = c.cfg.Logger.With("component", "chunkserver", "chunkserver", id)
 	dataSec := c.dataSecurity()
 	c.peers = raftnet.New(raftnet.Config{Self: id, Logger: c.log, SnapshotRate: c.cfg.SnapshotRate,
-		Security: dataSec})
+		Security: dataSec, AlignSkip: proposalRoom})
 	c.host, err = raftstore.New(raftstore.Config{
 		NodeID:          id,
 		Log:             c.wal,

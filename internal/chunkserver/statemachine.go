@@ -92,6 +92,23 @@ func newStateMachine(group uint64, chunkSize int64, store chunkStore, onFail fun
 // answered NO_SUCH_VOLUME) are results, returned as *api.Error, and change nothing. A disk error stops
 // the replica: it is returned as a non-api error (raftstore then stops the group).
 func (sm *stateMachine) Apply(index uint64, data []byte) error {
+	return sm.applyEntry(index, data, false)
+}
+
+// ApplyFollower is Apply on a replica that does not lead the copyset
+// (raftstore.FollowerApplier): large writes go around the page cache, since
+// the leader serves the reads.
+func (sm *stateMachine) ApplyFollower(index uint64, data []byte) error {
+	return sm.applyEntry(index, data, true)
+}
+
+// uncachedStore is the optional part of a chunkStore that writes around the
+// page cache (*datastore.Copyset).
+type uncachedStore interface {
+	WriteAtUncached(id chunkID, p []byte, off int64) error
+}
+
+func (sm *stateMachine) applyEntry(index uint64, data []byte, uncached bool) error {
 	if p := sm.failed.Load(); p != nil {
 		return *p
 	}
@@ -103,7 +120,7 @@ func (sm *stateMachine) Apply(index uint64, data []byte) error {
 	if err != nil {
 		return sm.fail(fmt.Errorf("copyset %#x entry %d: %w", sm.group, index, err))
 	}
-	res, err := sm.apply(c)
+	res, err := sm.apply(c, uncached)
 	if err == nil && c.Op == cmdDeleteVolume && sm.afterDelete != nil {
 		sm.afterDelete(sm.group, c.Volume)
 	}
@@ -116,7 +133,7 @@ func (sm *stateMachine) Apply(index uint64, data []byte) error {
 }
 
 // apply returns (result, disk error).
-func (sm *stateMachine) apply(c command) (error, error) {
+func (sm *stateMachine) apply(c command, uncached bool) (error, error) {
 	if c.Op == cmdDeleteVolume {
 		return nil, sm.deleteVolume(c.Volume)
 	}
@@ -146,6 +163,9 @@ func (sm *stateMachine) apply(c command) (error, error) {
 	}
 	switch c.Op {
 	case cmdWrite:
+		if u, ok := sm.store.(uncachedStore); ok && uncached {
+			return nil, u.WriteAtUncached(id, c.Data, off)
+		}
 		return nil, sm.store.WriteAt(id, c.Data, off)
 	case cmdTrim:
 		return nil, sm.store.Discard(id, off, int64(c.Length))

@@ -534,21 +534,97 @@ func TestMetaAtomic(t *testing.T) {
 		t.Fatalf("after a torn temp file LoadMeta = %q, %v", m, err)
 	}
 	s.Close()
-	// Garbage in place of meta, a flipped byte, a truncated file: ErrCorrupt.
-	good, _ := os.ReadFile(filepath.Join(csDir, "meta"))
-	flipped := bytes.Clone(good)
+	// "three" is record 4 in meta.0, "" record 3 in meta.1. The newest slot
+	// torn (garbage, a flipped byte, cut short): the record before it.
+	// Both slots damaged: ErrCorrupt.
+	slot0, slot1 := filepath.Join(csDir, "meta.0"), filepath.Join(csDir, "meta.1")
+	good0, _ := os.ReadFile(slot0)
+	good1, _ := os.ReadFile(slot1)
+	flipped := bytes.Clone(good0)
 	flipped[len(flipped)-1] ^= 1
 	for name, b := range map[string][]byte{
-		"garbage": []byte("not a meta file at all"), "flipped": flipped,
-		"truncated": good[:len(good)-2], "short": good[:5],
+		"garbage": []byte("not a meta record at all"), "flipped": flipped,
+		"truncated": good0[:len(good0)-2], "short": good0[:5], "empty": {},
 	} {
-		os.WriteFile(filepath.Join(csDir, "meta"), b, 0o644)
+		os.WriteFile(slot0, b, 0o644)
+		s = openStore(t, dir, 0, Knobs{})
+		cs = mustCopyset(t, s, 0xabc)
+		if m, err := cs.LoadMeta(); m == nil || len(m) != 0 || err != nil {
+			t.Errorf("%s newest slot: LoadMeta = %q, %v; want the previous record (empty)", name, m, err)
+		}
+		s.Close()
+		os.WriteFile(slot1, b, 0o644)
 		s = openStore(t, dir, 0, Knobs{})
 		cs = mustCopyset(t, s, 0xabc)
 		if _, err := cs.LoadMeta(); !errors.Is(err, ErrCorrupt) {
-			t.Errorf("%s meta: LoadMeta error %v, want ErrCorrupt", name, err)
+			t.Errorf("%s in both slots: LoadMeta error %v, want ErrCorrupt", name, err)
 		}
 		s.Close()
+		os.WriteFile(slot1, good1, 0o644)
+	}
+	os.WriteFile(slot0, good0, 0o644)
+
+	// After a torn newest slot, the next save goes to that slot again and
+	// reads back; a save after it to the other one.
+	os.WriteFile(slot0, flipped, 0o644)
+	s = openStore(t, dir, 0, Knobs{})
+	cs = mustCopyset(t, s, 0xabc)
+	for _, want := range []string{"four", "five"} {
+		if err := cs.SaveMeta([]byte(want)); err != nil {
+			t.Fatal(err)
+		}
+		if m, err := cs.LoadMeta(); string(m) != want || err != nil {
+			t.Fatalf("LoadMeta = %q, %v; want %s", m, err, want)
+		}
+	}
+	s.Close()
+	s = openStore(t, dir, 0, Knobs{})
+	if m, err := mustCopyset(t, s, 0xabc).LoadMeta(); string(m) != "five" || err != nil {
+		t.Fatalf("after reopen LoadMeta = %q, %v; want five", m, err)
+	}
+	s.Close()
+}
+
+// TestMetaFromOlderVersion: a copyset whose meta is the single file older
+// versions wrote (write meta.tmp, rename) reads it, a first save into a slot
+// torn by a crash still leaves it, and a save that completed replaces it.
+func TestMetaFromOlderVersion(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir, 0, Knobs{})
+	mustCopyset(t, s, 0xabc)
+	s.Close()
+	csDir := filepath.Join(dir, "copysets", "0000000000000abc")
+	if err := writeAtomic(csDir, metaFileName, metaMagic, []byte("old")); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(csDir, "meta.1"), []byte("torn first record"), 0o644)
+	s = openStore(t, dir, 0, Knobs{})
+	cs := mustCopyset(t, s, 0xabc)
+	if m, err := cs.LoadMeta(); string(m) != "old" || err != nil {
+		t.Fatalf("LoadMeta = %q, %v; want old", m, err)
+	}
+	if err := cs.SaveMeta([]byte("new")); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if _, err := os.Stat(filepath.Join(csDir, metaFileName)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the old meta file is still there after a save: %v", err)
+	}
+	s = openStore(t, dir, 0, Knobs{})
+	defer s.Close()
+	if m, err := mustCopyset(t, s, 0xabc).LoadMeta(); string(m) != "new" || err != nil {
+		t.Fatalf("LoadMeta = %q, %v; want new", m, err)
+	}
+	// A damaged old file with no slot: ErrCorrupt, as before.
+	dir2 := t.TempDir()
+	s2 := openStore(t, dir2, 0, Knobs{})
+	mustCopyset(t, s2, 1)
+	s2.Close()
+	os.WriteFile(filepath.Join(dir2, "copysets", "0000000000000001", metaFileName), []byte("garbage"), 0o644)
+	s2 = openStore(t, dir2, 0, Knobs{})
+	defer s2.Close()
+	if _, err := mustCopyset(t, s2, 1).LoadMeta(); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("damaged old meta: LoadMeta error %v, want ErrCorrupt", err)
 	}
 }
 

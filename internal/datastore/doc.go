@@ -37,8 +37,10 @@
 //	  pool/<chunk size>/recycle/<seq>      files of deleted chunks, zeroed by the filler
 //	  copysets/<group %016x>/
 //	    info                               the copyset's chunk size (framed, see below)
-//	    meta                               SaveMeta's blob (framed)
-//	    meta.tmp                           SaveMeta in progress (removed at Open)
+//	    meta.0, meta.1                     SaveMeta's blob: two slots written in turn (below)
+//	    meta                               SaveMeta's blob as older versions wrote it (framed;
+//	                                       read while no slot holds a record, removed by the next save)
+//	    meta.tmp                           older versions' SaveMeta in progress (removed at Open)
 //	    chunks/<volume %016x>_<index %016x>  one file per chunk, exactly chunk-size long
 //	    staging/                           a snapshot being received (removed at Open)
 //	    staged.<raft index %016x>/         a received, fsynced snapshot awaiting install
@@ -49,8 +51,16 @@
 //
 // <chunk size> is decimal bytes; <seq> is %016x from a per-store counter.
 //
-// Framed files (info, meta, install) are: magic u32 ("BINF" for info, "BMTA"
-// for meta, "BINS" for install), payload length u32, crc32c (Castagnoli) of the payload u32, payload;
+// Meta slots: record number seq (1, 2, ...) is written in place into
+// meta.<seq%2> and fdatasynced; a record is magic u32 ("BMS2"), seq u64,
+// payload length u32, crc32c of seq, length and payload u32, payload (the
+// file may run on past it). LoadMeta takes the valid record with the highest
+// seq: a save torn by a crash damages only its own slot, and the other holds
+// the record before it. Both slots present and neither valid is ErrCorrupt.
+//
+// Framed files (info, the old meta, install) are: magic u32 ("BINF" for info,
+// "BMTA" for meta, "BINS" for install), payload length u32, crc32c
+// (Castagnoli) of the payload u32, payload;
 // integers big-endian. They are replaced atomically: write name.tmp, fsync,
 // rename over name, fsync the directory. A crash leaves the old or the new
 // file; a file that fails the length or CRC check is reported as ErrCorrupt,

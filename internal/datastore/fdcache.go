@@ -14,7 +14,8 @@ type chunk struct {
 
 	// Guarded by fdCache.mu.
 	fd   int // -1 while closed
-	refs int // IOs currently using fd
+	dfd  int // the same file opened O_DIRECT (WriteAtUncached), -1 if not open; closed with fd
+	refs int // IOs currently using fd (and dfd)
 	// dead: the file left the copyset (deleted, or replaced by an install).
 	// No new reference may be taken; the fd is closed when refs drops to 0.
 	dead       bool
@@ -86,6 +87,25 @@ func (c *fdCache) acquire(ch *chunk) (fd int, ok bool, err error) {
 	return fd, true, nil
 }
 
+// direct returns ch's O_DIRECT descriptor, opening it if needed. The caller
+// holds a reference (acquire), which covers it: it is closed with fd.
+func (c *fdCache) direct(ch *chunk) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ch.dfd >= 0 {
+		return ch.dfd, nil
+	}
+	fd, err := unix.Open(ch.path, unix.O_WRONLY|unix.O_DIRECT|unix.O_CLOEXEC|unix.O_NOATIME, 0)
+	if err == unix.EPERM {
+		fd, err = unix.Open(ch.path, unix.O_WRONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+	}
+	if err != nil {
+		return -1, err
+	}
+	ch.dfd = fd
+	return fd, nil
+}
+
 // acquireOpen is acquire for a file that is open already: it never opens
 // one (ok false), so it never waits for the disk.
 func (c *fdCache) acquireOpen(ch *chunk) (fd int, ok bool) {
@@ -137,6 +157,10 @@ func (c *fdCache) closeLocked(ch *chunk) {
 	}
 	unix.Close(ch.fd)
 	ch.fd = -1
+	if ch.dfd >= 0 {
+		unix.Close(ch.dfd)
+		ch.dfd = -1
+	}
 	c.unlink(ch)
 	c.open--
 }

@@ -60,12 +60,21 @@ type Store struct {
 	fds         *fdCache
 	pool        *pool
 	closed      atomic.Bool
-	noWait      atomic.Bool // preadv2(RWF_NOWAIT) is unsupported here (ReadAtCached)
-	noCachestat atomic.Bool // cachestat(2) is unsupported: ReadAtCached's preads stay ordinary calls
+	noWait      atomic.Bool   // preadv2(RWF_NOWAIT) is unsupported here (ReadAtCached)
+	noCachestat atomic.Bool   // cachestat(2) is unsupported: ReadAtCached's preads stay ordinary calls
+	noDirect    atomic.Bool   // O_DIRECT was refused: WriteAtUncached writes through the page cache
+	direct      atomic.Uint64 // writes WriteAtUncached made with O_DIRECT (tests)
 
 	mu       sync.Mutex // guards copysets
 	copysets map[uint64]*Copyset
 	csDir    string // <Dir>/copysets
+}
+
+// refuseDirect turns WriteAtUncached's direct writes off for good, once.
+func (s *Store) refuseDirect(err error) {
+	if !s.noDirect.Swap(true) {
+		s.log.Warn("datastore: O_DIRECT chunk writes refused; writing through the page cache", "err", err)
+	}
 }
 
 // Open opens (or creates) the store in cfg.Dir. It finishes or rolls back any

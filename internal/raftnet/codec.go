@@ -86,7 +86,16 @@ type frameBuilder struct {
 	head []byte
 	cuts []cut
 	size int // payload bytes, data pieces included
+
+	cutBytes int // data bytes in cuts
+	// alignAt: 1 + the payload offset of the first entry data of
+	// alignMinData bytes or more; 0 if none (the frame header's hint).
+	alignAt int
 }
+
+// alignMinData: the entry data a frame's alignment hint points at is at
+// least this long (a large write, which a follower writes with O_DIRECT).
+const alignMinData = 64 << 10
 
 // cut is entry data that belongs after head[:at].
 type cut struct {
@@ -133,7 +142,11 @@ func (f *frameBuilder) add(r *record) error {
 		case len(e.Data) < inlineData:
 			b = append(b, e.Data...)
 		default:
+			if f.alignAt == 0 && len(e.Data) >= alignMinData {
+				f.alignAt = 1 + len(b) + f.cutBytes
+			}
 			f.cuts = append(f.cuts, cut{at: len(b), data: e.Data})
+			f.cutBytes += len(e.Data)
 		}
 	}
 	f.head = b

@@ -11,7 +11,12 @@
 // # OpRaft frames
 //
 // An OpRaft frame is one-way (no reply); its header's Hint is the sender's
-// chunkserver id and its Length the batch format version, BatchVersion (2). A
+// chunkserver id, its Length the batch format version, BatchVersion (2), and
+// its Offset an alignment hint: 0, or 1 + the payload offset that the
+// receiver should place on a 512-byte boundary in memory, Config.AlignSkip
+// bytes into the frame's first entry data of 64 KiB or more (where a
+// chunkserver's write data starts, so a follower writes it with O_DIRECT
+// without a copy). Receivers that predate the hint ignore it. A
 // receiver drops a frame of another version (and says so in its log, at most
 // every 10 s): chunkservers of one cluster run one version. The payload is a
 // sequence of records, one per raft message; all integers are big-endian:

@@ -81,13 +81,20 @@ func (t *Transport) Receiver(host Host) *Receiver {
 }
 
 // AllocPayload gives large OpRaft payloads a buffer of their own, which the
-// decoded entries keep (transport.PayloadAllocator).
+// decoded entries keep (transport.PayloadAllocator). The payload starts so
+// far into it that the offset the frame's header hints at (alignHint) is
+// dataAlign-aligned in memory: a buffer this large is a page-aligned
+// allocation of its own.
 func (s *Receiver) AllocPayload(h api.Header, n int) (*[]byte, int) {
 	if h.Op != api.OpRaft || n < aliasMinFrame {
 		return nil, 0
 	}
-	b := make([]byte, n)
-	return &b, 0
+	pad := 0
+	if h.Offset > 0 && h.Offset <= uint64(n) {
+		pad = int(-(h.Offset - 1) & (dataAlign - 1))
+	}
+	b := make([]byte, pad+n)
+	return &b, pad
 }
 
 // ServeFrame handles an OpRaft or OpSnapshot frame (transport.Handler).

@@ -48,6 +48,11 @@ type Config struct {
 	// SnapshotRate bounds the snapshot bytes this chunkserver sends plus
 	// receives per second (0: DefaultSnapshotRate; < 0: no limit).
 	SnapshotRate int64
+	// AlignSkip: how far into a large entry's data the bytes start that a
+	// follower writes to disk (the chunkserver's proposal and command
+	// headers). Frames ask their receiver to place that point on a 512-byte
+	// boundary in memory (see alignHint).
+	AlignSkip int
 	// Security is how peers are dialed (transport.Security; ModeNone by
 	// default). In a secure mode a peer must prove to be the chunkserver
 	// dialed: a connection to an address now held by another is dropped.
@@ -63,11 +68,12 @@ type Config struct {
 // connection (dials, writes frames, redials after an error). SendSnapshot runs
 // on a raftstore snapshot goroutine with a connection of its own.
 type Transport struct {
-	self uint64
-	log  *slog.Logger
-	ctx  context.Context
-	stop context.CancelFunc
-	wg   sync.WaitGroup
+	self      uint64
+	alignSkip int
+	log       *slog.Logger
+	ctx       context.Context
+	stop      context.CancelFunc
+	wg        sync.WaitGroup
 
 	mu     sync.Mutex
 	closed bool
@@ -93,7 +99,7 @@ func New(cfg Config) *Transport {
 	if sec.Mode != transport.ModeNone {
 		sec.Allow = []identity.Role{identity.RoleChunkserver}
 	}
-	return &Transport{self: cfg.Self, log: cfg.Logger, ctx: ctx, stop: cancel, peers: make(map[uint64]*peer),
+	return &Transport{self: cfg.Self, alignSkip: cfg.AlignSkip, log: cfg.Logger, ctx: ctx, stop: cancel, peers: make(map[uint64]*peer),
 		frameLimit: maxFrame, snapLimit: newSnapshotLimiter(cfg.SnapshotRate), sec: sec}
 }
 
@@ -140,7 +146,24 @@ type peer struct {
 type frame struct {
 	pieces [][]byte
 	size   int
+	hint   uint64 // the header's Offset: alignHint
 }
+
+// alignHint is an OpRaft frame header's Offset: 0, or 1 + the payload offset
+// the receiver should place on a dataAlign boundary in memory (AllocPayload).
+// It points alignSkip bytes into the frame's first large entry data (the
+// chunkserver's proposal header), so that the write's data lands where a
+// follower can write it with O_DIRECT without copying it. Receivers that
+// predate it ignore it.
+func (t *Transport) alignHint(f *frameBuilder) uint64 {
+	if f.alignAt == 0 {
+		return 0
+	}
+	return uint64(f.alignAt + t.alignSkip)
+}
+
+// dataAlign is the memory alignment alignHint asks for (O_DIRECT's).
+const dataAlign = 512
 
 // SetPeers makes addrs (chunkserver id → data-plane address) current. Peers
 // are never forgotten (a peer missing from one heartbeat response is likely
@@ -245,10 +268,11 @@ func (t *Transport) Send(msgs []raftstore.Message) {
 				continue
 			}
 			b.p = nil
-			f := frame{pieces: b.f.pieces(), size: b.f.size}
+			f := frame{pieces: b.f.pieces(), size: b.f.size, hint: t.alignHint(&b.f)}
 			switch {
 			case f.size == 0:
 			case direct:
+				h.Offset = f.hint
 				c.SendAsync(h, f.pieces, nil)
 			case p.pendingBytes >= maxPeerQueue:
 				p.dropped++
@@ -313,6 +337,7 @@ func (t *Transport) runPeer(p *peer) {
 		// failed write kills conn, which Send and the next round notice.
 		h := api.Header{Op: api.OpRaft, Length: BatchVersion, Hint: t.self}
 		for _, f := range batch {
+			h.Offset = f.hint
 			conn.SendAsync(h, f.pieces, nil)
 		}
 		// Drained: later Sends write through the connection themselves, unless

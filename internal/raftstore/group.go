@@ -589,7 +589,11 @@ func (g *group) applyEntries(ents []*raftpb.Entry) bool {
 				return false
 			}
 			t := time.Now()
-			res = g.sm.Apply(idx, d[8:])
+			if fa, ok := g.sm.(FollowerApplier); ok && !g.isLeader {
+				res = fa.ApplyFollower(idx, d[8:])
+			} else {
+				res = g.sm.Apply(idx, d[8:])
+			}
 			h.stats.apply.Observe(time.Since(t))
 			if !isAPIError(res) {
 				g.restore(p)

@@ -69,6 +69,14 @@ type StateMachine interface {
 	InstallSnapshot(index uint64, state []byte) error
 }
 
+// FollowerApplier is an optional StateMachine extension. A replica that is
+// not its group's leader applies normal entries with ApplyFollower instead of
+// Apply: the same effect, but nothing reads what it writes soon (reads are
+// the leader's), so a chunk store may write around the page cache.
+type FollowerApplier interface {
+	ApplyFollower(index uint64, data []byte) error
+}
+
 // Message is one raft message of one group.
 type Message struct {
 	Group uint64
