@@ -137,6 +137,8 @@ type testCluster struct {
 	pool  *api.Pool
 
 	tune func(*Config)
+	// sec is how the test's own connections (conn) dial.
+	sec transport.Security
 
 	mu     sync.Mutex
 	conns  map[string]*transport.Conn
@@ -257,7 +259,7 @@ func (tc *testCluster) conn(addr string) *transport.Conn {
 	if c := tc.conns[addr]; c != nil && c.Err() == nil {
 		return c
 	}
-	c, err := transport.Dial(context.Background(), addr, transport.ConnConfig{})
+	c, err := transport.Dial(context.Background(), addr, transport.ConnConfig{Security: tc.sec})
 	if err != nil {
 		return nil
 	}

@@ -3,6 +3,8 @@ package chunkserver
 import (
 	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"hash/crc32"
 	"log/slog"
 	"slices"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/bufpool"
+	"github.com/basalt-storage/basalt/internal/capability"
 	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/raftnet"
 	"github.com/basalt-storage/basalt/internal/raftstore"
@@ -65,6 +68,96 @@ type handler struct {
 	missWG sync.WaitGroup // goroutines waiting on a volume-cache refresh
 
 	lastDenied atomic.Int64 // unix ns of the last "request refused" log line
+	// caps verifies session capabilities (the MDS's keys, from heartbeats);
+	// nil: none known (tests without an MDS).
+	caps *capability.Keys
+}
+
+// attachments are the capabilities attached to one connection, by volume
+// (transport.ConnState).
+type attachments struct {
+	mu   sync.Mutex
+	caps map[uint64]capability.Capability
+}
+
+// attach takes a session capability for h.Volume on this connection
+// (OpAttach). An unauthenticated data plane (an --insecure cluster) needs
+// none and takes any; otherwise the token must verify with one of the MDS's
+// keys and name h.Volume. Without the keys yet (no heartbeat answered) the
+// answer is BUSY: the client retries.
+func (hd *handler) attach(rw transport.ReplyWriter, h api.Header, token []byte) {
+	if _, ok := transport.PeerOf(rw); !ok {
+		hd.reply(rw, h, api.StatusOK, 0)
+		return
+	}
+	cs, ok := rw.(transport.ConnState)
+	if !ok {
+		hd.reply(rw, h, api.StatusDenied, 0)
+		return
+	}
+	if hd.caps == nil || !hd.caps.Known() {
+		hd.reply(rw, h, api.StatusBusy, 0)
+		return
+	}
+	c, err := hd.caps.Verify(token, time.Now())
+	if err == nil && c.Volume != h.Volume {
+		err = fmt.Errorf("capability for volume %d attached as %d", c.Volume, h.Volume)
+	}
+	if err != nil {
+		who, _ := transport.PeerOf(rw)
+		hd.logDeniedCap(who.String(), h, err)
+		hd.reply(rw, h, api.StatusDenied, 0)
+		return
+	}
+	at, _ := cs.State().Load().(*attachments)
+	if at == nil {
+		cs.State().CompareAndSwap(nil, &attachments{caps: map[uint64]capability.Capability{}})
+		at = cs.State().Load().(*attachments)
+	}
+	at.mu.Lock()
+	at.caps[c.Volume] = c
+	at.mu.Unlock()
+	hd.reply(rw, h, api.StatusOK, 0)
+}
+
+// capStatus is OK when the connection may make IO request h: on an
+// authenticated data plane, a capability for h.Volume attached to it, not
+// expired, that allows the op at h.Epoch — no epoch above the signed one
+// counts, so none can fence the volume's writer. DENIED otherwise.
+func (hd *handler) capStatus(rw transport.ReplyWriter, h api.Header) api.Status {
+	if _, ok := transport.PeerOf(rw); !ok {
+		return api.StatusOK // an --insecure cluster: no capabilities
+	}
+	var c capability.Capability
+	found := false
+	if cs, ok := rw.(transport.ConnState); ok {
+		if at, _ := cs.State().Load().(*attachments); at != nil {
+			at.mu.Lock()
+			c, found = at.caps[h.Volume]
+			at.mu.Unlock()
+		}
+	}
+	write := h.Op != api.OpRead
+	if !found || time.Now().After(c.Expiry.Add(capability.Skew)) || !c.Allows(write, h.Epoch) {
+		who, _ := transport.PeerOf(rw)
+		hd.logDeniedCap(who.String(), h, errNoCapability)
+		return api.StatusDenied
+	}
+	return api.StatusOK
+}
+
+// errNoCapability: an IO without a valid capability for it.
+var errNoCapability = errors.New("no valid capability attached for this volume, mode and epoch")
+
+// logDeniedCap logs a refused capability or IO, at most every 10 s.
+func (hd *handler) logDeniedCap(who string, h api.Header, err error) {
+	now := time.Now().UnixNano()
+	last := hd.lastDenied.Load()
+	if now-last < int64(10*time.Second) || !hd.lastDenied.CompareAndSwap(last, now) {
+		return
+	}
+	hd.log.Warn("request refused: capability", "peer", who, "op", h.Op.String(), "volume", h.Volume,
+		"epoch", h.Epoch, "err", err)
 }
 
 // ServeFrame implements transport.Handler. It never panics on input and never
@@ -84,13 +177,23 @@ func (hd *handler) ServeFrame(rw transport.ReplyWriter, h api.Header, payload []
 		hd.reply(rw, h, api.StatusOK, 0)
 	case api.OpChecksum:
 		hd.checksum(rw, h)
+	case api.OpAttach:
+		hd.attach(rw, h, payload)
 	case api.OpFence:
 		if len(payload) != 0 {
 			hd.reply(rw, h, api.StatusBadRequest, 0)
 			return
 		}
+		if st := hd.capStatus(rw, h); st != api.StatusOK {
+			hd.reply(rw, h, st, 0)
+			return
+		}
 		hd.fence(rw, h, true)
 	case api.OpRead, api.OpWrite, api.OpTrim, api.OpWriteZeroes:
+		if st := hd.capStatus(rw, h); st != api.StatusOK {
+			hd.reply(rw, h, st, 0)
+			return
+		}
 		var in *[]byte
 		if b, ok := rw.(transport.PayloadBufferer); ok && h.Op == api.OpWrite {
 			in, _ = b.PayloadBuffer()

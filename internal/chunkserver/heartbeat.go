@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/basalt-storage/basalt/internal/capability"
 	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
@@ -114,6 +115,13 @@ func (c *ChunkServer) learn(ctx context.Context, resp *api.HeartbeatResponse) {
 		addrs[p.GetId()] = p.GetAddr()
 	}
 	c.peers.SetPeers(addrs)
+	if ks := resp.GetCapabilityKeys(); len(ks) > 0 {
+		keys := make([]capability.Key, 0, len(ks))
+		for _, k := range ks {
+			keys = append(keys, capability.Key{ID: k.GetId(), Public: k.GetPublicKey()})
+		}
+		c.capKeys.Set(keys)
+	}
 	c.vols.addPools(resp.GetPools())
 	if c.vols.stale(resp.GetVolumesRevision()) {
 		if err := c.vols.refresh(ctx); err != nil {

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/basalt-storage/basalt/internal/capability"
 	"github.com/basalt-storage/basalt/internal/datastore"
 	"github.com/basalt-storage/basalt/internal/debughttp"
 	"github.com/basalt-storage/basalt/internal/fsdir"
@@ -146,6 +147,8 @@ type ChunkServer struct {
 	peerIn *raftnet.Receiver
 	srv    *transport.Server
 	hd     *handler
+	// capKeys are the MDS's capability keys, from heartbeat answers.
+	capKeys capability.Keys
 	// local is hd once the data plane serves, nil before and from shutdown on:
 	// what Go (the local fast path, local.go) hands requests to.
 	local atomic.Pointer[handler]
@@ -381,6 +384,7 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 		peerIn:  c.peerIn,
 		metrics: c.metrics,
 		stats:   &c.stats,
+		caps:    &c.capKeys,
 	}
 	if err := c.vols.refresh(ctx); err != nil {
 		c.log.Warn("volume list unavailable; retrying at the next heartbeat", "err", err)

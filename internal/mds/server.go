@@ -117,6 +117,8 @@ type Server struct {
 
 	// volumeIDs and sessionIDs hand out ids from batches reserved in etcd.
 	volumeIDs, sessionIDs *idAllocator
+
+	caps capKeys // the session capabilities' signing keys (capkeys.go)
 }
 
 type metrics struct {

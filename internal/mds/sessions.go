@@ -82,9 +82,14 @@ func (h *handler) OpenVolume(ctx context.Context, req *api.OpenVolumeRequest) (*
 		s.log.Info("volume opened for writing", "volume", vol.ID, "name", vol.Name, "session", sess.ID,
 			"epoch", vol.Epoch, "client", req.Client, "superseded_session", prevWriter)
 	}
+	token, err := s.capability(ctx, sess)
+	if err != nil {
+		return nil, err
+	}
 	return &api.OpenVolumeResponse{
 		Volume: vol.proto(), Pool: pool.proto(), SessionId: sess.ID, Epoch: sess.Epoch,
 		LeaseMs: s.cfg.SessionLease.Milliseconds(), Copysets: copysets, Chunkservers: servers,
+		Capability: token,
 	}, nil
 }
 
@@ -125,7 +130,11 @@ func (h *handler) RenewSession(ctx context.Context, req *api.RenewSessionRequest
 		}
 		return nil, err
 	}
-	return &api.RenewSessionResponse{LeaseMs: s.cfg.SessionLease.Milliseconds()}, nil
+	token, err := s.capability(ctx, sess)
+	if err != nil {
+		return nil, err
+	}
+	return &api.RenewSessionResponse{LeaseMs: s.cfg.SessionLease.Milliseconds(), Capability: token}, nil
 }
 
 // CloseSession ends a session. Closing an unknown or expired session

@@ -307,7 +307,11 @@ func (h *handler) Heartbeat(ctx context.Context, req *api.HeartbeatRequest) (*ap
 		return nil, fmt.Errorf("%w: chunkserver %d is not registered; register first", ErrNotFound, req.Id)
 	}
 	now := time.Now()
-	resp := &api.HeartbeatResponse{VolumesRevision: t.volumesRev}
+	keys, err := s.capabilityKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp := &api.HeartbeatResponse{VolumesRevision: t.volumesRev, CapabilityKeys: keys}
 	peers := map[uint64]bool{}
 
 	s.mu.Lock()

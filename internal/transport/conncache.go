@@ -115,6 +115,37 @@ func (c *ConnCache[K]) Get(key K, cb func(*Conn, error)) {
 	go c.dial(key, e, addr)
 }
 
+// Each calls f for every live connection of the cache (not while holding
+// its locks).
+func (c *ConnCache[K]) Each(f func(key K, conn *Conn)) {
+	type kc struct {
+		k K
+		c *Conn
+	}
+	type ke struct {
+		k K
+		e *cachedConn
+	}
+	var all []ke
+	c.mu.Lock()
+	for k, e := range c.entries {
+		all = append(all, ke{k, e})
+	}
+	c.mu.Unlock()
+	// Then each entry's lock alone (the lock order puts it before c.mu).
+	var live []kc
+	for _, x := range all {
+		x.e.mu.Lock()
+		if x.e.conn != nil && x.e.conn.Err() == nil {
+			live = append(live, kc{x.k, x.e.conn})
+		}
+		x.e.mu.Unlock()
+	}
+	for _, x := range live {
+		f(x.k, x.c)
+	}
+}
+
 // Conn is Get for callers that may block: it returns the connection for key,
 // or the error, or ctx's error if ctx ends first (the dial goes on, and a
 // later call finds its connection).

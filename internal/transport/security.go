@@ -205,3 +205,15 @@ func HasRole(rw ReplyWriter, roles ...identity.Role) bool {
 	id, ok := PeerOf(rw)
 	return !ok || slices.Contains(roles, id.Role)
 }
+
+// ClientHandshake runs the client side of the security handshake on an
+// established connection and returns the connection the frames then go on
+// (nc itself in ModeAuthenticated, TLS over it in ModeEncrypted) and the
+// server's identity. Dial uses it; fuzzers and tools that write raw frames
+// behind authentication use it directly.
+func ClientHandshake(ctx context.Context, nc net.Conn, sec Security) (net.Conn, identity.Identity, error) {
+	if err := sec.check(); err != nil {
+		return nil, identity.Identity{}, err
+	}
+	return clientHandshake(ctx, nc, sec)
+}

@@ -87,6 +87,13 @@ type PayloadBufferer interface {
 	PayloadBuffer() (buf *[]byte, off int)
 }
 
+// ConnState is the ability of a Server's ReplyWriter to keep a handler's
+// state for its connection (what a client attached to it, say); it lives
+// as long as the connection.
+type ConnState interface {
+	State() *atomic.Value
+}
+
 // ReplyWriter answers the requests of one connection.
 type ReplyWriter interface {
 	// Reply queues a reply. h: the request header with Status/Hint set; PayloadLen and
@@ -307,6 +314,8 @@ type serverConn struct {
 	// Security is not ModeNone); set by the reader before the first frame.
 	peer   identity.Identity
 	authed bool
+	// state is the handler's per-connection state (ConnState).
+	state atomic.Value
 
 	retained bool    // reader goroutine only: set by Retain during ServeFrame
 	owned    *[]byte // reader goroutine only: AllocPayload's buffer of the frame being served
@@ -334,6 +343,9 @@ type serverConn struct {
 func (sc *serverConn) RemoteAddr() net.Addr { return sc.remote }
 
 func (sc *serverConn) Retain() { sc.retained = true }
+
+// State implements ConnState.
+func (sc *serverConn) State() *atomic.Value { return &sc.state }
 
 // Peer implements Peer.
 func (sc *serverConn) Peer() (identity.Identity, bool) { return sc.peer, sc.authed }

@@ -37,7 +37,11 @@
 // has payloads and uses Volume, Offset and Length as internal/raftnet
 // specifies. OpFence carries no payload and uses Volume, Epoch and Copyset:
 // a new writer raises its volume's epoch in that copyset (its Open fences
-// every copyset of the pool before it returns). A request for one IO never crosses a chunk boundary (the client
+// every copyset of the pool before it returns). OpAttach carries the session's
+// capability for Volume (internal/capability's token) and is answered OK or
+// DENIED; on an authenticated connection a chunkserver serves a volume's IO
+// only under a valid capability attached to that connection, at an epoch no
+// higher than the signed one. A request for one IO never crosses a chunk boundary (the client
 // splits). A reply repeats its request's header with FlagReply set, Status (and
 // Hint) filled in and its own PayloadLen. The encoding is frozen by
 // testdata/*.golden (TestHeaderGolden): changing it is a new Version.

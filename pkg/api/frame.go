@@ -39,13 +39,14 @@ const (
 	OpPing        Op = 6  // liveness; empty reply
 	OpChecksum    Op = 7  // per-chunk checksums of one copyset replica (scrub, tests)
 	OpFence       Op = 8  // raise Volume's epoch to Epoch in copyset Copyset, through its raft log (writer takeover)
+	OpAttach      Op = 9  // payload: the session capability for Volume, for the rest of this connection (docs/security.md)
 	OpRaft        Op = 16 // payload: a batch of raft messages (peer to peer, no reply)
 	OpSnapshot    Op = 17 // snapshot transfer between replicas (see raftstore)
 )
 
 var opNames = [...]string{
 	OpRead: "read", OpWrite: "write", OpTrim: "trim", OpWriteZeroes: "write_zeroes", OpFlush: "flush",
-	OpPing: "ping", OpChecksum: "checksum", OpFence: "fence", OpRaft: "raft", OpSnapshot: "snapshot",
+	OpPing: "ping", OpChecksum: "checksum", OpFence: "fence", OpAttach: "attach", OpRaft: "raft", OpSnapshot: "snapshot",
 }
 
 // String is the op's name as logs and metric labels show it ("write_zeroes").

@@ -631,8 +631,12 @@ type HeartbeatResponse struct {
 	// Copysets this chunkserver leads that should be led by another member
 	// (leader balancing): the leader calls raft's leader transfer.
 	TransferLeaders []*LeaderTransfer `protobuf:"bytes,5,rep,name=transfer_leaders,json=transferLeaders,proto3" json:"transfer_leaders,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The public keys the MDS signs session capabilities with (the current
+	// one and the previous one; internal/capability). A chunkserver serves a
+	// volume's IO only under a capability one of them signed.
+	CapabilityKeys []*CapabilityKey `protobuf:"bytes,6,rep,name=capability_keys,json=capabilityKeys,proto3" json:"capability_keys,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *HeartbeatResponse) Reset() {
@@ -700,6 +704,65 @@ func (x *HeartbeatResponse) GetTransferLeaders() []*LeaderTransfer {
 	return nil
 }
 
+func (x *HeartbeatResponse) GetCapabilityKeys() []*CapabilityKey {
+	if x != nil {
+		return x.CapabilityKeys
+	}
+	return nil
+}
+
+type CapabilityKey struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint32                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	PublicKey     []byte                 `protobuf:"bytes,2,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"` // Ed25519, 32 bytes
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CapabilityKey) Reset() {
+	*x = CapabilityKey{}
+	mi := &file_mds_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CapabilityKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CapabilityKey) ProtoMessage() {}
+
+func (x *CapabilityKey) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CapabilityKey.ProtoReflect.Descriptor instead.
+func (*CapabilityKey) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *CapabilityKey) GetId() uint32 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *CapabilityKey) GetPublicKey() []byte {
+	if x != nil {
+		return x.PublicKey
+	}
+	return nil
+}
+
 type LeaderTransfer struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PoolId        uint32                 `protobuf:"varint,1,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
@@ -711,7 +774,7 @@ type LeaderTransfer struct {
 
 func (x *LeaderTransfer) Reset() {
 	*x = LeaderTransfer{}
-	mi := &file_mds_proto_msgTypes[6]
+	mi := &file_mds_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -723,7 +786,7 @@ func (x *LeaderTransfer) String() string {
 func (*LeaderTransfer) ProtoMessage() {}
 
 func (x *LeaderTransfer) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[6]
+	mi := &file_mds_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -736,7 +799,7 @@ func (x *LeaderTransfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderTransfer.ProtoReflect.Descriptor instead.
 func (*LeaderTransfer) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{6}
+	return file_mds_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *LeaderTransfer) GetPoolId() uint32 {
@@ -768,7 +831,7 @@ type ListChunkServersRequest struct {
 
 func (x *ListChunkServersRequest) Reset() {
 	*x = ListChunkServersRequest{}
-	mi := &file_mds_proto_msgTypes[7]
+	mi := &file_mds_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -780,7 +843,7 @@ func (x *ListChunkServersRequest) String() string {
 func (*ListChunkServersRequest) ProtoMessage() {}
 
 func (x *ListChunkServersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[7]
+	mi := &file_mds_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -793,7 +856,7 @@ func (x *ListChunkServersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListChunkServersRequest.ProtoReflect.Descriptor instead.
 func (*ListChunkServersRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{7}
+	return file_mds_proto_rawDescGZIP(), []int{8}
 }
 
 type ListChunkServersResponse struct {
@@ -805,7 +868,7 @@ type ListChunkServersResponse struct {
 
 func (x *ListChunkServersResponse) Reset() {
 	*x = ListChunkServersResponse{}
-	mi := &file_mds_proto_msgTypes[8]
+	mi := &file_mds_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -817,7 +880,7 @@ func (x *ListChunkServersResponse) String() string {
 func (*ListChunkServersResponse) ProtoMessage() {}
 
 func (x *ListChunkServersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[8]
+	mi := &file_mds_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -830,7 +893,7 @@ func (x *ListChunkServersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListChunkServersResponse.ProtoReflect.Descriptor instead.
 func (*ListChunkServersResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{8}
+	return file_mds_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListChunkServersResponse) GetChunkservers() []*ChunkServer {
@@ -853,7 +916,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_mds_proto_msgTypes[9]
+	mi := &file_mds_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -865,7 +928,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[9]
+	mi := &file_mds_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -878,7 +941,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{9}
+	return file_mds_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Pool) GetId() uint32 {
@@ -930,7 +993,7 @@ type Copyset struct {
 
 func (x *Copyset) Reset() {
 	*x = Copyset{}
-	mi := &file_mds_proto_msgTypes[10]
+	mi := &file_mds_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -942,7 +1005,7 @@ func (x *Copyset) String() string {
 func (*Copyset) ProtoMessage() {}
 
 func (x *Copyset) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[10]
+	mi := &file_mds_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -955,7 +1018,7 @@ func (x *Copyset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Copyset.ProtoReflect.Descriptor instead.
 func (*Copyset) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{10}
+	return file_mds_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Copyset) GetPoolId() uint32 {
@@ -1014,7 +1077,7 @@ type CopysetMove struct {
 
 func (x *CopysetMove) Reset() {
 	*x = CopysetMove{}
-	mi := &file_mds_proto_msgTypes[11]
+	mi := &file_mds_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1026,7 +1089,7 @@ func (x *CopysetMove) String() string {
 func (*CopysetMove) ProtoMessage() {}
 
 func (x *CopysetMove) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[11]
+	mi := &file_mds_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1039,7 +1102,7 @@ func (x *CopysetMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopysetMove.ProtoReflect.Descriptor instead.
 func (*CopysetMove) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{11}
+	return file_mds_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CopysetMove) GetFrom() uint64 {
@@ -1082,7 +1145,7 @@ type CreatePoolRequest struct {
 
 func (x *CreatePoolRequest) Reset() {
 	*x = CreatePoolRequest{}
-	mi := &file_mds_proto_msgTypes[12]
+	mi := &file_mds_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1157,7 @@ func (x *CreatePoolRequest) String() string {
 func (*CreatePoolRequest) ProtoMessage() {}
 
 func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[12]
+	mi := &file_mds_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1170,7 @@ func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{12}
+	return file_mds_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CreatePoolRequest) GetName() string {
@@ -1147,7 +1210,7 @@ type CreatePoolResponse struct {
 
 func (x *CreatePoolResponse) Reset() {
 	*x = CreatePoolResponse{}
-	mi := &file_mds_proto_msgTypes[13]
+	mi := &file_mds_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1159,7 +1222,7 @@ func (x *CreatePoolResponse) String() string {
 func (*CreatePoolResponse) ProtoMessage() {}
 
 func (x *CreatePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[13]
+	mi := &file_mds_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1172,7 +1235,7 @@ func (x *CreatePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolResponse.ProtoReflect.Descriptor instead.
 func (*CreatePoolResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{13}
+	return file_mds_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CreatePoolResponse) GetPool() *Pool {
@@ -1190,7 +1253,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_mds_proto_msgTypes[14]
+	mi := &file_mds_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1202,7 +1265,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[14]
+	mi := &file_mds_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1215,7 +1278,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{14}
+	return file_mds_proto_rawDescGZIP(), []int{15}
 }
 
 type ListPoolsResponse struct {
@@ -1227,7 +1290,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_mds_proto_msgTypes[15]
+	mi := &file_mds_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1239,7 +1302,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[15]
+	mi := &file_mds_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1252,7 +1315,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{15}
+	return file_mds_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListPoolsResponse) GetPools() []*Pool {
@@ -1271,7 +1334,7 @@ type GetCopysetsRequest struct {
 
 func (x *GetCopysetsRequest) Reset() {
 	*x = GetCopysetsRequest{}
-	mi := &file_mds_proto_msgTypes[16]
+	mi := &file_mds_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1283,7 +1346,7 @@ func (x *GetCopysetsRequest) String() string {
 func (*GetCopysetsRequest) ProtoMessage() {}
 
 func (x *GetCopysetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[16]
+	mi := &file_mds_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1296,7 +1359,7 @@ func (x *GetCopysetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCopysetsRequest.ProtoReflect.Descriptor instead.
 func (*GetCopysetsRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{16}
+	return file_mds_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetCopysetsRequest) GetPoolId() uint32 {
@@ -1316,7 +1379,7 @@ type GetCopysetsResponse struct {
 
 func (x *GetCopysetsResponse) Reset() {
 	*x = GetCopysetsResponse{}
-	mi := &file_mds_proto_msgTypes[17]
+	mi := &file_mds_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1328,7 +1391,7 @@ func (x *GetCopysetsResponse) String() string {
 func (*GetCopysetsResponse) ProtoMessage() {}
 
 func (x *GetCopysetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[17]
+	mi := &file_mds_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1341,7 +1404,7 @@ func (x *GetCopysetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCopysetsResponse.ProtoReflect.Descriptor instead.
 func (*GetCopysetsResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{17}
+	return file_mds_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetCopysetsResponse) GetCopysets() []*Copyset {
@@ -1374,7 +1437,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_mds_proto_msgTypes[18]
+	mi := &file_mds_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1386,7 +1449,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[18]
+	mi := &file_mds_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1399,7 +1462,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{18}
+	return file_mds_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Volume) GetId() uint64 {
@@ -1470,7 +1533,7 @@ type Attachment struct {
 
 func (x *Attachment) Reset() {
 	*x = Attachment{}
-	mi := &file_mds_proto_msgTypes[19]
+	mi := &file_mds_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1482,7 +1545,7 @@ func (x *Attachment) String() string {
 func (*Attachment) ProtoMessage() {}
 
 func (x *Attachment) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[19]
+	mi := &file_mds_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1495,7 +1558,7 @@ func (x *Attachment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attachment.ProtoReflect.Descriptor instead.
 func (*Attachment) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{19}
+	return file_mds_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Attachment) GetNode() string {
@@ -1530,7 +1593,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_mds_proto_msgTypes[20]
+	mi := &file_mds_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1542,7 +1605,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[20]
+	mi := &file_mds_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1555,7 +1618,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{20}
+	return file_mds_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CreateVolumeRequest) GetName() string {
@@ -1588,7 +1651,7 @@ type CreateVolumeResponse struct {
 
 func (x *CreateVolumeResponse) Reset() {
 	*x = CreateVolumeResponse{}
-	mi := &file_mds_proto_msgTypes[21]
+	mi := &file_mds_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1600,7 +1663,7 @@ func (x *CreateVolumeResponse) String() string {
 func (*CreateVolumeResponse) ProtoMessage() {}
 
 func (x *CreateVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[21]
+	mi := &file_mds_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1613,7 +1676,7 @@ func (x *CreateVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeResponse.ProtoReflect.Descriptor instead.
 func (*CreateVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{21}
+	return file_mds_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CreateVolumeResponse) GetVolume() *Volume {
@@ -1633,7 +1696,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_mds_proto_msgTypes[22]
+	mi := &file_mds_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1645,7 +1708,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[22]
+	mi := &file_mds_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1658,7 +1721,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{22}
+	return file_mds_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetVolumeRequest) GetName() string {
@@ -1684,7 +1747,7 @@ type GetVolumeResponse struct {
 
 func (x *GetVolumeResponse) Reset() {
 	*x = GetVolumeResponse{}
-	mi := &file_mds_proto_msgTypes[23]
+	mi := &file_mds_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1696,7 +1759,7 @@ func (x *GetVolumeResponse) String() string {
 func (*GetVolumeResponse) ProtoMessage() {}
 
 func (x *GetVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[23]
+	mi := &file_mds_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1709,7 +1772,7 @@ func (x *GetVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeResponse.ProtoReflect.Descriptor instead.
 func (*GetVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{23}
+	return file_mds_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetVolumeResponse) GetVolume() *Volume {
@@ -1727,7 +1790,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_mds_proto_msgTypes[24]
+	mi := &file_mds_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1739,7 +1802,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[24]
+	mi := &file_mds_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1752,7 +1815,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{24}
+	return file_mds_proto_rawDescGZIP(), []int{25}
 }
 
 type ListVolumesResponse struct {
@@ -1765,7 +1828,7 @@ type ListVolumesResponse struct {
 
 func (x *ListVolumesResponse) Reset() {
 	*x = ListVolumesResponse{}
-	mi := &file_mds_proto_msgTypes[25]
+	mi := &file_mds_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1777,7 +1840,7 @@ func (x *ListVolumesResponse) String() string {
 func (*ListVolumesResponse) ProtoMessage() {}
 
 func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[25]
+	mi := &file_mds_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1790,7 +1853,7 @@ func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{25}
+	return file_mds_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListVolumesResponse) GetVolumes() []*Volume {
@@ -1817,7 +1880,7 @@ type ResizeVolumeRequest struct {
 
 func (x *ResizeVolumeRequest) Reset() {
 	*x = ResizeVolumeRequest{}
-	mi := &file_mds_proto_msgTypes[26]
+	mi := &file_mds_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1829,7 +1892,7 @@ func (x *ResizeVolumeRequest) String() string {
 func (*ResizeVolumeRequest) ProtoMessage() {}
 
 func (x *ResizeVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[26]
+	mi := &file_mds_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1842,7 +1905,7 @@ func (x *ResizeVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ResizeVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{26}
+	return file_mds_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ResizeVolumeRequest) GetName() string {
@@ -1868,7 +1931,7 @@ type ResizeVolumeResponse struct {
 
 func (x *ResizeVolumeResponse) Reset() {
 	*x = ResizeVolumeResponse{}
-	mi := &file_mds_proto_msgTypes[27]
+	mi := &file_mds_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1880,7 +1943,7 @@ func (x *ResizeVolumeResponse) String() string {
 func (*ResizeVolumeResponse) ProtoMessage() {}
 
 func (x *ResizeVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[27]
+	mi := &file_mds_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1893,7 +1956,7 @@ func (x *ResizeVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ResizeVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{27}
+	return file_mds_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ResizeVolumeResponse) GetVolume() *Volume {
@@ -1912,7 +1975,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_mds_proto_msgTypes[28]
+	mi := &file_mds_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1924,7 +1987,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[28]
+	mi := &file_mds_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1937,7 +2000,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{28}
+	return file_mds_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DeleteVolumeRequest) GetName() string {
@@ -1955,7 +2018,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_mds_proto_msgTypes[29]
+	mi := &file_mds_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1967,7 +2030,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[29]
+	mi := &file_mds_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1980,7 +2043,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{29}
+	return file_mds_proto_rawDescGZIP(), []int{30}
 }
 
 type OpenVolumeRequest struct {
@@ -1994,7 +2057,7 @@ type OpenVolumeRequest struct {
 
 func (x *OpenVolumeRequest) Reset() {
 	*x = OpenVolumeRequest{}
-	mi := &file_mds_proto_msgTypes[30]
+	mi := &file_mds_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2006,7 +2069,7 @@ func (x *OpenVolumeRequest) String() string {
 func (*OpenVolumeRequest) ProtoMessage() {}
 
 func (x *OpenVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[30]
+	mi := &file_mds_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2019,7 +2082,7 @@ func (x *OpenVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenVolumeRequest.ProtoReflect.Descriptor instead.
 func (*OpenVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{30}
+	return file_mds_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *OpenVolumeRequest) GetName() string {
@@ -2044,21 +2107,25 @@ func (x *OpenVolumeRequest) GetClient() string {
 }
 
 type OpenVolumeResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Volume        *Volume                `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
-	Pool          *Pool                  `protobuf:"bytes,2,opt,name=pool,proto3" json:"pool,omitempty"`
-	SessionId     uint64                 `protobuf:"varint,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`                    // the writer epoch every IO of this session carries
-	LeaseMs       int64                  `protobuf:"varint,5,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"` // renew well before this elapses; stop IO after it
-	Copysets      []*Copyset             `protobuf:"bytes,6,rep,name=copysets,proto3" json:"copysets,omitempty"`
-	Chunkservers  []*ChunkServer         `protobuf:"bytes,7,rep,name=chunkservers,proto3" json:"chunkservers,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Volume       *Volume                `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Pool         *Pool                  `protobuf:"bytes,2,opt,name=pool,proto3" json:"pool,omitempty"`
+	SessionId    uint64                 `protobuf:"varint,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Epoch        uint64                 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`                    // the writer epoch every IO of this session carries
+	LeaseMs      int64                  `protobuf:"varint,5,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"` // renew well before this elapses; stop IO after it
+	Copysets     []*Copyset             `protobuf:"bytes,6,rep,name=copysets,proto3" json:"copysets,omitempty"`
+	Chunkservers []*ChunkServer         `protobuf:"bytes,7,rep,name=chunkservers,proto3" json:"chunkservers,omitempty"`
+	// The session's capability (internal/capability): volume, session,
+	// epoch, mode and expiry, signed by the MDS. The client attaches it to
+	// every chunkserver connection (OpAttach); renewals bring a new one.
+	Capability    []byte `protobuf:"bytes,8,opt,name=capability,proto3" json:"capability,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *OpenVolumeResponse) Reset() {
 	*x = OpenVolumeResponse{}
-	mi := &file_mds_proto_msgTypes[31]
+	mi := &file_mds_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2070,7 +2137,7 @@ func (x *OpenVolumeResponse) String() string {
 func (*OpenVolumeResponse) ProtoMessage() {}
 
 func (x *OpenVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[31]
+	mi := &file_mds_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2083,7 +2150,7 @@ func (x *OpenVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenVolumeResponse.ProtoReflect.Descriptor instead.
 func (*OpenVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{31}
+	return file_mds_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *OpenVolumeResponse) GetVolume() *Volume {
@@ -2135,6 +2202,13 @@ func (x *OpenVolumeResponse) GetChunkservers() []*ChunkServer {
 	return nil
 }
 
+func (x *OpenVolumeResponse) GetCapability() []byte {
+	if x != nil {
+		return x.Capability
+	}
+	return nil
+}
+
 type RenewSessionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -2144,7 +2218,7 @@ type RenewSessionRequest struct {
 
 func (x *RenewSessionRequest) Reset() {
 	*x = RenewSessionRequest{}
-	mi := &file_mds_proto_msgTypes[32]
+	mi := &file_mds_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2156,7 +2230,7 @@ func (x *RenewSessionRequest) String() string {
 func (*RenewSessionRequest) ProtoMessage() {}
 
 func (x *RenewSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[32]
+	mi := &file_mds_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2169,7 +2243,7 @@ func (x *RenewSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSessionRequest.ProtoReflect.Descriptor instead.
 func (*RenewSessionRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{32}
+	return file_mds_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RenewSessionRequest) GetSessionId() uint64 {
@@ -2182,13 +2256,14 @@ func (x *RenewSessionRequest) GetSessionId() uint64 {
 type RenewSessionResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	LeaseMs       int64                  `protobuf:"varint,1,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	Capability    []byte                 `protobuf:"bytes,2,opt,name=capability,proto3" json:"capability,omitempty"` // the session's capability, with a new expiry
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RenewSessionResponse) Reset() {
 	*x = RenewSessionResponse{}
-	mi := &file_mds_proto_msgTypes[33]
+	mi := &file_mds_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2200,7 +2275,7 @@ func (x *RenewSessionResponse) String() string {
 func (*RenewSessionResponse) ProtoMessage() {}
 
 func (x *RenewSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[33]
+	mi := &file_mds_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2213,7 +2288,7 @@ func (x *RenewSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSessionResponse.ProtoReflect.Descriptor instead.
 func (*RenewSessionResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{33}
+	return file_mds_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RenewSessionResponse) GetLeaseMs() int64 {
@@ -2221,6 +2296,13 @@ func (x *RenewSessionResponse) GetLeaseMs() int64 {
 		return x.LeaseMs
 	}
 	return 0
+}
+
+func (x *RenewSessionResponse) GetCapability() []byte {
+	if x != nil {
+		return x.Capability
+	}
+	return nil
 }
 
 type CloseSessionRequest struct {
@@ -2232,7 +2314,7 @@ type CloseSessionRequest struct {
 
 func (x *CloseSessionRequest) Reset() {
 	*x = CloseSessionRequest{}
-	mi := &file_mds_proto_msgTypes[34]
+	mi := &file_mds_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2244,7 +2326,7 @@ func (x *CloseSessionRequest) String() string {
 func (*CloseSessionRequest) ProtoMessage() {}
 
 func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[34]
+	mi := &file_mds_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2257,7 +2339,7 @@ func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
 func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{34}
+	return file_mds_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CloseSessionRequest) GetSessionId() uint64 {
@@ -2275,7 +2357,7 @@ type CloseSessionResponse struct {
 
 func (x *CloseSessionResponse) Reset() {
 	*x = CloseSessionResponse{}
-	mi := &file_mds_proto_msgTypes[35]
+	mi := &file_mds_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2287,7 +2369,7 @@ func (x *CloseSessionResponse) String() string {
 func (*CloseSessionResponse) ProtoMessage() {}
 
 func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[35]
+	mi := &file_mds_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2300,7 +2382,7 @@ func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionResponse.ProtoReflect.Descriptor instead.
 func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{35}
+	return file_mds_proto_rawDescGZIP(), []int{36}
 }
 
 // Node is a host that attaches volumes (a Kubernetes node running the CSI
@@ -2317,7 +2399,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_mds_proto_msgTypes[36]
+	mi := &file_mds_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2329,7 +2411,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[36]
+	mi := &file_mds_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2342,7 +2424,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{36}
+	return file_mds_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Node) GetId() string {
@@ -2382,7 +2464,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_mds_proto_msgTypes[37]
+	mi := &file_mds_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2394,7 +2476,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[37]
+	mi := &file_mds_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2407,7 +2489,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{37}
+	return file_mds_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RegisterNodeRequest) GetNode() *Node {
@@ -2426,7 +2508,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_mds_proto_msgTypes[38]
+	mi := &file_mds_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2438,7 +2520,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[38]
+	mi := &file_mds_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2451,7 +2533,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{38}
+	return file_mds_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RegisterNodeResponse) GetNode() *Node {
@@ -2479,7 +2561,7 @@ type AttachVolumeRequest struct {
 
 func (x *AttachVolumeRequest) Reset() {
 	*x = AttachVolumeRequest{}
-	mi := &file_mds_proto_msgTypes[39]
+	mi := &file_mds_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2491,7 +2573,7 @@ func (x *AttachVolumeRequest) String() string {
 func (*AttachVolumeRequest) ProtoMessage() {}
 
 func (x *AttachVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[39]
+	mi := &file_mds_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2504,7 +2586,7 @@ func (x *AttachVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachVolumeRequest.ProtoReflect.Descriptor instead.
 func (*AttachVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{39}
+	return file_mds_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AttachVolumeRequest) GetName() string {
@@ -2545,7 +2627,7 @@ type AttachVolumeResponse struct {
 
 func (x *AttachVolumeResponse) Reset() {
 	*x = AttachVolumeResponse{}
-	mi := &file_mds_proto_msgTypes[40]
+	mi := &file_mds_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2557,7 +2639,7 @@ func (x *AttachVolumeResponse) String() string {
 func (*AttachVolumeResponse) ProtoMessage() {}
 
 func (x *AttachVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[40]
+	mi := &file_mds_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2570,7 +2652,7 @@ func (x *AttachVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachVolumeResponse.ProtoReflect.Descriptor instead.
 func (*AttachVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{40}
+	return file_mds_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *AttachVolumeResponse) GetVolume() *Volume {
@@ -2599,7 +2681,7 @@ type DetachVolumeRequest struct {
 
 func (x *DetachVolumeRequest) Reset() {
 	*x = DetachVolumeRequest{}
-	mi := &file_mds_proto_msgTypes[41]
+	mi := &file_mds_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2611,7 +2693,7 @@ func (x *DetachVolumeRequest) String() string {
 func (*DetachVolumeRequest) ProtoMessage() {}
 
 func (x *DetachVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[41]
+	mi := &file_mds_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2624,7 +2706,7 @@ func (x *DetachVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DetachVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{41}
+	return file_mds_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DetachVolumeRequest) GetName() string {
@@ -2649,7 +2731,7 @@ type DetachVolumeResponse struct {
 
 func (x *DetachVolumeResponse) Reset() {
 	*x = DetachVolumeResponse{}
-	mi := &file_mds_proto_msgTypes[42]
+	mi := &file_mds_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2661,7 +2743,7 @@ func (x *DetachVolumeResponse) String() string {
 func (*DetachVolumeResponse) ProtoMessage() {}
 
 func (x *DetachVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[42]
+	mi := &file_mds_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2674,7 +2756,7 @@ func (x *DetachVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DetachVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{42}
+	return file_mds_proto_rawDescGZIP(), []int{43}
 }
 
 type ClusterStatusRequest struct {
@@ -2685,7 +2767,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_mds_proto_msgTypes[43]
+	mi := &file_mds_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2697,7 +2779,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[43]
+	mi := &file_mds_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2710,7 +2792,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{43}
+	return file_mds_proto_rawDescGZIP(), []int{44}
 }
 
 type ClusterStatusResponse struct {
@@ -2732,7 +2814,7 @@ type ClusterStatusResponse struct {
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_mds_proto_msgTypes[44]
+	mi := &file_mds_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2744,7 +2826,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[44]
+	mi := &file_mds_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2757,7 +2839,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{44}
+	return file_mds_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ClusterStatusResponse) GetActiveMds() string {
@@ -2851,7 +2933,7 @@ type AccessNode struct {
 
 func (x *AccessNode) Reset() {
 	*x = AccessNode{}
-	mi := &file_mds_proto_msgTypes[45]
+	mi := &file_mds_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2863,7 +2945,7 @@ func (x *AccessNode) String() string {
 func (*AccessNode) ProtoMessage() {}
 
 func (x *AccessNode) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[45]
+	mi := &file_mds_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2876,7 +2958,7 @@ func (x *AccessNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccessNode.ProtoReflect.Descriptor instead.
 func (*AccessNode) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{45}
+	return file_mds_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *AccessNode) GetId() uint64 {
@@ -2925,7 +3007,7 @@ type RegisterAccessNodeRequest struct {
 
 func (x *RegisterAccessNodeRequest) Reset() {
 	*x = RegisterAccessNodeRequest{}
-	mi := &file_mds_proto_msgTypes[46]
+	mi := &file_mds_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2937,7 +3019,7 @@ func (x *RegisterAccessNodeRequest) String() string {
 func (*RegisterAccessNodeRequest) ProtoMessage() {}
 
 func (x *RegisterAccessNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[46]
+	mi := &file_mds_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2950,7 +3032,7 @@ func (x *RegisterAccessNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterAccessNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterAccessNodeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{46}
+	return file_mds_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RegisterAccessNodeRequest) GetAddr() string {
@@ -2976,7 +3058,7 @@ type RegisterAccessNodeResponse struct {
 
 func (x *RegisterAccessNodeResponse) Reset() {
 	*x = RegisterAccessNodeResponse{}
-	mi := &file_mds_proto_msgTypes[47]
+	mi := &file_mds_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2988,7 +3070,7 @@ func (x *RegisterAccessNodeResponse) String() string {
 func (*RegisterAccessNodeResponse) ProtoMessage() {}
 
 func (x *RegisterAccessNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[47]
+	mi := &file_mds_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3001,7 +3083,7 @@ func (x *RegisterAccessNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterAccessNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterAccessNodeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{47}
+	return file_mds_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RegisterAccessNodeResponse) GetId() uint64 {
@@ -3023,7 +3105,7 @@ type NVMfHost struct {
 
 func (x *NVMfHost) Reset() {
 	*x = NVMfHost{}
-	mi := &file_mds_proto_msgTypes[48]
+	mi := &file_mds_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3035,7 +3117,7 @@ func (x *NVMfHost) String() string {
 func (*NVMfHost) ProtoMessage() {}
 
 func (x *NVMfHost) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[48]
+	mi := &file_mds_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3048,7 +3130,7 @@ func (x *NVMfHost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NVMfHost.ProtoReflect.Descriptor instead.
 func (*NVMfHost) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{48}
+	return file_mds_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *NVMfHost) GetSubsystem() string {
@@ -3082,7 +3164,7 @@ type AccessNodeHeartbeatRequest struct {
 
 func (x *AccessNodeHeartbeatRequest) Reset() {
 	*x = AccessNodeHeartbeatRequest{}
-	mi := &file_mds_proto_msgTypes[49]
+	mi := &file_mds_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3094,7 +3176,7 @@ func (x *AccessNodeHeartbeatRequest) String() string {
 func (*AccessNodeHeartbeatRequest) ProtoMessage() {}
 
 func (x *AccessNodeHeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[49]
+	mi := &file_mds_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3107,7 +3189,7 @@ func (x *AccessNodeHeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccessNodeHeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*AccessNodeHeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{49}
+	return file_mds_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *AccessNodeHeartbeatRequest) GetId() uint64 {
@@ -3139,7 +3221,7 @@ type ANAAssignment struct {
 
 func (x *ANAAssignment) Reset() {
 	*x = ANAAssignment{}
-	mi := &file_mds_proto_msgTypes[50]
+	mi := &file_mds_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3151,7 +3233,7 @@ func (x *ANAAssignment) String() string {
 func (*ANAAssignment) ProtoMessage() {}
 
 func (x *ANAAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[50]
+	mi := &file_mds_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3164,7 +3246,7 @@ func (x *ANAAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ANAAssignment.ProtoReflect.Descriptor instead.
 func (*ANAAssignment) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{50}
+	return file_mds_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ANAAssignment) GetSubsystem() string {
@@ -3213,7 +3295,7 @@ type NVMfSubsystem struct {
 
 func (x *NVMfSubsystem) Reset() {
 	*x = NVMfSubsystem{}
-	mi := &file_mds_proto_msgTypes[51]
+	mi := &file_mds_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3225,7 +3307,7 @@ func (x *NVMfSubsystem) String() string {
 func (*NVMfSubsystem) ProtoMessage() {}
 
 func (x *NVMfSubsystem) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[51]
+	mi := &file_mds_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3238,7 +3320,7 @@ func (x *NVMfSubsystem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NVMfSubsystem.ProtoReflect.Descriptor instead.
 func (*NVMfSubsystem) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{51}
+	return file_mds_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *NVMfSubsystem) GetNqn() string {
@@ -3266,7 +3348,7 @@ type AccessNodeHeartbeatResponse struct {
 
 func (x *AccessNodeHeartbeatResponse) Reset() {
 	*x = AccessNodeHeartbeatResponse{}
-	mi := &file_mds_proto_msgTypes[52]
+	mi := &file_mds_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3278,7 +3360,7 @@ func (x *AccessNodeHeartbeatResponse) String() string {
 func (*AccessNodeHeartbeatResponse) ProtoMessage() {}
 
 func (x *AccessNodeHeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[52]
+	mi := &file_mds_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3291,7 +3373,7 @@ func (x *AccessNodeHeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccessNodeHeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*AccessNodeHeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{52}
+	return file_mds_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *AccessNodeHeartbeatResponse) GetNodes() []*AccessNode {
@@ -3324,7 +3406,7 @@ type SetNVMfSubsystemRequest struct {
 
 func (x *SetNVMfSubsystemRequest) Reset() {
 	*x = SetNVMfSubsystemRequest{}
-	mi := &file_mds_proto_msgTypes[53]
+	mi := &file_mds_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3336,7 +3418,7 @@ func (x *SetNVMfSubsystemRequest) String() string {
 func (*SetNVMfSubsystemRequest) ProtoMessage() {}
 
 func (x *SetNVMfSubsystemRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[53]
+	mi := &file_mds_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3349,7 +3431,7 @@ func (x *SetNVMfSubsystemRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNVMfSubsystemRequest.ProtoReflect.Descriptor instead.
 func (*SetNVMfSubsystemRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{53}
+	return file_mds_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *SetNVMfSubsystemRequest) GetSubsystem() *NVMfSubsystem {
@@ -3367,7 +3449,7 @@ type SetNVMfSubsystemResponse struct {
 
 func (x *SetNVMfSubsystemResponse) Reset() {
 	*x = SetNVMfSubsystemResponse{}
-	mi := &file_mds_proto_msgTypes[54]
+	mi := &file_mds_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3379,7 +3461,7 @@ func (x *SetNVMfSubsystemResponse) String() string {
 func (*SetNVMfSubsystemResponse) ProtoMessage() {}
 
 func (x *SetNVMfSubsystemResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[54]
+	mi := &file_mds_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3392,7 +3474,7 @@ func (x *SetNVMfSubsystemResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNVMfSubsystemResponse.ProtoReflect.Descriptor instead.
 func (*SetNVMfSubsystemResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{54}
+	return file_mds_proto_rawDescGZIP(), []int{55}
 }
 
 type ListANARequest struct {
@@ -3403,7 +3485,7 @@ type ListANARequest struct {
 
 func (x *ListANARequest) Reset() {
 	*x = ListANARequest{}
-	mi := &file_mds_proto_msgTypes[55]
+	mi := &file_mds_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3415,7 +3497,7 @@ func (x *ListANARequest) String() string {
 func (*ListANARequest) ProtoMessage() {}
 
 func (x *ListANARequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[55]
+	mi := &file_mds_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3428,7 +3510,7 @@ func (x *ListANARequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListANARequest.ProtoReflect.Descriptor instead.
 func (*ListANARequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{55}
+	return file_mds_proto_rawDescGZIP(), []int{56}
 }
 
 type ListANAResponse struct {
@@ -3442,7 +3524,7 @@ type ListANAResponse struct {
 
 func (x *ListANAResponse) Reset() {
 	*x = ListANAResponse{}
-	mi := &file_mds_proto_msgTypes[56]
+	mi := &file_mds_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3454,7 +3536,7 @@ func (x *ListANAResponse) String() string {
 func (*ListANAResponse) ProtoMessage() {}
 
 func (x *ListANAResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[56]
+	mi := &file_mds_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3467,7 +3549,7 @@ func (x *ListANAResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListANAResponse.ProtoReflect.Descriptor instead.
 func (*ListANAResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{56}
+	return file_mds_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListANAResponse) GetNodes() []*AccessNode {
@@ -3549,13 +3631,18 @@ const file_mds_proto_rawDesc = "" +
 	"read_bytes\x18\t \x01(\x04R\treadBytes\x12\x1f\n" +
 	"\vwrite_bytes\x18\n" +
 	" \x01(\x04R\n" +
-	"writeBytesJ\x04\b\x05\x10\x06R\x05state\"\x99\x02\n" +
+	"writeBytesJ\x04\b\x05\x10\x06R\x05state\"\xe0\x02\n" +
 	"\x11HeartbeatResponse\x122\n" +
 	"\bcopysets\x18\x01 \x03(\v2\x16.basalt.api.v1.CopysetR\bcopysets\x120\n" +
 	"\x05peers\x18\x02 \x03(\v2\x1a.basalt.api.v1.ChunkServerR\x05peers\x12)\n" +
 	"\x10volumes_revision\x18\x03 \x01(\x04R\x0fvolumesRevision\x12)\n" +
 	"\x05pools\x18\x04 \x03(\v2\x13.basalt.api.v1.PoolR\x05pools\x12H\n" +
-	"\x10transfer_leaders\x18\x05 \x03(\v2\x1d.basalt.api.v1.LeaderTransferR\x0ftransferLeaders\"X\n" +
+	"\x10transfer_leaders\x18\x05 \x03(\v2\x1d.basalt.api.v1.LeaderTransferR\x0ftransferLeaders\x12E\n" +
+	"\x0fcapability_keys\x18\x06 \x03(\v2\x1c.basalt.api.v1.CapabilityKeyR\x0ecapabilityKeys\">\n" +
+	"\rCapabilityKey\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\rR\x02id\x12\x1d\n" +
+	"\n" +
+	"public_key\x18\x02 \x01(\fR\tpublicKey\"X\n" +
 	"\x0eLeaderTransfer\x12\x17\n" +
 	"\apool_id\x18\x01 \x01(\rR\x06poolId\x12\x1d\n" +
 	"\n" +
@@ -3640,7 +3727,7 @@ const file_mds_proto_rawDesc = "" +
 	"\x11OpenVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tread_only\x18\x02 \x01(\bR\breadOnly\x12\x16\n" +
-	"\x06client\x18\x03 \x01(\tR\x06client\"\xb0\x02\n" +
+	"\x06client\x18\x03 \x01(\tR\x06client\"\xd0\x02\n" +
 	"\x12OpenVolumeResponse\x12-\n" +
 	"\x06volume\x18\x01 \x01(\v2\x15.basalt.api.v1.VolumeR\x06volume\x12'\n" +
 	"\x04pool\x18\x02 \x01(\v2\x13.basalt.api.v1.PoolR\x04pool\x12\x1d\n" +
@@ -3649,12 +3736,18 @@ const file_mds_proto_rawDesc = "" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x19\n" +
 	"\blease_ms\x18\x05 \x01(\x03R\aleaseMs\x122\n" +
 	"\bcopysets\x18\x06 \x03(\v2\x16.basalt.api.v1.CopysetR\bcopysets\x12>\n" +
-	"\fchunkservers\x18\a \x03(\v2\x1a.basalt.api.v1.ChunkServerR\fchunkservers\"4\n" +
+	"\fchunkservers\x18\a \x03(\v2\x1a.basalt.api.v1.ChunkServerR\fchunkservers\x12\x1e\n" +
+	"\n" +
+	"capability\x18\b \x01(\fR\n" +
+	"capability\"4\n" +
 	"\x13RenewSessionRequest\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\x04R\tsessionId\"1\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\"Q\n" +
 	"\x14RenewSessionResponse\x12\x19\n" +
-	"\blease_ms\x18\x01 \x01(\x03R\aleaseMs\"4\n" +
+	"\blease_ms\x18\x01 \x01(\x03R\aleaseMs\x12\x1e\n" +
+	"\n" +
+	"capability\x18\x02 \x01(\fR\n" +
+	"capability\"4\n" +
 	"\x13CloseSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\"\x16\n" +
@@ -3789,7 +3882,7 @@ func file_mds_proto_rawDescGZIP() []byte {
 }
 
 var file_mds_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_mds_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
+var file_mds_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_mds_proto_goTypes = []any{
 	(DiskState)(0),                      // 0: basalt.api.v1.DiskState
 	(ANAPolicy)(0),                      // 1: basalt.api.v1.ANAPolicy
@@ -3799,146 +3892,148 @@ var file_mds_proto_goTypes = []any{
 	(*CopysetStatus)(nil),               // 5: basalt.api.v1.CopysetStatus
 	(*HeartbeatRequest)(nil),            // 6: basalt.api.v1.HeartbeatRequest
 	(*HeartbeatResponse)(nil),           // 7: basalt.api.v1.HeartbeatResponse
-	(*LeaderTransfer)(nil),              // 8: basalt.api.v1.LeaderTransfer
-	(*ListChunkServersRequest)(nil),     // 9: basalt.api.v1.ListChunkServersRequest
-	(*ListChunkServersResponse)(nil),    // 10: basalt.api.v1.ListChunkServersResponse
-	(*Pool)(nil),                        // 11: basalt.api.v1.Pool
-	(*Copyset)(nil),                     // 12: basalt.api.v1.Copyset
-	(*CopysetMove)(nil),                 // 13: basalt.api.v1.CopysetMove
-	(*CreatePoolRequest)(nil),           // 14: basalt.api.v1.CreatePoolRequest
-	(*CreatePoolResponse)(nil),          // 15: basalt.api.v1.CreatePoolResponse
-	(*ListPoolsRequest)(nil),            // 16: basalt.api.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),           // 17: basalt.api.v1.ListPoolsResponse
-	(*GetCopysetsRequest)(nil),          // 18: basalt.api.v1.GetCopysetsRequest
-	(*GetCopysetsResponse)(nil),         // 19: basalt.api.v1.GetCopysetsResponse
-	(*Volume)(nil),                      // 20: basalt.api.v1.Volume
-	(*Attachment)(nil),                  // 21: basalt.api.v1.Attachment
-	(*CreateVolumeRequest)(nil),         // 22: basalt.api.v1.CreateVolumeRequest
-	(*CreateVolumeResponse)(nil),        // 23: basalt.api.v1.CreateVolumeResponse
-	(*GetVolumeRequest)(nil),            // 24: basalt.api.v1.GetVolumeRequest
-	(*GetVolumeResponse)(nil),           // 25: basalt.api.v1.GetVolumeResponse
-	(*ListVolumesRequest)(nil),          // 26: basalt.api.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),         // 27: basalt.api.v1.ListVolumesResponse
-	(*ResizeVolumeRequest)(nil),         // 28: basalt.api.v1.ResizeVolumeRequest
-	(*ResizeVolumeResponse)(nil),        // 29: basalt.api.v1.ResizeVolumeResponse
-	(*DeleteVolumeRequest)(nil),         // 30: basalt.api.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),        // 31: basalt.api.v1.DeleteVolumeResponse
-	(*OpenVolumeRequest)(nil),           // 32: basalt.api.v1.OpenVolumeRequest
-	(*OpenVolumeResponse)(nil),          // 33: basalt.api.v1.OpenVolumeResponse
-	(*RenewSessionRequest)(nil),         // 34: basalt.api.v1.RenewSessionRequest
-	(*RenewSessionResponse)(nil),        // 35: basalt.api.v1.RenewSessionResponse
-	(*CloseSessionRequest)(nil),         // 36: basalt.api.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),        // 37: basalt.api.v1.CloseSessionResponse
-	(*Node)(nil),                        // 38: basalt.api.v1.Node
-	(*RegisterNodeRequest)(nil),         // 39: basalt.api.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),        // 40: basalt.api.v1.RegisterNodeResponse
-	(*AttachVolumeRequest)(nil),         // 41: basalt.api.v1.AttachVolumeRequest
-	(*AttachVolumeResponse)(nil),        // 42: basalt.api.v1.AttachVolumeResponse
-	(*DetachVolumeRequest)(nil),         // 43: basalt.api.v1.DetachVolumeRequest
-	(*DetachVolumeResponse)(nil),        // 44: basalt.api.v1.DetachVolumeResponse
-	(*ClusterStatusRequest)(nil),        // 45: basalt.api.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),       // 46: basalt.api.v1.ClusterStatusResponse
-	(*AccessNode)(nil),                  // 47: basalt.api.v1.AccessNode
-	(*RegisterAccessNodeRequest)(nil),   // 48: basalt.api.v1.RegisterAccessNodeRequest
-	(*RegisterAccessNodeResponse)(nil),  // 49: basalt.api.v1.RegisterAccessNodeResponse
-	(*NVMfHost)(nil),                    // 50: basalt.api.v1.NVMfHost
-	(*AccessNodeHeartbeatRequest)(nil),  // 51: basalt.api.v1.AccessNodeHeartbeatRequest
-	(*ANAAssignment)(nil),               // 52: basalt.api.v1.ANAAssignment
-	(*NVMfSubsystem)(nil),               // 53: basalt.api.v1.NVMfSubsystem
-	(*AccessNodeHeartbeatResponse)(nil), // 54: basalt.api.v1.AccessNodeHeartbeatResponse
-	(*SetNVMfSubsystemRequest)(nil),     // 55: basalt.api.v1.SetNVMfSubsystemRequest
-	(*SetNVMfSubsystemResponse)(nil),    // 56: basalt.api.v1.SetNVMfSubsystemResponse
-	(*ListANARequest)(nil),              // 57: basalt.api.v1.ListANARequest
-	(*ListANAResponse)(nil),             // 58: basalt.api.v1.ListANAResponse
-	nil,                                 // 59: basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
+	(*CapabilityKey)(nil),               // 8: basalt.api.v1.CapabilityKey
+	(*LeaderTransfer)(nil),              // 9: basalt.api.v1.LeaderTransfer
+	(*ListChunkServersRequest)(nil),     // 10: basalt.api.v1.ListChunkServersRequest
+	(*ListChunkServersResponse)(nil),    // 11: basalt.api.v1.ListChunkServersResponse
+	(*Pool)(nil),                        // 12: basalt.api.v1.Pool
+	(*Copyset)(nil),                     // 13: basalt.api.v1.Copyset
+	(*CopysetMove)(nil),                 // 14: basalt.api.v1.CopysetMove
+	(*CreatePoolRequest)(nil),           // 15: basalt.api.v1.CreatePoolRequest
+	(*CreatePoolResponse)(nil),          // 16: basalt.api.v1.CreatePoolResponse
+	(*ListPoolsRequest)(nil),            // 17: basalt.api.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),           // 18: basalt.api.v1.ListPoolsResponse
+	(*GetCopysetsRequest)(nil),          // 19: basalt.api.v1.GetCopysetsRequest
+	(*GetCopysetsResponse)(nil),         // 20: basalt.api.v1.GetCopysetsResponse
+	(*Volume)(nil),                      // 21: basalt.api.v1.Volume
+	(*Attachment)(nil),                  // 22: basalt.api.v1.Attachment
+	(*CreateVolumeRequest)(nil),         // 23: basalt.api.v1.CreateVolumeRequest
+	(*CreateVolumeResponse)(nil),        // 24: basalt.api.v1.CreateVolumeResponse
+	(*GetVolumeRequest)(nil),            // 25: basalt.api.v1.GetVolumeRequest
+	(*GetVolumeResponse)(nil),           // 26: basalt.api.v1.GetVolumeResponse
+	(*ListVolumesRequest)(nil),          // 27: basalt.api.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),         // 28: basalt.api.v1.ListVolumesResponse
+	(*ResizeVolumeRequest)(nil),         // 29: basalt.api.v1.ResizeVolumeRequest
+	(*ResizeVolumeResponse)(nil),        // 30: basalt.api.v1.ResizeVolumeResponse
+	(*DeleteVolumeRequest)(nil),         // 31: basalt.api.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),        // 32: basalt.api.v1.DeleteVolumeResponse
+	(*OpenVolumeRequest)(nil),           // 33: basalt.api.v1.OpenVolumeRequest
+	(*OpenVolumeResponse)(nil),          // 34: basalt.api.v1.OpenVolumeResponse
+	(*RenewSessionRequest)(nil),         // 35: basalt.api.v1.RenewSessionRequest
+	(*RenewSessionResponse)(nil),        // 36: basalt.api.v1.RenewSessionResponse
+	(*CloseSessionRequest)(nil),         // 37: basalt.api.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),        // 38: basalt.api.v1.CloseSessionResponse
+	(*Node)(nil),                        // 39: basalt.api.v1.Node
+	(*RegisterNodeRequest)(nil),         // 40: basalt.api.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),        // 41: basalt.api.v1.RegisterNodeResponse
+	(*AttachVolumeRequest)(nil),         // 42: basalt.api.v1.AttachVolumeRequest
+	(*AttachVolumeResponse)(nil),        // 43: basalt.api.v1.AttachVolumeResponse
+	(*DetachVolumeRequest)(nil),         // 44: basalt.api.v1.DetachVolumeRequest
+	(*DetachVolumeResponse)(nil),        // 45: basalt.api.v1.DetachVolumeResponse
+	(*ClusterStatusRequest)(nil),        // 46: basalt.api.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),       // 47: basalt.api.v1.ClusterStatusResponse
+	(*AccessNode)(nil),                  // 48: basalt.api.v1.AccessNode
+	(*RegisterAccessNodeRequest)(nil),   // 49: basalt.api.v1.RegisterAccessNodeRequest
+	(*RegisterAccessNodeResponse)(nil),  // 50: basalt.api.v1.RegisterAccessNodeResponse
+	(*NVMfHost)(nil),                    // 51: basalt.api.v1.NVMfHost
+	(*AccessNodeHeartbeatRequest)(nil),  // 52: basalt.api.v1.AccessNodeHeartbeatRequest
+	(*ANAAssignment)(nil),               // 53: basalt.api.v1.ANAAssignment
+	(*NVMfSubsystem)(nil),               // 54: basalt.api.v1.NVMfSubsystem
+	(*AccessNodeHeartbeatResponse)(nil), // 55: basalt.api.v1.AccessNodeHeartbeatResponse
+	(*SetNVMfSubsystemRequest)(nil),     // 56: basalt.api.v1.SetNVMfSubsystemRequest
+	(*SetNVMfSubsystemResponse)(nil),    // 57: basalt.api.v1.SetNVMfSubsystemResponse
+	(*ListANARequest)(nil),              // 58: basalt.api.v1.ListANARequest
+	(*ListANAResponse)(nil),             // 59: basalt.api.v1.ListANAResponse
+	nil,                                 // 60: basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
 }
 var file_mds_proto_depIdxs = []int32{
 	0,  // 0: basalt.api.v1.ChunkServer.disk_state:type_name -> basalt.api.v1.DiskState
 	0,  // 1: basalt.api.v1.HeartbeatRequest.disk_state:type_name -> basalt.api.v1.DiskState
 	5,  // 2: basalt.api.v1.HeartbeatRequest.copysets:type_name -> basalt.api.v1.CopysetStatus
-	12, // 3: basalt.api.v1.HeartbeatResponse.copysets:type_name -> basalt.api.v1.Copyset
+	13, // 3: basalt.api.v1.HeartbeatResponse.copysets:type_name -> basalt.api.v1.Copyset
 	2,  // 4: basalt.api.v1.HeartbeatResponse.peers:type_name -> basalt.api.v1.ChunkServer
-	11, // 5: basalt.api.v1.HeartbeatResponse.pools:type_name -> basalt.api.v1.Pool
-	8,  // 6: basalt.api.v1.HeartbeatResponse.transfer_leaders:type_name -> basalt.api.v1.LeaderTransfer
-	2,  // 7: basalt.api.v1.ListChunkServersResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	13, // 8: basalt.api.v1.Copyset.move:type_name -> basalt.api.v1.CopysetMove
-	11, // 9: basalt.api.v1.CreatePoolResponse.pool:type_name -> basalt.api.v1.Pool
-	11, // 10: basalt.api.v1.ListPoolsResponse.pools:type_name -> basalt.api.v1.Pool
-	12, // 11: basalt.api.v1.GetCopysetsResponse.copysets:type_name -> basalt.api.v1.Copyset
-	2,  // 12: basalt.api.v1.GetCopysetsResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	21, // 13: basalt.api.v1.Volume.attachments:type_name -> basalt.api.v1.Attachment
-	20, // 14: basalt.api.v1.CreateVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	20, // 15: basalt.api.v1.GetVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	20, // 16: basalt.api.v1.ListVolumesResponse.volumes:type_name -> basalt.api.v1.Volume
-	20, // 17: basalt.api.v1.ResizeVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	20, // 18: basalt.api.v1.OpenVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	11, // 19: basalt.api.v1.OpenVolumeResponse.pool:type_name -> basalt.api.v1.Pool
-	12, // 20: basalt.api.v1.OpenVolumeResponse.copysets:type_name -> basalt.api.v1.Copyset
-	2,  // 21: basalt.api.v1.OpenVolumeResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	38, // 22: basalt.api.v1.RegisterNodeRequest.node:type_name -> basalt.api.v1.Node
-	38, // 23: basalt.api.v1.RegisterNodeResponse.node:type_name -> basalt.api.v1.Node
-	20, // 24: basalt.api.v1.AttachVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	2,  // 25: basalt.api.v1.ClusterStatusResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	11, // 26: basalt.api.v1.ClusterStatusResponse.pools:type_name -> basalt.api.v1.Pool
-	12, // 27: basalt.api.v1.ClusterStatusResponse.copysets:type_name -> basalt.api.v1.Copyset
-	59, // 28: basalt.api.v1.ClusterStatusResponse.leaders_per_chunkserver:type_name -> basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
-	50, // 29: basalt.api.v1.AccessNodeHeartbeatRequest.hosts:type_name -> basalt.api.v1.NVMfHost
-	1,  // 30: basalt.api.v1.NVMfSubsystem.policy:type_name -> basalt.api.v1.ANAPolicy
-	47, // 31: basalt.api.v1.AccessNodeHeartbeatResponse.nodes:type_name -> basalt.api.v1.AccessNode
-	52, // 32: basalt.api.v1.AccessNodeHeartbeatResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
-	53, // 33: basalt.api.v1.SetNVMfSubsystemRequest.subsystem:type_name -> basalt.api.v1.NVMfSubsystem
-	47, // 34: basalt.api.v1.ListANAResponse.nodes:type_name -> basalt.api.v1.AccessNode
-	52, // 35: basalt.api.v1.ListANAResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
-	53, // 36: basalt.api.v1.ListANAResponse.subsystems:type_name -> basalt.api.v1.NVMfSubsystem
-	3,  // 37: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
-	6,  // 38: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
-	9,  // 39: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
-	14, // 40: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
-	16, // 41: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
-	18, // 42: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
-	22, // 43: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
-	24, // 44: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
-	26, // 45: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
-	28, // 46: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
-	30, // 47: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
-	32, // 48: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
-	34, // 49: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
-	36, // 50: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
-	45, // 51: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
-	39, // 52: basalt.api.v1.MDS.RegisterNode:input_type -> basalt.api.v1.RegisterNodeRequest
-	41, // 53: basalt.api.v1.MDS.AttachVolume:input_type -> basalt.api.v1.AttachVolumeRequest
-	43, // 54: basalt.api.v1.MDS.DetachVolume:input_type -> basalt.api.v1.DetachVolumeRequest
-	48, // 55: basalt.api.v1.MDS.RegisterAccessNode:input_type -> basalt.api.v1.RegisterAccessNodeRequest
-	51, // 56: basalt.api.v1.MDS.AccessNodeHeartbeat:input_type -> basalt.api.v1.AccessNodeHeartbeatRequest
-	55, // 57: basalt.api.v1.MDS.SetNVMfSubsystem:input_type -> basalt.api.v1.SetNVMfSubsystemRequest
-	57, // 58: basalt.api.v1.MDS.ListANA:input_type -> basalt.api.v1.ListANARequest
-	4,  // 59: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
-	7,  // 60: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
-	10, // 61: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
-	15, // 62: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
-	17, // 63: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
-	19, // 64: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
-	23, // 65: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
-	25, // 66: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
-	27, // 67: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
-	29, // 68: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
-	31, // 69: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
-	33, // 70: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
-	35, // 71: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
-	37, // 72: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
-	46, // 73: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
-	40, // 74: basalt.api.v1.MDS.RegisterNode:output_type -> basalt.api.v1.RegisterNodeResponse
-	42, // 75: basalt.api.v1.MDS.AttachVolume:output_type -> basalt.api.v1.AttachVolumeResponse
-	44, // 76: basalt.api.v1.MDS.DetachVolume:output_type -> basalt.api.v1.DetachVolumeResponse
-	49, // 77: basalt.api.v1.MDS.RegisterAccessNode:output_type -> basalt.api.v1.RegisterAccessNodeResponse
-	54, // 78: basalt.api.v1.MDS.AccessNodeHeartbeat:output_type -> basalt.api.v1.AccessNodeHeartbeatResponse
-	56, // 79: basalt.api.v1.MDS.SetNVMfSubsystem:output_type -> basalt.api.v1.SetNVMfSubsystemResponse
-	58, // 80: basalt.api.v1.MDS.ListANA:output_type -> basalt.api.v1.ListANAResponse
-	59, // [59:81] is the sub-list for method output_type
-	37, // [37:59] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	12, // 5: basalt.api.v1.HeartbeatResponse.pools:type_name -> basalt.api.v1.Pool
+	9,  // 6: basalt.api.v1.HeartbeatResponse.transfer_leaders:type_name -> basalt.api.v1.LeaderTransfer
+	8,  // 7: basalt.api.v1.HeartbeatResponse.capability_keys:type_name -> basalt.api.v1.CapabilityKey
+	2,  // 8: basalt.api.v1.ListChunkServersResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	14, // 9: basalt.api.v1.Copyset.move:type_name -> basalt.api.v1.CopysetMove
+	12, // 10: basalt.api.v1.CreatePoolResponse.pool:type_name -> basalt.api.v1.Pool
+	12, // 11: basalt.api.v1.ListPoolsResponse.pools:type_name -> basalt.api.v1.Pool
+	13, // 12: basalt.api.v1.GetCopysetsResponse.copysets:type_name -> basalt.api.v1.Copyset
+	2,  // 13: basalt.api.v1.GetCopysetsResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	22, // 14: basalt.api.v1.Volume.attachments:type_name -> basalt.api.v1.Attachment
+	21, // 15: basalt.api.v1.CreateVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	21, // 16: basalt.api.v1.GetVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	21, // 17: basalt.api.v1.ListVolumesResponse.volumes:type_name -> basalt.api.v1.Volume
+	21, // 18: basalt.api.v1.ResizeVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	21, // 19: basalt.api.v1.OpenVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	12, // 20: basalt.api.v1.OpenVolumeResponse.pool:type_name -> basalt.api.v1.Pool
+	13, // 21: basalt.api.v1.OpenVolumeResponse.copysets:type_name -> basalt.api.v1.Copyset
+	2,  // 22: basalt.api.v1.OpenVolumeResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	39, // 23: basalt.api.v1.RegisterNodeRequest.node:type_name -> basalt.api.v1.Node
+	39, // 24: basalt.api.v1.RegisterNodeResponse.node:type_name -> basalt.api.v1.Node
+	21, // 25: basalt.api.v1.AttachVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	2,  // 26: basalt.api.v1.ClusterStatusResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	12, // 27: basalt.api.v1.ClusterStatusResponse.pools:type_name -> basalt.api.v1.Pool
+	13, // 28: basalt.api.v1.ClusterStatusResponse.copysets:type_name -> basalt.api.v1.Copyset
+	60, // 29: basalt.api.v1.ClusterStatusResponse.leaders_per_chunkserver:type_name -> basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
+	51, // 30: basalt.api.v1.AccessNodeHeartbeatRequest.hosts:type_name -> basalt.api.v1.NVMfHost
+	1,  // 31: basalt.api.v1.NVMfSubsystem.policy:type_name -> basalt.api.v1.ANAPolicy
+	48, // 32: basalt.api.v1.AccessNodeHeartbeatResponse.nodes:type_name -> basalt.api.v1.AccessNode
+	53, // 33: basalt.api.v1.AccessNodeHeartbeatResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
+	54, // 34: basalt.api.v1.SetNVMfSubsystemRequest.subsystem:type_name -> basalt.api.v1.NVMfSubsystem
+	48, // 35: basalt.api.v1.ListANAResponse.nodes:type_name -> basalt.api.v1.AccessNode
+	53, // 36: basalt.api.v1.ListANAResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
+	54, // 37: basalt.api.v1.ListANAResponse.subsystems:type_name -> basalt.api.v1.NVMfSubsystem
+	3,  // 38: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
+	6,  // 39: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
+	10, // 40: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
+	15, // 41: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
+	17, // 42: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
+	19, // 43: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
+	23, // 44: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
+	25, // 45: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
+	27, // 46: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
+	29, // 47: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
+	31, // 48: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
+	33, // 49: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
+	35, // 50: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
+	37, // 51: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
+	46, // 52: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
+	40, // 53: basalt.api.v1.MDS.RegisterNode:input_type -> basalt.api.v1.RegisterNodeRequest
+	42, // 54: basalt.api.v1.MDS.AttachVolume:input_type -> basalt.api.v1.AttachVolumeRequest
+	44, // 55: basalt.api.v1.MDS.DetachVolume:input_type -> basalt.api.v1.DetachVolumeRequest
+	49, // 56: basalt.api.v1.MDS.RegisterAccessNode:input_type -> basalt.api.v1.RegisterAccessNodeRequest
+	52, // 57: basalt.api.v1.MDS.AccessNodeHeartbeat:input_type -> basalt.api.v1.AccessNodeHeartbeatRequest
+	56, // 58: basalt.api.v1.MDS.SetNVMfSubsystem:input_type -> basalt.api.v1.SetNVMfSubsystemRequest
+	58, // 59: basalt.api.v1.MDS.ListANA:input_type -> basalt.api.v1.ListANARequest
+	4,  // 60: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
+	7,  // 61: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
+	11, // 62: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
+	16, // 63: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
+	18, // 64: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
+	20, // 65: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
+	24, // 66: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
+	26, // 67: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
+	28, // 68: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
+	30, // 69: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
+	32, // 70: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
+	34, // 71: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
+	36, // 72: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
+	38, // 73: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
+	47, // 74: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
+	41, // 75: basalt.api.v1.MDS.RegisterNode:output_type -> basalt.api.v1.RegisterNodeResponse
+	43, // 76: basalt.api.v1.MDS.AttachVolume:output_type -> basalt.api.v1.AttachVolumeResponse
+	45, // 77: basalt.api.v1.MDS.DetachVolume:output_type -> basalt.api.v1.DetachVolumeResponse
+	50, // 78: basalt.api.v1.MDS.RegisterAccessNode:output_type -> basalt.api.v1.RegisterAccessNodeResponse
+	55, // 79: basalt.api.v1.MDS.AccessNodeHeartbeat:output_type -> basalt.api.v1.AccessNodeHeartbeatResponse
+	57, // 80: basalt.api.v1.MDS.SetNVMfSubsystem:output_type -> basalt.api.v1.SetNVMfSubsystemResponse
+	59, // 81: basalt.api.v1.MDS.ListANA:output_type -> basalt.api.v1.ListANAResponse
+	60, // [60:82] is the sub-list for method output_type
+	38, // [38:60] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_mds_proto_init() }
@@ -3952,7 +4047,7 @@ func file_mds_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mds_proto_rawDesc), len(file_mds_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   58,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -117,7 +117,10 @@ type Volume struct {
 
 	routes routeTable
 	conns  *transport.ConnCache[uint64] // one connection per chunkserver id
-	m      *volumeMetrics               // nil: no metrics
+	// capToken is the session's capability (the MDS's signed token; nil
+	// from an MDS that signs none), attached to every connection (attach).
+	capToken atomic.Pointer[[]byte]
+	m        *volumeMetrics // nil: no metrics
 
 	// base anchors monotonic times kept as nanoseconds in atomics.
 	base       time.Time
@@ -196,6 +199,9 @@ func Open(ctx context.Context, cfg Config) (*Volume, error) {
 	}
 	v.maxPiece = min(v.chunkSize, maxPieceBytes)
 	v.routes.init(v, pool.GetId(), resp.GetCopysets(), resp.GetChunkservers())
+	if tok := resp.GetCapability(); len(tok) > 0 {
+		v.capToken.Store(&tok)
+	}
 	v.conns = newConnCache(v)
 	lease := time.Duration(resp.GetLeaseMs()) * time.Millisecond
 	if lease > 0 {
@@ -350,6 +356,10 @@ func (v *Volume) renewLoop(lease time.Duration) {
 				lease, interval = l, l/3
 			}
 			v.extendLease(sent + int64(lease))
+			if tok := resp.GetCapability(); len(tok) > 0 {
+				v.capToken.Store(&tok)
+				v.reattach()
+			}
 		case status.Code(err) == codes.FailedPrecondition || errors.Is(err, api.ErrFenced):
 			v.stop(fmt.Errorf("%w: session superseded: %v", api.ErrFenced, err))
 			return

@@ -32,7 +32,56 @@ func newConnCache(v *Volume) *transport.ConnCache[uint64] {
 		Conn:           transport.ConnConfig{Logger: v.log, Security: dataSecurity(v.cfg)},
 		DialTimeout:    v.cfg.IOTimeout,
 		RedialInterval: redialInterval,
-		Check:          checkChunkserver,
+		Check: func(id uint64, c *transport.Conn) error {
+			if err := checkChunkserver(id, c); err != nil {
+				return err
+			}
+			return v.attach(c)
+		},
+	})
+}
+
+// errAttach: a chunkserver refused the session's capability (DENIED), or
+// cannot check it yet (BUSY: it has not heard the MDS's keys).
+var errAttach = errors.New("client: chunkserver refused the session's capability")
+
+// attach attaches the session's capability to a new connection (OpAttach),
+// before any IO goes on it: a chunkserver of an authenticated cluster
+// serves the volume's IO only under it.
+func (v *Volume) attach(c *transport.Conn) error {
+	tok := v.capToken.Load()
+	if tok == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), v.cfg.IOTimeout)
+	defer cancel()
+	call := &transport.Call{Header: api.Header{Op: api.OpAttach, Volume: v.id}, Payload: *tok}
+	if err := c.Do(ctx, call); err != nil {
+		return err
+	}
+	if st := call.Reply.Status; st != api.StatusOK {
+		return fmt.Errorf("%w: %w", errAttach, api.StatusError(st, 0))
+	}
+	return nil
+}
+
+// reattach attaches the renewed capability to every open connection, in the
+// background; a connection that refuses it is closed (the next IO redials
+// and attaches again).
+func (v *Volume) reattach() {
+	tok := v.capToken.Load()
+	if tok == nil {
+		return
+	}
+	v.conns.Each(func(id uint64, c *transport.Conn) {
+		call := &transport.Call{Header: api.Header{Op: api.OpAttach, Volume: v.id}, Payload: *tok}
+		c.Go(call, func(call *transport.Call) {
+			if call.Err == nil && call.Reply.Status != api.StatusOK {
+				v.log.Warn("client: chunkserver refused the renewed capability; reconnecting", "chunkserver", id,
+					"status", call.Reply.Status.String())
+				_ = c.Close()
+			}
+		})
 	})
 }
 

@@ -25,7 +25,7 @@ type rule struct {
 
 // Leaves that any layer may use: helpers with no basalt dependency of their own
 // beyond each other.
-var leaves = []string{"internal/race", "internal/sockio", "internal/bufpool", "internal/latency", "internal/debughttp", "internal/fsdir", "internal/identity"}
+var leaves = []string{"internal/race", "internal/sockio", "internal/bufpool", "internal/latency", "internal/debughttp", "internal/fsdir", "internal/identity", "internal/capability"}
 
 func withLeaves(may ...string) []string { return append(may, leaves...) }
 
@@ -40,6 +40,7 @@ var rules = []rule{
 	{pkg: "internal/debughttp", why: "the /metrics and pprof listener"},
 	{pkg: "internal/fsdir", why: "durable directory entries (fsync the directory)"},
 	{pkg: "internal/identity", why: "the cluster CA, certificates and mutually verified TLS configs every plane uses"},
+	{pkg: "internal/capability", why: "the signed session capability: the MDS signs, chunkservers verify"},
 	{pkg: "internal/placement", why: "pure placement and routing math: no I/O, easy to simulate",
 		extra: pureStd},
 	{pkg: "pkg/api", why: "the wire API: generated code, statuses, frame format"},
