@@ -22,13 +22,28 @@ import (
 type adminFlags struct {
 	mds    *string
 	output *string
+	tls    *tlsFlags
 }
 
 func addAdminFlags(cmd *cobra.Command) *adminFlags {
 	return &adminFlags{
 		mds:    mdsFlag(cmd),
 		output: cmd.Flags().StringP("output", "o", "table", "output format: table or json"),
+		tls:    addOperatorTLSFlags(cmd),
 	}
+}
+
+// dial connects to the MDS with the admin identity.
+func (a *adminFlags) dial() (*mdsclient.Client, error) {
+	tc, err := a.tls.mdsTLS()
+	if err != nil {
+		return nil, err
+	}
+	c, err := mdsclient.Dial(splitList(*a.mds), tc)
+	if err != nil {
+		return nil, fmt.Errorf("connect to MDS %s: %w", *a.mds, err)
+	}
+	return c, nil
 }
 
 // call dials the MDS, runs fn with a timeout and prints what it returns.
@@ -36,9 +51,9 @@ func (a *adminFlags) call(fn func(ctx context.Context, c api.MDSClient) (any, er
 	if *a.output != "table" && *a.output != "json" {
 		return fmt.Errorf("--output must be table or json, not %q", *a.output)
 	}
-	c, err := mdsclient.Dial(splitList(*a.mds))
+	c, err := a.dial()
 	if err != nil {
-		return fmt.Errorf("connect to MDS %s: %w", *a.mds, err)
+		return err
 	}
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

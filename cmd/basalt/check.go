@@ -16,9 +16,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/scrub"
+	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
-	"github.com/basalt-storage/basalt/pkg/mdsclient"
 )
 
 func checkCommand() *cobra.Command {
@@ -58,14 +59,20 @@ the volume is quiet). Every member reads all of its chunk data; --rate bounds th
 		if rc == 0 {
 			rc = -1 // scrub.Config: < 0 is none
 		}
-		c, err := mdsclient.Dial(splitList(*af.mds))
+		c, err := af.dial()
 		if err != nil {
-			return fmt.Errorf("connect to MDS %s: %w", *af.mds, err)
+			return err
 		}
 		defer c.Close()
 		ctx, cancel := signalContext()
 		defer cancel()
-		res, err := runCheck(ctx, c, checkOptions{pool: *pool, rate: int64(bps), parallel: *parallel, rechecks: rc, timeout: *timeout})
+		opts := checkOptions{pool: *pool, rate: int64(bps), parallel: *parallel, rechecks: rc, timeout: *timeout}
+		if id, err := af.tls.load(); err != nil {
+			return err
+		} else if id != nil {
+			opts.sec = transport.Security{Mode: transport.ModeAuthenticated, ClientTLS: id.ClientTLS(identity.RoleChunkserver)}
+		}
+		res, err := runCheck(ctx, c, opts)
 		if err != nil {
 			return err
 		}
@@ -83,6 +90,7 @@ type checkOptions struct {
 	parallel int
 	rechecks int
 	timeout  time.Duration
+	sec      transport.Security // how to connect to chunkservers (the admin's identity)
 }
 
 // checkResult is what `basalt check` prints.
@@ -194,7 +202,7 @@ func runCheck(ctx context.Context, c api.MDSClient, o checkOptions) (*checkResul
 	if o.rate > 0 {
 		lim = scrub.NewLimiter(o.rate, 0)
 	}
-	chk := scrub.NewChecker(scrub.Config{Limiter: lim, Rechecks: o.rechecks, Timeout: o.timeout})
+	chk := scrub.NewChecker(scrub.Config{Limiter: lim, Rechecks: o.rechecks, Timeout: o.timeout, Security: o.sec})
 	defer chk.Close()
 	reports := make([]*scrub.Report, len(jobs))
 	var (

@@ -198,7 +198,7 @@ func TestCheckCluster(t *testing.T) {
 	f.Close()
 	c.Start(proc)
 	c.Eventually(60*time.Second, "restarted replica answers", func(ctx context.Context) error {
-		_, err := testcluster.ReplicaChecksums(ctx, addrs[victim], c.Pool.Id, copyset)
+		_, err := testcluster.ReplicaChecksums(ctx, c.DataSecurity(), addrs[victim], c.Pool.Id, copyset)
 		return err
 	})
 	c.WaitHealthy(60 * time.Second)
@@ -225,7 +225,7 @@ func TestCheckCluster(t *testing.T) {
 		return nil
 	})
 	// The table names it too.
-	cmd := exec.Command(testcluster.Binary(t), "check", "--mds", c.MDSAddr)
+	cmd := exec.Command(testcluster.Binary(t), "check", "--mds", c.MDSAddr, "--tls-dir", c.TLSDir)
 	tbl, err := cmd.Output()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || !strings.Contains(string(tbl), "replicas differ:") ||
@@ -237,7 +237,7 @@ func TestCheckCluster(t *testing.T) {
 // runCheckBinary runs `basalt check -o json` and returns its result and exit code.
 func runCheckBinary(t *testing.T, c *testcluster.Cluster) (*checkResult, int, string) {
 	t.Helper()
-	cmd := exec.Command(testcluster.Binary(t), "check", "--mds", c.MDSAddr, "-o", "json")
+	cmd := exec.Command(testcluster.Binary(t), "check", "--mds", c.MDSAddr, "--tls-dir", c.TLSDir, "-o", "json")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

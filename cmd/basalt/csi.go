@@ -1,12 +1,14 @@
 package main
 
 import (
+	"crypto/tls"
 	"log/slog"
 	"os"
 
 	"github.com/spf13/cobra"
 
 	"github.com/basalt-storage/basalt/internal/csi"
+	"github.com/basalt-storage/basalt/internal/identity"
 )
 
 func csiCommand() *cobra.Command {
@@ -25,9 +27,18 @@ func csiCommand() *cobra.Command {
 	zone := f.String("zone", "", "this node's zone, reported as topology "+csi.TopologyZoneKey)
 	stateDir := f.String("state-dir", "/var/lib/basalt-csi", "node: where the NBD socket and per-volume state live")
 	attach := f.String("attach", "auto", "node: how to attach volumes: auto (kernel NBD if loaded, else nbdfuse + loop), nbd or nbdfuse")
+	tf := addTLSFlags(cmd, identity.RoleAdmin, identity.RoleAccess)
 	cmd.RunE = func(*cobra.Command, []string) error {
+		id, err := tf.load()
+		if err != nil {
+			return err
+		}
+		var mdsTLS, dataTLS *tls.Config
+		if id != nil {
+			mdsTLS, dataTLS = id.ClientTLS(identity.RoleMDS), id.ClientTLS(identity.RoleChunkserver)
+		}
 		d, err := csi.Start(csi.Config{
-			Endpoint: *endpoint, MDS: splitList(*mdsAddrs), Mode: *mode, DriverName: *driver,
+			Endpoint: *endpoint, MDS: splitList(*mdsAddrs), MDSTLS: mdsTLS, DataTLS: dataTLS, Mode: *mode, DriverName: *driver,
 			NodeID: *nodeID, Zone: *zone, Server: host, StateDir: *stateDir, Attach: *attach,
 			Logger: slog.Default(),
 		})

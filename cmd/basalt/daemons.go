@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"os"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/chunkserver"
 	"github.com/basalt-storage/basalt/internal/frontend/access"
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/mds"
 	"github.com/basalt-storage/basalt/internal/scrub"
 )
@@ -24,6 +26,8 @@ func mdsCommand() *cobra.Command {
 	var cfg mds.Config
 	var etcd string
 	var balance bool
+	var tf *tlsFlags
+	var debug *string
 	cmd := &cobra.Command{
 		Use:   "mds",
 		Short: "Run the metadata service (embedded etcd unless --etcd-endpoints is given)",
@@ -32,6 +36,22 @@ func mdsCommand() *cobra.Command {
 			cfg.EtcdEndpoints = splitList(etcd)
 			cfg.DisableBalance = !balance
 			cfg.Logger = slog.Default()
+			var err error
+			if cfg.TLS, err = tf.load(); err != nil {
+				return err
+			}
+			cfg.Insecure = cfg.TLS == nil
+			if cfg.TLS != nil {
+				// The embedded etcd serves TLS; keep the defaults' scheme right.
+				for _, u := range []*string{&cfg.EtcdClientURL, &cfg.EtcdPeerURL} {
+					*u = strings.Replace(*u, "http://", "https://", 1)
+				}
+			}
+			stopDebug, err := serveDebug(*debug)
+			if err != nil {
+				return err
+			}
+			defer stopDebug()
 			s, err := mds.New(cfg)
 			if err != nil {
 				return err
@@ -41,6 +61,9 @@ func mdsCommand() *cobra.Command {
 			return s.Run(ctx)
 		},
 	}
+	tf = addTLSFlags(cmd, identity.RoleMDS)
+	debug = debugFlag(cmd)
+	cmd.Flags().IntVar(&cfg.MaxSessionsPerClient, "max-sessions-per-client", mds.DefaultMaxSessionsPerClient, "open volume sessions one client identity may hold")
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:6700", "gRPC listen address")
 	f.StringVar(&cfg.Advertise, "advertise", "", "address other processes use to reach this MDS (default: --listen)")
@@ -67,6 +90,8 @@ func chunkserverCommand() *cobra.Command {
 	var procs int
 	var crashAfterDelete bool
 	var nbdListen, nbdSocket string // the in-process NBD front end
+	var tf *tlsFlags
+	var debug, nbdCert *string
 	cmd := &cobra.Command{
 		Use:   "chunkserver",
 		Short: "Run a chunkserver on one data directory (one disk)",
@@ -75,6 +100,15 @@ func chunkserverCommand() *cobra.Command {
 			setProcs(procs)
 			cfg.MDS = splitList(mdsAddrs)
 			cfg.Logger = slog.Default()
+			var err error
+			if cfg.TLS, err = tf.load(); err != nil {
+				return err
+			}
+			stopDebug, err := serveDebug(*debug)
+			if err != nil {
+				return err
+			}
+			defer stopDebug()
 			if r := strings.TrimSpace(scrubRate); r == "0" || r == "off" {
 				cfg.ScrubRate = -1
 			} else {
@@ -122,8 +156,21 @@ func chunkserverCommand() *cobra.Command {
 			// chunkserver leads takes the local fast path. It stops before the
 			// chunkserver, so the IO it has in flight can finish.
 			host, _ := os.Hostname()
+			// The front end is an access node: chunkservers serve IO only to
+			// clients and access nodes, so it needs an identity of its own.
+			var mdsTLS, dataTLS *tls.Config
+			if cfg.TLS != nil {
+				if *nbdCert == "" {
+					return fmt.Errorf("--nbd-listen/--nbd-socket with --tls-dir need --nbd-tls-cert: an access certificate in %s for the in-process front end (basalt cert issue --role access --name N)", *tf.dir)
+				}
+				fid, err := identity.LoadRole(*tf.dir, *nbdCert, identity.RoleAccess)
+				if err != nil {
+					return fmt.Errorf("--nbd-tls-cert: %w", err)
+				}
+				mdsTLS, dataTLS = fid.ClientTLS(identity.RoleMDS), fid.ClientTLS(identity.RoleChunkserver)
+			}
 			node, err := access.Start(access.Config{
-				MDS: cfg.MDS, Local: cs, Registry: cs.Registry(),
+				MDS: cfg.MDS, MDSTLS: mdsTLS, DataTLS: dataTLS, Local: cs, Registry: cs.Registry(),
 				Logger:     slog.Default().With("component", "frontend"),
 				ClientName: fmt.Sprintf("chunkserver-nbd@%s/%d", host, os.Getpid()),
 				NBD:        access.NBDConfig{Listen: nbdListen, Socket: nbdSocket},
@@ -145,6 +192,9 @@ func chunkserverCommand() *cobra.Command {
 			return cs.Run(runCtx)
 		},
 	}
+	tf = addTLSFlags(cmd, identity.RoleChunkserver)
+	debug = debugFlag(cmd)
+	nbdCert = cmd.Flags().String("nbd-tls-cert", "", "base name of the access certificate in --tls-dir the in-process NBD front end uses")
 	f := cmd.Flags()
 	f.StringVar(&cfg.DataDir, "data", "", "data directory (WAL and chunk files); required")
 	f.StringVar(&nbdListen, "nbd-listen", "", "also serve NBD on this TCP address, in process: IO to copysets this chunkserver leads takes the local fast path (empty: none)")

@@ -11,6 +11,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/debughttp"
 	"github.com/basalt-storage/basalt/internal/frontend/access"
 	"github.com/basalt-storage/basalt/internal/frontend/iscsi"
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/playground"
 )
 
@@ -24,7 +25,9 @@ func nbdCommand() *cobra.Command {
 	listen := cmd.Flags().String("listen", "127.0.0.1:10809", "TCP listen address (empty: none)")
 	socket := cmd.Flags().String("socket", "", "Unix socket path (empty: none)")
 	readOnly := cmd.Flags().Bool("read-only", false, "open volumes read-only (alongside another writer)")
-	metrics := cmd.Flags().String("metrics", "", "serve Prometheus /metrics and /debug/pprof/ on this address (empty: none)")
+	metrics := cmd.Flags().String("metrics", "", "serve Prometheus /metrics on this address (empty: none)")
+	debug := debugFlag(cmd)
+	tf := addTLSFlags(cmd, identity.RoleAccess, identity.RoleClient)
 	var procs int
 	procsFlag(cmd, &procs)
 	cmd.RunE = func(*cobra.Command, []string) error {
@@ -36,7 +39,7 @@ func nbdCommand() *cobra.Command {
 			MDS: splitList(*mdsAddrs), ReadOnly: *readOnly, ClientName: clientName("nbd"),
 			NBD: access.NBDConfig{Listen: *listen, Socket: *socket},
 		}
-		return serveFrontEnds(cfg, *metrics)
+		return serveFrontEnds(cfg, *metrics, *debug, tf)
 	}
 	return cmd
 }
@@ -52,7 +55,9 @@ func nvmfCommand() *cobra.Command {
 	hosts := cmd.Flags().String("allow-hosts", "", "comma-separated host NQNs that may connect (empty: every host)")
 	advertise := cmd.Flags().String("advertise", "", "address the discovery log gives for the subsystems (default: the one the host connected to)")
 	readOnly := cmd.Flags().Bool("read-only", false, "open volumes read-only (alongside another writer)")
-	metrics := cmd.Flags().String("metrics", "", "serve Prometheus /metrics and /debug/pprof/ on this address (empty: none)")
+	metrics := cmd.Flags().String("metrics", "", "serve Prometheus /metrics on this address (empty: none)")
+	debug := debugFlag(cmd)
+	tf := addTLSFlags(cmd, identity.RoleAccess, identity.RoleClient)
 	multipath := cmd.Flags().Bool("multipath", false, "ANA multipath: register as an access node with the MDS, which makes one access node's path optimized per host and namespace (run several with the same MDS)")
 	var procs int
 	procsFlag(cmd, &procs)
@@ -62,7 +67,7 @@ func nvmfCommand() *cobra.Command {
 			MDS: splitList(*mdsAddrs), ReadOnly: *readOnly, ClientName: clientName("nvmf"),
 			NVMf: access.NVMfConfig{Listen: *listen, AllowedHosts: splitList(*hosts), AdvertiseAddr: *advertise,
 				Multipath: *multipath},
-		}, *metrics)
+		}, *metrics, *debug, tf)
 	}
 	cmd.AddCommand(nvmfAdminCommands()...)
 	return cmd
@@ -84,7 +89,9 @@ func iscsiCommand() *cobra.Command {
 	mutualUser := f.String("chap-mutual-user", "", "mutual CHAP: the name this target answers with")
 	mutualSecretFile := f.String("chap-mutual-secret-file", "", "file holding the secret this target answers mutual CHAP with")
 	initiators := f.StringSlice("initiator", nil, "allow only these initiator names (repeat or comma-separate; default: any)")
-	metrics := f.String("metrics", "", "serve Prometheus /metrics and /debug/pprof/ on this address (empty: none)")
+	metrics := f.String("metrics", "", "serve Prometheus /metrics on this address (empty: none)")
+	debug := debugFlag(cmd)
+	tf := addTLSFlags(cmd, identity.RoleAccess, identity.RoleClient)
 	var procs int
 	procsFlag(cmd, &procs)
 	cmd.RunE = func(*cobra.Command, []string) error {
@@ -106,15 +113,27 @@ func iscsiCommand() *cobra.Command {
 			MDS: splitList(*mdsAddrs), ReadOnly: *readOnly, ClientName: clientName("iscsi"),
 			ISCSI: icfg,
 		}
-		return serveFrontEnds(cfg, *metrics)
+		return serveFrontEnds(cfg, *metrics, *debug, tf)
 	}
 	return cmd
 }
 
 // serveFrontEnds runs the front ends cfg names, and the metrics endpoint on
 // metricsAddr unless it is empty, until SIGINT or SIGTERM.
-func serveFrontEnds(cfg access.Config, metricsAddr string) error {
+func serveFrontEnds(cfg access.Config, metricsAddr, debugAddr string, tf *tlsFlags) error {
 	cfg.Logger = slog.Default()
+	id, err := tf.load()
+	if err != nil {
+		return err
+	}
+	if id != nil {
+		cfg.MDSTLS, cfg.DataTLS = id.ClientTLS(identity.RoleMDS), id.ClientTLS(identity.RoleChunkserver)
+	}
+	stopDebug, err := serveDebug(debugAddr)
+	if err != nil {
+		return err
+	}
+	defer stopDebug()
 	if metricsAddr != "" {
 		reg := debughttp.NewRegistry()
 		hs, a, err := debughttp.Serve(metricsAddr, reg)
@@ -189,6 +208,7 @@ func playgroundCommand() *cobra.Command {
 	f.IntVar(&cfg.PortBase, "port-base", 6700, "first port: MDS, then etcd (+1, +2), the iSCSI portal (+3), chunkservers (+11..), metrics (+21..), NVMe/TCP (+28)")
 	f.Uint32Var(&cfg.Copysets, "copysets", 0, "copysets in the pool (default: the MDS default)")
 	f.IntVar(&cfg.Procs, "gomaxprocs", 0, "GOMAXPROCS of this process and each chunkserver (0: the CPUs shared among them, unless GOMAXPROCS is set; -1: Go's default)")
-	f.StringVar(&cfg.Metrics, "metrics", "", "serve the NBD front end's and client's Prometheus /metrics and /debug/pprof/ on this address (empty: none)")
+	f.StringVar(&cfg.Metrics, "metrics", "", "serve the NBD front end's and client's Prometheus /metrics on this address (empty: none)")
+	f.StringVar(&cfg.DebugListen, "debug-listen", "", "serve Go's /debug/pprof/ profiles on this address (empty: none; never on a public address)")
 	return cmd
 }

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/pkg/api"
 	"github.com/basalt-storage/basalt/pkg/mdsclient"
 )
@@ -151,6 +152,7 @@ func stopProcess(pid int, exited <-chan struct{}, grace time.Duration) {
 type pgState struct {
 	PID          int    `json:"pid"`
 	MDS          string `json:"mds"`
+	TLSDir       string `json:"tls_dir"` // the playground's certificates
 	NBDSocket    string `json:"nbd_socket"`
 	Volume       string `json:"volume"`
 	Chunkservers []struct {
@@ -387,7 +389,11 @@ func (r *runner) openBasaltR1(ctx context.Context, name string) (*target, error)
 	if local {
 		copysets = 1
 	}
-	mc, err := mdsclient.Dial([]string{p.state.MDS})
+	admin, err := identity.Load(p.state.TLSDir, "admin")
+	if err != nil {
+		return nil, fmt.Errorf("the playground's admin certificate: %w", err)
+	}
+	mc, err := mdsclient.Dial([]string{p.state.MDS}, admin.ClientTLS(identity.RoleMDS))
 	if err != nil {
 		return nil, err
 	}

@@ -218,7 +218,7 @@
 // copyset_io_{ops,bytes}_total per copyset and op, per-copyset applied index,
 // leader, term and health, the raft host's latency histograms and counters,
 // the WAL's counters and its wal_{write,fsync}_seconds histograms (per batch);
-// /debug/pprof/ on the same listener. An embedded NBD front end (below) adds
+// Go's /debug/pprof/ only on basalt chunkserver --debug-listen. An embedded NBD front end (below) adds
 // its basalt_nbd_* and basalt_client_* metrics to the same registry.
 //
 // # Local fast path (local.go)

@@ -36,6 +36,9 @@ func startRealMDSWith(t *testing.T, tune func(*mds.Config)) string {
 		HeartbeatTimeout: 2 * time.Second,
 		ElectionTTL:      2 * time.Second,
 		Logger:           testLogger(t).With("component", "mds"),
+		// In-process chunkservers without certificates: these tests are
+		// about the chunkserver; the MDS's authorization has its own tests.
+		Insecure: true,
 	}
 	tune(&cfg)
 	s, err := mds.New(cfg)
@@ -65,7 +68,7 @@ func TestRealMDSCluster(t *testing.T) {
 	}
 	addr := startRealMDS(t)
 	tc := startNodes(t, addr, nil)
-	cl, err := mdsclient.Dial([]string{addr})
+	cl, err := mdsclient.Dial([]string{addr}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +190,7 @@ func TestRealMDSRecovery(t *testing.T) {
 	})
 	tc := startNodes(t, addr, nil)
 	tc.addNode(addr) // a fourth chunkserver to move replicas to
-	cl, err := mdsclient.Dial([]string{addr})
+	cl, err := mdsclient.Dial([]string{addr}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

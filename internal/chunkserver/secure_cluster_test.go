@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/identity"
+	"github.com/basalt-storage/basalt/internal/mds"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 	"github.com/basalt-storage/basalt/pkg/client"
@@ -38,7 +39,9 @@ func TestSecureClusterCapabilities(t *testing.T) {
 	app := tlsParty(t, ca, identity.RoleClient, "app")
 	mallory := tlsParty(t, ca, identity.RoleClient, "mallory")
 
-	addr := startRealMDS(t)
+	admin := tlsParty(t, ca, identity.RoleAdmin, "admin")
+	mdsID := tlsParty(t, ca, identity.RoleMDS, "mds")
+	addr := startRealMDSWith(t, func(c *mds.Config) { c.TLS, c.Insecure = mdsID, false })
 	n := 0
 	tc := startNodes(t, addr, func(c *Config) { c.TLS = cs[n%3]; n++ })
 	for i, node := range tc.nodes {
@@ -46,7 +49,7 @@ func TestSecureClusterCapabilities(t *testing.T) {
 			t.Skipf("the MDS gave node %d id %d; the test's certificates name 1..3", i, id)
 		}
 	}
-	cl, err := mdsclient.Dial([]string{addr})
+	cl, err := mdsclient.Dial([]string{addr}, admin.ClientTLS(identity.RoleMDS))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +71,7 @@ func TestSecureClusterCapabilities(t *testing.T) {
 		st, err := cl.ClusterStatus(ctx, &api.ClusterStatusRequest{})
 		return err == nil && st.GetCopysetsHealthy() == 4
 	})
-	v, err := client.Open(ctx, client.Config{MDS: []string{addr}, Volume: "v", ClientName: "app",
+	v, err := client.Open(ctx, client.Config{MDS: []string{addr}, MDSTLS: app.ClientTLS(identity.RoleMDS), Volume: "v", ClientName: "app",
 		DataTLS: app.ClientTLS(identity.RoleChunkserver), IOTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package chunkserver
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -336,7 +337,11 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 		return ErrAlreadyRan
 	}
 	defer c.shutdown()
-	c.mds, err = mdsclient.Dial(c.cfg.MDS)
+	var mdsTLS *tls.Config
+	if c.cfg.TLS != nil {
+		mdsTLS = c.cfg.TLS.ClientTLS(identity.RoleMDS)
+	}
+	c.mds, err = mdsclient.Dial(c.cfg.MDS, mdsTLS)
 	if err != nil {
 		return err
 	}

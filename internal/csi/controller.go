@@ -260,7 +260,7 @@ func (c *controller) ControllerPublishVolume(ctx context.Context, req *csi.Contr
 func (c *controller) fence(ctx context.Context, volume string, nodes []string) error {
 	v, err := client.Open(ctx, client.Config{
 		Volume: volume, ClientName: "csi-controller fencing " + strings.Join(nodes, ","),
-		MDSClient: c.d.mds, Logger: c.d.log,
+		MDSClient: c.d.mds, Logger: c.d.log, DataTLS: c.d.cfg.DataTLS,
 	})
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "fencing the writer on %s: %v", strings.Join(nodes, ","), err)

@@ -66,7 +66,7 @@ func startNode(d *Driver) (*Node, error) {
 		return nil, fmt.Errorf("csi: registering node %q with the MDS: %w", cfg.NodeID, err)
 	}
 	front, err := access.Start(access.Config{
-		MDS: cfg.MDS, ClientName: "csi@" + cfg.NodeID, Logger: d.log,
+		MDS: cfg.MDS, MDSTLS: cfg.MDSTLS, DataTLS: cfg.DataTLS, ClientName: "csi@" + cfg.NodeID, Logger: d.log,
 		NBD: access.NBDConfig{Socket: n.sock},
 	})
 	if err != nil {

@@ -2,6 +2,7 @@ package csi
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -42,6 +43,13 @@ type Config struct {
 	Endpoint string
 	// MDS addresses; required.
 	MDS []string
+	// MDSTLS is the TLS configuration for the MDS: an admin certificate for
+	// the controller (it creates and deletes volumes), an access or admin
+	// one for a node plugin (docs/security.md). nil only for an --insecure MDS.
+	MDSTLS *tls.Config
+	// DataTLS is the same identity toward chunkservers (the controller's
+	// fencing open, the node plugin's front end); nil without TLS.
+	DataTLS *tls.Config
 	// Mode: controller, node or all (both, as csi-sanity wants).
 	Mode string
 	// DriverName, default DriverName.
@@ -85,7 +93,7 @@ func Start(cfg Config) (*Driver, error) {
 	}
 	d := &Driver{cfg: cfg, log: cfg.Logger, mds: cfg.MDSClient}
 	if d.mds == nil {
-		mc, err := mdsclient.Dial(cfg.MDS)
+		mc, err := mdsclient.Dial(cfg.MDS, cfg.MDSTLS)
 		if err != nil {
 			return nil, err
 		}

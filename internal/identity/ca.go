@@ -275,7 +275,8 @@ func (ca *CA) writeCRL(entries []x509.RevocationListEntry) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(ca.dir, CRLFile), pemBlock("X509 CRL", der), 0o644)
+	// DER, as etcd's --client-crl-file and openssl crl -inform DER read it.
+	return writeFileAtomic(filepath.Join(ca.dir, CRLFile), der, 0o644)
 }
 
 // ReadCRL reads dir/ca.crl and checks it is signed by one of cas. A missing
@@ -315,4 +316,34 @@ func caCluster(c *x509.Certificate) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%w: CA certificate %q names no basalt cluster", ErrNoCA, c.Subject.CommonName)
+}
+
+// Need names a certificate EnsureCerts should make.
+type Need struct {
+	Role Role
+	Name string
+}
+
+// EnsureCerts makes a CA for cluster in dir unless one is there, and
+// issues into dir each needed certificate whose <base>.crt is missing. It
+// is how a single-machine setup (the playground, test clusters) gets a
+// whole cluster's identities in one directory; a real deployment keeps
+// the CA key elsewhere and gives each node only its own certificate.
+func EnsureCerts(dir, cluster string, need []Need) error {
+	ca, err := OpenCA(dir)
+	if errors.Is(err, ErrNoCA) {
+		ca, err = InitCA(dir, cluster)
+	}
+	if err != nil {
+		return err
+	}
+	for _, n := range need {
+		if _, err := os.Stat(filepath.Join(dir, Base(n.Role, n.Name)+".crt")); err == nil {
+			continue
+		}
+		if _, _, err := ca.IssueFiles(dir, "", n.Role, n.Name, IssueOptions{}); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -30,7 +30,7 @@
 //
 //	ca.crt         the cluster CA certificate(s), PEM; more than one while the CA is rolled over
 //	ca.key         the CA private key, PEM (only where certificates are issued; keep it offline)
-//	ca.crl         the CA-signed revocation list, PEM (x509 CRL); absent means nothing is revoked
+//	ca.crl         the CA-signed revocation list (x509 CRL, DER; PEM is read too); absent: nothing revoked
 //	<base>.crt     a leaf certificate, PEM
 //	<base>.key     its private key, PEM, mode 0600
 //

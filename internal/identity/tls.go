@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -264,4 +265,48 @@ func PeerIdentity(cs tls.ConnectionState) (Identity, error) {
 		return Identity{}, fmt.Errorf("%w: no peer certificate", ErrUntrusted)
 	}
 	return Parse(cs.PeerCertificates[0])
+}
+
+// ErrNoCert: LoadRole found no certificate of the role in the directory,
+// or more than one and no base was given.
+var ErrNoCert = errors.New("identity: no certificate for this role")
+
+// LoadRole loads dir like Load, finding the certificate by role when base
+// is "": <role>.crt if present, else the one <role>-*.crt in dir. The
+// loaded certificate must be of that role.
+func LoadRole(dir, base string, role Role) (*Config, error) {
+	if base == "" {
+		if _, err := os.Stat(filepath.Join(dir, string(role)+".crt")); err == nil {
+			base = string(role)
+		} else {
+			m, _ := filepath.Glob(filepath.Join(dir, string(role)+"-*.crt"))
+			switch len(m) {
+			case 0:
+				return nil, fmt.Errorf("%w: no %s.crt or %s-*.crt in %s (issue one: basalt cert issue --dir CA_DIR --role %s --name N --out %s)",
+					ErrNoCert, role, role, dir, role, dir)
+			case 1:
+				base = strings.TrimSuffix(filepath.Base(m[0]), ".crt")
+			default:
+				return nil, fmt.Errorf("%w: %d %s certificates in %s; name one with --tls-cert", ErrNoCert, len(m), role, dir)
+			}
+		}
+	}
+	c, err := Load(dir, base)
+	if err != nil {
+		return nil, err
+	}
+	if c.self.Role != role {
+		return nil, fmt.Errorf("%w: %s names %s, a %s is needed here", ErrRoleNotAllowed, c.certPath(), c.self, role)
+	}
+	return c, nil
+}
+
+// CheckRevoked refuses a certificate on the current revocation list. A
+// handshake checks it once; servers of long-lived connections (gRPC) call
+// it per request too, so a revocation also ends connections made before it.
+func (c *Config) CheckRevoked(cert *x509.Certificate) error {
+	if c.isRevoked(cert) {
+		return fmt.Errorf("%w: serial %s", ErrRevoked, cert.SerialNumber.Text(16))
+	}
+	return nil
 }

@@ -28,6 +28,9 @@ type accessNodeRecord struct {
 	Addr         string `json:"addr"`
 	Name         string `json:"name,omitempty"`
 	RegisteredMs int64  `json:"registered_unix_ms"`
+	// Owner is the identity that registered the node (basalt://…); only it
+	// re-registers or heartbeats as this node. "" on an Insecure MDS.
+	Owner string `json:"owner,omitempty"`
 }
 
 // nvmfSubsystemRecord is the value at /basalt/nvmf-subsystems/<escaped nqn>.
@@ -67,6 +70,7 @@ func (h *handler) RegisterAccessNode(ctx context.Context, req *api.RegisterAcces
 		return nil, fmt.Errorf("%w: an access node needs its address", ErrInvalidArgument)
 	}
 	var id uint64
+	owner := sessionOwner(ctx)
 	err := s.txn(ctx, func(stm concurrency.STM) error {
 		// Few access nodes: look the address up among them all.
 		recs, err := getPrefix[accessNodeRecord](ctx, s.cli, accessNodePrefix)
@@ -75,9 +79,12 @@ func (h *handler) RegisterAccessNode(ctx context.Context, req *api.RegisterAcces
 		}
 		for _, r := range recs {
 			if r.Addr == req.Addr {
+				if err := checkAccessNodeOwner(ctx, r); err != nil {
+					return err
+				}
 				id = r.ID
-				if r.Name != req.Name {
-					r.Name = req.Name
+				if r.Name != req.Name || r.Owner != owner {
+					r.Name, r.Owner = req.Name, owner
 					stm.Put(accessNodeKey(id), encode(r))
 				}
 				return nil
@@ -87,7 +94,7 @@ func (h *handler) RegisterAccessNode(ctx context.Context, req *api.RegisterAcces
 			return err
 		}
 		stm.Put(accessNodeKey(id), encode(accessNodeRecord{ID: id, Addr: req.Addr, Name: req.Name,
-			RegisteredMs: time.Now().UnixMilli()}))
+			RegisteredMs: time.Now().UnixMilli(), Owner: owner}))
 		return nil
 	})
 	if err != nil {
@@ -135,10 +142,12 @@ func policyName(p api.ANAPolicy) string {
 // answers with the live nodes and the assignments of the reported hosts.
 func (h *handler) AccessNodeHeartbeat(ctx context.Context, req *api.AccessNodeHeartbeatRequest) (*api.AccessNodeHeartbeatResponse, error) {
 	s := h.s
-	if _, ok, err := getOne[accessNodeRecord](ctx, s.cli, accessNodeKey(req.Id)); err != nil {
+	if rec, ok, err := getOne[accessNodeRecord](ctx, s.cli, accessNodeKey(req.Id)); err != nil {
 		return nil, err
 	} else if !ok {
 		return nil, fmt.Errorf("%w: access node %d is not registered; register first", ErrNotFound, req.Id)
+	} else if err := checkAccessNodeOwner(ctx, rec); err != nil {
+		return nil, err
 	}
 	s.anaMu.Lock()
 	defer s.anaMu.Unlock()

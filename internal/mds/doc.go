@@ -237,5 +237,13 @@
 //     MDS is active; its writes go through Server.txn; the leader transfers
 //     it arms (Server.transfers) are under Server.mu and read by Heartbeat.
 //   - optional: the /metrics HTTP server (our own Prometheus registry, never
-//     the default one that the embedded etcd fills), with /debug/pprof/.
+//     the default one that the embedded etcd fills); pprof only on
+//     basalt mds --debug-listen.
+//
+// # Security
+//
+// With Config.TLS the gRPC API is mutual TLS 1.3 and every RPC is
+// authorized by the caller's role (authz.go: one table, an RPC missing
+// from it is refused); the embedded etcd serves TLS with client
+// certificates. docs/security.md states the model.
 package mds

@@ -34,6 +34,18 @@ var (
 	// OpenVolume; its epoch is stale and it must stop writing.
 	// gRPC FailedPrecondition.
 	ErrSuperseded = errors.New("mds: session superseded by a newer writer")
+	// ErrPermissionDenied: the caller's identity may not make this call
+	// (wrong role, another chunkserver's id, another client's session).
+	// gRPC PermissionDenied.
+	ErrPermissionDenied = errors.New("mds: permission denied")
+	// ErrUnauthenticated: the caller presented no verified identity.
+	// gRPC Unauthenticated.
+	ErrUnauthenticated = errors.New("mds: unauthenticated")
+	// ErrTooManySessions: the caller has MaxSessionsPerClient sessions open.
+	// gRPC ResourceExhausted.
+	ErrTooManySessions = errors.New("mds: too many open sessions for this client")
+	// ErrNoTLS: Config has neither TLS nor Insecure.
+	ErrNoTLS = errors.New("mds: no TLS configuration")
 )
 
 // codeOf maps an error to its gRPC status code.
@@ -51,6 +63,12 @@ func codeOf(err error) codes.Code {
 		return codes.AlreadyExists
 	case errors.Is(err, ErrFailedPrecondition), errors.Is(err, ErrSuperseded):
 		return codes.FailedPrecondition
+	case errors.Is(err, ErrPermissionDenied):
+		return codes.PermissionDenied
+	case errors.Is(err, ErrUnauthenticated):
+		return codes.Unauthenticated
+	case errors.Is(err, ErrTooManySessions):
+		return codes.ResourceExhausted
 	case errors.Is(err, context.Canceled):
 		return codes.Canceled
 	case errors.Is(err, context.DeadlineExceeded):

@@ -74,6 +74,11 @@ func startMDS(t *testing.T, cfg Config) *running {
 	if cfg.Logger == nil {
 		cfg.Logger = quietLogger()
 	}
+	if cfg.TLS == nil {
+		// Tests of the MDS's logic talk to it without certificates;
+		// authz_test.go runs it with TLS and checks every refusal.
+		cfg.Insecure = true
+	}
 	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -127,7 +132,7 @@ func startEtcd(t *testing.T) string {
 
 func dial(t *testing.T, addrs ...string) *mdsclient.Client {
 	t.Helper()
-	c, err := mdsclient.Dial(addrs)
+	c, err := mdsclient.Dial(addrs, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

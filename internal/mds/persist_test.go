@@ -17,7 +17,7 @@ var update = flag.Bool("update", false, "rewrite testdata/records.golden")
 // directory: everything registered and created before is still there, and
 // ids and epochs continue where they were.
 func TestRestartKeepsState(t *testing.T) {
-	cfg := Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), EtcdClientURL: "http://" + testutil.FreeAddr(t),
+	cfg := Config{Insecure: true, Listen: "127.0.0.1:0", DataDir: t.TempDir(), EtcdClientURL: "http://" + testutil.FreeAddr(t),
 		EtcdPeerURL: "http://" + testutil.FreeAddr(t), ElectionTTL: 2 * time.Second, Logger: quietLogger()}
 	r := startMDS(t, cfg)
 	waitActive(t, r, 30*time.Second)

@@ -18,15 +18,19 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	"github.com/basalt-storage/basalt/internal/debughttp"
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -39,9 +43,21 @@ type Config struct {
 	// Embedded etcd listeners, URLs or host:port
 	// (default http://127.0.0.1:2379 and http://127.0.0.1:2380).
 	EtcdClientURL, EtcdPeerURL string
-	MetricsListen              string        // Prometheus /metrics; "" = off
-	HeartbeatTimeout           time.Duration // chunkserver offline after this (default 5 s)
-	SessionLease               time.Duration // default 10 s
+	MetricsListen              string // Prometheus /metrics; "" = off
+	// TLS is this MDS's identity (role mds): the gRPC API requires a
+	// client certificate from the cluster CA and authorizes every RPC by
+	// the caller's role (authz.go); the embedded etcd serves TLS with
+	// client certificates, and the etcd client presents it. Required
+	// unless Insecure.
+	TLS *identity.Config
+	// Insecure serves plain gRPC and etcd with no authentication or
+	// authorization: for tests of other things, never a deployment.
+	Insecure bool
+	// MaxSessionsPerClient caps the open sessions of one client identity
+	// (default 1024); OpenVolume beyond it fails with ResourceExhausted.
+	MaxSessionsPerClient int
+	HeartbeatTimeout     time.Duration // chunkserver offline after this (default 5 s)
+	SessionLease         time.Duration // default 10 s
 	// ElectionTTL is the TTL of the etcd session behind leader election:
 	// a standby takes over at most about this long after the active MDS
 	// died (default 3 s; etcd rounds it up to whole seconds, at least 2).
@@ -74,6 +90,12 @@ const (
 	DefaultHeartbeatTimeout = 5 * time.Second
 	DefaultSessionLease     = 10 * time.Second
 	DefaultElectionTTL      = 3 * time.Second
+
+	DefaultMaxSessionsPerClient = 1024
+	// Limits of the gRPC server.
+	maxConcurrentStreams = 256     // per connection
+	maxRecvMsgSize       = 4 << 20 // requests are small
+	maxSendMsgSize       = 64 << 20
 )
 
 // Server is one MDS process: active or standby. See doc.go.
@@ -169,6 +191,14 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.MaxSessionsPerClient <= 0 {
+		cfg.MaxSessionsPerClient = DefaultMaxSessionsPerClient
+	}
+	if cfg.TLS == nil && !cfg.Insecure {
+		return nil, fmt.Errorf("%w: give a TLS directory with this MDS's certificate "+
+			"(make one: basalt cert init --dir D --cluster NAME; basalt cert issue --dir D --role mds), "+
+			"or Insecure for a test", ErrNoTLS)
+	}
 	if len(cfg.EtcdEndpoints) == 0 && cfg.DataDir == "" {
 		return nil, fmt.Errorf("%w: DataDir is required for the embedded etcd (or give EtcdEndpoints)", ErrInvalidArgument)
 	}
@@ -207,7 +237,25 @@ func New(cfg Config) (*Server, error) {
 		Help: "Leader transfers requested by the scheduler (leader balancing)."})
 	s.reg.MustRegister(s.m.active, s.m.rpcs, s.m.chunkservers, s.m.moves, s.m.movesInFlight, s.m.transfers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	s.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(s.intercept))
+	opts := []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(s.authorize, s.intercept),
+		grpc.MaxConcurrentStreams(maxConcurrentStreams),
+		grpc.MaxRecvMsgSize(maxRecvMsgSize),
+		grpc.MaxSendMsgSize(maxSendMsgSize),
+		grpc.ConnectionTimeout(10 * time.Second), // the TLS handshake
+		// Clients ping at most every 10 s; idle connections are closed
+		// after 10 min, and a peer that stops answering pings after 30 s.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: 10 * time.Minute, Time: 20 * time.Second, Timeout: 10 * time.Second}),
+	}
+	if cfg.TLS != nil {
+		if id := cfg.TLS.Identity(); id.Role != identity.RoleMDS {
+			ln.Close()
+			return nil, fmt.Errorf("%w: the MDS needs an mds certificate, not %s", ErrInvalidArgument, id)
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS.ServerTLS())))
+	}
+	s.grpc = grpc.NewServer(opts...)
 	api.RegisterMDSServer(s.grpc, &handler{s: s})
 	return s, nil
 }
@@ -234,11 +282,17 @@ func (s *Server) Run(ctx context.Context) error {
 		}()
 		endpoints = []string{e.Clients[0].Addr().String()}
 	}
-	cli, err := clientv3.New(clientv3.Config{
+	ecfg := clientv3.Config{
 		Endpoints:   endpoints,
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
-	})
+	}
+	if s.cfg.TLS != nil {
+		// The embedded etcd presents this MDS's own certificate; an
+		// external one, an etcd certificate of the same CA.
+		ecfg.TLS = s.cfg.TLS.ClientTLS(identity.RoleEtcd, identity.RoleMDS)
+	}
+	cli, err := clientv3.New(ecfg)
 	if err != nil {
 		return fmt.Errorf("mds: etcd client %v: %w", endpoints, err)
 	}
@@ -250,7 +304,7 @@ func (s *Server) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("mds: metrics listen %s: %w", s.cfg.MetricsListen, err)
 		}
-		mux := debughttp.Mux(s.reg) // /metrics and /debug/pprof/
+		mux := debughttp.Mux(s.reg) // /metrics only
 		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go hs.Serve(mln)
 		defer hs.Close()
@@ -292,6 +346,20 @@ func (s *Server) startEtcd() (*embed.Etcd, error) {
 	purl, err := parseURL(s.cfg.EtcdPeerURL)
 	if err != nil {
 		return nil, err
+	}
+	if s.cfg.TLS != nil {
+		// Clients (this MDS, other MDS sharing it) need a certificate of
+		// the cluster CA; revoked ones are refused (ca.crl).
+		curl.Scheme, purl.Scheme = "https", "https"
+		info := transport.TLSInfo{
+			CertFile: s.cfg.TLS.CertFile(), KeyFile: s.cfg.TLS.KeyFile(), TrustedCAFile: s.cfg.TLS.CAFile(),
+			ClientCertAuth: true,
+		}
+		if _, err := os.Stat(s.cfg.TLS.CRLFile()); err == nil {
+			info.CRLFile = s.cfg.TLS.CRLFile()
+		}
+		ec.ClientTLSInfo, ec.PeerTLSInfo = info, info
+		ec.TlsMinVersion = "TLS1.3"
 	}
 	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{*curl}, []url.URL{*curl}
 	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{*purl}, []url.URL{*purl}

@@ -26,6 +26,12 @@ func (h *handler) OpenVolume(ctx context.Context, req *api.OpenVolumeRequest) (*
 	if err := checkName("volume", req.Name); err != nil {
 		return nil, err
 	}
+	owner := sessionOwner(ctx)
+	if owner != "" {
+		if err := s.checkSessionCap(ctx, owner); err != nil {
+			return nil, err
+		}
+	}
 	lease, err := s.cli.Grant(ctx, s.leaseTTL())
 	if err != nil {
 		return nil, err
@@ -45,7 +51,7 @@ func (h *handler) OpenVolume(ctx context.Context, req *api.OpenVolumeRequest) (*
 		if err != nil {
 			return err
 		}
-		sess = sessionRecord{ID: id, Volume: v.ID, ReadOnly: req.ReadOnly, Client: req.Client,
+		sess = sessionRecord{ID: id, Volume: v.ID, ReadOnly: req.ReadOnly, Client: req.Client, Owner: owner,
 			Lease: int64(lease.ID), OpenedMs: time.Now().UnixMilli()}
 		prevWriter = 0
 		if !req.ReadOnly {
@@ -124,6 +130,9 @@ func (h *handler) RenewSession(ctx context.Context, req *api.RenewSessionRequest
 	if err != nil {
 		return nil, err
 	}
+	if err := checkSessionOwner(ctx, sess, "renew", false); err != nil {
+		return nil, err
+	}
 	if _, err := s.cli.KeepAliveOnce(ctx, clientv3.LeaseID(sess.Lease)); err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return nil, fmt.Errorf("%w: session %d expired; open the volume again", ErrNotFound, req.SessionId)
@@ -151,6 +160,9 @@ func (h *handler) CloseSession(ctx context.Context, req *api.CloseSessionRequest
 		}
 		var err error
 		if sess, err = decode[sessionRecord](v); err != nil {
+			return err
+		}
+		if err := checkSessionOwner(ctx, sess, "close", true); err != nil {
 			return err
 		}
 		found = true
@@ -183,4 +195,26 @@ func (h *handler) CloseSession(ctx context.Context, req *api.CloseSessionRequest
 			"client", sess.Client)
 	}
 	return &api.CloseSessionResponse{}, nil
+}
+
+// checkSessionCap refuses a new session to owner when it holds
+// MaxSessionsPerClient live ones. The count is read outside the opening
+// transaction, so racing opens may pass the cap by a few: a bound on what
+// one identity can make the MDS keep, not an exact quota.
+func (s *Server) checkSessionCap(ctx context.Context, owner string) error {
+	resp, err := s.cli.Get(ctx, sessionPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, kv := range resp.Kvs {
+		if sess, err := decode[sessionRecord](string(kv.Value)); err == nil && sess.Owner == owner {
+			n++
+		}
+	}
+	if n >= s.cfg.MaxSessionsPerClient {
+		return fmt.Errorf("%w: %s has %d open (MaxSessionsPerClient %d); close some first",
+			ErrTooManySessions, owner, n, s.cfg.MaxSessionsPerClient)
+	}
+	return nil
 }

@@ -124,6 +124,9 @@ type sessionRecord struct {
 	ReadOnly bool   `json:"read_only"`
 	Epoch    uint64 `json:"epoch"`
 	Client   string `json:"client,omitempty"`
+	// Owner is the identity that opened the session (basalt://…); only it
+	// renews it, only it or an admin closes it. "" on an Insecure MDS.
+	Owner    string `json:"owner,omitempty"`
 	Lease    int64  `json:"lease"`
 	OpenedMs int64  `json:"opened_unix_ms"`
 }

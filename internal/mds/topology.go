@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -96,6 +97,12 @@ func (h *handler) RegisterChunkServer(ctx context.Context, req *api.RegisterChun
 	if req.Addr == "" {
 		return nil, fmt.Errorf("%w: addr (the chunkserver's data-plane host:port) is required", ErrInvalidArgument)
 	}
+	// With TLS, the certificate names the id: a chunkserver registers as
+	// that id or not at all.
+	certID, err := checkChunkserver(ctx, req.Id, "register")
+	if err != nil {
+		return nil, err
+	}
 	rec := chunkserverRecord{
 		Zone: req.Zone, Server: req.Server, Addr: req.Addr, DataDir: req.DataDir,
 		Capacity: req.CapacityBytes, RegisteredMs: time.Now().UnixMilli(),
@@ -107,10 +114,35 @@ func (h *handler) RegisterChunkServer(ctx context.Context, req *api.RegisterChun
 		rec.Server = req.Addr
 	}
 	var old chunkserverRecord
-	err := s.txn(ctx, func(stm concurrency.STM) error {
+	err = s.txn(ctx, func(stm concurrency.STM) error {
 		old = chunkserverRecord{}
 		rec.ID = req.Id
-		if rec.ID == 0 {
+		if rec.ID == 0 && certID != 0 {
+			// A first registration under a certificate: the id is the
+			// certificate's. If that id is registered already, this is a
+			// new (or wiped) data directory: taking the id would make a
+			// member with no data look like one that has it. It needs a
+			// certificate for a new id.
+			if v := stm.Get(chunkserverKey(certID)); v != "" {
+				o, err := decode[chunkserverRecord](v)
+				if err != nil {
+					return err
+				}
+				return fmt.Errorf("%w: chunkserver %d is registered (data directory %s on %s), and this is a new data directory; "+
+					"a new data directory needs a certificate for a new id (basalt cert issue --role chunkserver --name N)",
+					ErrAlreadyExists, certID, o.DataDir, o.Server)
+			}
+			rec.ID = certID
+			// Keep the counter above every certificate id, so an id handed
+			// out by number never collides with one.
+			cur, err := counter(stm, idChunkserver)
+			if err != nil {
+				return err
+			}
+			if cur < certID {
+				stm.Put(idsPrefix+idChunkserver, strconv.FormatUint(certID, 10))
+			}
+		} else if rec.ID == 0 {
 			id, err := nextID(stm, idChunkserver)
 			if err != nil {
 				return err
@@ -299,6 +331,12 @@ func (s *Server) chunkserverProto(r chunkserverRecord, now time.Time) *api.Chunk
 // answers with the copysets it must host and its peers' addresses.
 func (h *handler) Heartbeat(ctx context.Context, req *api.HeartbeatRequest) (*api.HeartbeatResponse, error) {
 	s := h.s
+	if _, err := checkChunkserver(ctx, req.Id, "heartbeat"); err != nil {
+		return nil, err
+	}
+	if req.Id == 0 {
+		return nil, fmt.Errorf("%w: heartbeat without a chunkserver id", ErrInvalidArgument)
+	}
 	t, err := s.readTopology(ctx)
 	if err != nil {
 		return nil, err

@@ -8,18 +8,24 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/mds"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // startMDS runs the MDS with its embedded etcd in this process; stop ends it.
 func startMDS(cfg Config, st *State) (stop func(), err error) {
+	id, err := identity.Load(st.TLSDir, "mds")
+	if err != nil {
+		return nil, err
+	}
 	m, err := mds.New(mds.Config{
 		Listen:        st.MDS,
 		DataDir:       filepath.Join(cfg.Dir, "mds"),
 		EtcdClientURL: st.Etcd,
-		EtcdPeerURL:   "http://" + addr(cfg.PortBase+2),
+		EtcdPeerURL:   "https://" + addr(cfg.PortBase+2),
 		Logger:        cfg.Logger.With("component", "mds"),
+		TLS:           id,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start MDS: %w", err)
@@ -36,7 +42,7 @@ func startMDS(cfg Config, st *State) (stop func(), err error) {
 // startChunkservers starts cfg.Chunkservers child processes and records them in st.
 func startChunkservers(cfg Config, st *State, sup *supervisor) error {
 	for i := 1; i <= cfg.Chunkservers; i++ {
-		cs := chunkserverState(cfg, st.MDS, i)
+		cs := chunkserverState(cfg, st, i)
 		pid, err := sup.start(cs)
 		if err != nil {
 			return err
@@ -48,7 +54,7 @@ func startChunkservers(cfg Config, st *State, sup *supervisor) error {
 }
 
 // chunkserverState is where chunkserver i lives and the command that (re)starts it.
-func chunkserverState(cfg Config, mdsAddr string, i int) ChunkserverState {
+func chunkserverState(cfg Config, st *State, i int) ChunkserverState {
 	cs := ChunkserverState{
 		Index:   i,
 		Addr:    addr(cfg.PortBase + 10 + i),
@@ -57,7 +63,8 @@ func chunkserverState(cfg Config, mdsAddr string, i int) ChunkserverState {
 	}
 	cs.Log = filepath.Join(cs.DataDir, "chunkserver.log")
 	cs.RestartCmd = []string{cfg.Binary, "chunkserver",
-		"--data", cs.DataDir, "--mds", mdsAddr, "--listen", cs.Addr, "--metrics", cs.Metrics,
+		"--data", cs.DataDir, "--mds", st.MDS, "--listen", cs.Addr, "--metrics", cs.Metrics,
+		"--tls-dir", st.TLSDir, "--tls-cert", identity.Base(identity.RoleChunkserver, strconv.Itoa(i)),
 		"--zone", fmt.Sprintf("zone%d", i), "--server", fmt.Sprintf("playground-%d", i),
 		"--pid-file", filepath.Join(cs.DataDir, "pid"), "--log-file", cs.Log}
 	if cfg.Procs > 0 {
@@ -65,7 +72,8 @@ func chunkserverState(cfg Config, mdsAddr string, i int) ChunkserverState {
 	}
 	if sock := filepath.Join(cs.DataDir, "nbd.sock"); len(sock) < maxSocketPath {
 		cs.NBDSocket = sock
-		cs.RestartCmd = append(cs.RestartCmd, "--nbd-socket", sock)
+		cs.RestartCmd = append(cs.RestartCmd, "--nbd-socket", sock,
+			"--nbd-tls-cert", identity.Base(identity.RoleAccess, "cs"+strconv.Itoa(i)))
 	}
 	return cs
 }

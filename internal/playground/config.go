@@ -26,8 +26,10 @@ type Config struct {
 	Copysets     uint32 // copysets of the pool; 0 = the MDS default
 	Binary       string // the basalt binary to start chunkservers with; default this executable
 	// Metrics: where this process serves /metrics (NBD front end, client library,
-	// Go runtime) and /debug/pprof/; "" = nowhere.
+	// Go runtime); "" = nowhere.
 	Metrics string
+	// DebugListen: where this process serves Go's /debug/pprof/; "" = nowhere.
+	DebugListen string
 	// Procs is GOMAXPROCS for this process and each chunkserver: 0 shares the CPUs
 	// among them (NumCPU / (Chunkservers+1), at least 1) unless the GOMAXPROCS
 	// environment variable is set; negative leaves Go's default.

@@ -5,6 +5,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/debughttp"
 	"github.com/basalt-storage/basalt/internal/frontend/access"
+	"github.com/basalt-storage/basalt/internal/identity"
 )
 
 // ISCSICluster is the cluster name in the playground's iSCSI target names.
@@ -13,12 +14,17 @@ const ISCSICluster = "playground"
 // startFrontEnd serves NBD on TCP and on a Unix socket, and iSCSI, from this
 // process, and the front end's metrics if cfg asks; stop ends both.
 func startFrontEnd(cfg Config, st *State) (stop func(), err error) {
+	id, err := identity.Load(st.TLSDir, identity.Base(identity.RoleAccess, "playground"))
+	if err != nil {
+		return nil, err
+	}
 	fcfg := access.Config{
-		MDS: []string{st.MDS}, ClientName: "playground-nbd",
-		Logger: cfg.Logger.With("component", "frontend"),
-		NBD:    access.NBDConfig{Listen: cfg.NBDListen, Socket: cfg.NBDSocket},
-		NVMf:   access.NVMfConfig{Listen: cfg.NVMfListen},
-		ISCSI:  access.ISCSIConfig{Listen: cfg.ISCSIListen, Cluster: ISCSICluster},
+		MDS: []string{st.MDS}, MDSTLS: id.ClientTLS(identity.RoleMDS), DataTLS: id.ClientTLS(identity.RoleChunkserver),
+		ClientName: "playground-nbd",
+		Logger:     cfg.Logger.With("component", "frontend"),
+		NBD:        access.NBDConfig{Listen: cfg.NBDListen, Socket: cfg.NBDSocket},
+		NVMf:       access.NVMfConfig{Listen: cfg.NVMfListen},
+		ISCSI:      access.ISCSIConfig{Listen: cfg.ISCSIListen, Cluster: ISCSICluster},
 	}
 	stopMetrics := func() {}
 	if cfg.Metrics != "" {
@@ -30,6 +36,16 @@ func startFrontEnd(cfg Config, st *State) (stop func(), err error) {
 		stopMetrics = func() { hs.Close() }
 		st.Metrics = a.String()
 		fcfg.Registry = reg
+	}
+	if cfg.DebugListen != "" {
+		hs, a, err := debughttp.ServeDebug(cfg.DebugListen)
+		if err != nil {
+			stopMetrics()
+			return nil, fmt.Errorf("debug listen on %s: %w", cfg.DebugListen, err)
+		}
+		prev := stopMetrics
+		stopMetrics = func() { prev(); hs.Close() }
+		st.Debug = a.String()
 	}
 	node, err := access.Start(fcfg)
 	if err != nil {

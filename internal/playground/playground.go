@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/pkg/mdsclient"
 )
 
@@ -26,13 +28,28 @@ func Run(ctx context.Context, cfg Config) error {
 	_ = os.Remove(statePath)
 	st := newState(cfg)
 
+	// 0. A CA and every certificate, once; a second run reuses them.
+	need := []identity.Need{{Role: identity.RoleMDS, Name: "mds"}, {Role: identity.RoleAdmin, Name: "admin"},
+		{Role: identity.RoleAccess, Name: "playground"}}
+	for i := 1; i <= cfg.Chunkservers; i++ {
+		need = append(need, identity.Need{Role: identity.RoleChunkserver, Name: strconv.Itoa(i)},
+			identity.Need{Role: identity.RoleAccess, Name: "cs" + strconv.Itoa(i)}) // its in-process NBD
+	}
+	if err := identity.EnsureCerts(st.TLSDir, "playground", need); err != nil {
+		return fmt.Errorf("playground certificates in %s: %w", st.TLSDir, err)
+	}
+	admin, err := identity.Load(st.TLSDir, "admin")
+	if err != nil {
+		return err
+	}
+
 	// 1. The MDS and its embedded etcd, in this process.
 	stopMDS, err := startMDS(cfg, &st)
 	if err != nil {
 		return err
 	}
 	defer stopMDS()
-	mc, err := mdsclient.Dial([]string{st.MDS})
+	mc, err := mdsclient.Dial([]string{st.MDS}, admin.ClientTLS(identity.RoleMDS))
 	if err != nil {
 		return err
 	}

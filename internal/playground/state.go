@@ -29,24 +29,32 @@ type ChunkserverState struct {
 
 // State is what playground.json holds.
 type State struct {
-	Dir          string             `json:"dir"`
-	PID          int                `json:"pid"` // the playground process (MDS, etcd, NBD)
-	MDS          string             `json:"mds"`
-	Etcd         string             `json:"etcd"`
-	NBD          string             `json:"nbd"`
-	NBDSocket    string             `json:"nbd_socket"`
-	NBDURI       string             `json:"nbd_uri"`
-	NBDUnixURI   string             `json:"nbd_unix_uri"`
-	NVMf         string             `json:"nvmf"`              // NVMe/TCP target (host:port)
-	NVMfNQN      string             `json:"nvmf_nqn"`          // the volume's subsystem NQN
-	ISCSI        string             `json:"iscsi"`             // the iSCSI portal
-	ISCSITarget  string             `json:"iscsi_target"`      // the volume's target name
-	ISCSIURI     string             `json:"iscsi_uri"`         // libiscsi's URL of LUN 0
-	Metrics      string             `json:"metrics,omitempty"` // this process's /metrics and /debug/pprof/
+	Dir         string `json:"dir"`
+	PID         int    `json:"pid"` // the playground process (MDS, etcd, NBD)
+	MDS         string `json:"mds"`
+	Etcd        string `json:"etcd"`
+	NBD         string `json:"nbd"`
+	NBDSocket   string `json:"nbd_socket"`
+	NBDURI      string `json:"nbd_uri"`
+	NBDUnixURI  string `json:"nbd_unix_uri"`
+	NVMf        string `json:"nvmf"`              // NVMe/TCP target (host:port)
+	NVMfNQN     string `json:"nvmf_nqn"`          // the volume's subsystem NQN
+	ISCSI       string `json:"iscsi"`             // the iSCSI portal
+	ISCSITarget string `json:"iscsi_target"`      // the volume's target name
+	ISCSIURI    string `json:"iscsi_uri"`         // libiscsi's URL of LUN 0
+	Metrics     string `json:"metrics,omitempty"` // this process's /metrics
+	Debug       string `json:"debug,omitempty"`   // this process's /debug/pprof/
+	// TLSDir holds the playground's CA and every certificate (docs/security.md);
+	// AdminCert is the one operator commands use (basalt status --tls-dir TLSDir).
+	TLSDir       string             `json:"tls_dir"`
+	AdminCert    string             `json:"admin_cert"`
 	Volume       string             `json:"volume"`
 	Size         uint64             `json:"size"`
 	Chunkservers []ChunkserverState `json:"chunkservers"`
 }
+
+// TLSDir is the name of the certificate directory inside the playground directory.
+const TLSDir = "tls"
 
 // StateFile is the name of the state file inside the playground directory.
 const StateFile = "playground.json"
@@ -58,12 +66,14 @@ func newState(cfg Config) State {
 		Dir:       cfg.Dir,
 		PID:       os.Getpid(),
 		MDS:       addr(cfg.PortBase),
-		Etcd:      "http://" + addr(cfg.PortBase+1),
+		Etcd:      "https://" + addr(cfg.PortBase+1),
+		TLSDir:    filepath.Join(cfg.Dir, TLSDir),
 		NBD:       cfg.NBDListen,
 		NBDSocket: cfg.NBDSocket,
 		Volume:    cfg.Volume,
 		Size:      cfg.Size,
 	}
+	st.AdminCert = filepath.Join(st.TLSDir, "admin.crt")
 	st.NBDURI = "nbd://" + st.NBD + "/" + cfg.Volume
 	st.NVMf = cfg.NVMfListen
 	st.NVMfNQN = nvmf.VolumeNQNPrefix + cfg.Volume

@@ -25,6 +25,7 @@ basalt playground is running.
   iSCSI          portal %s, target %s, LUN 0
   volume         %s (%d bytes, 3 replicas)
   state file     %s/playground.json
+  certificates   %s   (admin: %s)
 
 Try it (in another terminal):
 
@@ -34,7 +35,7 @@ Try it (in another terminal):
       --iodepth=32 --size=1g --runtime=20 --time_based
   iscsi-inq '%s'
   qemu-img convert -p -n -f raw -O raw some.img '%s'
-  basalt status --mds %s
+  basalt status --mds %s --tls-dir %s
 
 Put ext4 on it (as root):
 
@@ -53,5 +54,6 @@ Kill a chunkserver and watch IO go on:  kill -9 <pid>   (restart: see restart_cm
 
 Ctrl-C stops everything; running the same command again brings the data back.
 `, st.MDS, st.Etcd, cs.String(), st.NBD, st.NBDSocket, st.NVMf, st.NVMfNQN, st.ISCSI, st.ISCSITarget, st.Volume, st.Size, st.Dir,
-		st.NBDURI, st.NBDURI, st.NBDUnixURI, st.ISCSIURI, st.ISCSIURI, st.MDS, st.NBDUnixURI, host, port, host, port, st.NVMfNQN)
+		st.TLSDir, st.AdminCert,
+		st.NBDURI, st.NBDURI, st.NBDUnixURI, st.ISCSIURI, st.ISCSIURI, st.MDS, st.TLSDir, st.NBDUnixURI, host, port, host, port, st.NVMfNQN)
 }

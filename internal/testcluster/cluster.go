@@ -2,17 +2,20 @@ package testcluster
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/testutil"
 	"github.com/basalt-storage/basalt/pkg/api"
 	"github.com/basalt-storage/basalt/pkg/client"
@@ -41,6 +44,10 @@ type Options struct {
 	PrepareChunkserver func(i int, dir string)
 	// SlowDiskKnob gives every chunkserver a --fault-slow-disk-file; see SetSlowDisk.
 	SlowDiskKnob bool
+	// TLSDir holds the cluster CA and certificates (identity.EnsureCerts);
+	// give StartEtcd's when the MDS use that etcd. Default: DIR/tls, made
+	// here. Every process runs with TLS, as a user deploys it.
+	TLSDir string
 }
 
 // Proc is one basalt process of the cluster.
@@ -71,8 +78,11 @@ type Cluster struct {
 	MDS     *Proc   // the first MDS
 	MDSs    []*Proc // every MDS
 	CS      []*Proc
-	API     *mdsclient.Client
+	API     *mdsclient.Client // as the admin
 	Pool    *api.Pool
+	// TLSDir holds the CA (with its key) and every process's certificate.
+	TLSDir string
+	ca     *identity.CA
 	// IOTimeout and OpTimeout are given to volumes Open opens (0: the defaults).
 	IOTimeout, OpTimeout time.Duration
 }
@@ -134,8 +144,12 @@ func Start(t testing.TB, opts Options) *Cluster {
 	if opts.MDSCount > 1 && len(opts.EtcdEndpoints) == 0 {
 		t.Fatal("testcluster: several MDS need Options.EtcdEndpoints")
 	}
-	c := &Cluster{t: t, Dir: t.TempDir(), Binary: Binary(t)}
+	c := &Cluster{t: t, Dir: t.TempDir(), Binary: Binary(t), TLSDir: opts.TLSDir}
 	t.Cleanup(c.stopAll)
+	if c.TLSDir == "" {
+		c.TLSDir = filepath.Join(c.Dir, "tls")
+	}
+	c.ca = ensureCA(t, c.TLSDir)
 
 	// addr gives the listen address of a process: its namespace's address with
 	// a fixed port, or a free loopback port.
@@ -155,7 +169,8 @@ func Start(t testing.TB, opts Options) *Cluster {
 		ns := fmt.Sprintf("mds%d", i+1)
 		a := addr(ns, 6700)
 		args := []string{"mds", "--listen", a, "--data-dir", dir,
-			"--heartbeat-timeout", "3s", "--session-lease", "6s"}
+			"--heartbeat-timeout", "3s", "--session-lease", "6s",
+			"--tls-dir", c.TLSDir, "--tls-cert", c.Issue(identity.RoleMDS, name)}
 		if len(opts.EtcdEndpoints) > 0 {
 			args = append(args, "--etcd-endpoints", strings.Join(opts.EtcdEndpoints, ","))
 		} else {
@@ -163,8 +178,8 @@ func Start(t testing.TB, opts Options) *Cluster {
 			if opts.Net != nil {
 				etcdC, etcdP = 2379, 2380
 			}
-			args = append(args, "--etcd-client-url", fmt.Sprintf("http://127.0.0.1:%d", etcdC),
-				"--etcd-peer-url", fmt.Sprintf("http://127.0.0.1:%d", etcdP))
+			args = append(args, "--etcd-client-url", fmt.Sprintf("https://127.0.0.1:%d", etcdC),
+				"--etcd-peer-url", fmt.Sprintf("https://127.0.0.1:%d", etcdP))
 		}
 		args = append(args, opts.MDSFlags...)
 		p := c.newProc(name, dir, args...)
@@ -186,7 +201,7 @@ func Start(t testing.TB, opts Options) *Cluster {
 		dir := filepath.Join(c.Dir, name)
 		a := addr(name, 7000)
 		args := []string{"chunkserver", "--data", dir, "--mds", c.MDSAddr,
-			"--listen", a,
+			"--listen", a, "--tls-dir", c.TLSDir, "--tls-cert", c.Issue(identity.RoleChunkserver, strconv.Itoa(i+1)),
 			"--zone", fmt.Sprintf("zone%d", i+1), "--server", fmt.Sprintf("host%d", i+1)}
 		if opts.SlowDiskKnob {
 			args = append(args, "--fault-slow-disk-file", filepath.Join(c.Dir, name+".slow"))
@@ -205,7 +220,7 @@ func Start(t testing.TB, opts Options) *Cluster {
 	}
 
 	var err error
-	c.API, err = mdsclient.Dial(mdsAddrs)
+	c.API, err = mdsclient.Dial(mdsAddrs, c.TLS(identity.RoleAdmin, "admin"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,6 +251,48 @@ func Start(t testing.TB, opts Options) *Cluster {
 	c.WaitHealthy(60 * time.Second)
 	return c
 }
+
+// ensureCA opens the CA in dir, making it first if there is none.
+func ensureCA(t testing.TB, dir string) *identity.CA {
+	t.Helper()
+	if err := identity.EnsureCerts(dir, "test", nil); err != nil {
+		t.Fatal(err)
+	}
+	ca, err := identity.OpenCA(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+// Issue makes sure c.TLSDir holds a certificate for role/name and returns
+// its base name (for --tls-cert).
+func (c *Cluster) Issue(role identity.Role, name string) string {
+	c.t.Helper()
+	if err := identity.EnsureCerts(c.TLSDir, "test", []identity.Need{{Role: role, Name: name}}); err != nil {
+		c.t.Fatal(err)
+	}
+	return identity.Base(role, name)
+}
+
+// Identity loads role/name's identity from c.TLSDir, issuing it first if needed.
+func (c *Cluster) Identity(role identity.Role, name string) *identity.Config {
+	c.t.Helper()
+	id, err := identity.Load(c.TLSDir, c.Issue(role, name))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return id
+}
+
+// TLS is the TLS configuration role/name dials the MDS with.
+func (c *Cluster) TLS(role identity.Role, name string) *tls.Config {
+	c.t.Helper()
+	return c.Identity(role, name).ClientTLS(identity.RoleMDS)
+}
+
+// CA is the cluster's certificate authority (to revoke a certificate).
+func (c *Cluster) CA() *identity.CA { return c.ca }
 
 func (c *Cluster) newProc(name, dir string, args ...string) *Proc {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -426,7 +483,10 @@ func (c *Cluster) Open(name string, readOnly bool) *client.Volume {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	v, err := client.Open(ctx, client.Config{MDS: []string{c.MDSAddr}, Volume: name, ReadOnly: readOnly, ClientName: c.t.Name(),
+	id := c.Identity(identity.RoleClient, "test")
+	v, err := client.Open(ctx, client.Config{MDS: strings.Split(c.MDSAddr, ","), MDSTLS: id.ClientTLS(identity.RoleMDS),
+		DataTLS: id.ClientTLS(identity.RoleChunkserver),
+		Volume:  name, ReadOnly: readOnly, ClientName: c.t.Name(),
 		IOTimeout: c.IOTimeout, OpTimeout: c.OpTimeout})
 	if err != nil {
 		c.t.Fatalf("open volume %s: %v", name, err)

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/pkg/api"
 	"github.com/basalt-storage/basalt/pkg/client"
 )
@@ -163,6 +164,7 @@ func TestManyNewVolumes(t *testing.T) {
 		}
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil)) // 2,000 opens and closes
+	clientTLS := c.TLS(identity.RoleClient, "test")
 	start := time.Now()
 	for range workers {
 		wg.Go(func() {
@@ -181,7 +183,7 @@ func TestManyNewVolumes(t *testing.T) {
 					fail("create %s: %v", name, err)
 					continue
 				}
-				v, err := client.Open(ctx, client.Config{MDS: []string{c.MDSAddr}, Volume: name, ClientName: name, Logger: quiet})
+				v, err := client.Open(ctx, client.Config{MDS: []string{c.MDSAddr}, MDSTLS: clientTLS, Volume: name, ClientName: name, Logger: quiet})
 				if err != nil {
 					cancel()
 					fail("open %s: %v", name, err)

@@ -13,6 +13,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/testutil"
 )
 
@@ -21,6 +22,9 @@ import (
 type Etcd struct {
 	Endpoints []string
 	Procs     []*exec.Cmd
+	// TLSDir holds the CA the members' certificates come from; give it to
+	// Start (Options.TLSDir) so the MDS trust them and they trust the MDS.
+	TLSDir string
 }
 
 // StartEtcd starts an n-member etcd cluster from /usr/bin/etcd (Debian's
@@ -30,16 +34,26 @@ func StartEtcd(t testing.TB, n int) *Etcd {
 	t.Helper()
 	bin := testutil.RequireTool(t, "etcd")
 	dir := t.TempDir()
+	// Clients (the MDS) connect over TLS with client certificates of the
+	// cluster CA. Peer traffic stays on loopback in plain HTTP: it is
+	// etcd's own, and the test does not attack it.
+	tlsDir := filepath.Join(dir, "tls")
+	ensureCA(t, tlsDir)
 	type member struct{ name, client, peer string }
 	var ms []member
 	var initial []string
+	var need []identity.Need
 	for i := 0; i < n; i++ {
 		m := member{fmt.Sprintf("e%d", i+1),
-			"http://" + testutil.FreeAddr(t), "http://" + testutil.FreeAddr(t)}
+			"https://" + testutil.FreeAddr(t), "http://" + testutil.FreeAddr(t)}
 		ms = append(ms, m)
 		initial = append(initial, m.name+"="+m.peer)
+		need = append(need, identity.Need{Role: identity.RoleEtcd, Name: m.name})
 	}
-	e := &Etcd{}
+	if err := identity.EnsureCerts(tlsDir, "test", need); err != nil {
+		t.Fatal(err)
+	}
+	e := &Etcd{TLSDir: tlsDir}
 	t.Cleanup(func() {
 		for _, cmd := range e.Procs {
 			_ = cmd.Process.Kill()
@@ -55,16 +69,26 @@ func StartEtcd(t testing.TB, n int) *Etcd {
 			"--listen-client-urls", m.client, "--advertise-client-urls", m.client,
 			"--listen-peer-urls", m.peer, "--initial-advertise-peer-urls", m.peer,
 			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
-			"--initial-cluster-token", "basalt-test", "--logger", "zap", "--log-outputs", "stderr")
+			"--initial-cluster-token", "basalt-test", "--logger", "zap", "--log-outputs", "stderr",
+			"--cert-file", filepath.Join(tlsDir, identity.Base(identity.RoleEtcd, m.name)+".crt"),
+			"--key-file", filepath.Join(tlsDir, identity.Base(identity.RoleEtcd, m.name)+".key"),
+			"--trusted-ca-file", filepath.Join(tlsDir, identity.CACertFile),
+			"--client-crl-file", filepath.Join(tlsDir, identity.CRLFile),
+			"--client-cert-auth")
 		cmd.Stdout, cmd.Stderr = logf, logf
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 		if err := cmd.Start(); err != nil {
 			t.Fatalf("start etcd: %v", err)
 		}
 		e.Procs = append(e.Procs, cmd)
-		e.Endpoints = append(e.Endpoints, strings.TrimPrefix(m.client, "http://"))
+		e.Endpoints = append(e.Endpoints, strings.TrimPrefix(m.client, "https://"))
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints, DialTimeout: 5 * time.Second})
+	id, err := identity.Load(tlsDir, identity.Base(identity.RoleEtcd, ms[0].name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints, DialTimeout: 5 * time.Second,
+		TLS: id.ClientTLS(identity.RoleEtcd)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/basalt-storage/basalt/internal/identity"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -76,7 +77,7 @@ func TestEagerFencing(t *testing.T) {
 		k++
 	}
 
-	mc, err := mdsclient.Dial(strings.Split(c.MDSAddr, ","))
+	mc, err := mdsclient.Dial(strings.Split(c.MDSAddr, ","), c.TLS(identity.RoleClient, "test"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +137,7 @@ func TestEagerFencing(t *testing.T) {
 	var times []time.Duration
 	for i := 0; i < 5; i++ {
 		t0 := time.Now()
-		v, err := client.Open(ctx, client.Config{MDS: []string{c.MDSAddr}, Volume: "takeover", ClientName: "writer-next"})
+		v, err := client.Open(ctx, client.Config{MDS: []string{c.MDSAddr}, MDSTLS: c.TLS(identity.RoleClient, "test"), Volume: "takeover", ClientName: "writer-next"})
 		if err != nil {
 			t.Fatalf("takeover %d: %v", i, err)
 		}

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/testutil"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -27,6 +29,7 @@ func (c *Cluster) AddChunkserver(extra ...string) *Proc {
 	repl := map[string]string{
 		"--data": dir, "--listen": addr, "--zone": fmt.Sprintf("zone%d", n), "--server": fmt.Sprintf("host%d", n),
 		"--fault-slow-disk-file": filepath.Join(c.Dir, name+".slow"),
+		"--tls-cert":             c.Issue(identity.RoleChunkserver, strconv.Itoa(n)),
 	}
 	args := slices.Clone(c.CS[0].Args)
 	for i := 0; i+1 < len(args); i++ {

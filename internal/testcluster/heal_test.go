@@ -482,7 +482,7 @@ func TestRebuildRateLimit(t *testing.T) {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		sums, err := ReplicaChecksums(ctx, addrs[cs.Members[0]], cs.PoolId, cs.Id)
+		sums, err := ReplicaChecksums(ctx, c.DataSecurity(), addrs[cs.Members[0]], cs.PoolId, cs.Id)
 		cancel()
 		if err != nil {
 			t.Fatal(err)

@@ -6,15 +6,16 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/scrub"
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // ReplicaChecksums asks one chunkserver for the per-chunk checksums of its replica
-// of a copyset.
-func ReplicaChecksums(ctx context.Context, addr string, pool, copyset uint32) ([]scrub.ChunkSum, error) {
-	conn, err := transport.Dial(ctx, addr, transport.ConnConfig{})
+// of a copyset, connecting with sec (Cluster.DataSecurity).
+func ReplicaChecksums(ctx context.Context, sec transport.Security, addr string, pool, copyset uint32) ([]scrub.ChunkSum, error) {
+	conn, err := transport.Dial(ctx, addr, transport.ConnConfig{Security: sec})
 	if err != nil {
 		return nil, err
 	}
@@ -50,7 +51,7 @@ func (c *Cluster) CompareReplicas(timeout time.Duration) {
 		for _, cs := range r.Copysets {
 			var first []scrub.ChunkSum
 			for i, m := range cs.Members {
-				sums, err := ReplicaChecksums(ctx, addrs[m], cs.PoolId, cs.Id)
+				sums, err := ReplicaChecksums(ctx, c.DataSecurity(), addrs[m], cs.PoolId, cs.Id)
 				if err != nil {
 					return fmt.Errorf("copyset %d on chunkserver %d: %w", cs.Id, m, err)
 				}
@@ -68,4 +69,12 @@ func (c *Cluster) CompareReplicas(timeout time.Duration) {
 		c.t.Logf("replicas identical: %d copysets, %d written chunks", len(r.Copysets), chunks)
 		return nil
 	})
+}
+
+// DataSecurity is how a test connects to the cluster's chunkservers: as
+// the admin, authenticated.
+func (c *Cluster) DataSecurity() transport.Security {
+	c.t.Helper()
+	return transport.Security{Mode: transport.ModeAuthenticated,
+		ClientTLS: c.Identity(identity.RoleAdmin, "admin").ClientTLS(identity.RoleChunkserver)}
 }

@@ -44,8 +44,11 @@ const (
 
 // Config configures Open.
 type Config struct {
-	MDS        []string // MDS addresses
-	Volume     string   // volume name
+	MDS []string // MDS addresses
+	// MDSTLS is the TLS configuration for dialing MDS (the client's
+	// certificate; see docs/security.md); nil only for an --insecure MDS.
+	MDSTLS     *tls.Config
+	Volume     string // volume name
 	ReadOnly   bool
 	ClientName string        // shown in MDS status and logs; default host name and pid
 	IOTimeout  time.Duration // one attempt (plus time for the piece's size at 16 MiB/s); default 2 s
@@ -158,7 +161,7 @@ func Open(ctx context.Context, cfg Config) (*Volume, error) {
 	mds := cfg.MDSClient
 	closeMDS := func() error { return nil }
 	if mds == nil {
-		mc, err := mdsclient.Dial(cfg.MDS)
+		mc, err := mdsclient.Dial(cfg.MDS, cfg.MDSTLS)
 		if err != nil {
 			return nil, err
 		}

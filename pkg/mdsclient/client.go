@@ -2,6 +2,7 @@ package mdsclient
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -52,7 +54,12 @@ var _ api.MDSClient = (*Client)(nil)
 
 // Dial prepares connections to every address (host:port). It does not wait
 // for any of them: connections are made on first use.
-func Dial(addrs []string) (*Client, error) {
+//
+// tlsCfg carries the caller's certificate and checks the MDS's (in basalt,
+// identity.Config.ClientTLS(identity.RoleMDS): mutual TLS 1.3, the server
+// must hold an mds certificate of the same cluster CA). nil dials without
+// TLS, which only an MDS started with --insecure (a test) accepts.
+func Dial(addrs []string, tlsCfg *tls.Config) (*Client, error) {
 	var clean []string
 	for _, a := range addrs {
 		for _, p := range strings.Split(a, ",") {
@@ -65,9 +72,14 @@ func Dial(addrs []string) (*Client, error) {
 		return nil, ErrNoAddresses
 	}
 	c := &Client{addrs: clean}
+	creds := insecure.NewCredentials()
+	if tlsCfg != nil {
+		creds = credentials.NewTLS(tlsCfg)
+	}
 	for _, a := range clean {
 		cc, err := grpc.NewClient(a,
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithTransportCredentials(creds),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)),
 			grpc.WithConnectParams(grpc.ConnectParams{
 				Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 				MinConnectTimeout: 2 * time.Second,

@@ -83,7 +83,7 @@ func TestFollowsTheActiveMDS(t *testing.T) {
 	a.set(standby(addrC))
 	b.set(standby(addrC))
 
-	c, err := Dial([]string{addrA, testutil.FreeAddr(t) + "," + addrB, addrC})
+	c, err := Dial([]string{addrA, testutil.FreeAddr(t) + "," + addrB, addrC}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func TestFollowsTheActiveMDS(t *testing.T) {
 func TestAnswersAreNotRetried(t *testing.T) {
 	a, b := &fakeMDS{name: "a"}, &fakeMDS{name: "b"}
 	a.set(status.Error(codes.NotFound, "pool does not exist"))
-	c, err := Dial([]string{serve(t, a), serve(t, b)})
+	c, err := Dial([]string{serve(t, a), serve(t, b)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestWaitsForAnActiveMDS(t *testing.T) {
 	a := &fakeMDS{name: "a"}
 	addrA := serve(t, a)
 	a.set(status.Error(codes.Unavailable, "not the active MDS; no MDS is active yet"))
-	c, err := Dial([]string{testutil.FreeAddr(t), addrA})
+	c, err := Dial([]string{testutil.FreeAddr(t), addrA}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func TestWaitsForAnActiveMDS(t *testing.T) {
 func TestDeadlineDuringAnAttempt(t *testing.T) {
 	a := &fakeMDS{name: "a", err: status.Error(codes.Unavailable, "not the active MDS; no MDS is active yet")}
 	b := &fakeMDS{name: "b", hang: true}
-	c, err := Dial([]string{serve(t, a), serve(t, b)})
+	c, err := Dial([]string{serve(t, a), serve(t, b)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,13 +184,13 @@ func TestDeadlineDuringAnAttempt(t *testing.T) {
 }
 
 func TestDialAndClose(t *testing.T) {
-	if _, err := Dial(nil); !errors.Is(err, ErrNoAddresses) {
-		t.Fatalf("Dial(nil): %v", err)
+	if _, err := Dial(nil, nil); !errors.Is(err, ErrNoAddresses) {
+		t.Fatalf("Dial(nil, nil): %v", err)
 	}
-	if _, err := Dial([]string{" , "}); !errors.Is(err, ErrNoAddresses) {
+	if _, err := Dial([]string{" , "}, nil); !errors.Is(err, ErrNoAddresses) {
 		t.Fatalf("Dial(blank): %v", err)
 	}
-	c, err := Dial([]string{testutil.FreeAddr(t)})
+	c, err := Dial([]string{testutil.FreeAddr(t)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ func TestCLI(t *testing.T) {
 	bin := testcluster.Binary(t)
 	cli := func(wantOK bool, args ...string) string {
 		t.Helper()
-		out, err := exec.Command(bin, append(args, "--mds", c.MDSAddr)...).CombinedOutput()
+		out, err := exec.Command(bin, append(args, "--mds", c.MDSAddr, "--tls-dir", c.TLSDir)...).CombinedOutput()
 		if (err == nil) != wantOK {
 			t.Fatalf("basalt %s: err=%v, want success=%v\n%s", strings.Join(args, " "), err, wantOK, out)
 		}

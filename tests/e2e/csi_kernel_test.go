@@ -49,7 +49,7 @@ func TestCSIReattachFromKernelNode(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	mc, err := mdsclient.Dial([]string{p.st.MDS})
+	mc, err := mdsclient.Dial([]string{p.st.MDS}, adminTLS(t, p.st.TLSDir))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func startCSI(t *testing.T, p *pg, nodeID string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(testcluster.Binary(t), "csi", "--endpoint", "unix://"+sock, "--mds", p.st.MDS,
+	cmd := exec.Command(testcluster.Binary(t), "csi", "--endpoint", "unix://"+sock, "--mds", p.st.MDS, "--tls-dir", p.st.TLSDir,
 		"--mode", "all", "--node-id", nodeID, "--zone", "zone-a", "--state-dir", filepath.Join(dir, "state"), "--attach", "nbdfuse")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -184,7 +184,7 @@ func TestCSIPublishFencesOldWriter(t *testing.T) {
 	sock := startCSI(t, p, "node-a")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	mc, err := mdsclient.Dial([]string{p.st.MDS})
+	mc, err := mdsclient.Dial([]string{p.st.MDS}, adminTLS(t, p.st.TLSDir))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +211,7 @@ func TestCSIPublishFencesOldWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Node A's writer (what its kernel's IO becomes through the front end).
-	a, err := client.Open(ctx, client.Config{MDS: []string{p.st.MDS}, Volume: vol, ClientName: "node-a"})
+	a, err := client.Open(ctx, client.Config{MDS: []string{p.st.MDS}, MDSTLS: adminTLS(t, p.st.TLSDir), DataTLS: adminDataTLS(t, p.st.TLSDir), Volume: vol, ClientName: "node-a"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +241,7 @@ func TestCSIPublishFencesOldWriter(t *testing.T) {
 	if ids := g.Status.GetPublishedNodeIds(); len(ids) != 1 || ids[0] != "node-b" {
 		t.Fatalf("published to %v, want [node-b]", ids)
 	}
-	b, err := client.Open(ctx, client.Config{MDS: []string{p.st.MDS}, Volume: vol, ClientName: "node-b"})
+	b, err := client.Open(ctx, client.Config{MDS: []string{p.st.MDS}, MDSTLS: adminTLS(t, p.st.TLSDir), DataTLS: adminDataTLS(t, p.st.TLSDir), Volume: vol, ClientName: "node-b"})
 	if err != nil {
 		t.Fatal(err)
 	}

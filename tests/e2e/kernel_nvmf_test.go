@@ -40,7 +40,7 @@ func TestKernelNVMeTCP(t *testing.T) {
 	})
 	booted := time.Now()
 	p := startPlayground(t, "1GiB")
-	port, logPath := startNVMf(t, p.st.MDS)
+	port, logPath := startNVMf(t, p.st.MDS, p.st.TLSDir)
 	nqn := nvmfVolumeNQN + p.st.Volume
 	guest := func(timeout time.Duration, script string) string {
 		t.Helper()
@@ -131,7 +131,7 @@ func TestKernelNVMeTCP(t *testing.T) {
 
 // startNVMf runs `basalt nvmf` over the cluster at mds, allowing only
 // guestHostNQN, and returns its port and log file.
-func startNVMf(t *testing.T, mds string) (int, string) {
+func startNVMf(t *testing.T, mds, tlsDir string) (int, string) {
 	t.Helper()
 	port := testutil.FreePort(t)
 	logPath := filepath.Join(t.TempDir(), "nvmf.log")
@@ -139,7 +139,7 @@ func startNVMf(t *testing.T, mds string) (int, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(testcluster.Binary(t), "nvmf", "--mds", mds, "--listen", "127.0.0.1:"+strconv.Itoa(port),
+	cmd := exec.Command(testcluster.Binary(t), "nvmf", "--mds", mds, "--tls-dir", tlsDir, "--tls-cert", "access-playground", "--listen", "127.0.0.1:"+strconv.Itoa(port),
 		"--allow-hosts", guestHostNQN)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -110,7 +110,7 @@ func TestNbdinfo(t *testing.T) {
 		}
 	}
 	// A second volume appears in the list.
-	mc, err := mdsclient.Dial([]string{p.st.MDS})
+	mc, err := mdsclient.Dial([]string{p.st.MDS}, adminTLS(t, p.st.TLSDir))
 	if err != nil {
 		t.Fatal(err)
 	}

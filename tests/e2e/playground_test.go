@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/playground"
 	"github.com/basalt-storage/basalt/internal/testcluster"
 	"github.com/basalt-storage/basalt/internal/testutil"
@@ -141,7 +143,7 @@ func logf(t *testing.T, format string, args ...any) { t.Helper(); t.Logf(format,
 
 func (p *pg) status() *api.ClusterStatusResponse {
 	p.t.Helper()
-	mc, err := mdsclient.Dial([]string{p.st.MDS})
+	mc, err := mdsclient.Dial([]string{p.st.MDS}, adminTLS(p.t, p.st.TLSDir))
 	if err != nil {
 		p.t.Fatal(err)
 	}
@@ -216,4 +218,24 @@ func TestPlaygroundReportsChunkserverFailure(t *testing.T) {
 		}
 	}
 	logf(t, "playground exited after %s: %s", took.Round(time.Millisecond), tail(string(out), 300))
+}
+
+// adminTLS is the playground's admin identity, for calls to its MDS.
+func adminTLS(t *testing.T, dir string) *tls.Config {
+	t.Helper()
+	id, err := identity.Load(dir, "admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id.ClientTLS(identity.RoleMDS)
+}
+
+// adminDataTLS is the playground's admin identity toward chunkservers.
+func adminDataTLS(t *testing.T, dir string) *tls.Config {
+	t.Helper()
+	id, err := identity.Load(dir, "admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id.ClientTLS(identity.RoleChunkserver)
 }

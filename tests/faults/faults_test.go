@@ -422,7 +422,7 @@ func TestFullDiskEverywhere(t *testing.T) {
 func TestKillActiveMDS(t *testing.T) {
 	skipShort(t)
 	etcd := testcluster.StartEtcd(t, 3)
-	f := start(t, testcluster.Options{MDSCount: 3, EtcdEndpoints: etcd.Endpoints})
+	f := start(t, testcluster.Options{MDSCount: 3, EtcdEndpoints: etcd.Endpoints, TLSDir: etcd.TLSDir})
 	active := f.c.Status().ActiveMds
 	var victim *testcluster.Proc
 	for _, p := range f.c.MDSs {

@@ -1,6 +1,7 @@
 package access
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -24,6 +25,12 @@ import (
 // Config says which front ends to start and how to reach the cluster.
 type Config struct {
 	MDS []string // MDS addresses; required
+	// MDSTLS is the TLS configuration for the MDS (an access or client
+	// certificate; docs/security.md); nil only for an --insecure MDS.
+	MDSTLS *tls.Config
+	// DataTLS is the same identity toward chunkservers
+	// (client.Config.DataTLS); nil only for a cluster without TLS.
+	DataTLS *tls.Config
 	// ReadOnly opens every volume read-only, to serve alongside a writer elsewhere.
 	ReadOnly bool
 	// ClientName is shown in the MDS's sessions; default "frontend@HOST/PID".
@@ -106,7 +113,7 @@ func Start(cfg Config) (*Node, error) {
 		host, _ := os.Hostname()
 		cfg.ClientName = fmt.Sprintf("frontend@%s/%d", host, os.Getpid())
 	}
-	mc, err := mdsclient.Dial(cfg.MDS)
+	mc, err := mdsclient.Dial(cfg.MDS, cfg.MDSTLS)
 	if err != nil {
 		return nil, err
 	}
@@ -120,7 +127,7 @@ func Start(cfg Config) (*Node, error) {
 		Logger: cfg.Logger,
 		Opener: volumes.New(volumes.Config{
 			MDS: mc, ReadOnly: cfg.ReadOnly, ClientName: cfg.ClientName,
-			Logger: cfg.Logger, Metrics: cm, Local: cfg.Local,
+			Logger: cfg.Logger, Metrics: cm, Local: cfg.Local, DataTLS: cfg.DataTLS,
 		}),
 	})
 	if cfg.NBD.enabled() {

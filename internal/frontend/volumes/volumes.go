@@ -2,6 +2,7 @@ package volumes
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -33,6 +34,9 @@ type Config struct {
 	// Local, if set, is the in-process short cut to a chunkserver hosting
 	// this front end (client.Config.Local, the local fast path).
 	Local client.Local
+	// DataTLS is the front end's identity toward chunkservers
+	// (client.Config.DataTLS); nil only for a cluster without TLS.
+	DataTLS *tls.Config
 	// ClaimTimeout bounds taking the writer role on a volume's first write.
 	// Default 30 s.
 	ClaimTimeout time.Duration
@@ -66,6 +70,7 @@ func (o *Opener) openVolume(ctx context.Context, name string, readOnly bool) (*c
 		Logger:     o.cfg.Logger,
 		Metrics:    o.cfg.Metrics,
 		Local:      o.cfg.Local,
+		DataTLS:    o.cfg.DataTLS,
 	})
 	if isNotFound(err) {
 		return nil, fmt.Errorf("%w: %q", frontend.ErrNoSuchExport, name)
