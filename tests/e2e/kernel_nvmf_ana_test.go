@@ -33,7 +33,7 @@ type accessNode struct {
 
 // startAccessNode runs `basalt nvmf --multipath` on a free port, advertised
 // to the guest as 10.0.2.2:PORT, allowing only guestHostNQN.
-func startAccessNode(t *testing.T, mds string) *accessNode {
+func startAccessNode(t *testing.T, mds, tlsDir string) *accessNode {
 	t.Helper()
 	a := &accessNode{port: testutil.FreePort(t), exited: make(chan struct{})}
 	a.log = filepath.Join(t.TempDir(), "nvmf.log")
@@ -41,7 +41,7 @@ func startAccessNode(t *testing.T, mds string) *accessNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.cmd = exec.Command(testcluster.Binary(t), "nvmf", "--multipath", "--mds", mds,
+	a.cmd = exec.Command(testcluster.Binary(t), "nvmf", "--multipath", "--mds", mds, "--tls-dir", tlsDir, "--tls-cert", "access-playground",
 		"--listen", "127.0.0.1:"+strconv.Itoa(a.port), "--advertise", "10.0.2.2:"+strconv.Itoa(a.port),
 		"--allow-hosts", guestHostNQN)
 	a.cmd.Stdout, a.cmd.Stderr = lf, lf
@@ -179,7 +179,7 @@ func TestKernelNVMeANA(t *testing.T) {
 		Modules: []string{"nvme-tcp", "crc32c_generic"},
 	})
 	p := startPlayground(t, "1GiB")
-	nodes := []*accessNode{startAccessNode(t, p.st.MDS), startAccessNode(t, p.st.MDS), startAccessNode(t, p.st.MDS)}
+	nodes := []*accessNode{startAccessNode(t, p.st.MDS, p.st.TLSDir), startAccessNode(t, p.st.MDS, p.st.TLSDir), startAccessNode(t, p.st.MDS, p.st.TLSDir)}
 	byPort := map[int]*accessNode{}
 	for _, a := range nodes {
 		byPort[a.port] = a
@@ -207,7 +207,7 @@ func TestKernelNVMeANA(t *testing.T) {
 		defer cancel()
 		_, _ = h.Run(ctx, "nvme disconnect-all")
 	})
-	mc, err := mdsclient.Dial([]string{p.st.MDS})
+	mc, err := mdsclient.Dial([]string{p.st.MDS}, adminTLS(t, p.st.TLSDir))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -382,7 +382,7 @@ func TestKernelNVMeANA(t *testing.T) {
 	// A node joins (three live again), and two subsystems of three
 	// namespaces each: inherit puts one host's namespaces on one optimized
 	// node, balance on three.
-	nodes = append(nodes, startAccessNode(t, p.st.MDS))
+	nodes = append(nodes, startAccessNode(t, p.st.MDS, p.st.TLSDir))
 	byPort[nodes[3].port] = nodes[3]
 	groups := map[string]api.ANAPolicy{
 		groupNQNPrefix + "inh": api.ANAPolicy_ANA_POLICY_INHERIT,
