@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/basalt-storage/basalt/internal/frontend/access"
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/testcluster"
 	"github.com/basalt-storage/basalt/internal/testutil"
 )
@@ -21,9 +22,12 @@ func TestStartServesNBD(t *testing.T) {
 	c := testcluster.Start(t, testcluster.Options{Copysets: 4})
 	c.CreateVolume("vol", 96<<20)
 	sock := filepath.Join(t.TempDir(), "nbd.sock")
+	id := c.Identity(identity.RoleAccess, "access-test")
 	node, err := access.Start(access.Config{
-		MDS: []string{c.MDSAddr},
-		NBD: access.NBDConfig{Listen: "127.0.0.1:0", Socket: sock},
+		MDS:     []string{c.MDSAddr},
+		MDSTLS:  id.ClientTLS(identity.RoleMDS),
+		DataTLS: id.ClientTLS(identity.RoleChunkserver),
+		NBD:     access.NBDConfig{Listen: "127.0.0.1:0", Socket: sock},
 	})
 	if err != nil {
 		t.Fatal(err)
