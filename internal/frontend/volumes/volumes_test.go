@@ -6,6 +6,7 @@ package volumes_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/frontend"
 	"github.com/basalt-storage/basalt/internal/frontend/volumes"
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/testcluster"
 	"github.com/basalt-storage/basalt/internal/testutil"
 	"github.com/basalt-storage/basalt/pkg/api"
@@ -41,9 +43,15 @@ func newFixtureWith(t *testing.T, c *testcluster.Cluster, cfg volumes.Config) *f
 	logs := &testutil.LogBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, nil))
 	cfg.MDS, cfg.ClientName, cfg.Logger = c.API, t.Name(), log
+	cfg.DataTLS = adminDataTLS(c)
 	e := frontend.NewExports(frontend.ExportsConfig{Logger: log, Opener: volumes.New(cfg)})
 	t.Cleanup(func() { e.Close() })
 	return &fixture{t: t, c: c, exports: e, logs: logs}
+}
+
+// adminDataTLS is the identity c.API speaks for (the admin), toward chunkservers.
+func adminDataTLS(c *testcluster.Cluster) *tls.Config {
+	return c.Identity(identity.RoleAdmin, "admin").ClientTLS(identity.RoleChunkserver)
 }
 
 func (f *fixture) attach(name string) *frontend.Attachment {
@@ -259,7 +267,7 @@ func TestVolumesOnACluster(t *testing.T) {
 	})
 
 	t.Run("a closed backend never takes the writer role", func(t *testing.T) {
-		o := volumes.New(volumes.Config{MDS: c.API, ClientName: t.Name()})
+		o := volumes.New(volumes.Config{MDS: c.API, DataTLS: adminDataTLS(c), ClientName: t.Name()})
 		b, err := o.Open(context.Background(), "closed")
 		if err != nil {
 			t.Fatal(err)
