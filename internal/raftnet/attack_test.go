@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"math/rand/v2"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 
-	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
 
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/raftstore"
 	"github.com/basalt-storage/basalt/internal/testcluster"
 	"github.com/basalt-storage/basalt/internal/transport"
@@ -43,26 +45,34 @@ func TestForgedRaftFramesDoNotCrashChunkservers(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The attacker holds a stolen certificate of one member and speaks for
+	// it, as raft's From (the receiver drops a message speaking for anyone
+	// else; no certificate at all gets no connection): what it sends must
+	// reach the guard and be dropped there, never crash a process.
 	st := c.Status()
 	huge := uint64(1) << 62
-	var msgs []raftstore.Message
-	for _, cs := range st.Copysets {
-		g := api.GroupID(cs.GetPoolId(), cs.GetId())
-		members := cs.GetMembers()
-		for i, to := range members {
-			from := members[(i+1)%len(members)]
+	for _, p := range c.CS {
+		to := c.IDOf(p)
+		var from uint64
+		var msgs []raftstore.Message
+		for _, cs := range st.Copysets {
+			g := api.GroupID(cs.GetPoolId(), cs.GetId())
+			members := cs.GetMembers()
+			i := slices.Index(members, to)
+			if i < 0 {
+				continue
+			}
+			from = members[(i+1)%len(members)] // one attacker per connection: every copyset here has the same three members
 			msgs = append(msgs,
 				raftstore.Message{Group: g, Msg: forged(raftpb.MsgHeartbeat, from, to, 0, func(m *raftpb.Message) { m.Commit = &huge })},
 				raftstore.Message{Group: g, Msg: forged(raftpb.MsgHeartbeat, from, to, 1<<40, func(m *raftpb.Message) { m.Commit = &huge })},
-				raftstore.Message{Group: g, Msg: forged(raftpb.MsgStorageApplyResp, raft.LocalApplyThread, to, 0, func(m *raftpb.Message) {
+				raftstore.Message{Group: g, Msg: forged(raftpb.MsgStorageApplyResp, from, to, 0, func(m *raftpb.Message) {
 					idx, term := huge, uint64(1)
 					m.Entries = []*raftpb.Entry{{Index: &idx, Term: &term}}
 				})},
 				raftstore.Message{Group: g, Msg: forged(raftpb.MsgApp, 999, to, 1<<41, nil)},
 			)
 		}
-	}
-	for _, p := range c.CS {
 		var payload []byte
 		for _, m := range msgs {
 			var err error
@@ -70,15 +80,16 @@ func TestForgedRaftFramesDoNotCrashChunkservers(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		stolen := c.Identity(identity.RoleChunkserver, strconv.FormatUint(from, 10))
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		conn, err := transport.Dial(ctx, p.Addr, transport.ConnConfig{})
+		conn, err := transport.Dial(ctx, p.Addr, transport.ConnConfig{Security: transport.Security{
+			Mode: transport.ModeAuthenticated, ClientTLS: stolen.ClientTLS(identity.RoleChunkserver)}})
 		cancel()
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Hint claims to be a member; the records say the rest.
 		sent := make(chan error, 1)
-		conn.SendAsync(api.Header{Op: api.OpRaft, Length: BatchVersion, Hint: st.Copysets[0].GetMembers()[0]},
+		conn.SendAsync(api.Header{Op: api.OpRaft, Length: BatchVersion, Hint: from},
 			[][]byte{payload}, func(err error) { sent <- err })
 		if err := <-sent; err != nil {
 			t.Fatalf("%s: send: %v", p.Name, err)
