@@ -291,6 +291,13 @@ func (c *Cluster) TLS(role identity.Role, name string) *tls.Config {
 	return c.Identity(role, name).ClientTLS(identity.RoleMDS)
 }
 
+// DataTLS is the TLS configuration role/name dials chunkservers with
+// (client.Config.DataTLS).
+func (c *Cluster) DataTLS(role identity.Role, name string) *tls.Config {
+	c.t.Helper()
+	return c.Identity(role, name).ClientTLS(identity.RoleChunkserver)
+}
+
 // CA is the cluster's certificate authority (to revoke a certificate).
 func (c *Cluster) CA() *identity.CA { return c.ca }
 

@@ -164,7 +164,7 @@ func TestManyNewVolumes(t *testing.T) {
 		}
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil)) // 2,000 opens and closes
-	clientTLS := c.TLS(identity.RoleClient, "test")
+	clientTLS, dataTLS := c.TLS(identity.RoleClient, "test"), c.DataTLS(identity.RoleClient, "test")
 	start := time.Now()
 	for range workers {
 		wg.Go(func() {
@@ -183,7 +183,7 @@ func TestManyNewVolumes(t *testing.T) {
 					fail("create %s: %v", name, err)
 					continue
 				}
-				v, err := client.Open(ctx, client.Config{MDS: []string{c.MDSAddr}, MDSTLS: clientTLS, Volume: name, ClientName: name, Logger: quiet})
+				v, err := client.Open(ctx, client.Config{MDS: []string{c.MDSAddr}, MDSTLS: clientTLS, DataTLS: dataTLS, Volume: name, ClientName: name, Logger: quiet})
 				if err != nil {
 					cancel()
 					fail("open %s: %v", name, err)

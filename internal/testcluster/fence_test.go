@@ -85,7 +85,7 @@ func TestEagerFencing(t *testing.T) {
 	cut := &cuttableMDS{MDSClient: mc}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	a, err := client.Open(ctx, client.Config{Volume: "takeover", MDSClient: cut, ClientName: "writer-a"})
+	a, err := client.Open(ctx, client.Config{Volume: "takeover", MDSClient: cut, DataTLS: c.DataTLS(identity.RoleClient, "test"), ClientName: "writer-a"})
 	if err != nil {
 		t.Fatalf("writer A: open: %v", err)
 	}
@@ -137,7 +137,8 @@ func TestEagerFencing(t *testing.T) {
 	var times []time.Duration
 	for i := 0; i < 5; i++ {
 		t0 := time.Now()
-		v, err := client.Open(ctx, client.Config{MDS: []string{c.MDSAddr}, MDSTLS: c.TLS(identity.RoleClient, "test"), Volume: "takeover", ClientName: "writer-next"})
+		v, err := client.Open(ctx, client.Config{MDS: []string{c.MDSAddr}, MDSTLS: c.TLS(identity.RoleClient, "test"),
+			DataTLS: c.DataTLS(identity.RoleClient, "test"), Volume: "takeover", ClientName: "writer-next"})
 		if err != nil {
 			t.Fatalf("takeover %d: %v", i, err)
 		}
