@@ -90,7 +90,7 @@ func chunkserverCommand() *cobra.Command {
 	var procs int
 	var crashAfterDelete bool
 	var nbdListen, nbdSocket string // the in-process NBD front end
-	var nbdTLS, nbdSocketTLS string   // its listeners' TLS policies
+	var nbdTLS, nbdSocketTLS string // its listeners' TLS policies
 	var tf *tlsFlags
 	var debug, nbdCert *string
 	cmd := &cobra.Command{
