@@ -68,7 +68,7 @@ func nvmeNamespaceDevice(root, nqn string) string {
 			}
 			cents, _ := os.ReadDir(filepath.Join(dir, e.Name()))
 			for _, c := range cents {
-				if nsDevice.MatchString(c.Name()) || regexp.MustCompile(`^nvme[0-9]+c[0-9]+n1$`).MatchString(c.Name()) {
+				if nsDevice.MatchString(c.Name()) && strings.HasSuffix(c.Name(), "n1") {
 					return c.Name()
 				}
 			}
