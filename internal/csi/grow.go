@@ -19,10 +19,10 @@ type Attached struct {
 // nbdSetSize is Linux's NBD_SET_SIZE ioctl, _IO(0xab, 2).
 const nbdSetSize = 0xab<<8 | 2
 
-// GrowWait bounds how long growDevice waits for an NVMe/TCP namespace to
+// growWait bounds how long growDevice waits for an NVMe/TCP namespace to
 // show the new size: the target re-reads sizes every 5 s
 // (nvmf.Config.ResizeCheck) and the kernel rescans on its notice.
-var GrowWait = 2 * time.Minute
+const growWait = 2 * time.Minute
 
 // growDevice makes the attached device show at least want bytes of the
 // volume's volSize and returns the device's size. NVMe/TCP: the target notices the growth and
@@ -39,10 +39,10 @@ func growDevice(ctx context.Context, a Attached, want, volSize int64) (int64, er
 	}
 	switch a.Method {
 	case ProtocolNVMf:
-		deadline := time.Now().Add(GrowWait)
+		deadline := time.Now().Add(growWait)
 		for cur < want {
 			if time.Now().After(deadline) {
-				return cur, fmt.Errorf("%s shows %d bytes %v after the volume grew to %d", a.Device, cur, GrowWait, volSize)
+				return cur, fmt.Errorf("%s shows %d bytes %v after the volume grew to %d", a.Device, cur, growWait, volSize)
 			}
 			select {
 			case <-ctx.Done():
