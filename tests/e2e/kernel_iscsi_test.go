@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/frontend/iscsi"
+	"github.com/basalt-storage/basalt/internal/testcluster"
 	"github.com/basalt-storage/basalt/internal/testhost"
 	"github.com/basalt-storage/basalt/internal/testutil"
 )
@@ -31,12 +32,13 @@ const (
 // volume's target at a `basalt iscsi` portal that requires mutual CHAP and
 // allows only the guest's initiator name; a wrong secret is refused at login;
 // with the right ones the kernel logs in, fio writes and verifies on the raw
-// disk, and ext4 with checksummed files reads back the same after logout,
+// disk, ext4 grows online with the volume (a unit attention, a rescan,
+// resize2fs), and its checksummed files read back the same after logout,
 // login and mount.
 func TestKernelISCSI(t *testing.T) {
 	begin := time.Now()
 	h := testhost.Start(t, testhost.Config{
-		Tools:   []string{"iscsiadm", "iscsid", "mkfs.ext4", "fio"},
+		Tools:   []string{"iscsiadm", "iscsid", "mkfs.ext4", "resize2fs", "fio"},
 		Modules: []string{"iscsi_tcp", "crc32c_generic", "sd_mod", "ext4"},
 	})
 	booted := time.Now()
@@ -95,6 +97,35 @@ func TestKernelISCSI(t *testing.T) {
 		for n in 1 300 5000 17000; do dd if=/dev/urandom of=/mnt/vol/file-$n bs=1k count=$n 2>/dev/null; done
 		sync; fstrim /mnt/vol 2>/dev/null || true`)
 	sums := guest(2*time.Minute, "sha256sum /mnt/vol/file-*")
+
+	// Online growth: the volume grows while ext4 is mounted; the session
+	// gets a CAPACITY DATA HAS CHANGED unit attention on its next command
+	// (the portal re-reads the size every 5 s), the kernel rescans the disk
+	// and resize2fs grows the mounted file system into it.
+	fsBefore := guestFSBytes(t, guest, "/mnt/vol")
+	resized := time.Now()
+	run(t, time.Minute, testcluster.Binary(t), "volume", "resize", p.st.Volume, "--size", "2GiB",
+		"--mds", p.st.MDS, "--tls-dir", p.st.TLSDir)
+	guest(3*time.Minute, `for i in $(seq 120); do
+			dd if=/dev/sda of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null
+			dmesg | grep -q "Capacity data has changed" && break; sleep 1
+		done; dmesg | grep "Capacity data has changed"`)
+	noticed := time.Now()
+	guest(time.Minute, "echo 1 > /sys/block/sda/device/rescan")
+	if got, want := strings.TrimSpace(guest(time.Minute, "blockdev --getsize64 /dev/sda")), strconv.Itoa(2<<30); got != want {
+		t.Fatalf("after the resize and a rescan /dev/sda is %s bytes, want %s", got, want)
+	}
+	guest(5*time.Minute, "resize2fs /dev/sda")
+	fsAfter := guestFSBytes(t, guest, "/mnt/vol")
+	if fsAfter < fsBefore+(900<<20) {
+		t.Fatalf("the mounted ext4 has %d bytes after resize2fs, %d before: it did not grow by the volume's 1 GiB", fsAfter, fsBefore)
+	}
+	if got := guest(2*time.Minute, "sha256sum /mnt/vol/file-*"); got != sums {
+		t.Fatalf("files after the online growth:\n%swant:\n%s", got, sums)
+	}
+	logf(t, "online growth: resize to the unit attention in the guest %s; ext4 %d → %d MiB",
+		noticed.Sub(resized).Round(time.Millisecond), fsBefore>>20, fsAfter>>20)
+
 	guest(3*time.Minute, "umount /mnt/vol && "+node+" --logout && for i in $(seq 60); do [ -b /dev/sda ] || break; sleep 1; done; [ ! -b /dev/sda ]")
 	guest(3*time.Minute, node+" --login && for i in $(seq 120); do [ -b /dev/sda ] && break; sleep 1; done; [ -b /dev/sda ]")
 	guest(2*time.Minute, "mount /dev/sda /mnt/vol")
@@ -127,6 +158,21 @@ func startISCSI(t *testing.T, p *pg, port int) (*exec.Cmd, string) {
 		"--listen", "127.0.0.1:"+strconv.Itoa(port), "--cluster", iscsiTestCluster, "--initiator", guestInitiator,
 		"--chap-user", chapUser, "--chap-secret-file", secret,
 		"--chap-mutual-user", chapMutualUser, "--chap-mutual-secret-file", mutual)
+}
+
+// guestFSBytes is the size of the file system mounted at dir in the guest
+// (df's 1K-blocks, in bytes).
+func guestFSBytes(t *testing.T, guest func(time.Duration, string) string, dir string) int64 {
+	t.Helper()
+	f := strings.Fields(guest(time.Minute, "df -k "+dir+" | tail -1"))
+	if len(f) < 2 {
+		t.Fatalf("df %s: %q", dir, f)
+	}
+	kb, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil {
+		t.Fatalf("df %s: %q: %v", dir, f, err)
+	}
+	return kb << 10
 }
 
 // nodeAuth is the guest script that sets an iscsiadm node's mutual CHAP
