@@ -235,8 +235,14 @@ func (vc *volumeCache) refreshLocked(ctx context.Context) (map[uint64]bool, erro
 	}
 	vc.vols = vols
 	vc.pools = make(map[uint32]uint64, len(pools))
+	if vc.copysets == nil {
+		vc.copysets = make(map[uint32]uint32, len(pools))
+	}
 	for id, p := range pools {
 		vc.pools[id] = p.GetChunkSize()
+		if p.GetCopysetCount() > 0 {
+			vc.copysets[id] = p.GetCopysetCount()
+		}
 	}
 	vc.revision = vr.GetRevision()
 	vc.loaded = true
