@@ -176,7 +176,34 @@ func TestNBDOverTLS(t *testing.T) {
 	run(t, time.Minute, bin, "cert", "issue", "--dir", p.st.TLSDir, "--role", "client", "--name", "victim",
 		"--out", victimOut, "--gnutls-dir", victim)
 	run(t, time.Minute, "nbdinfo", nbdsURI(p, victim))
+	// A connection made before the revocation: qemu-io reads, then idles
+	// (its sleeps), attached with the victim's certificate.
+	obj, opts = qemuNBD(p, victim, 0)
+	qargs := []string{"--object", obj, "--image-opts", opts, "-c", "read 0 4k"}
+	for range 240 {
+		qargs = append(qargs, "-c", "sleep 500", "-c", "read 0 4k")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	from := logSize(p)
+	live := exec.CommandContext(ctx, "qemu-io", qargs...)
+	live.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := live.Start(); err != nil {
+		t.Fatal(err)
+	}
+	liveDone := make(chan struct{})
+	go func() { live.Wait(); close(liveDone) }()
+	t.Cleanup(func() { live.Process.Kill(); <-liveDone })
+	victimID := "basalt://playground/client/victim"
+	waitLog(t, p, from, "qemu-io attached with the victim's certificate", "nbd: client connected", victimID)
 	run(t, time.Minute, bin, "cert", "revoke", "--dir", p.st.TLSDir, "--cert", filepath.Join(victimOut, "client-victim.crt"))
+	waitLog(t, p, from, "the front end cut the revoked certificate's open connection", "no longer accepted", victimID)
+	select {
+	case <-liveDone:
+		t.Fatal("qemu-io ended before its connection was cut")
+	default:
+	}
+	live.Process.Kill()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		if _, err := runErr(time.Minute, "nbdinfo", nbdsURI(p, victim)); err != nil {
@@ -191,6 +218,38 @@ func TestNBDOverTLS(t *testing.T) {
 
 	if got := readVolume(t, p, good); !bytes.Equal(got, want) {
 		t.Fatal("the volume changed during the refused attempts")
+	}
+}
+
+// logSize is the playground log's length now, for waitLog.
+func logSize(p *pg) int {
+	b, _ := os.ReadFile(p.logPath)
+	return len(b)
+}
+
+// waitLog polls the playground's log, from byte offset from on, until a
+// line holds every one of want.
+func waitLog(t *testing.T, p *pg, from int, what string, want ...string) {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		b, _ := os.ReadFile(p.logPath)
+		if len(b) < from {
+			from = 0
+		}
+		for _, line := range strings.Split(string(b[from:]), "\n") {
+			ok := true
+			for _, w := range want {
+				ok = ok && strings.Contains(line, w)
+			}
+			if ok {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no log line with %q within 90 s", what, want)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 
