@@ -20,6 +20,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/mds"
 	"github.com/basalt-storage/basalt/internal/scrub"
+	"github.com/basalt-storage/basalt/internal/transport"
 )
 
 func mdsCommand() *cobra.Command {
@@ -86,10 +87,11 @@ func mdsCommand() *cobra.Command {
 
 func chunkserverCommand() *cobra.Command {
 	var cfg chunkserver.Config
-	var mdsAddrs, pidFile, slowDisk, diskErr, scrubRate, snapRate string
+	var mdsAddrs, pidFile, slowDisk, diskErr, scrubRate, snapRate, dataMode string
 	var procs int
 	var crashAfterDelete bool
 	var nbdListen, nbdSocket string // the in-process NBD front end
+	var nbdTLS, nbdSocketTLS string // its listeners' TLS policies
 	var tf *tlsFlags
 	var debug, nbdCert *string
 	cmd := &cobra.Command{
@@ -103,6 +105,12 @@ func chunkserverCommand() *cobra.Command {
 			var err error
 			if cfg.TLS, err = tf.load(); err != nil {
 				return err
+			}
+			if cfg.DataMode, err = parseDataMode(dataMode); err != nil {
+				return err
+			}
+			if cfg.TLS == nil && cfg.DataMode == transport.ModeEncrypted {
+				return fmt.Errorf("--data-mode encrypted needs --tls-dir (it is TLS for the whole connection)")
 			}
 			stopDebug, err := serveDebug(*debug)
 			if err != nil {
@@ -159,6 +167,11 @@ func chunkserverCommand() *cobra.Command {
 			// The front end is an access node: chunkservers serve IO only to
 			// clients and access nodes, so it needs an identity of its own.
 			var mdsTLS, dataTLS *tls.Config
+			ncfg, err := nbdTLSPolicies(cmd, tf, access.NBDConfig{Listen: nbdListen, Socket: nbdSocket},
+				"nbd-tls-policy", nbdTLS, "nbd-socket-tls-policy", nbdSocketTLS)
+			if err != nil {
+				return err
+			}
 			if cfg.TLS != nil {
 				if *nbdCert == "" {
 					return fmt.Errorf("--nbd-listen/--nbd-socket with --tls-dir need --nbd-tls-cert: an access certificate in %s for the in-process front end (basalt cert issue --role access --name N)", *tf.dir)
@@ -168,12 +181,13 @@ func chunkserverCommand() *cobra.Command {
 					return fmt.Errorf("--nbd-tls-cert: %w", err)
 				}
 				mdsTLS, dataTLS = fid.ClientTLS(identity.RoleMDS), fid.ClientTLS(identity.RoleChunkserver)
+				ncfg.TLS = fid
 			}
 			node, err := access.Start(access.Config{
 				MDS: cfg.MDS, MDSTLS: mdsTLS, DataTLS: dataTLS, Local: cs, Registry: cs.Registry(),
 				Logger:     slog.Default().With("component", "frontend"),
 				ClientName: fmt.Sprintf("chunkserver-nbd@%s/%d", host, os.Getpid()),
-				NBD:        access.NBDConfig{Listen: nbdListen, Socket: nbdSocket},
+				NBD:        ncfg,
 			})
 			if err != nil {
 				return err
@@ -199,9 +213,12 @@ func chunkserverCommand() *cobra.Command {
 	f.StringVar(&cfg.DataDir, "data", "", "data directory (WAL and chunk files); required")
 	f.StringVar(&nbdListen, "nbd-listen", "", "also serve NBD on this TCP address, in process: IO to copysets this chunkserver leads takes the local fast path (empty: none)")
 	f.StringVar(&nbdSocket, "nbd-socket", "", "also serve NBD on this Unix socket, in process (empty: none)")
+	f.StringVar(&nbdTLS, "nbd-tls-policy", "allow", "NBD_OPT_STARTTLS on --nbd-listen: off, allow (TLS offered, plaintext allowed) or require (docs/security.md)")
+	f.StringVar(&nbdSocketTLS, "nbd-socket-tls-policy", "allow", "NBD_OPT_STARTTLS on --nbd-socket: off, allow or require")
 	f.StringVar(&mdsAddrs, "mds", envOr("BASALT_MDS", "127.0.0.1:6700"), "MDS addresses, comma-separated")
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:0", "data-plane listen address (client IO and raft)")
 	f.StringVar(&cfg.Advertise, "advertise", "", "address given to the MDS (default: the bound --listen address)")
+	f.StringVar(&dataMode, "data-mode", "authenticated", "data-plane security (clients and peers follow it): authenticated (mutual TLS at connect, frames in clear) or encrypted (TLS for the whole connection; not on the same-host socket)")
 	f.BoolVar(&cfg.TCPOnly, "tcp-only", false, "serve clients and peers on this host over TCP too, not over the same-host Unix socket @basalt/ADDR")
 	f.StringVar(&cfg.Zone, "zone", "zone1", "failure domain (zone)")
 	f.StringVar(&cfg.Server, "server", "", "host name used as the failure domain inside a zone (default: hostname)")
@@ -224,6 +241,15 @@ func chunkserverCommand() *cobra.Command {
 	_ = f.MarkHidden("fault-crash-after-delete")
 	_ = cmd.MarkFlagRequired("data")
 	return cmd
+}
+
+// parseDataMode parses --data-mode (docs/security.md, "two modes").
+func parseDataMode(s string) (transport.Mode, error) {
+	m, err := transport.ParseMode(strings.TrimSpace(s))
+	if err != nil || m == transport.ModeNone {
+		return 0, fmt.Errorf("--data-mode %q: want authenticated or encrypted (--insecure turns security off)", s)
+	}
+	return m, nil
 }
 
 // diskErrorKnob returns a datastore Fdatasync hook that fails with EIO while

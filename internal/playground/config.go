@@ -1,6 +1,7 @@
 package playground
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -8,6 +9,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+
+	"github.com/basalt-storage/basalt/internal/frontend/nbd"
 )
 
 // Config describes the playground to run.
@@ -17,7 +20,12 @@ type Config struct {
 	Size      uint64 // volume size; default 8 GiB
 	NBDListen string // default 127.0.0.1:10809
 	NBDSocket string // default DIR/nbd.sock
-	PortBase  int    // MDS on PortBase, etcd on +1/+2, the iSCSI portal on +3, chunkservers on +11.., metrics on +21.., NVMe/TCP on +28; default 6700
+	// NBDTLS and NBDSocketTLS are the NBD_OPT_STARTTLS policies of the two
+	// NBD listeners: "off", "allow" or "require"; default "allow" (plaintext
+	// for the kernel's nbd-client and the tour, nbds:// with the
+	// certificates in DIR/tls/nbd-client).
+	NBDTLS, NBDSocketTLS string
+	PortBase             int // MDS on PortBase, etcd on +1/+2, the iSCSI portal on +3, chunkservers on +11.., metrics on +21.., NVMe/TCP on +28; default 6700
 	// NVMfListen is the NVMe over TCP target's address; default 127.0.0.1:PortBase+28.
 	NVMfListen string
 	// ISCSIListen is the iSCSI portal; default 127.0.0.1:PortBase+3.
@@ -33,9 +41,19 @@ type Config struct {
 	// Procs is GOMAXPROCS for this process and each chunkserver: 0 shares the CPUs
 	// among them (NumCPU / (Chunkservers+1), at least 1) unless the GOMAXPROCS
 	// environment variable is set; negative leaves Go's default.
-	Procs  int
-	Logger *slog.Logger
-	Out    io.Writer // where the welcome text goes; default os.Stdout
+	Procs int
+	// DataMode is the chunkservers' --data-mode: "authenticated" (the
+	// default) or "encrypted"; clients and front ends follow it
+	// (docs/security.md).
+	DataMode string
+	// TCPOnly: chunkservers serve clients and peers over TCP only, not the
+	// same-host socket (where the encrypted mode does not encrypt).
+	TCPOnly bool
+	// Insecure runs everything without TLS or authorization: the pre-security
+	// data path, for the bench's comparison only (docs/security.md).
+	Insecure bool
+	Logger   *slog.Logger
+	Out      io.Writer // where the welcome text goes; default os.Stdout
 }
 
 // maxSocketPath: longer Unix socket paths do not fit sockaddr_un.
@@ -62,6 +80,14 @@ func (c *Config) setDefaults() error {
 	if c.NBDSocket == "" {
 		c.NBDSocket = filepath.Join(c.Dir, "nbd.sock")
 	}
+	for _, p := range []*string{&c.NBDTLS, &c.NBDSocketTLS} {
+		if *p == "" {
+			*p = "allow"
+		}
+		if _, err := nbd.ParseTLSPolicy(*p); err != nil {
+			return err
+		}
+	}
 	if c.PortBase == 0 {
 		c.PortBase = 6700
 	}
@@ -84,6 +110,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Procs == 0 && os.Getenv("GOMAXPROCS") == "" {
 		c.Procs = max(1, runtime.NumCPU()/(c.Chunkservers+1))
+	}
+	if c.Insecure && c.DataMode != "" {
+		return fmt.Errorf("playground: --insecure and --data-mode %s exclude each other", c.DataMode)
 	}
 	if c.Out == nil {
 		c.Out = os.Stdout

@@ -5,6 +5,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/debughttp"
 	"github.com/basalt-storage/basalt/internal/frontend/access"
+	"github.com/basalt-storage/basalt/internal/frontend/nbd"
 	"github.com/basalt-storage/basalt/internal/identity"
 )
 
@@ -14,17 +15,30 @@ const ISCSICluster = "playground"
 // startFrontEnd serves NBD on TCP and on a Unix socket, and iSCSI, from this
 // process, and the front end's metrics if cfg asks; stop ends both.
 func startFrontEnd(cfg Config, st *State) (stop func(), err error) {
-	id, err := identity.Load(st.TLSDir, identity.Base(identity.RoleAccess, "playground"))
+	listenTLS, err := nbd.ParseTLSPolicy(cfg.NBDTLS)
 	if err != nil {
 		return nil, err
 	}
+	socketTLS, err := nbd.ParseTLSPolicy(cfg.NBDSocketTLS)
+	if err != nil {
+		return nil, err
+	}
+	var id *identity.Config // nil: --insecure, no NBD TLS either
+	if cfg.Insecure {
+		listenTLS, socketTLS = nbd.TLSOff, nbd.TLSOff
+	} else if id, err = identity.Load(st.TLSDir, identity.Base(identity.RoleAccess, "playground")); err != nil {
+		return nil, err
+	}
 	fcfg := access.Config{
-		MDS: []string{st.MDS}, MDSTLS: id.ClientTLS(identity.RoleMDS), DataTLS: id.ClientTLS(identity.RoleChunkserver),
+		MDS:        []string{st.MDS},
 		ClientName: "playground-nbd",
 		Logger:     cfg.Logger.With("component", "frontend"),
-		NBD:        access.NBDConfig{Listen: cfg.NBDListen, Socket: cfg.NBDSocket},
+		NBD:        access.NBDConfig{Listen: cfg.NBDListen, Socket: cfg.NBDSocket, ListenTLS: listenTLS, SocketTLS: socketTLS, TLS: id},
 		NVMf:       access.NVMfConfig{Listen: cfg.NVMfListen},
 		ISCSI:      access.ISCSIConfig{Listen: cfg.ISCSIListen, Cluster: ISCSICluster},
+	}
+	if id != nil {
+		fcfg.MDSTLS, fcfg.DataTLS = id.ClientTLS(identity.RoleMDS), id.ClientTLS(identity.RoleChunkserver)
 	}
 	stopMetrics := func() {}
 	if cfg.Metrics != "" {
