@@ -54,7 +54,10 @@ func TestPauseLeaderHealthyKeepQuorum(t *testing.T) {
 	time.Sleep(10 * time.Second)
 	f.c.Resume(victim)
 	resumed := time.Now()
-	t.Logf("SIGCONT %s", victim)
+	// The figures count from the SIGCONT: the stall of the pause itself (the
+	// client's attempt timeout, TestPauseLeader) becomes the "before".
+	f.w.Mark("fault")
+	t.Logf("SIGCONT %s; the figures below count from here", victim)
 	var stop chan struct{}
 	var wg sync.WaitGroup
 	if dumpDir != "" {
@@ -74,11 +77,11 @@ func TestPauseLeaderHealthyKeepQuorum(t *testing.T) {
 	if dumpDir != "" {
 		for _, p := range f.c.CS {
 			b, _ := os.ReadFile(p.LogPath)
-			_ = os.WriteFile(filepath.Join(dumpDir, p.Name+".log"), b, 0o644)
+			_ = os.WriteFile(filepath.Join(dumpDir, p.Name+resumed.Format("-150405")+".log"), b, 0o644)
 		}
 	}
 	f.healed()
-	f.finish("victim paused 10 s")
+	f.finish("victim paused 10 s; figures from the SIGCONT on")
 	for _, p := range healthy {
 		if n := f.c.CountLog(p, stepDown); n > 0 {
 			at, _ := f.c.LogTimeAfter(p, stepDown, time.Time{})
