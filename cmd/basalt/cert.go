@@ -62,6 +62,8 @@ func certCommand() *cobra.Command {
 	out := issue.Flags().String("out", "", "directory to write <base>.crt/.key (and a copy of ca.crt, ca.crl) into (default: --dir)")
 	hosts := issue.Flags().String("host", "", "extra host names or IP addresses the certificate names, comma-separated")
 	days := issue.Flags().Int("days", int(identity.LeafValidity/(24*time.Hour)), "days the certificate is valid")
+	gnutls := issue.Flags().String("gnutls-dir", "", "also lay the certificate out in this directory as "+identity.GnuTLSCAFile+", "+
+		identity.GnuTLSCertFile+", "+identity.GnuTLSKeyFile+": for nbds:// URIs (tls-certificates=DIR: nbdinfo, nbdcopy, fio) and qemu's tls-creds-x509 dir=DIR,endpoint=client")
 	issue.RunE = func(*cobra.Command, []string) error {
 		if err := needDir(*issueDir); err != nil {
 			return err
@@ -101,6 +103,12 @@ func certCommand() *cobra.Command {
 		}
 		fmt.Printf("issued %s serial %s valid until %s\n  %s\n  %s\n", iss.Identity, iss.Cert.SerialNumber.Text(16),
 			iss.Cert.NotAfter.UTC().Format(time.RFC3339), crt, strings.TrimSuffix(crt, ".crt")+".key")
+		if *gnutls != "" {
+			if err := identity.WriteGnuTLSClientDir(dst, iss.Identity.Base(), *gnutls); err != nil {
+				return fmt.Errorf("--gnutls-dir: %w", err)
+			}
+			fmt.Printf("  %s (for nbds://...?tls-certificates=%s)\n", *gnutls, *gnutls)
+		}
 		return nil
 	}
 

@@ -90,6 +90,7 @@ func chunkserverCommand() *cobra.Command {
 	var procs int
 	var crashAfterDelete bool
 	var nbdListen, nbdSocket string // the in-process NBD front end
+	var nbdTLS, nbdSocketTLS string // its listeners' TLS policies
 	var tf *tlsFlags
 	var debug, nbdCert *string
 	cmd := &cobra.Command{
@@ -159,6 +160,11 @@ func chunkserverCommand() *cobra.Command {
 			// The front end is an access node: chunkservers serve IO only to
 			// clients and access nodes, so it needs an identity of its own.
 			var mdsTLS, dataTLS *tls.Config
+			ncfg, err := nbdTLSPolicies(cmd, tf, access.NBDConfig{Listen: nbdListen, Socket: nbdSocket},
+				"nbd-tls-policy", nbdTLS, "nbd-socket-tls-policy", nbdSocketTLS)
+			if err != nil {
+				return err
+			}
 			if cfg.TLS != nil {
 				if *nbdCert == "" {
 					return fmt.Errorf("--nbd-listen/--nbd-socket with --tls-dir need --nbd-tls-cert: an access certificate in %s for the in-process front end (basalt cert issue --role access --name N)", *tf.dir)
@@ -168,12 +174,13 @@ func chunkserverCommand() *cobra.Command {
 					return fmt.Errorf("--nbd-tls-cert: %w", err)
 				}
 				mdsTLS, dataTLS = fid.ClientTLS(identity.RoleMDS), fid.ClientTLS(identity.RoleChunkserver)
+				ncfg.TLS = fid
 			}
 			node, err := access.Start(access.Config{
 				MDS: cfg.MDS, MDSTLS: mdsTLS, DataTLS: dataTLS, Local: cs, Registry: cs.Registry(),
 				Logger:     slog.Default().With("component", "frontend"),
 				ClientName: fmt.Sprintf("chunkserver-nbd@%s/%d", host, os.Getpid()),
-				NBD:        access.NBDConfig{Listen: nbdListen, Socket: nbdSocket},
+				NBD:        ncfg,
 			})
 			if err != nil {
 				return err
@@ -199,6 +206,8 @@ func chunkserverCommand() *cobra.Command {
 	f.StringVar(&cfg.DataDir, "data", "", "data directory (WAL and chunk files); required")
 	f.StringVar(&nbdListen, "nbd-listen", "", "also serve NBD on this TCP address, in process: IO to copysets this chunkserver leads takes the local fast path (empty: none)")
 	f.StringVar(&nbdSocket, "nbd-socket", "", "also serve NBD on this Unix socket, in process (empty: none)")
+	f.StringVar(&nbdTLS, "nbd-tls-policy", "allow", "NBD_OPT_STARTTLS on --nbd-listen: off, allow (TLS offered, plaintext allowed) or require (docs/security.md)")
+	f.StringVar(&nbdSocketTLS, "nbd-socket-tls-policy", "allow", "NBD_OPT_STARTTLS on --nbd-socket: off, allow or require")
 	f.StringVar(&mdsAddrs, "mds", envOr("BASALT_MDS", "127.0.0.1:6700"), "MDS addresses, comma-separated")
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:0", "data-plane listen address (client IO and raft)")
 	f.StringVar(&cfg.Advertise, "advertise", "", "address given to the MDS (default: the bound --listen address)")

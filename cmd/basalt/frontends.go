@@ -11,6 +11,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/debughttp"
 	"github.com/basalt-storage/basalt/internal/frontend/access"
 	"github.com/basalt-storage/basalt/internal/frontend/iscsi"
+	"github.com/basalt-storage/basalt/internal/frontend/nbd"
 	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/playground"
 )
@@ -28,16 +29,23 @@ func nbdCommand() *cobra.Command {
 	metrics := cmd.Flags().String("metrics", "", "serve Prometheus /metrics on this address (empty: none)")
 	debug := debugFlag(cmd)
 	tf := addTLSFlags(cmd, identity.RoleAccess, identity.RoleClient)
+	listenTLS := cmd.Flags().String("tls-policy", "require", "NBD_OPT_STARTTLS on --listen: off, allow (TLS offered, plaintext allowed: the kernel's nbd-client cannot do TLS) or require (docs/security.md)")
+	socketTLS := cmd.Flags().String("socket-tls-policy", "allow", "NBD_OPT_STARTTLS on --socket: off, allow or require")
 	var procs int
 	procsFlag(cmd, &procs)
-	cmd.RunE = func(*cobra.Command, []string) error {
+	cmd.RunE = func(c *cobra.Command, _ []string) error {
 		setProcs(procs)
 		if *listen == "" && *socket == "" {
 			return fmt.Errorf("nothing to serve on: give --listen or --socket")
 		}
+		ncfg, err := nbdTLSPolicies(c, tf, access.NBDConfig{Listen: *listen, Socket: *socket},
+			"tls-policy", *listenTLS, "socket-tls-policy", *socketTLS)
+		if err != nil {
+			return err
+		}
 		cfg := access.Config{
 			MDS: splitList(*mdsAddrs), ReadOnly: *readOnly, ClientName: clientName("nbd"),
-			NBD: access.NBDConfig{Listen: *listen, Socket: *socket},
+			NBD: ncfg,
 		}
 		return serveFrontEnds(cfg, *metrics, *debug, tf)
 	}
@@ -128,6 +136,7 @@ func serveFrontEnds(cfg access.Config, metricsAddr, debugAddr string, tf *tlsFla
 	}
 	if id != nil {
 		cfg.MDSTLS, cfg.DataTLS = id.ClientTLS(identity.RoleMDS), id.ClientTLS(identity.RoleChunkserver)
+		cfg.NBD.TLS = id
 	}
 	stopDebug, err := serveDebug(debugAddr)
 	if err != nil {
@@ -153,6 +162,30 @@ func serveFrontEnds(cfg access.Config, metricsAddr, debugAddr string, tf *tlsFla
 	defer stop()
 	<-ctx.Done()
 	return nil
+}
+
+// nbdTLSPolicies parses the NBD listeners' TLS policy flags into cfg. With
+// --insecure there is no identity to serve TLS with: the policies are off,
+// and asking for one is an error.
+func nbdTLSPolicies(c *cobra.Command, tf *tlsFlags, cfg access.NBDConfig, listenFlag, listenVal, socketFlag, socketVal string) (access.NBDConfig, error) {
+	if *tf.insecure {
+		for _, f := range []string{listenFlag, socketFlag} {
+			if c.Flags().Changed(f) {
+				if v, _ := c.Flags().GetString(f); v != "off" {
+					return cfg, fmt.Errorf("--%s %s needs certificates: not with --insecure", f, v)
+				}
+			}
+		}
+		return cfg, nil
+	}
+	var err error
+	if cfg.ListenTLS, err = nbd.ParseTLSPolicy(listenVal); err != nil {
+		return cfg, fmt.Errorf("--%s: %w", listenFlag, err)
+	}
+	if cfg.SocketTLS, err = nbd.ParseTLSPolicy(socketVal); err != nil {
+		return cfg, fmt.Errorf("--%s: %w", socketFlag, err)
+	}
+	return cfg, nil
 }
 
 // clientName names this front-end process to the MDS: protocol@host/pid.
@@ -203,6 +236,8 @@ func playgroundCommand() *cobra.Command {
 	f.StringVar(&cfg.Volume, "volume", "demo", "name of the volume to create")
 	f.StringVar(&cfg.NBDListen, "nbd-listen", "127.0.0.1:10809", "NBD TCP address")
 	f.StringVar(&cfg.NBDSocket, "nbd-socket", "", "NBD Unix socket (default DIR/nbd.sock)")
+	f.StringVar(&cfg.NBDTLS, "nbd-tls-policy", "allow", "NBD_OPT_STARTTLS on --nbd-listen: off, allow (nbds:// and nbd:// both work) or require")
+	f.StringVar(&cfg.NBDSocketTLS, "nbd-socket-tls-policy", "allow", "NBD_OPT_STARTTLS on --nbd-socket: off, allow or require")
 	f.StringVar(&cfg.NVMfListen, "nvmf-listen", "", "NVMe/TCP address (default 127.0.0.1:PORT-BASE+28)")
 	f.StringVar(&cfg.ISCSIListen, "iscsi-listen", "", "iSCSI portal address (default 127.0.0.1:PORT-BASE+3)")
 	f.IntVar(&cfg.PortBase, "port-base", 6700, "first port: MDS, then etcd (+1, +2), the iSCSI portal (+3), chunkservers (+11..), metrics (+21..), NVMe/TCP (+28)")

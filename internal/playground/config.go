@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+
+	"github.com/basalt-storage/basalt/internal/frontend/nbd"
 )
 
 // Config describes the playground to run.
@@ -17,7 +19,12 @@ type Config struct {
 	Size      uint64 // volume size; default 8 GiB
 	NBDListen string // default 127.0.0.1:10809
 	NBDSocket string // default DIR/nbd.sock
-	PortBase  int    // MDS on PortBase, etcd on +1/+2, the iSCSI portal on +3, chunkservers on +11.., metrics on +21.., NVMe/TCP on +28; default 6700
+	// NBDTLS and NBDSocketTLS are the NBD_OPT_STARTTLS policies of the two
+	// NBD listeners: "off", "allow" or "require"; default "allow" (plaintext
+	// for the kernel's nbd-client and the tour, nbds:// with the
+	// certificates in DIR/tls/nbd-client).
+	NBDTLS, NBDSocketTLS string
+	PortBase             int // MDS on PortBase, etcd on +1/+2, the iSCSI portal on +3, chunkservers on +11.., metrics on +21.., NVMe/TCP on +28; default 6700
 	// NVMfListen is the NVMe over TCP target's address; default 127.0.0.1:PortBase+28.
 	NVMfListen string
 	// ISCSIListen is the iSCSI portal; default 127.0.0.1:PortBase+3.
@@ -61,6 +68,14 @@ func (c *Config) setDefaults() error {
 	}
 	if c.NBDSocket == "" {
 		c.NBDSocket = filepath.Join(c.Dir, "nbd.sock")
+	}
+	for _, p := range []*string{&c.NBDTLS, &c.NBDSocketTLS} {
+		if *p == "" {
+			*p = "allow"
+		}
+		if _, err := nbd.ParseTLSPolicy(*p); err != nil {
+			return err
+		}
 	}
 	if c.PortBase == 0 {
 		c.PortBase = 6700

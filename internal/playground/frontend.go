@@ -5,6 +5,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/debughttp"
 	"github.com/basalt-storage/basalt/internal/frontend/access"
+	"github.com/basalt-storage/basalt/internal/frontend/nbd"
 	"github.com/basalt-storage/basalt/internal/identity"
 )
 
@@ -18,11 +19,19 @@ func startFrontEnd(cfg Config, st *State) (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
+	listenTLS, err := nbd.ParseTLSPolicy(cfg.NBDTLS)
+	if err != nil {
+		return nil, err
+	}
+	socketTLS, err := nbd.ParseTLSPolicy(cfg.NBDSocketTLS)
+	if err != nil {
+		return nil, err
+	}
 	fcfg := access.Config{
 		MDS: []string{st.MDS}, MDSTLS: id.ClientTLS(identity.RoleMDS), DataTLS: id.ClientTLS(identity.RoleChunkserver),
 		ClientName: "playground-nbd",
 		Logger:     cfg.Logger.With("component", "frontend"),
-		NBD:        access.NBDConfig{Listen: cfg.NBDListen, Socket: cfg.NBDSocket},
+		NBD:        access.NBDConfig{Listen: cfg.NBDListen, Socket: cfg.NBDSocket, ListenTLS: listenTLS, SocketTLS: socketTLS, TLS: id},
 		NVMf:       access.NVMfConfig{Listen: cfg.NVMfListen},
 		ISCSI:      access.ISCSIConfig{Listen: cfg.ISCSIListen, Cluster: ISCSICluster},
 	}

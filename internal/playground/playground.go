@@ -30,13 +30,16 @@ func Run(ctx context.Context, cfg Config) error {
 
 	// 0. A CA and every certificate, once; a second run reuses them.
 	need := []identity.Need{{Role: identity.RoleMDS, Name: "mds"}, {Role: identity.RoleAdmin, Name: "admin"},
-		{Role: identity.RoleAccess, Name: "playground"}}
+		{Role: identity.RoleAccess, Name: "playground"}, {Role: identity.RoleClient, Name: NBDClientName}}
 	for i := 1; i <= cfg.Chunkservers; i++ {
 		need = append(need, identity.Need{Role: identity.RoleChunkserver, Name: strconv.Itoa(i)},
 			identity.Need{Role: identity.RoleAccess, Name: "cs" + strconv.Itoa(i)}) // its in-process NBD
 	}
 	if err := identity.EnsureCerts(st.TLSDir, "playground", need); err != nil {
 		return fmt.Errorf("playground certificates in %s: %w", st.TLSDir, err)
+	}
+	if err := identity.WriteGnuTLSClientDir(st.TLSDir, identity.Base(identity.RoleClient, NBDClientName), st.NBDClientDir); err != nil {
+		return err
 	}
 	admin, err := identity.Load(st.TLSDir, "admin")
 	if err != nil {

@@ -29,21 +29,28 @@ type ChunkserverState struct {
 
 // State is what playground.json holds.
 type State struct {
-	Dir         string `json:"dir"`
-	PID         int    `json:"pid"` // the playground process (MDS, etcd, NBD)
-	MDS         string `json:"mds"`
-	Etcd        string `json:"etcd"`
-	NBD         string `json:"nbd"`
-	NBDSocket   string `json:"nbd_socket"`
-	NBDURI      string `json:"nbd_uri"`
-	NBDUnixURI  string `json:"nbd_unix_uri"`
-	NVMf        string `json:"nvmf"`              // NVMe/TCP target (host:port)
-	NVMfNQN     string `json:"nvmf_nqn"`          // the volume's subsystem NQN
-	ISCSI       string `json:"iscsi"`             // the iSCSI portal
-	ISCSITarget string `json:"iscsi_target"`      // the volume's target name
-	ISCSIURI    string `json:"iscsi_uri"`         // libiscsi's URL of LUN 0
-	Metrics     string `json:"metrics,omitempty"` // this process's /metrics
-	Debug       string `json:"debug,omitempty"`   // this process's /debug/pprof/
+	Dir        string `json:"dir"`
+	PID        int    `json:"pid"` // the playground process (MDS, etcd, NBD)
+	MDS        string `json:"mds"`
+	Etcd       string `json:"etcd"`
+	NBD        string `json:"nbd"`
+	NBDSocket  string `json:"nbd_socket"`
+	NBDURI     string `json:"nbd_uri"`
+	NBDUnixURI string `json:"nbd_unix_uri"`
+	// NBDSURI is the volume's nbds:// URI (NBD over TLS) with the client
+	// certificate directory NBDClientDir (ca-cert.pem, client-cert.pem,
+	// client-key.pem, as libnbd and qemu want them); NBDTLS is the TCP
+	// listener's policy.
+	NBDSURI      string `json:"nbds_uri"`
+	NBDClientDir string `json:"nbd_client_dir"`
+	NBDTLS       string `json:"nbd_tls"`
+	NVMf         string `json:"nvmf"`              // NVMe/TCP target (host:port)
+	NVMfNQN      string `json:"nvmf_nqn"`          // the volume's subsystem NQN
+	ISCSI        string `json:"iscsi"`             // the iSCSI portal
+	ISCSITarget  string `json:"iscsi_target"`      // the volume's target name
+	ISCSIURI     string `json:"iscsi_uri"`         // libiscsi's URL of LUN 0
+	Metrics      string `json:"metrics,omitempty"` // this process's /metrics
+	Debug        string `json:"debug,omitempty"`   // this process's /debug/pprof/
 	// TLSDir holds the playground's CA and every certificate (docs/security.md);
 	// AdminCert is the one operator commands use (basalt status --tls-dir TLSDir).
 	TLSDir       string             `json:"tls_dir"`
@@ -55,6 +62,13 @@ type State struct {
 
 // TLSDir is the name of the certificate directory inside the playground directory.
 const TLSDir = "tls"
+
+// NBDClientName names the client certificate (basalt://playground/client/nbd)
+// laid out in TLSDir/NBDClientDirName for nbds:// and qemu.
+const (
+	NBDClientName    = "nbd"
+	NBDClientDirName = "nbd-client"
+)
 
 // StateFile is the name of the state file inside the playground directory.
 const StateFile = "playground.json"
@@ -75,6 +89,9 @@ func newState(cfg Config) State {
 	}
 	st.AdminCert = filepath.Join(st.TLSDir, "admin.crt")
 	st.NBDURI = "nbd://" + st.NBD + "/" + cfg.Volume
+	st.NBDClientDir = filepath.Join(st.TLSDir, NBDClientDirName)
+	st.NBDSURI = "nbds://" + st.NBD + "/" + cfg.Volume + "?tls-certificates=" + st.NBDClientDir
+	st.NBDTLS = cfg.NBDTLS
 	st.NVMf = cfg.NVMfListen
 	st.NVMfNQN = nvmf.VolumeNQNPrefix + cfg.Volume
 	st.NBDUnixURI = "nbd+unix:///" + cfg.Volume + "?socket=" + st.NBDSocket

@@ -31,15 +31,16 @@ type pg struct {
 	exited   chan struct{} // closed once cmd was waited for
 	logPath  string
 	st       *playground.State
+	extra    []string // more playground flags
 }
 
 // startPlayground runs a playground in a fresh directory on free ports.
-func startPlayground(t *testing.T, size string) *pg {
+func startPlayground(t *testing.T, size string, extra ...string) *pg {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a playground of real processes; skipped with -short")
 	}
-	p := &pg{t: t, dir: t.TempDir(), size: size, portBase: testutil.FreePortBase(t, 30)}
+	p := &pg{t: t, dir: t.TempDir(), size: size, portBase: testutil.FreePortBase(t, 30), extra: extra}
 	p.nbdPort = p.portBase + 29
 	p.logPath = filepath.Join(p.dir, "playground.log")
 	p.start()
@@ -57,6 +58,7 @@ func (p *pg) start() {
 	p.cmd = exec.Command(testcluster.Binary(t), "playground", "--dir", p.dir, "--size", p.size,
 		"--port-base", strconv.Itoa(p.portBase), "--nbd-listen", "127.0.0.1:"+strconv.Itoa(p.nbdPort),
 		"--copysets", "12")
+	p.cmd.Args = append(p.cmd.Args, p.extra...)
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/frontend/nbd"
 	"github.com/basalt-storage/basalt/internal/frontend/nvmf"
 	"github.com/basalt-storage/basalt/internal/frontend/volumes"
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/pkg/client"
 	"github.com/basalt-storage/basalt/pkg/mdsclient"
 )
@@ -79,7 +80,21 @@ type ISCSIConfig struct {
 type NBDConfig struct {
 	Listen string // TCP address
 	Socket string // Unix socket path; a stale socket file (nobody serves on it) is replaced
+	// ListenTLS and SocketTLS are the NBD_OPT_STARTTLS policies of the two
+	// listeners (docs/security.md, "Access plane"); zero: off.
+	ListenTLS, SocketTLS nbd.TLSPolicy
+	// TLS is the front end's identity toward NBD clients: its certificate,
+	// and the cluster CA and revocation list clients are verified against
+	// (NBDRoles only). Required unless both policies are off.
+	TLS *identity.Config
 }
+
+// NBDRoles are the roles that may attach volumes over NBD: those that may
+// already do IO on chunkservers themselves (a library client, another
+// access node, an operator), so the front end lends nobody a power it
+// lacks. Daemon certificates (mds, chunkserver, etcd) are refused: a
+// stolen chunkserver key must not become a way to read every volume.
+var NBDRoles = []identity.Role{identity.RoleClient, identity.RoleAccess, identity.RoleAdmin}
 
 func (c NBDConfig) enabled() bool { return c.Listen != "" || c.Socket != "" }
 
@@ -190,18 +205,33 @@ func (n *Node) startNVMf(cfg NVMfConfig, name string) error {
 }
 
 func (n *Node) startNBD(cfg NBDConfig, m *nbd.Metrics) error {
-	srv, err := nbd.NewServer(nbd.Config{Exports: n.exports, Logger: n.log, Metrics: m})
+	scfg := nbd.Config{Exports: n.exports, Logger: n.log, Metrics: m}
+	if cfg.TLS != nil {
+		id := cfg.TLS
+		scfg.TLS = id.ServerTLS(NBDRoles...)
+		scfg.TLSRecheck = func(cs tls.ConnectionState) error {
+			_, err := id.Verify(cs.PeerCertificates, NBDRoles)
+			return err
+		}
+	} else if cfg.ListenTLS != nbd.TLSOff || cfg.SocketTLS != nbd.TLSOff {
+		return fmt.Errorf("NBD TLS policy %v (TCP) / %v (socket) needs a TLS identity", cfg.ListenTLS, cfg.SocketTLS)
+	}
+	srv, err := nbd.NewServer(scfg)
 	if err != nil {
 		return err
 	}
 	n.nbd = srv
-	var lns []net.Listener
+	type listener struct {
+		net.Listener
+		policy nbd.TLSPolicy
+	}
+	var lns []listener
 	if cfg.Listen != "" {
 		ln, err := net.Listen("tcp", cfg.Listen)
 		if err != nil {
 			return fmt.Errorf("NBD listen on %s: %w", cfg.Listen, err)
 		}
-		lns = append(lns, ln)
+		lns = append(lns, listener{ln, cfg.ListenTLS})
 	}
 	if cfg.Socket != "" {
 		err := removeStaleSocket(cfg.Socket)
@@ -215,12 +245,12 @@ func (n *Node) startNBD(cfg NBDConfig, m *nbd.Metrics) error {
 			}
 			return fmt.Errorf("NBD listen on %s: %w", cfg.Socket, err)
 		}
-		lns = append(lns, ln)
+		lns = append(lns, listener{ln, cfg.SocketTLS})
 	}
 	for _, ln := range lns {
 		n.addrs = append(n.addrs, ln.Addr())
-		n.log.Info("serving NBD", "addr", ln.Addr().String(), "network", ln.Addr().Network())
-		go srv.Serve(ln)
+		n.log.Info("serving NBD", "addr", ln.Addr().String(), "network", ln.Addr().Network(), "tls", ln.policy.String())
+		go srv.ServeTLS(ln.Listener, ln.policy)
 	}
 	return nil
 }

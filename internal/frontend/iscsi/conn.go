@@ -147,6 +147,9 @@ func (c *conn) Serve() {
 		if !errors.As(err, &lf) && !errors.Is(err, io.EOF) {
 			c.log.Warn("iscsi: login failed; closing the connection", "err", err)
 		}
+		if c.lu != nil {
+			c.s.closeLU(c.volume, c.lu)
+		}
 		if c.att != nil {
 			c.att.Detach()
 		}
@@ -157,6 +160,9 @@ func (c *conn) Serve() {
 	}
 	if c.att != nil {
 		defer c.att.Detach() // after every task completed (below)
+	}
+	if c.lu != nil {
+		defer c.s.closeLU(c.volume, c.lu)
 	}
 	c.log.Info("iscsi: logged in", "discovery", c.discovery, "header_digest", c.headerDigest,
 		"data_digest", c.dataDigest, "tsih", c.tsih)

@@ -472,10 +472,9 @@ func (c *conn) enterFullFeature() error {
 		return refuse(statusUnavailable, "volume %q could not be opened: %v", c.volume, err)
 	}
 	c.att = att
-	c.lu = scsi.New(scsi.Config{
+	c.lu = c.s.openLU(c.volume, scsi.Config{
 		Backend: att.Backend(), Info: att.Info(), Classify: att.Classify,
 		ID: c.s.volumeID(c.volume), TargetName: c.target, MaxTransfer: c.s.cfg.MaxTransfer,
-		CompareAndWrite: c.s.cawLock(c.volume),
 	})
 	c.key = sessionKey{initiator: strings.ToLower(c.initiator), target: strings.ToLower(c.target), isid: c.isid}
 	var old *conn

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/basalt-storage/basalt/internal/frontend/iscsi/scsi"
 	"log/slog"
 	"net"
 	"strings"
@@ -107,9 +108,10 @@ type Server struct {
 	conns *frontend.Conns
 	ctx   context.Context // ends at Shutdown or Close: cuts short a login waiting for a volume
 
-	// cawLocks serialize COMPARE AND WRITE per volume in this process.
-	cawMu    sync.Mutex
-	cawLocks map[string]*sync.Mutex
+	// groups are the open LUs of each volume in this process (unit
+	// attentions, COMPARE AND WRITE), while any is open.
+	groupMu sync.Mutex
+	groups  map[string]*scsi.Group
 
 	// mu guards the fields below.
 	mu       sync.Mutex
@@ -129,7 +131,7 @@ func NewServer(cfg Config) (*Server, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, cawLocks: map[string]*sync.Mutex{}, sessions: map[sessionKey]*conn{}}
+	s := &Server{cfg: cfg, log: cfg.Logger, groups: map[string]*scsi.Group{}, sessions: map[sessionKey]*conn{}}
 	s.conns = frontend.NewConns(frontend.ConnsConfig{
 		Protocol: "iscsi", Logger: cfg.Logger,
 		New: func(nc net.Conn) frontend.Conn { return newConn(s, nc) },
@@ -159,15 +161,28 @@ func (s *Server) allowed(initiator string) bool {
 	return false
 }
 
-func (s *Server) cawLock(volume string) *sync.Mutex {
-	s.cawMu.Lock()
-	defer s.cawMu.Unlock()
-	m := s.cawLocks[volume]
-	if m == nil {
-		m = new(sync.Mutex)
-		s.cawLocks[volume] = m
+// openLU opens a session's logical unit for volume in the volume's group.
+func (s *Server) openLU(volume string, cfg scsi.Config) *scsi.LU {
+	s.groupMu.Lock()
+	defer s.groupMu.Unlock()
+	g := s.groups[volume]
+	if g == nil {
+		g = scsi.NewGroup()
+		s.groups[volume] = g
 	}
-	return m
+	cfg.Group = g
+	return scsi.New(cfg)
+}
+
+// closeLU closes a session's logical unit and forgets the volume's group
+// once no session has it open.
+func (s *Server) closeLU(volume string, lu *scsi.LU) {
+	s.groupMu.Lock()
+	defer s.groupMu.Unlock()
+	lu.Close()
+	if g := s.groups[volume]; g != nil && g.Len() == 0 {
+		delete(s.groups, volume)
+	}
 }
 
 // volumeID is the stable 64-bit identity of a volume's logical unit.

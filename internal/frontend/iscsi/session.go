@@ -104,6 +104,9 @@ func (c *conn) taskMgmt(p *pdu) error {
 			all = append(all, t)
 		}
 		c.mu.Unlock()
+		if c.lu != nil && (fn == tmfLUNReset || fn == tmfTargetWarmReset || fn == tmfTargetColdReset) {
+			c.lu.Reset() // a unit attention for every session of the volume
+		}
 		var after func()
 		if fn == tmfTargetColdReset {
 			after = func() { c.nc.Close() } // a cold reset ends the connection

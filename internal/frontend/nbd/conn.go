@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"bufio"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -29,9 +30,17 @@ const (
 // conn is one client connection. See doc.go for its state machine and goroutines.
 type conn struct {
 	s   *Server
-	nc  net.Conn
+	nc  net.Conn      // the socket: deadlines and Close act on it
 	br  *bufio.Reader // owned by the reader goroutine (the handshake's, then the reader's)
 	log *slog.Logger
+
+	// TLS (tls.go). policy is the listener's; stream is what the protocol
+	// speaks through: nc, or after NBD_OPT_STARTTLS tls (set by the
+	// handshake, read-only afterwards).
+	policy TLSPolicy
+	stream net.Conn
+	tls    *tls.Conn
+	peer   string // the TLS client's identity, for logs
 
 	// Counters owned by the reader goroutine.
 	nreq      int64 // requests parsed (DISC excluded)
@@ -65,16 +74,22 @@ type conn struct {
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
+	policy := TLSOff
+	if pc, ok := nc.(policyConn); ok {
+		nc, policy = pc.Conn, pc.p
+	}
 	remote := "unknown"
 	if a := nc.RemoteAddr(); a != nil {
 		remote = a.String()
 	}
 	c := &conn{
-		s:   s,
-		nc:  nc,
-		br:  bufio.NewReaderSize(sockio.NewReader(nc), 64<<10),
-		w:   sockio.NewWriter(nc),
-		log: s.log.With("remote", remote),
+		s:      s,
+		nc:     nc,
+		stream: nc,
+		policy: policy,
+		br:     bufio.NewReaderSize(sockio.NewReader(nc), 64<<10),
+		w:      sockio.NewWriter(nc),
+		log:    s.log.With("remote", remote),
 	}
 	c.cond.L = &c.mu
 	return c
@@ -99,7 +114,12 @@ func (c *conn) Serve() {
 	c.transmitting = true
 	c.nc.SetDeadline(time.Time{})
 	c.mu.Unlock()
-	c.log.Info("nbd: client connected", "size", c.size, "flags", c.tflags)
+	c.log.Info("nbd: client connected", "size", c.size, "flags", c.tflags, "tls", c.tls != nil)
+	if c.tls != nil && c.s.cfg.TLSRecheck != nil {
+		stop, done := make(chan struct{}), make(chan struct{})
+		go c.recheckLoop(stop, done)
+		defer func() { close(stop); <-done }()
+	}
 
 	c.replies = make(chan *request, c.s.cfg.MaxInFlight)
 	c.writerDone = make(chan struct{})
@@ -127,7 +147,7 @@ func (c *conn) Serve() {
 func (c *conn) Close() { c.nc.Close() }
 
 func (c *conn) linger() {
-	cw, ok := c.nc.(interface{ CloseWrite() error })
+	cw, ok := c.stream.(interface{ CloseWrite() error })
 	if !ok {
 		return
 	}

@@ -22,13 +22,30 @@
 // ERR_INVALID, unknown export → ERR_UNKNOWN). NBD_OPT_INFO only describes the
 // export (Exports.Describe, from metadata); NBD_OPT_GO and NBD_OPT_EXPORT_NAME
 // attach the connection to it (Exports.Attach), and the connection detaches
-// when it ends, after its last backend callback. Everything else, including
-// NBD_OPT_STRUCTURED_REPLY and NBD_OPT_STARTTLS, is answered NBD_REP_ERR_UNSUP:
-// replies are always simple replies. Option data is bounded (maxOptionLen, a
+// when it ends, after its last backend callback. NBD_OPT_STARTTLS: see "TLS"
+// below. Everything else, including NBD_OPT_STRUCTURED_REPLY, is answered
+// NBD_REP_ERR_UNSUP: replies are always simple replies. Option data is bounded (maxOptionLen, a
 // 4 KiB name plus room); a longer option gets NBD_REP_ERR_TOO_BIG and the
 // connection is closed, since its data is never read. The whole handshake has
 // a deadline (Config.HandshakeTimeout, restarted per option) and at most
 // maxOptions options.
+//
+// # TLS
+//
+// Each listener has a TLSPolicy (Server.ServeTLS; Serve is TLSOff). With
+// TLSOff, NBD_OPT_STARTTLS gets NBD_REP_ERR_UNSUP. Otherwise the server
+// answers NBD_REP_ACK and runs a TLS handshake with Config.TLS (basalt's is
+// identity.Config.ServerTLS: TLS 1.3, a client certificate of the cluster CA,
+// not revoked, of an allowed role); option haggling goes on through TLS and
+// transmission stays in it. Failing the handshake closes the connection.
+// NBD_OPT_STARTTLS with data, or after TLS, gets NBD_REP_ERR_INVALID; bytes
+// the client sent behind it before the ACK close the connection (they were
+// plaintext, and must not be read as if they came through TLS). With
+// TLSRequire, before TLS every option but NBD_OPT_STARTTLS and NBD_OPT_ABORT
+// gets NBD_REP_ERR_TLS_REQD, and NBD_OPT_EXPORT_NAME closes the connection.
+// While a TLS connection is in transmission, Config.TLSRecheck is asked about
+// its peer every second and an error closes it (a revocation). c.nc stays
+// the socket (deadlines, Close); c.stream, c.br and c.w speak through TLS.
 //
 // Transmission flags come from the export's frontend.Info: HAS_FLAGS,
 // CAN_MULTI_CONN, SEND_FLUSH (CanFlush), and either READ_ONLY or SEND_FUA,
@@ -80,7 +97,9 @@
 //
 // # Goroutines and ownership
 //
-// Per connection there are exactly two goroutines and no goroutine per request:
+// Per connection there are two goroutines (three for a TLS connection with
+// Config.TLSRecheck: recheckLoop, which only closes the socket) and no
+// goroutine per request:
 //
 //   - the reader (started by Serve) runs the handshake, then parses requests,
 //     validates them, reads write payloads into pooled buffers and calls

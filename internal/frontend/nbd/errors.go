@@ -15,6 +15,9 @@ var (
 	// ErrProtocol wraps every client protocol violation that ends a connection
 	// (bad magic, unknown client flags, an oversized option or write payload).
 	ErrProtocol = errors.New("nbd: protocol violation")
+	// ErrTLSRequired ends a plaintext NBD_OPT_EXPORT_NAME on a listener whose
+	// policy is TLSRequire.
+	ErrTLSRequired = errors.New("nbd: TLS required")
 )
 
 // errnoOf maps a failed IO's error, classified by the export's Opener, to the

@@ -7,11 +7,14 @@ package nbd
 
 import (
 	"bytes"
+	"crypto/tls"
 	"encoding/binary"
 	"net"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/basalt-storage/basalt/internal/identity"
 )
 
 // scriptConn is a net.Conn whose client side is a fixed byte string: reads
@@ -70,11 +73,32 @@ const (
 )
 
 func fuzzServer(t *testing.T, exports memExports) *Server {
-	s, err := NewServer(Config{Exports: exports.exports(), Logger: quietLogger(), MaxPayload: fuzzMaxPayload, MaxInFlight: 8})
+	return fuzzServerTLS(t, exports, nil)
+}
+
+func fuzzServerTLS(t *testing.T, exports memExports, tc *tls.Config) *Server {
+	s, err := NewServer(Config{Exports: exports.exports(), Logger: quietLogger(), MaxPayload: fuzzMaxPayload, MaxInFlight: 8, TLS: tc})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// fuzzTLS is a server TLS configuration from a throw-away cluster CA.
+func fuzzTLS(f *testing.F) *tls.Config {
+	dir := f.TempDir()
+	ca, err := identity.InitCA(dir, "fuzz")
+	if err != nil {
+		f.Fatal(err)
+	}
+	if _, _, err := ca.IssueFiles(dir, "", identity.RoleAccess, "fe", identity.IssueOptions{}); err != nil {
+		f.Fatal(err)
+	}
+	id, err := identity.Load(dir, "access-fe")
+	if err != nil {
+		f.Fatal(err)
+	}
+	return id.ServerTLS(identity.RoleClient)
 }
 
 func FuzzHandshake(f *testing.F) {
@@ -91,19 +115,36 @@ func FuzzHandshake(f *testing.F) {
 	f.Add(opt(opt(bytes.Clone(flags), optStructuredReply, nil), optAbort, nil))
 	f.Add(opt(bytes.Clone(flags), optGo, []byte{0, 0, 0, 200, 1}))
 	f.Add(opt(bytes.Clone(flags), optGo, goData("ro")))
+	// NBD_OPT_STARTTLS: alone, with data, twice, followed by plaintext
+	// options (injection) or by bytes that are not a TLS ClientHello, and
+	// plaintext options a TLS-requiring listener must refuse.
+	f.Add(opt(bytes.Clone(flags), optStartTLS, nil))
+	f.Add(opt(bytes.Clone(flags), optStartTLS, []byte("x")))
+	f.Add(opt(opt(bytes.Clone(flags), optStartTLS, nil), optStartTLS, nil))
+	f.Add(opt(opt(bytes.Clone(flags), optStartTLS, nil), optGo, goData("disk")))
+	f.Add(append(opt(bytes.Clone(flags), optStartTLS, nil), 0x16, 0x03, 0x01, 0x00, 0x05, 1, 2, 3, 4, 5))
+	f.Add(opt(opt(opt(bytes.Clone(flags), optList, nil), optInfo, goData("disk")), optStartTLS, nil))
+	f.Add(opt(opt(bytes.Clone(flags), optExportName, []byte("disk")), optStartTLS, nil))
+	f.Add(opt(opt(bytes.Clone(flags), optAbort, nil), optStartTLS, nil))
+	serverTLS := fuzzTLS(f)
 	f.Fuzz(func(t *testing.T, in []byte) {
-		disk, ro := newMem(fuzzSize), newMem(fuzzSize)
-		ro.readOnly = true
-		s := fuzzServer(t, memExports{"disk": disk, "ro": ro})
-		s.ServeConn(&scriptConn{r: bytes.NewReader(in)})
-		if v := disk.violations.Load() + ro.violations.Load(); v != 0 {
-			t.Fatalf("%d calls broke the Backend contract", v)
-		}
-		if ro.mutations.Load() != 0 {
-			t.Fatal("a read-only export was modified")
-		}
-		if disk.pending.Load() != 0 {
-			t.Fatal("backend IO still pending after the connection ended")
+		for _, p := range []TLSPolicy{TLSOff, TLSAllow, TLSRequire} {
+			disk, ro := newMem(fuzzSize), newMem(fuzzSize)
+			ro.readOnly = true
+			s := fuzzServerTLS(t, memExports{"disk": disk, "ro": ro}, serverTLS)
+			s.ServeConnTLS(&scriptConn{r: bytes.NewReader(in)}, p)
+			if v := disk.violations.Load() + ro.violations.Load(); v != 0 {
+				t.Fatalf("TLS %v: %d calls broke the Backend contract", p, v)
+			}
+			if ro.mutations.Load() != 0 {
+				t.Fatalf("TLS %v: a read-only export was modified", p)
+			}
+			if p == TLSRequire && disk.mutations.Load()+disk.submitted.Load() != 0 {
+				t.Fatal("TLS required: a plaintext client reached the export")
+			}
+			if disk.pending.Load() != 0 {
+				t.Fatalf("TLS %v: backend IO still pending after the connection ended", p)
+			}
 		}
 	})
 }

@@ -37,7 +37,7 @@ const (
 // c.backend, c.export and c.tflags are set. The returned error explains a
 // handshakeClose that was not a clean NBD_OPT_ABORT.
 func (c *conn) handshake() (handshakeResult, error) {
-	w := bufio.NewWriterSize(c.nc, 4096)
+	w := bufio.NewWriterSize(c.stream, 4096)
 	c.deadline()
 	var hello [18]byte
 	binary.BigEndian.PutUint64(hello[0:], nbdMagic)
@@ -87,7 +87,34 @@ func (c *conn) handshake() (handshakeResult, error) {
 			return handshakeClose, err
 		}
 
+		if c.policy == TLSRequire && c.tls == nil && opt != optStartTLS && opt != optAbort {
+			if opt == optExportName {
+				// Cannot be answered with an error: the spec says to close.
+				return handshakeClose, fmt.Errorf("%w: NBD_OPT_EXPORT_NAME before NBD_OPT_STARTTLS on a listener that requires TLS", ErrTLSRequired)
+			}
+			optReply(w, opt, repErrTLSReqd, []byte("this server requires TLS: use NBD_OPT_STARTTLS (an nbds:// URI with a client certificate)"))
+			if err := w.Flush(); err != nil {
+				return handshakeClose, err
+			}
+			continue
+		}
+
 		switch opt {
+		case optStartTLS:
+			switch {
+			case c.policy == TLSOff:
+				optReply(w, opt, repErrUnsup, []byte("TLS is not offered on this listener"))
+			case length != 0:
+				optReply(w, opt, repErrInvalid, []byte("NBD_OPT_STARTTLS takes no data"))
+			case c.tls != nil:
+				optReply(w, opt, repErrInvalid, []byte("TLS is already negotiated"))
+			default:
+				if err := c.startTLS(w); err != nil {
+					c.log.Info("nbd: TLS refused", "err", err)
+					return handshakeClose, err
+				}
+			}
+
 		case optExportName:
 			name := string(data)
 			a, err := c.attach(name)
@@ -144,8 +171,8 @@ func (c *conn) handshake() (handshakeResult, error) {
 			}
 
 		default:
-			// NBD_OPT_STARTTLS (no TLS here), NBD_OPT_STRUCTURED_REPLY (simple
-			// replies only), meta contexts, extended headers and anything unknown.
+			// NBD_OPT_STRUCTURED_REPLY (simple replies only), meta contexts,
+			// extended headers and anything unknown.
 			optReply(w, opt, repErrUnsup, nil)
 		}
 		if err := w.Flush(); err != nil {

@@ -50,6 +50,7 @@ const (
 	repErrUnsup   = 1<<31 + 1
 	repErrPolicy  = 1<<31 + 2
 	repErrInvalid = 1<<31 + 3
+	repErrTLSReqd = 1<<31 + 5
 	repErrUnknown = 1<<31 + 6
 	repErrTooBig  = 1<<31 + 9
 )

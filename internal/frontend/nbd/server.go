@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -40,6 +41,16 @@ type Config struct {
 	WriteTimeout time.Duration
 	// Metrics, if set, records per-request latencies (NewMetrics).
 	Metrics *Metrics
+
+	// TLS is the server side of NBD_OPT_STARTTLS on listeners served with a
+	// policy other than TLSOff (ServeTLS). It must require and verify a
+	// client certificate: basalt passes identity.Config.ServerTLS, TLS 1.3
+	// against the cluster CA and its revocation list.
+	TLS *tls.Config
+	// TLSRecheck, if set, is asked about each TLS client every second while
+	// it is in transmission; an error disconnects it (a certificate revoked
+	// or expired after the handshake).
+	TLSRecheck func(tls.ConnectionState) error
 }
 
 func (c *Config) setDefaults() error {
@@ -108,8 +119,8 @@ func NewServer(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Serve accepts connections on ln until Shutdown or Close, and then returns
-// ErrServerClosed; any other accept failure is returned as is. It may be called
+// Serve accepts connections on ln until Shutdown or Close (TLSOff: see
+// ServeTLS), and then returns ErrServerClosed; any other accept failure is returned as is. It may be called
 // concurrently for several listeners. Serve closes ln when it returns.
 func (s *Server) Serve(ln net.Listener) error { return s.conns.Serve(ln) }
 

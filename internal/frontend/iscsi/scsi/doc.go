@@ -28,10 +28,17 @@
 //   - GET LBA STATUS reports every block mapped: the front end does not yet
 //     learn which chunks exist.
 //   - COMPARE AND WRITE holds a lock that serializes it only against other
-//     COMPARE AND WRITEs through the same process (Config.CompareAndWrite). A
+//     COMPARE AND WRITEs through the same process (Config.Group). A
 //     plain WRITE, or a writer on another access node, can change the blocks
 //     between the compare and the write: it is NOT atomic across writers yet.
-//   - No unit attentions, persistent reservations or protection information.
+//   - Unit attentions, per session (one LU per I_T nexus, the export's LUs
+//     in a Group): BUS DEVICE RESET FUNCTION OCCURRED on every session after
+//     a LUN or target reset through any of them, CAPACITY DATA HAS CHANGED
+//     once the size a session last saw changed. None at login (power on):
+//     nothing was reset for a new session, and clients retry on one anyway.
+//     Reported once, on the next command other than INQUIRY and REPORT LUNS;
+//     REQUEST SENSE returns it as its data.
+//   - No persistent reservations or protection information.
 //
 // IO failures map to sense data by their frontend error class (ErrorSense;
 // the table is in package frontend's doc).

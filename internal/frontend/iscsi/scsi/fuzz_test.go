@@ -19,7 +19,10 @@ type memBackend struct {
 }
 
 func (m *memBackend) Info() frontend.Info {
-	return frontend.Info{Size: int64(len(m.data)), ReadOnly: m.ro, CanFlush: true, CanTrim: !m.ro, CanWriteZeroes: !m.ro,
+	m.mu.Lock()
+	size := len(m.data)
+	m.mu.Unlock()
+	return frontend.Info{Size: int64(size), ReadOnly: m.ro, CanFlush: true, CanTrim: !m.ro, CanWriteZeroes: !m.ro,
 		BlockSizes: frontend.BlockSizes{Minimum: 1, Preferred: 4096}}
 }
 func (m *memBackend) Check(context.Context) error { return nil }

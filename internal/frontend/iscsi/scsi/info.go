@@ -49,12 +49,9 @@ func (lu *LU) info(c *Command) Result {
 		return lu.modeSense(c)
 
 	case kRequestSense:
-		// No sense is ever pending (no unit attentions yet): NO SENSE.
-		if c.desc {
-			return good(cut([]byte{0x72, 0, 0, 0, 0, 0, 0, 0}, c.alloc))
-		}
+		// Nothing pending (Execute answers a pending unit attention): NO SENSE.
 		s := Sense{Key: KeyNoSense}
-		return good(cut(s.Fixed(), c.alloc))
+		return good(cut(s.data(c.desc), c.alloc))
 
 	case kReportLuns:
 		d := make([]byte, 16)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"sync"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
 	"github.com/basalt-storage/basalt/pkg/api"
@@ -27,9 +26,11 @@ type Config struct {
 	// MaxTransfer is the largest READ or WRITE in bytes (Block Limits page);
 	// default 8 MiB, and never above the backend's maximum.
 	MaxTransfer int
-	// CompareAndWrite serializes COMPARE AND WRITE on this export among the LUs
-	// that share it (in this process only); nil: a lock of this LU's own.
-	CompareAndWrite *sync.Mutex
+	// Group is the export's LUs in this process (one per session): unit
+	// attentions are raised on all of them and COMPARE AND WRITE is
+	// serialized among them; nil: a group of this LU alone. Close the LU
+	// when its session ends.
+	Group *Group
 }
 
 // LU is a SCSI logical unit (a direct-access block device) over one backend.
@@ -45,7 +46,8 @@ type LU struct {
 	canTrim     bool
 	canZero     bool
 	canFlush    bool
-	cawMu       *sync.Mutex
+	group       *Group
+	ua          attentions
 	serial      string
 	maxCAWBlock int
 }
@@ -93,16 +95,19 @@ func New(cfg Config) *LU {
 	if cfg.Classify == nil {
 		cfg.Classify = func(err error) error { return err }
 	}
-	if cfg.CompareAndWrite == nil {
-		cfg.CompareAndWrite = new(sync.Mutex)
+	if cfg.Group == nil {
+		cfg.Group = NewGroup()
 	}
-	return &LU{
+	lu := &LU{
 		cfg: cfg, b: cfg.Backend, bs: bs, physExp: exp, maxXfer: maxXfer, chunk: chunk,
 		readOnly: info.ReadOnly, canTrim: info.CanTrim && !info.ReadOnly,
 		canZero: info.CanWriteZeroes && !info.ReadOnly, canFlush: info.CanFlush,
-		cawMu: cfg.CompareAndWrite, serial: fmt.Sprintf("%016x", cfg.ID),
+		group: cfg.Group, serial: fmt.Sprintf("%016x", cfg.ID),
 		maxCAWBlock: min(maxCAWBlocks, max(maxXfer/bs, 1)),
 	}
+	lu.ua.blocks.Store(lu.blocks())
+	cfg.Group.join(lu)
+	return lu
 }
 
 // BlockSize is the logical block size in bytes.
@@ -123,6 +128,17 @@ func (lu *LU) inRange(lba uint64, n uint64) bool {
 // most c.DataOut; fewer if the initiator sent fewer), and calls done exactly
 // once, on any goroutine, maybe before Execute returns.
 func (lu *LU) Execute(c *Command, dataOut []byte, done func(Result)) {
+	if c.reportsAttention() {
+		if s := lu.attention(); s != nil {
+			if c.kind == kRequestSense {
+				// REQUEST SENSE returns the condition as its data.
+				done(good(cut(s.data(c.desc), c.alloc)))
+				return
+			}
+			done(check(s))
+			return
+		}
+	}
 	if c.Dir == DirOut && len(dataOut) < c.DataOut {
 		// The initiator's expected transfer length is shorter than the CDB's.
 		done(check(invalidField(0)))
@@ -346,8 +362,8 @@ func (lu *LU) slow(c *Command, dataOut []byte) Result {
 		// Atomic only against other COMPARE AND WRITEs of this process: a
 		// plain WRITE, or a writer on another access node, can slip in
 		// between the read and the write.
-		lu.cawMu.Lock()
-		defer lu.cawMu.Unlock()
+		lu.group.caw.Lock()
+		defer lu.group.caw.Unlock()
 		buf := make([]byte, n)
 		if err := lu.io(api.OpRead, buf, off, n); err != nil {
 			return check(ErrorSense(err, false))

@@ -103,6 +103,15 @@ func (s *Sense) Fixed() []byte {
 	return b
 }
 
+// data returns s as REQUEST SENSE returns it: in descriptor format (SPC-4
+// 4.5.2; key and codes only) when desc, else fixed.
+func (s *Sense) data(desc bool) []byte {
+	if desc {
+		return []byte{0x72, s.Key, s.ASC, s.ASCQ, 0, 0, 0, 0}
+	}
+	return s.Fixed()
+}
+
 // ErrorSense maps an IO failure's class (frontend's error classes; see the
 // table in package frontend's doc) to sense data. write says whether the IO
 // wrote (to pick the medium error's ASC).
