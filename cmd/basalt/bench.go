@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"log/slog"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -23,7 +24,10 @@ func benchCommand() *cobra.Command {
 sequential write QD8, 8 KiB 50/50 randrw QD8) against a raw preallocated file
 (libaio, direct=1, plus a fdatasync=1 QD1 write), nbdkit's file plugin on a Unix
 socket, and a 3-replica and a 1-replica basalt volume of a playground this command
-starts. Prints a markdown table and writes it to --out. Needs fio and nbdkit
+starts; then the 3-replica volume once per data-plane security mode, each on a
+playground of its own (basalt-r3-insecure: no TLS; basalt-r3-tcp: authenticated
+over TCP; basalt-r3-encrypted: TLS for every connection), with a section on the
+CPU each mode costs per 4 KiB IO. Prints a markdown table and writes it to --out. Needs fio and nbdkit
 (./scripts/install-deps); bench/run builds the binary and installs them first.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
@@ -54,7 +58,7 @@ starts. Prints a markdown table and writes it to --out. Needs fio and nbdkit
 	f.StringVar(&runtime, "runtime", "20s", "measured time per job after the ramp (seconds, or with a unit: 20s, 1m)")
 	f.StringVar(&ramp, "ramp", "5s", "ramp time per job, left out of the figures (seconds, or with a unit)")
 	f.StringVar(&size, "size", "1GiB", "working set per target (file or volume size), e.g. 1GiB, 256m")
-	f.StringVar(&targets, "targets", "", "comma-separated subset of raw,nbdkit,basalt-r3,basalt-r1 (default all)")
+	f.StringVar(&targets, "targets", "", "comma-separated subset of "+strings.Join(bench.AllTargets, ",")+" (default all)")
 	f.StringVar(&jobs, "jobs", "", "comma-separated subset of randwrite-4k-qd1,randwrite-4k-qd32,randread-4k-qd1,randread-4k-qd32,write-256k-qd8,randrw-8k-qd8 (default all)")
 	f.StringVar(&cfg.Out, "out", "bench/results/latest.md", `markdown output file ("-": none)`)
 	f.StringVar(&cfg.Dir, "dir", "bench/work", "bench-owned working directory for the files and the playground (on the disk to measure)")

@@ -20,6 +20,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/mds"
 	"github.com/basalt-storage/basalt/internal/scrub"
+	"github.com/basalt-storage/basalt/internal/transport"
 )
 
 func mdsCommand() *cobra.Command {
@@ -86,7 +87,7 @@ func mdsCommand() *cobra.Command {
 
 func chunkserverCommand() *cobra.Command {
 	var cfg chunkserver.Config
-	var mdsAddrs, pidFile, slowDisk, diskErr, scrubRate, snapRate string
+	var mdsAddrs, pidFile, slowDisk, diskErr, scrubRate, snapRate, dataMode string
 	var procs int
 	var crashAfterDelete bool
 	var nbdListen, nbdSocket string // the in-process NBD front end
@@ -104,6 +105,12 @@ func chunkserverCommand() *cobra.Command {
 			var err error
 			if cfg.TLS, err = tf.load(); err != nil {
 				return err
+			}
+			if cfg.DataMode, err = parseDataMode(dataMode); err != nil {
+				return err
+			}
+			if cfg.TLS == nil && cfg.DataMode == transport.ModeEncrypted {
+				return fmt.Errorf("--data-mode encrypted needs --tls-dir (it is TLS for the whole connection)")
 			}
 			stopDebug, err := serveDebug(*debug)
 			if err != nil {
@@ -211,6 +218,7 @@ func chunkserverCommand() *cobra.Command {
 	f.StringVar(&mdsAddrs, "mds", envOr("BASALT_MDS", "127.0.0.1:6700"), "MDS addresses, comma-separated")
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:0", "data-plane listen address (client IO and raft)")
 	f.StringVar(&cfg.Advertise, "advertise", "", "address given to the MDS (default: the bound --listen address)")
+	f.StringVar(&dataMode, "data-mode", "authenticated", "data-plane security (clients and peers follow it): authenticated (mutual TLS at connect, frames in clear) or encrypted (TLS for the whole connection; not on the same-host socket)")
 	f.BoolVar(&cfg.TCPOnly, "tcp-only", false, "serve clients and peers on this host over TCP too, not over the same-host Unix socket @basalt/ADDR")
 	f.StringVar(&cfg.Zone, "zone", "zone1", "failure domain (zone)")
 	f.StringVar(&cfg.Server, "server", "", "host name used as the failure domain inside a zone (default: hostname)")
@@ -233,6 +241,15 @@ func chunkserverCommand() *cobra.Command {
 	_ = f.MarkHidden("fault-crash-after-delete")
 	_ = cmd.MarkFlagRequired("data")
 	return cmd
+}
+
+// parseDataMode parses --data-mode (docs/security.md, "two modes").
+func parseDataMode(s string) (transport.Mode, error) {
+	m, err := transport.ParseMode(strings.TrimSpace(s))
+	if err != nil || m == transport.ModeNone {
+		return 0, fmt.Errorf("--data-mode %q: want authenticated or encrypted (--insecure turns security off)", s)
+	}
+	return m, nil
 }
 
 // diskErrorKnob returns a datastore Fdatasync hook that fails with EIO while

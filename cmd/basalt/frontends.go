@@ -224,6 +224,11 @@ func playgroundCommand() *cobra.Command {
 				return fmt.Errorf("--size: %w", err)
 			}
 			cfg.Size = n
+			if cfg.DataMode != "" {
+				if _, err := parseDataMode(cfg.DataMode); err != nil {
+					return err
+				}
+			}
 			cfg.Logger = slog.Default()
 			ctx, stop := signalContext()
 			defer stop()
@@ -245,5 +250,8 @@ func playgroundCommand() *cobra.Command {
 	f.IntVar(&cfg.Procs, "gomaxprocs", 0, "GOMAXPROCS of this process and each chunkserver (0: the CPUs shared among them, unless GOMAXPROCS is set; -1: Go's default)")
 	f.StringVar(&cfg.Metrics, "metrics", "", "serve the NBD front end's and client's Prometheus /metrics on this address (empty: none)")
 	f.StringVar(&cfg.DebugListen, "debug-listen", "", "serve Go's /debug/pprof/ profiles on this address (empty: none; never on a public address)")
+	f.StringVar(&cfg.DataMode, "data-mode", "", "the chunkservers' --data-mode (authenticated or encrypted; clients follow it); default authenticated")
+	f.BoolVar(&cfg.TCPOnly, "tcp-only", false, "chunkservers serve this host's clients and peers over TCP, not the same-host socket (which the encrypted mode does not encrypt)")
+	f.BoolVar(&cfg.Insecure, "insecure", false, "no TLS, no authentication anywhere: the pre-security data path, for measuring its cost only (docs/security.md)")
 	return cmd
 }

@@ -105,7 +105,8 @@ type runner struct {
 	// of them and stopped when a target needs another binary, or at the end.
 	pg       *playgroundProc
 	pgBinary string           // the binary pg runs
-	pgErr    map[string]error // a binary whose playground failed to start
+	pgKey    string           // its binary and flags (playgroundKey)
+	pgErr    map[string]error // a playground (by key) that failed to start
 	// r1Local: the chunkserver NBD socket basalt-r1 is served on (the local fast
 	// path); "" when it goes through the playground's front end.
 	r1Local string
@@ -233,7 +234,7 @@ func (r *runner) runTarget(ctx context.Context, name string) error {
 		t, err = r.openRaw(ctx)
 	case TargetNBDKit:
 		t, err = r.openNBDKit(ctx)
-	case TargetBasaltR3, TargetBasaltR3 + BaselineSuffix:
+	case TargetBasaltR3, TargetBasaltR3 + BaselineSuffix, TargetBasaltR3Insecure, TargetBasaltR3TCP, TargetBasaltR3Encrypted:
 		t, err = r.openBasaltR3(ctx, name)
 	case TargetBasaltR1, TargetBasaltR1 + BaselineSuffix:
 		t, err = r.openBasaltR1(ctx, name)

@@ -51,6 +51,15 @@ const (
 	TargetNBDKit   = "nbdkit"
 	TargetBasaltR3 = "basalt-r3"
 	TargetBasaltR1 = "basalt-r1"
+
+	// The security modes (docs/security.md), each basalt-r3 on a playground
+	// of its own: without TLS or authentication (the pre-security path),
+	// authenticated over TCP (no same-host socket: the fair base for the
+	// next), and encrypted (TLS for every connection, over TCP). basalt-r3
+	// is authenticated on the same-host socket, as deployed.
+	TargetBasaltR3Insecure  = "basalt-r3-insecure"
+	TargetBasaltR3TCP       = "basalt-r3-tcp"
+	TargetBasaltR3Encrypted = "basalt-r3-encrypted"
 )
 
 // BaselineSuffix marks a basalt target run with Config.Baseline's binary instead of
@@ -58,7 +67,9 @@ const (
 const BaselineSuffix = "@base"
 
 // AllTargets is the default set, in table order (the durable raw row follows raw).
-var AllTargets = []string{TargetRaw, TargetNBDKit, TargetBasaltR3, TargetBasaltR1}
+// The basalt-r3 modes run last: each starts a playground of its own.
+var AllTargets = []string{TargetRaw, TargetNBDKit, TargetBasaltR3, TargetBasaltR1,
+	TargetBasaltR3Insecure, TargetBasaltR3TCP, TargetBasaltR3Encrypted}
 
 // SelectJobs returns the jobs named in the comma-separated list, in matrix order;
 // an empty list selects all.

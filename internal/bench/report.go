@@ -42,8 +42,8 @@ type Report struct {
 
 // targetOrder is the row order within one job.
 // A baseline build's row sits right above the same target's current row.
-var targetOrder = []string{TargetRaw, TargetRawSync, TargetNBDKit, TargetBasaltR3 + BaselineSuffix, TargetBasaltR3,
-	TargetBasaltR1 + BaselineSuffix, TargetBasaltR1}
+var targetOrder = []string{TargetRaw, TargetRawSync, TargetNBDKit, TargetBasaltR3Insecure, TargetBasaltR3 + BaselineSuffix, TargetBasaltR3,
+	TargetBasaltR3TCP, TargetBasaltR3Encrypted, TargetBasaltR1 + BaselineSuffix, TargetBasaltR1}
 
 func jobIndex(name string) int {
 	for i, j := range AllJobs {
@@ -134,6 +134,20 @@ func (r *Report) Markdown() string {
 			b.WriteString("- " + g + "\n")
 		}
 	}
+	if modes := r.securityModes(); len(modes) > 0 {
+		b.WriteString("\n## Security modes: the cost per 4 KiB IO\n\n")
+		b.WriteString("| job | target (mode) | IOPS | mean lat µs | basalt CPU µs / IO | CPU µs / IO over the one before | IOPS vs insecure |\n|---|---|--:|--:|--:|--:|--:|\n")
+		for _, line := range modes {
+			b.WriteString(line + "\n")
+		}
+		b.WriteString("\nThe modes of docs/security.md, each on a playground of its own: `" + TargetBasaltR3Insecure + "` no TLS and no " +
+			"authentication (the pre-security path); `" + TargetBasaltR3 + "` authenticated (the default; same-host socket); `" +
+			TargetBasaltR3TCP + "` authenticated over TCP; `" + TargetBasaltR3Encrypted + "` encrypted (TLS 1.3 for every " +
+			"connection, over TCP). The cost of authentication per IO is `" + TargetBasaltR3 + "` over `" + TargetBasaltR3Insecure +
+			"`; of encryption, `" + TargetBasaltR3Encrypted + "` over `" + TargetBasaltR3TCP + "` (the column's value on each row " +
+			"is that row over the row above it). CPU counts every basalt process (front end, MDS, three chunkservers) " +
+			"after the ramp.\n")
+	}
 	if cmp := r.againstBaseline(); len(cmp) > 0 {
 		b.WriteString("\n## Against the baseline build (same sitting)\n\n")
 		b.WriteString("| target | job | IOPS | MiB/s | mean lat | p99 lat | CPU / IO |\n|---|---|--:|--:|--:|--:|--:|\n")
@@ -185,6 +199,50 @@ func (r *Report) latRatio(row Row, base string) string {
 		return "—"
 	}
 	return ratio(row.Stats.MeanNs / br.Stats.MeanNs)
+}
+
+// modeTargets are the security modes' targets, in the order their costs
+// add up (securityModes).
+var modeTargets = []string{TargetBasaltR3Insecure, TargetBasaltR3, TargetBasaltR3TCP, TargetBasaltR3Encrypted}
+
+// securityModes renders one line per 4 KiB job and mode measured, when at
+// least two modes were.
+func (r *Report) securityModes() []string {
+	var out []string
+	for _, j := range AllJobs {
+		if j.BlockSize != 4<<10 {
+			continue
+		}
+		var rows []Row
+		for _, t := range modeTargets {
+			if row, ok := r.find(t, j.Name); ok {
+				rows = append(rows, row)
+			}
+		}
+		if len(rows) < 2 {
+			continue
+		}
+		insecure, hasInsecure := r.find(TargetBasaltR3Insecure, j.Name)
+		for i, row := range rows {
+			cpu := cpuPerIO(row) * 1e6
+			delta, vs := "", ""
+			if i > 0 {
+				if prev := cpuPerIO(rows[i-1]) * 1e6; cpu > 0 && prev > 0 {
+					delta = fmt.Sprintf("%+.1f", cpu-prev)
+				}
+			}
+			if hasInsecure && row.Target != TargetBasaltR3Insecure && insecure.Stats.IOPS > 0 {
+				vs = ratio(row.Stats.IOPS / insecure.Stats.IOPS)
+			}
+			cpuS := ""
+			if cpu > 0 {
+				cpuS = fmt.Sprintf("%.1f", cpu)
+			}
+			out = append(out, fmt.Sprintf("| %s | %s | %s | %s | %s | %s | %s |", j.Name, row.Target,
+				thousands(row.Stats.IOPS), usec(row.Stats.MeanNs), cpuS, delta, vs))
+		}
+	}
+	return out
 }
 
 // cpuPerIO is the basalt CPU seconds per IO of a row, or 0 when not measured.

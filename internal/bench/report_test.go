@@ -143,3 +143,28 @@ func TestThousands(t *testing.T) {
 		}
 	}
 }
+
+// TestSecurityModesSection: with the mode targets measured, the report
+// shows each 4 KiB job's CPU per IO by mode and what each mode adds.
+func TestSecurityModesSection(t *testing.T) {
+	r := testReport()
+	st := Stats{IOPS: 1000, BWBytes: 4096e3, MeanNs: 1e6, P99Ns: 2e6, TotalIOs: 10000}
+	for target, cpu := range map[string]time.Duration{
+		TargetBasaltR3Insecure:  1 * time.Second, // 100 µs / IO
+		TargetBasaltR3TCP:       1200 * time.Millisecond,
+		TargetBasaltR3Encrypted: 1500 * time.Millisecond,
+	} {
+		r.Rows = append(r.Rows, Row{Target: target, Job: JobRandWriteQD1, Stats: st, Basalt: true, CPU: cpu})
+	}
+	md := r.Markdown()
+	for _, want := range []string{
+		"## Security modes: the cost per 4 KiB IO",
+		"| randwrite-4k-qd1 | basalt-r3-insecure | 1,000 | 1,000 | 100.0 |  |  |",
+		"| randwrite-4k-qd1 | basalt-r3-tcp | 1,000 | 1,000 | 120.0 |",
+		"| randwrite-4k-qd1 | basalt-r3-encrypted | 1,000 | 1,000 | 150.0 | +30.0 | 1.00× |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+}

@@ -200,6 +200,20 @@ func isBasaltTarget(target string) bool {
 	return t == TargetBasaltR3 || t == TargetBasaltR1
 }
 
+// playgroundFlags are the `basalt playground` flags of target's playground
+// beyond the bench's own: its security mode.
+func playgroundFlags(target string) []string {
+	switch strings.TrimSuffix(target, BaselineSuffix) {
+	case TargetBasaltR3Insecure:
+		return []string{"--insecure"}
+	case TargetBasaltR3TCP:
+		return []string{"--tcp-only"}
+	case TargetBasaltR3Encrypted:
+		return []string{"--data-mode", "encrypted", "--tcp-only"}
+	}
+	return nil
+}
+
 // binaryFor returns the basalt binary that serves target.
 func (r *runner) binaryFor(target string) string {
 	if strings.HasSuffix(target, BaselineSuffix) {
@@ -212,20 +226,21 @@ func (r *runner) binaryFor(target string) string {
 // on first use; a playground of another binary is stopped first, so only one
 // build's processes run (and load the machine) at a time.
 func (r *runner) playground(ctx context.Context, target string) (*playgroundProc, error) {
-	bin := r.binaryFor(target)
-	if r.pg != nil && r.pgBinary == bin {
+	bin, flags := r.binaryFor(target), playgroundFlags(target)
+	key := strings.Join(append([]string{bin}, flags...), " ")
+	if r.pg != nil && r.pgKey == key {
 		return r.pg, nil
 	}
-	if err := r.pgErr[bin]; err != nil {
+	if err := r.pgErr[key]; err != nil {
 		return nil, err
 	}
 	r.closePlayground()
-	pg, err := r.startPlayground(ctx, bin)
+	pg, err := r.startPlayground(ctx, bin, flags)
 	if err != nil {
-		r.pgErr[bin] = err
+		r.pgErr[key] = err
 		return nil, err
 	}
-	r.pg, r.pgBinary = pg, bin
+	r.pg, r.pgBinary, r.pgKey = pg, bin, key
 	r.measureIdle(ctx, pg.procs(), target)
 	return pg, nil
 }
@@ -274,7 +289,7 @@ func (r *runner) measureIdle(ctx context.Context, ps procSet, target string) {
 		idleWindow, r.binaryFor(target), cores, cores))
 }
 
-func (r *runner) startPlayground(ctx context.Context, binary string) (*playgroundProc, error) {
+func (r *runner) startPlayground(ctx context.Context, binary string, flags []string) (*playgroundProc, error) {
 	dir := filepath.Join(r.cfg.Dir, "playground")
 	if b, err := os.ReadFile(filepath.Join(dir, "playground.json")); err == nil {
 		var old pgState
@@ -303,6 +318,7 @@ func (r *runner) startPlayground(ctx context.Context, binary string) (*playgroun
 	args := []string{"playground", "--dir", dir, "--port-base", strconv.Itoa(base),
 		"--nbd-listen", net.JoinHostPort("127.0.0.1", strconv.Itoa(nbdPort)), "--nbd-socket", sock,
 		"--size", strconv.FormatUint(r.cfg.Size, 10), "--volume", volumeR3}
+	args = append(args, flags...)
 	if r.cfg.Copysets > 0 {
 		args = append(args, "--copysets", strconv.FormatUint(uint64(r.cfg.Copysets), 10))
 	}

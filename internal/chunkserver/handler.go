@@ -71,6 +71,51 @@ type handler struct {
 	// caps verifies session capabilities (the MDS's keys, from heartbeats);
 	// nil: none known (tests without an MDS).
 	caps *capability.Keys
+
+	// checksums bounds the checksum requests in flight (each reads every
+	// chunk of a copyset).
+	checksums checksumLimiter
+	// beforeChecksum, when set (tests), runs before a checksum is computed.
+	beforeChecksum func()
+}
+
+// Checksum requests in flight, at most: per identity (per connection on an
+// unauthenticated data plane) and in all. More are answered BUSY at once
+// (the scrub tries again on its next pass; tools retry).
+const (
+	maxChecksumsPerPeer = 2
+	maxChecksums        = 8
+)
+
+// checksumLimiter counts the checksum requests in flight; its zero value is
+// ready.
+type checksumLimiter struct {
+	mu    sync.Mutex
+	per   map[string]int
+	total int
+}
+
+func (l *checksumLimiter) acquire(who string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.total >= maxChecksums || l.per[who] >= maxChecksumsPerPeer {
+		return false
+	}
+	if l.per == nil {
+		l.per = map[string]int{}
+	}
+	l.per[who]++
+	l.total++
+	return true
+}
+
+func (l *checksumLimiter) release(who string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.total--
+	if l.per[who]--; l.per[who] <= 0 {
+		delete(l.per, who)
+	}
 }
 
 // attachments are the capabilities attached to one connection, by volume
@@ -562,7 +607,19 @@ func (hd *handler) checksum(rw transport.ReplyWriter, h api.Header) {
 		hd.reply(rw, h, api.StatusNoSuchCopyset, 0)
 		return
 	}
+	who := rw.RemoteAddr().String()
+	if id, ok := transport.PeerOf(rw); ok {
+		who = id.String()
+	}
+	if !hd.checksums.acquire(who) {
+		hd.reply(rw, h, api.StatusBusy, 0)
+		return
+	}
 	go func() {
+		defer hd.checksums.release(who)
+		if hd.beforeChecksum != nil {
+			hd.beforeChecksum()
+		}
 		b, err := checksumList(r)
 		if err != nil {
 			hd.replyErr(rw, h, err, time.Time{})

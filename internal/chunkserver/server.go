@@ -568,13 +568,15 @@ func (c *ChunkServer) startGroup(g uint64, chunkSize int64, peers []uint64, join
 	sm := newStateMachine(g, chunkSize, cs, c.replicaFailed)
 	sm.log = c.log
 	sm.afterDelete = c.cfg.Knobs.AfterDeleteVolume
+	pool, _ := api.SplitGroupID(g)
+	sm.copysets = func() (uint32, bool) { return c.vols.poolCopysets(pool) }
 	if err := c.host.CreateGroup(g, peers, sm, join); err != nil {
 		return fmt.Errorf("copyset %#x: %w", g, err)
 	}
 	c.mu.Lock()
 	c.replicas[g] = &replica{group: g, chunkSize: chunkSize, sm: sm, store: cs}
 	c.mu.Unlock()
-	pool, id := api.SplitGroupID(g)
+	_, id := api.SplitGroupID(g)
 	c.log.Debug("copyset started", "copyset", g, "pool", pool, "id", id, "join", join, "peers", peers)
 	return nil
 }

@@ -26,7 +26,9 @@ type chunkStore interface {
 	WriteSnapshot(w io.Writer) error
 	// ReceiveSnapshot stages the data of the snapshot of index; InstallStaged
 	// installs the data staged for index only (datastore.ErrNoStaged if none).
-	ReceiveSnapshot(index uint64, r io.Reader) error
+	// belongs, when not nil, says which chunks the copyset may hold: a
+	// stream with another chunk is refused and nothing is staged.
+	ReceiveSnapshotChecked(index uint64, r io.Reader, belongs func(chunkID) bool) error
 	InstallStaged(index uint64) error
 	// Installed is the index of the last InstallStaged begun: its data is in
 	// place even when the process stopped inside it.
@@ -72,6 +74,9 @@ type stateMachine struct {
 	// here again (every command of v is refused), and Recover sweeps any chunk
 	// of v a crash left behind.
 	epochs map[uint64]uint64
+	// copysets returns the copyset count of the group's pool, which decides
+	// the chunks a received snapshot may hold; nil: not checked (tests).
+	copysets func() (uint32, bool)
 }
 
 func newStateMachine(group uint64, chunkSize int64, store chunkStore, onFail func(uint64, error)) *stateMachine {
@@ -317,7 +322,16 @@ func (sm *stateMachine) ReceiveSnapshot(index uint64, r io.Reader) error {
 	if err := sm.store.DropStaged(sm.applied.Load()); err != nil {
 		return fmt.Errorf("copyset %#x receive snapshot %d: %w", sm.group, index, err)
 	}
-	return sm.store.ReceiveSnapshot(index, r)
+	var belongs func(chunkID) bool
+	if sm.copysets != nil {
+		n, ok := sm.copysets()
+		if !ok {
+			return fmt.Errorf("copyset %#x receive snapshot %d: the pool's copyset count is not known yet", sm.group, index)
+		}
+		_, self := api.SplitGroupID(sm.group)
+		belongs = func(id chunkID) bool { return api.CopysetOf(id.Volume, id.Index, n) == self }
+	}
+	return sm.store.ReceiveSnapshotChecked(index, r, belongs)
 }
 
 // InstallSnapshot swaps in the data staged for index and adopts the

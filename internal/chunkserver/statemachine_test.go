@@ -117,7 +117,7 @@ func (m *memStore) WriteSnapshot(w io.Writer) error {
 	return nil
 }
 
-func (m *memStore) ReceiveSnapshot(index uint64, r io.Reader) error {
+func (m *memStore) ReceiveSnapshotChecked(index uint64, r io.Reader, _ func(chunkID) bool) error {
 	b, err := io.ReadAll(r)
 	if err != nil {
 		return err

@@ -44,6 +44,7 @@ type volumeCache struct {
 	mu       sync.RWMutex
 	vols     map[uint64]volumeInfo
 	pools    map[uint32]uint64 // chunk size by pool id
+	copysets map[uint32]uint32 // copyset count by pool id
 	deleted  map[uint64]bool   // volumes seen once, then gone: deleted (ids are never reused)
 	revision uint64
 	loaded   bool
@@ -87,11 +88,25 @@ func (vc *volumeCache) addPools(pools []*api.Pool) {
 	if vc.pools == nil {
 		vc.pools = make(map[uint32]uint64)
 	}
+	if vc.copysets == nil {
+		vc.copysets = make(map[uint32]uint32)
+	}
 	for _, p := range pools {
 		if p.GetChunkSize() > 0 {
 			vc.pools[p.GetId()] = p.GetChunkSize()
 		}
+		if p.GetCopysetCount() > 0 {
+			vc.copysets[p.GetId()] = p.GetCopysetCount()
+		}
 	}
+}
+
+// poolCopysets returns the copyset count of a pool (fixed when it is made).
+func (vc *volumeCache) poolCopysets(pool uint32) (uint32, bool) {
+	vc.mu.RLock()
+	defer vc.mu.RUnlock()
+	n, ok := vc.copysets[pool]
+	return n, ok && n > 0
 }
 
 // poolChunkSize returns the chunk size of a pool.
@@ -220,8 +235,14 @@ func (vc *volumeCache) refreshLocked(ctx context.Context) (map[uint64]bool, erro
 	}
 	vc.vols = vols
 	vc.pools = make(map[uint32]uint64, len(pools))
+	if vc.copysets == nil {
+		vc.copysets = make(map[uint32]uint32, len(pools))
+	}
 	for id, p := range pools {
 		vc.pools[id] = p.GetChunkSize()
+		if p.GetCopysetCount() > 0 {
+			vc.copysets[id] = p.GetCopysetCount()
+		}
 	}
 	vc.revision = vr.GetRevision()
 	vc.loaded = true

@@ -164,6 +164,13 @@ func (cr *crcReader) readFull(p []byte) error {
 // data). Receives are serialized. The stream is consumed exactly up to its
 // trailer.
 func (c *Copyset) ReceiveSnapshot(index uint64, r io.Reader) error {
+	return c.ReceiveSnapshotChecked(index, r, nil)
+}
+
+// ReceiveSnapshotChecked is ReceiveSnapshot that also refuses (ErrCorrupt,
+// nothing staged) a stream holding a chunk belongs rejects: one of another
+// copyset (belongs nil: no such check).
+func (c *Copyset) ReceiveSnapshotChecked(index uint64, r io.Reader, belongs func(ChunkID) bool) error {
 	c.recvMu.Lock()
 	defer c.recvMu.Unlock()
 	if c.isRemoved() {
@@ -176,7 +183,7 @@ func (c *Copyset) ReceiveSnapshot(index uint64, r io.Reader) error {
 	if err := os.Mkdir(staging, 0o755); err != nil {
 		return ioError("mkdir "+staging, err)
 	}
-	if err := c.receive(r, staging); err != nil {
+	if err := c.receive(r, staging, belongs); err != nil {
 		os.RemoveAll(staging)
 		return err
 	}
@@ -220,7 +227,7 @@ func (c *Copyset) dropStaged(drop func(uint64) bool) error {
 	return nil
 }
 
-func (c *Copyset) receive(r io.Reader, staging string) error {
+func (c *Copyset) receive(r io.Reader, staging string, belongs func(ChunkID) bool) error {
 	cr := &crcReader{r: r}
 	var hdr [snapHeaderSize]byte
 	if err := cr.readFull(hdr[:]); err != nil {
@@ -234,6 +241,9 @@ func (c *Copyset) receive(r io.Reader, staging string) error {
 	}
 	if cs := int64(binary.BigEndian.Uint64(hdr[8:])); cs != c.chunkSize {
 		return fmt.Errorf("%w: snapshot chunk size %d, copyset has %d", ErrChunkSize, cs, c.chunkSize)
+	}
+	if g := binary.BigEndian.Uint64(hdr[16:]); g != c.group {
+		return fmt.Errorf("%w: a snapshot of copyset %016x, this is %016x", ErrCorrupt, g, c.group)
 	}
 	var (
 		rec   [24]byte
@@ -276,6 +286,9 @@ func (c *Copyset) receive(r io.Reader, staging string) error {
 			}
 			if seen[id] {
 				return fmt.Errorf("%w: chunk %v twice", ErrCorrupt, id)
+			}
+			if belongs != nil && !belongs(id) {
+				return fmt.Errorf("%w: chunk %v belongs to another copyset", ErrCorrupt, id)
 			}
 			seen[id] = true
 			if err := finish(); err != nil {

@@ -15,18 +15,20 @@ import (
 
 // startMDS runs the MDS with its embedded etcd in this process; stop ends it.
 func startMDS(cfg Config, st *State) (stop func(), err error) {
-	id, err := identity.Load(st.TLSDir, "mds")
-	if err != nil {
-		return nil, err
-	}
-	m, err := mds.New(mds.Config{
+	mcfg := mds.Config{
 		Listen:        st.MDS,
 		DataDir:       filepath.Join(cfg.Dir, "mds"),
 		EtcdClientURL: st.Etcd,
 		EtcdPeerURL:   "https://" + addr(cfg.PortBase+2),
 		Logger:        cfg.Logger.With("component", "mds"),
-		TLS:           id,
-	})
+		Insecure:      cfg.Insecure,
+	}
+	if cfg.Insecure {
+		mcfg.EtcdPeerURL = "http://" + addr(cfg.PortBase+2)
+	} else if mcfg.TLS, err = identity.Load(st.TLSDir, "mds"); err != nil {
+		return nil, err
+	}
+	m, err := mds.New(mcfg)
 	if err != nil {
 		return nil, fmt.Errorf("start MDS: %w", err)
 	}
@@ -64,16 +66,29 @@ func chunkserverState(cfg Config, st *State, i int) ChunkserverState {
 	cs.Log = filepath.Join(cs.DataDir, "chunkserver.log")
 	cs.RestartCmd = []string{cfg.Binary, "chunkserver",
 		"--data", cs.DataDir, "--mds", st.MDS, "--listen", cs.Addr, "--metrics", cs.Metrics,
-		"--tls-dir", st.TLSDir, "--tls-cert", identity.Base(identity.RoleChunkserver, strconv.Itoa(i)),
 		"--zone", fmt.Sprintf("zone%d", i), "--server", fmt.Sprintf("playground-%d", i),
 		"--pid-file", filepath.Join(cs.DataDir, "pid"), "--log-file", cs.Log}
+	if cfg.Insecure {
+		cs.RestartCmd = append(cs.RestartCmd, "--insecure")
+	} else {
+		cs.RestartCmd = append(cs.RestartCmd,
+			"--tls-dir", st.TLSDir, "--tls-cert", identity.Base(identity.RoleChunkserver, strconv.Itoa(i)))
+	}
+	if cfg.DataMode != "" {
+		cs.RestartCmd = append(cs.RestartCmd, "--data-mode", cfg.DataMode)
+	}
+	if cfg.TCPOnly {
+		cs.RestartCmd = append(cs.RestartCmd, "--tcp-only")
+	}
 	if cfg.Procs > 0 {
 		cs.RestartCmd = append(cs.RestartCmd, "--gomaxprocs", strconv.Itoa(cfg.Procs))
 	}
 	if sock := filepath.Join(cs.DataDir, "nbd.sock"); len(sock) < maxSocketPath {
 		cs.NBDSocket = sock
-		cs.RestartCmd = append(cs.RestartCmd, "--nbd-socket", sock,
-			"--nbd-tls-cert", identity.Base(identity.RoleAccess, "cs"+strconv.Itoa(i)))
+		cs.RestartCmd = append(cs.RestartCmd, "--nbd-socket", sock)
+		if !cfg.Insecure {
+			cs.RestartCmd = append(cs.RestartCmd, "--nbd-tls-cert", identity.Base(identity.RoleAccess, "cs"+strconv.Itoa(i)))
+		}
 	}
 	return cs
 }

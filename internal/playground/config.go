@@ -1,6 +1,7 @@
 package playground
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -40,9 +41,19 @@ type Config struct {
 	// Procs is GOMAXPROCS for this process and each chunkserver: 0 shares the CPUs
 	// among them (NumCPU / (Chunkservers+1), at least 1) unless the GOMAXPROCS
 	// environment variable is set; negative leaves Go's default.
-	Procs  int
-	Logger *slog.Logger
-	Out    io.Writer // where the welcome text goes; default os.Stdout
+	Procs int
+	// DataMode is the chunkservers' --data-mode: "authenticated" (the
+	// default) or "encrypted"; clients and front ends follow it
+	// (docs/security.md).
+	DataMode string
+	// TCPOnly: chunkservers serve clients and peers over TCP only, not the
+	// same-host socket (where the encrypted mode does not encrypt).
+	TCPOnly bool
+	// Insecure runs everything without TLS or authorization: the pre-security
+	// data path, for the bench's comparison only (docs/security.md).
+	Insecure bool
+	Logger   *slog.Logger
+	Out      io.Writer // where the welcome text goes; default os.Stdout
 }
 
 // maxSocketPath: longer Unix socket paths do not fit sockaddr_un.
@@ -99,6 +110,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Procs == 0 && os.Getenv("GOMAXPROCS") == "" {
 		c.Procs = max(1, runtime.NumCPU()/(c.Chunkservers+1))
+	}
+	if c.Insecure && c.DataMode != "" {
+		return fmt.Errorf("playground: --insecure and --data-mode %s exclude each other", c.DataMode)
 	}
 	if c.Out == nil {
 		c.Out = os.Stdout

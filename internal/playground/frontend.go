@@ -15,10 +15,6 @@ const ISCSICluster = "playground"
 // startFrontEnd serves NBD on TCP and on a Unix socket, and iSCSI, from this
 // process, and the front end's metrics if cfg asks; stop ends both.
 func startFrontEnd(cfg Config, st *State) (stop func(), err error) {
-	id, err := identity.Load(st.TLSDir, identity.Base(identity.RoleAccess, "playground"))
-	if err != nil {
-		return nil, err
-	}
 	listenTLS, err := nbd.ParseTLSPolicy(cfg.NBDTLS)
 	if err != nil {
 		return nil, err
@@ -27,13 +23,22 @@ func startFrontEnd(cfg Config, st *State) (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
+	var id *identity.Config // nil: --insecure, no NBD TLS either
+	if cfg.Insecure {
+		listenTLS, socketTLS = nbd.TLSOff, nbd.TLSOff
+	} else if id, err = identity.Load(st.TLSDir, identity.Base(identity.RoleAccess, "playground")); err != nil {
+		return nil, err
+	}
 	fcfg := access.Config{
-		MDS: []string{st.MDS}, MDSTLS: id.ClientTLS(identity.RoleMDS), DataTLS: id.ClientTLS(identity.RoleChunkserver),
+		MDS:        []string{st.MDS},
 		ClientName: "playground-nbd",
 		Logger:     cfg.Logger.With("component", "frontend"),
 		NBD:        access.NBDConfig{Listen: cfg.NBDListen, Socket: cfg.NBDSocket, ListenTLS: listenTLS, SocketTLS: socketTLS, TLS: id},
 		NVMf:       access.NVMfConfig{Listen: cfg.NVMfListen},
 		ISCSI:      access.ISCSIConfig{Listen: cfg.ISCSIListen, Cluster: ISCSICluster},
+	}
+	if id != nil {
+		fcfg.MDSTLS, fcfg.DataTLS = id.ClientTLS(identity.RoleMDS), id.ClientTLS(identity.RoleChunkserver)
 	}
 	stopMetrics := func() {}
 	if cfg.Metrics != "" {

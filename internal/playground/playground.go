@@ -2,6 +2,7 @@ package playground
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -35,15 +36,19 @@ func Run(ctx context.Context, cfg Config) error {
 		need = append(need, identity.Need{Role: identity.RoleChunkserver, Name: strconv.Itoa(i)},
 			identity.Need{Role: identity.RoleAccess, Name: "cs" + strconv.Itoa(i)}) // its in-process NBD
 	}
-	if err := identity.EnsureCerts(st.TLSDir, "playground", need); err != nil {
-		return fmt.Errorf("playground certificates in %s: %w", st.TLSDir, err)
-	}
-	if err := identity.WriteGnuTLSClientDir(st.TLSDir, identity.Base(identity.RoleClient, NBDClientName), st.NBDClientDir); err != nil {
-		return err
-	}
-	admin, err := identity.Load(st.TLSDir, "admin")
-	if err != nil {
-		return err
+	var mdsTLS *tls.Config // nil: --insecure
+	if !cfg.Insecure {
+		if err := identity.EnsureCerts(st.TLSDir, "playground", need); err != nil {
+			return fmt.Errorf("playground certificates in %s: %w", st.TLSDir, err)
+		}
+		admin, err := identity.Load(st.TLSDir, "admin")
+		if err != nil {
+			return err
+		}
+		if err := identity.WriteGnuTLSClientDir(st.TLSDir, identity.Base(identity.RoleClient, NBDClientName), st.NBDClientDir); err != nil {
+			return err
+		}
+		mdsTLS = admin.ClientTLS(identity.RoleMDS)
 	}
 
 	// 1. The MDS and its embedded etcd, in this process.
@@ -52,7 +57,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer stopMDS()
-	mc, err := mdsclient.Dial([]string{st.MDS}, admin.ClientTLS(identity.RoleMDS))
+	mc, err := mdsclient.Dial([]string{st.MDS}, mdsTLS)
 	if err != nil {
 		return err
 	}

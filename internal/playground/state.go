@@ -88,6 +88,10 @@ func newState(cfg Config) State {
 		Size:      cfg.Size,
 	}
 	st.AdminCert = filepath.Join(st.TLSDir, "admin.crt")
+	if cfg.Insecure {
+		st.Etcd = "http://" + addr(cfg.PortBase+1)
+		st.TLSDir, st.AdminCert = "", ""
+	}
 	st.NBDURI = "nbd://" + st.NBD + "/" + cfg.Volume
 	st.NBDClientDir = filepath.Join(st.TLSDir, NBDClientDirName)
 	st.NBDSURI = "nbds://" + st.NBD + "/" + cfg.Volume + "?tls-certificates=" + st.NBDClientDir

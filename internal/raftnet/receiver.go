@@ -62,8 +62,16 @@ type Receiver struct {
 	wg       sync.WaitGroup          // receive goroutines; Add under mu, while !closed
 }
 
+// Snapshot transfers under way at once, at most: in all, and from one
+// sender (one per group besides). More are answered BUSY; raft retries.
+const (
+	maxSnapSessions          = 64
+	maxSnapSessionsPerSender = 16
+)
+
 type snapSession struct {
 	id    uint64
+	from  uint64                // the sender's id (0 on an unauthenticated data plane)
 	owner transport.ReplyWriter // the connection that began it
 	group uint64
 	index uint64 // the snapshot's index
@@ -207,7 +215,7 @@ func (s *Receiver) serveSnapshot(rw transport.ReplyWriter, h api.Header, payload
 			return
 		}
 		pr, pw := io.Pipe()
-		ss = &snapSession{id: h.Volume, owner: rw, group: msgs[0].Group, next: 1, pw: pw, res: make(chan error, 1),
+		ss = &snapSession{id: h.Volume, from: from, owner: rw, group: msgs[0].Group, next: 1, pw: pw, res: make(chan error, 1),
 			index: msgs[0].Msg.GetSnapshot().GetMetadata().GetIndex()}
 		ss.timer = time.AfterFunc(snapIdleTimeout, func() { s.abandon(ss) })
 		s.mu.Lock()
@@ -229,12 +237,25 @@ func (s *Receiver) serveSnapshot(rw transport.ReplyWriter, h api.Header, payload
 			reply(api.StatusBusy)
 			return
 		}
+		if n, mine := s.counts(from); n >= maxSnapSessions || mine >= maxSnapSessionsPerSender {
+			s.mu.Unlock()
+			ss.timer.Stop()
+			s.logBad("snapshot stream refused: too many under way", "from", from, "copyset", ss.group,
+				"in_all", n, "from_sender", mine)
+			reply(api.StatusBusy)
+			return
+		}
 		s.sessions[ss.id] = ss
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go func() {
 			defer s.wg.Done()
 			err := s.host.ReceiveSnapshot(msgs[0], pr)
+			if err != nil && !errors.Is(err, errSnapshotAbandoned) {
+				// Logged here: the sender may learn of it from a data
+				// frame's answer and never send the end frame.
+				s.log.Warn("snapshot receive failed", "copyset", ss.group, "from", from, "err", err)
+			}
 			// Unblock a data frame still writing: the receiver is done with
 			// the stream, for better or worse.
 			if err != nil {
@@ -269,7 +290,6 @@ func (s *Receiver) serveSnapshot(rw transport.ReplyWriter, h api.Header, payload
 		err := <-ss.res
 		s.drop(ss)
 		if err != nil {
-			s.log.Warn("snapshot receive failed", "copyset", ss.group, "err", err)
 			reply(api.StatusIOError)
 			return
 		}
@@ -277,6 +297,17 @@ func (s *Receiver) serveSnapshot(rw transport.ReplyWriter, h api.Header, payload
 	default:
 		reply(api.StatusBadRequest)
 	}
+}
+
+// counts returns the transfers under way, in all and from sender. Caller
+// holds s.mu.
+func (s *Receiver) counts(sender uint64) (all, from int) {
+	for _, ss := range s.sessions {
+		if ss.from == sender {
+			from++
+		}
+	}
+	return len(s.sessions), from
 }
 
 // groupSession returns the transfer under way for group, or nil. Caller holds s.mu.

@@ -835,3 +835,57 @@ func TestSnapshotReceiverOneStreamPerGroup(t *testing.T) {
 		t.Fatalf("receives per index: %v, want one each of 10, 20, 30", received)
 	}
 }
+
+// TestSnapshotSessionsBounded: streams begun and left open (each for a group
+// of its own) are capped: beyond maxSnapSessionsPerSender from one sender
+// (all senders are one, 0, on an unauthenticated data plane) a begin is
+// answered BUSY, and once the open ones end a new one is accepted again.
+func TestSnapshotSessionsBounded(t *testing.T) {
+	recv := newReceiver(t, func(m raftstore.Message, r io.Reader) error {
+		_, err := io.Copy(io.Discard, r)
+		return err
+	})
+	defer recv.Close()
+	addr := serveSink(t, recv)
+	c, err := transport.Dial(context.Background(), addr, transport.ConnConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	do := func(h api.Header, p []byte) api.Status {
+		h.Op = api.OpSnapshot
+		call := &transport.Call{Header: h, Payload: p}
+		if err := c.Do(context.Background(), call); err != nil {
+			t.Fatal(err)
+		}
+		return call.Reply.Status
+	}
+	snapType := raftpb.MsgSnap
+	begin := func(group uint64) []byte {
+		b, _ := appendRecord(nil, raftstore.Message{Group: group,
+			Msg: &raftpb.Message{Type: &snapType, To: proto.Uint64(2), Snapshot: &raftpb.Snapshot{}}})
+		return b
+	}
+	busy := 0
+	for i := uint64(1); i <= 2*maxSnapSessionsPerSender; i++ {
+		switch st := do(api.Header{Volume: i, Length: snapBegin}, begin(100+i)); st {
+		case api.StatusOK:
+		case api.StatusBusy:
+			busy++
+		default:
+			t.Fatalf("begin %d: %v", i, st)
+		}
+	}
+	if busy != maxSnapSessionsPerSender {
+		t.Fatalf("%d begins refused BUSY, want %d (the cap)", busy, maxSnapSessionsPerSender)
+	}
+	// End the accepted ones; a new stream is then accepted.
+	for i := uint64(1); i <= maxSnapSessionsPerSender; i++ {
+		if st := do(api.Header{Volume: i, Offset: 1, Length: snapEnd}, nil); st != api.StatusOK {
+			t.Fatalf("end %d: %v", i, st)
+		}
+	}
+	if st := do(api.Header{Volume: 999, Length: snapBegin}, begin(999)); st != api.StatusOK {
+		t.Fatalf("begin after the others ended: %v", st)
+	}
+}

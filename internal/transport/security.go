@@ -65,10 +65,12 @@ var (
 )
 
 // Security configures one end of connections: the mode and this party's
-// identity. On a server, Mode is the least a client must ask for (a client
-// may ask for encryption from a server that only requires authentication)
-// and Allow the roles it serves; on a client, Mode is what it asks for and
-// Allow the roles it accepts as the server.
+// identity. On a server, Mode is the least a connection gets: a client that
+// asks for less is answered with the server's Mode and both use it (so
+// clients need not be told a cluster's mode; a client may ask for
+// encryption from a server that only requires authentication); Allow is the
+// roles it serves. On a client, Mode is the least it accepts and Allow the
+// roles it accepts as the server.
 type Security struct {
 	Mode  Mode
 	TLS   *identity.Config
@@ -94,7 +96,8 @@ const DefaultHandshakeTimeout = 10 * time.Second
 
 // The mode exchange, inside TLS once the handshake is done: the client
 // sends modeHello then its Mode (one record), the server answers modeHello
-// then the Mode it accepted, or closes. The client sends nothing else until
+// then the mode of the connection: the higher of the client's and its own
+// (ModeEncrypted on TCP when it requires it), or closes. The client sends nothing else until
 // that answer arrives, and the server nothing before it, so when the mode is
 // ModeAuthenticated neither TLS stack has read or holds a byte of what
 // follows on the raw socket.
@@ -124,9 +127,10 @@ func serverHandshake(nc net.Conn, sec Security, timeout time.Duration) (net.Conn
 	if isLocal(nc) && least == ModeEncrypted {
 		least = ModeAuthenticated
 	}
-	if b[0] != modeHello || want < least || want > ModeEncrypted {
-		return nil, peer, fmt.Errorf("%w: %s asked for mode %d, this server needs %s", ErrHandshake, peer, b[1], least)
+	if b[0] != modeHello || want < ModeAuthenticated || want > ModeEncrypted {
+		return nil, peer, fmt.Errorf("%w: %s asked for mode %d", ErrHandshake, peer, b[1])
 	}
+	want = max(want, least)
 	if _, err := tc.Write([]byte{modeHello, byte(want)}); err != nil {
 		return nil, peer, fmt.Errorf("%w: mode: %w", ErrHandshake, err)
 	}
@@ -169,10 +173,13 @@ func clientHandshake(ctx context.Context, nc net.Conn, sec Security) (net.Conn, 
 		// refuses (TLS 1.3 clients learn that only now).
 		return nil, peer, fmt.Errorf("%w: %s refused: %w", ErrHandshake, peer, err)
 	}
-	if b[0] != modeHello || Mode(b[1]) != mode {
-		return nil, peer, fmt.Errorf("%w: %s answered mode %d", ErrHandshake, peer, b[1])
+	// The server may raise the mode to the least it serves; never lower it,
+	// and never encrypt a same-host socket.
+	got := Mode(b[1])
+	if b[0] != modeHello || got < mode || got > ModeEncrypted || (isLocal(nc) && got != mode) {
+		return nil, peer, fmt.Errorf("%w: %s answered mode %d to %s", ErrHandshake, peer, b[1], mode)
 	}
-	if mode == ModeEncrypted {
+	if got == ModeEncrypted {
 		return tc, peer, nil
 	}
 	return nc, peer, nil

@@ -3,9 +3,11 @@ package transport
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -107,7 +109,7 @@ func TestSecureModes(t *testing.T) {
 // TestHandshakeRefusals: a connection that does not prove an acceptable
 // identity is closed before any of its frames is served — an attacker
 // sending plain frames, a certificate of another cluster's CA, a role the
-// server does not serve, a client asking for less than the server needs.
+// server does not serve.
 func TestHandshakeRefusals(t *testing.T) {
 	ca := newCA(t, "c1")
 	srvID := party(t, ca, identity.RoleChunkserver, "1")
@@ -142,7 +144,6 @@ func TestHandshakeRefusals(t *testing.T) {
 	}{
 		{"another CA", Security{Mode: ModeEncrypted, TLS: other}},
 		{"role not served", Security{Mode: ModeEncrypted, TLS: admin}},
-		{"mode below the server's", Security{Mode: ModeAuthenticated, TLS: cli}},
 	}
 	for _, tc := range cases {
 		c, err := Dial(context.Background(), addr, ConnConfig{Security: tc.sec})
@@ -164,6 +165,61 @@ func TestHandshakeRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close()
+}
+
+// TestServerRaisesTheMode: a client that asks for the authenticated mode
+// from a server that requires encryption gets an encrypted connection (so
+// clients follow the cluster's mode without being told it), and a plaintext
+// frame sent on the raw socket after that handshake is refused: the
+// connection closes and no frame is served.
+func TestServerRaisesTheMode(t *testing.T) {
+	ca := newCA(t, "c1")
+	srvID := party(t, ca, identity.RoleChunkserver, "1")
+	cli := party(t, ca, identity.RoleClient, "app")
+	rec := &peerRecorder{}
+	_, addr := startServer(t, ServerConfig{Security: Security{Mode: ModeEncrypted, TLS: srvID,
+		Allow: []identity.Role{identity.RoleClient}}}, rec)
+	asked := Security{Mode: ModeAuthenticated, TLS: cli, Allow: []identity.Role{identity.RoleChunkserver}}
+
+	// The library's way: the connection works, encrypted.
+	c, err := Dial(context.Background(), addr, ConnConfig{Security: asked})
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := &Call{Header: api.Header{Op: api.OpWrite, Length: 5}, Payload: []byte("hello"), ReadBuf: make([]byte, 5)}
+	if err := c.Do(context.Background(), call); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	served := rec.frames()
+
+	// By hand: the handshake hands back TLS, not the raw socket.
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	fc, _, err := ClientHandshake(context.Background(), nc, asked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := fc.(*tls.Conn); !ok {
+		t.Fatalf("the handshake returned %T, want the TLS connection (encrypted mode)", fc)
+	}
+	// An attacker on the path (or a confused client) writes a plaintext
+	// frame on the raw socket after the handshake.
+	var hb [api.HeaderSize]byte
+	h := api.Header{Op: api.OpRead, Volume: 1, Length: 4096, Epoch: ^uint64(0), ID: 1}
+	h.Encode(hb[:])
+	_, _ = nc.Write(hb[:])
+	// The server answers with at most a TLS alert and closes.
+	_ = nc.SetReadDeadline(time.Now().Add(60 * time.Second))
+	if _, err := io.ReadAll(nc); isTimeout(err) {
+		t.Fatalf("plaintext frame on an encrypted connection: %v (want the server to close)", err)
+	}
+	if n := rec.frames(); n != served {
+		t.Fatalf("the server served %d plaintext frames of an encrypted connection", n-served)
+	}
 }
 
 // waitClosed waits (up to 60 s) until the server closes nc.
@@ -248,5 +304,78 @@ func TestListenerLimits(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // longer than FrameTimeout: idle is fine
 	if err := c2.Do(context.Background(), call); err != nil {
 		t.Fatalf("an idle connection was closed: %v", err)
+	}
+}
+
+// allocRecorder is peerRecorder whose payloads of op OpWrite are read into
+// buffers of its own, at an offset (PayloadAllocator).
+type allocRecorder struct{ peerRecorder }
+
+func (a *allocRecorder) AllocPayload(h api.Header, n int) (*[]byte, int) {
+	if h.Op != api.OpWrite {
+		return nil, 0
+	}
+	b := make([]byte, 16+n)
+	return &b, 16
+}
+
+// TestPayloadTakenAsItArrives: connections that announce the largest
+// payload and send 10 bytes of it make the server hold a small buffer each,
+// not the announced 64 MiB (measured as the bytes the process allocated
+// while they wait: ~64 × 256 KiB, against 4 GiB if the announced length
+// were allocated); large payloads that arrive slowly still arrive whole,
+// into pooled and into handler-owned buffers.
+func TestPayloadTakenAsItArrives(t *testing.T) {
+	rec := &allocRecorder{}
+	srv, addr := startServer(t, ServerConfig{}, rec)
+	const conns = 64
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	var hb [api.HeaderSize]byte
+	h := api.Header{Op: api.OpWrite, Volume: 1, Length: api.MaxPayload, PayloadLen: api.MaxPayload, ID: 1}
+	h.Encode(hb[:])
+	for range conns {
+		nc, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		if _, err := nc.Write(append(hb[:], "0123456789"...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for srv.staging.Load() < conns {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d connections reached their payload in 60 s", srv.staging.Load(), conns)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > conns<<20 {
+		t.Fatalf("%d connections announcing %d-byte payloads made the process allocate %d MiB", conns, api.MaxPayload, grew>>20)
+	}
+
+	// Slow large payloads still arrive whole, pooled (OpRead frames here)
+	// and into the handler's buffers (OpWrite).
+	for _, op := range []api.Op{api.OpRead, api.OpWrite} {
+		c, err := Dial(context.Background(), addr, ConnConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 3<<20 + 17
+		payload := make([]byte, n)
+		for i := range payload {
+			payload[i] = byte(i * 7)
+		}
+		call := &Call{Header: api.Header{Op: op, Length: uint32(n)}, Payload: payload, ReadBuf: make([]byte, n)}
+		if err := c.Do(context.Background(), call); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(call.ReadBuf[:call.Reply.PayloadLen], payload) {
+			t.Fatalf("op %v: a %d-byte payload came back different", op, n)
+		}
+		c.Close()
 	}
 }

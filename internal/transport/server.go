@@ -128,6 +128,8 @@ type Server struct {
 	wg      sync.WaitGroup // accept loops and connection goroutines
 	lastLog time.Time      // last refused-connection log line (under mu)
 	refused int            // connections refused since then
+
+	staging atomic.Int64 // frames whose payload is being read by readStaged (tests)
 }
 
 // logRefused logs a refused connection (over the cap, a failed handshake)
@@ -542,8 +544,19 @@ func (sc *serverConn) readLoop() {
 			armed = true
 		}
 		if h.PayloadLen > 0 {
+			n := int(h.PayloadLen)
+			// A large payload not here yet is taken as it arrives: the
+			// announced length alone reserves no memory (a peer that
+			// announces 64 MiB and sends 10 bytes holds stagedStep).
+			var staged *[]byte
+			if n > stagedStep && sc.br.Buffered() < n {
+				var err error
+				if staged, err = sc.readStaged(n); err != nil {
+					sc.close(err) // EOF or the frame deadline mid-frame
+					return
+				}
+			}
 			if sc.s.alloc != nil {
-				n := int(h.PayloadLen)
 				if buf, off := sc.s.alloc.AllocPayload(h, n); buf != nil {
 					if off < 0 || len(*buf) < off+n {
 						panic(fmt.Sprintf("transport: AllocPayload gave %d bytes, payload at %d, for a %d-byte payload", len(*buf), off, n))
@@ -552,16 +565,25 @@ func (sc *serverConn) readLoop() {
 					sc.owned, sc.ownedOff, sc.retained = buf, off, true
 				}
 			}
-			if payload == nil {
-				pooled = bufpool.Get(int(h.PayloadLen))
+			switch {
+			case staged != nil && payload != nil:
+				copy(payload, *staged)
+				bufpool.Put(staged)
+			case staged != nil:
+				pooled = staged
 				payload = *pooled
-			}
-			if _, err := io.ReadFull(sc.br, payload); err != nil {
-				if pooled != nil {
-					bufpool.Put(pooled)
+			default:
+				if payload == nil {
+					pooled = bufpool.Get(n)
+					payload = *pooled
 				}
-				sc.close(err) // EOF mid-frame
-				return
+				if _, err := io.ReadFull(sc.br, payload); err != nil {
+					if pooled != nil {
+						bufpool.Put(pooled)
+					}
+					sc.close(err) // EOF mid-frame
+					return
+				}
 			}
 		}
 		if armed {
@@ -575,6 +597,37 @@ func (sc *serverConn) readLoop() {
 		if pooled != nil && !sc.retained {
 			bufpool.Put(pooled)
 		}
+	}
+}
+
+// stagedStep: a payload larger than this that has not arrived yet is read
+// into a buffer that starts at this size and doubles as the bytes arrive
+// (readStaged), never more than twice what arrived; smaller ones are read
+// straight into their buffer. The cost: one copy of such a payload
+// (amortized) while growing, and one into a handler's AllocPayload buffer.
+const stagedStep = 256 << 10
+
+// readStaged reads an n-byte payload into a pooled buffer that grows with
+// what arrived (see stagedStep) and returns it, of length n.
+func (sc *serverConn) readStaged(n int) (*[]byte, error) {
+	sc.s.staging.Add(1)
+	defer sc.s.staging.Add(-1)
+	buf := bufpool.Get(min(stagedStep, n))
+	got := 0
+	for {
+		m, err := io.ReadFull(sc.br, (*buf)[got:])
+		got += m
+		if err != nil {
+			bufpool.Put(buf)
+			return nil, err
+		}
+		if got == n {
+			return buf, nil
+		}
+		next := bufpool.Get(min(2*got, n))
+		copy(*next, (*buf)[:got])
+		bufpool.Put(buf)
+		buf = next
 	}
 }
 

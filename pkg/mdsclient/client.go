@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -33,6 +34,10 @@ var (
 	ErrNoAddresses = errors.New("mdsclient: no MDS addresses")
 	// ErrClosed: the Client was closed.
 	ErrClosed = errors.New("mdsclient: client closed")
+	// ErrTLSMismatch: the client dials without TLS and the MDS requires it,
+	// or the reverse. Calls fail with it at once (wrapped in a gRPC
+	// FailedPrecondition status) instead of retrying until their deadline.
+	ErrTLSMismatch = errors.New("mdsclient: TLS mismatch with the MDS")
 )
 
 // activePrefix is how a standby MDS names the active one in its
@@ -42,6 +47,7 @@ const activePrefix = "active is "
 // Client calls the active MDS out of a list; see the package doc.
 type Client struct {
 	addrs []string
+	tls   bool // dials with TLS
 	conns []*grpc.ClientConn
 	stubs []api.MDSClient
 
@@ -71,7 +77,7 @@ func Dial(addrs []string, tlsCfg *tls.Config) (*Client, error) {
 	if len(clean) == 0 {
 		return nil, ErrNoAddresses
 	}
-	c := &Client{addrs: clean}
+	c := &Client{addrs: clean, tls: tlsCfg != nil}
 	creds := insecure.NewCredentials()
 	if tlsCfg != nil {
 		creds = credentials.NewTLS(tlsCfg)
@@ -155,6 +161,14 @@ func (c *Client) call(ctx context.Context, fn func(context.Context, api.MDSClien
 				// This MDS hangs (paused, partitioned): try another.
 				err = status.Error(codes.Unavailable, err.Error())
 			}
+			if status.Code(err) == codes.Unavailable && !strings.Contains(status.Convert(err).Message(), activePrefix) {
+				// Unreachable, or it does not speak our protocol: a client
+				// without TLS against a TLS MDS (or the reverse) would
+				// retry until its deadline; tell the operator now.
+				if merr := c.mismatch(ctx, c.addrs[next]); merr != nil {
+					return status.Error(codes.FailedPrecondition, merr.Error())
+				}
+			}
 			if status.Code(err) != codes.Unavailable {
 				if err == nil || status.Code(err) != codes.Canceled && status.Code(err) != codes.DeadlineExceeded {
 					c.mu.Lock()
@@ -192,6 +206,44 @@ func (c *Client) call(ctx context.Context, fn func(context.Context, api.MDSClien
 		}
 		wait = min(wait*2, time.Second)
 	}
+}
+
+// probeTimeout bounds mismatch's probe.
+const probeTimeout = 2 * time.Second
+
+// mismatch probes addr with a TLS handshake that checks nothing and
+// returns an ErrTLSMismatch when the server's answer shows it speaks TLS and
+// c does not, or the reverse; nil when it cannot tell (no answer, or the
+// modes agree).
+func (c *Client) mismatch(ctx context.Context, addr string) error {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil // unreachable: the caller retries
+	}
+	defer nc.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = nc.SetDeadline(dl)
+	}
+	// Only to learn whether a TLS server answers: no certificate is
+	// trusted on this connection and nothing is sent over it.
+	tc := tls.Client(nc, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) //nolint:gosec // a probe, see above
+	herr := tc.HandshakeContext(ctx)
+	var rec tls.RecordHeaderError
+	var alert tls.AlertError
+	speaksTLS := herr == nil || errors.As(herr, &alert)
+	plain := errors.As(herr, &rec)
+	switch {
+	case speaksTLS && !c.tls:
+		return fmt.Errorf("%w: the MDS at %s requires TLS and this client dials without it (--insecure): "+
+			"give it a certificate of the cluster CA instead (--tls-dir DIR; docs/security.md)", ErrTLSMismatch, addr)
+	case plain && c.tls:
+		return fmt.Errorf("%w: the MDS at %s speaks no TLS (it runs with --insecure) and this client dials with TLS: "+
+			"run the MDS with --tls-dir, or (tests only) this client with --insecure", ErrTLSMismatch, addr)
+	}
+	return nil
 }
 
 // named returns the index of the address a standby's error names as active,

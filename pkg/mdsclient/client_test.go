@@ -2,6 +2,7 @@ package mdsclient
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"strings"
@@ -12,8 +13,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/testutil"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -197,5 +200,71 @@ func TestDialAndClose(t *testing.T) {
 	c.Close()
 	if _, err := c.ListPools(context.Background(), &api.ListPoolsRequest{}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("after Close: %v", err)
+	}
+}
+
+// TestTLSMismatchFailsFast: a client without TLS against a TLS MDS, and a
+// TLS client against an MDS without TLS, get an error that says what to do
+// (FailedPrecondition, ErrTLSMismatch's text), not a deadline after
+// retrying "server preface EOF" for the whole call.
+func TestTLSMismatchFailsFast(t *testing.T) {
+	ca, err := identity.InitCA(t.TempDir(), "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := func(role identity.Role, name string) *identity.Config {
+		dir := t.TempDir()
+		if _, _, err := ca.IssueFiles(dir, "", role, name, identity.IssueOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		id, err := identity.Load(dir, identity.Base(role, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	srvID, cliID := load(identity.RoleMDS, "mds"), load(identity.RoleClient, "app")
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer(grpc.Creds(credentials.NewTLS(srvID.ServerTLS(identity.RoleClient))))
+	api.RegisterMDSServer(s, &fakeMDS{name: "tls"})
+	go s.Serve(ln)
+	t.Cleanup(s.Stop)
+	tlsAddr := ln.Addr().String()
+	plainAddr := serve(t, &fakeMDS{name: "plain"})
+
+	for _, tc := range []struct {
+		name, addr string
+		cfg        *tls.Config
+		want       string
+	}{
+		{"insecure client, TLS MDS", tlsAddr, nil, "--tls-dir"},
+		{"TLS client, insecure MDS", plainAddr, cliID.ClientTLS(identity.RoleMDS), "--insecure"},
+	} {
+		c, err := Dial([]string{tc.addr}, tc.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+		_, err = c.ListPools(ctx, &api.ListPoolsRequest{})
+		cancel()
+		c.Close()
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v; want FailedPrecondition naming %s", tc.name, err, tc.want)
+		}
+	}
+	// And matching modes work.
+	c, err := Dial([]string{tlsAddr}, cliID.ClientTLS(identity.RoleMDS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if r, err := c.ListPools(ctx, &api.ListPoolsRequest{}); err != nil || r.Pools[0].Name != "tls" {
+		t.Fatalf("TLS client, TLS MDS: %v %v", r, err)
 	}
 }

@@ -134,31 +134,47 @@ func TestKernelNVMeTCP(t *testing.T) {
 func startNVMf(t *testing.T, mds, tlsDir string) (int, string) {
 	t.Helper()
 	port := testutil.FreePort(t)
-	logPath := filepath.Join(t.TempDir(), "nvmf.log")
+	return port, startAccess(t, port, "nvmf", "--mds", mds, "--tls-dir", tlsDir, "--tls-cert", "access-playground",
+		"--listen", "127.0.0.1:"+strconv.Itoa(port), "--allow-hosts", guestHostNQN)
+}
+
+// startAccess runs `basalt ARGS` (a front end) until the test ends and waits
+// until it listens on port; it returns the process's log file. The log's
+// tail is printed if the test fails.
+func startAccess(t *testing.T, port int, args ...string) string {
+	t.Helper()
+	_, logPath := startAccessCmd(t, port, args...)
+	return logPath
+}
+
+// startAccessCmd is startAccess that also returns the process, for a test
+// that kills it.
+func startAccessCmd(t *testing.T, port int, args ...string) (*exec.Cmd, string) {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), args[0]+".log")
 	lf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(testcluster.Binary(t), "nvmf", "--mds", mds, "--tls-dir", tlsDir, "--tls-cert", "access-playground", "--listen", "127.0.0.1:"+strconv.Itoa(port),
-		"--allow-hosts", guestHostNQN)
+	cmd := exec.Command(testcluster.Binary(t), args...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
 		select {
-		case <-done:
+		case <-exited:
 		case <-time.After(30 * time.Second):
 			_ = cmd.Process.Kill()
-			<-done
+			<-exited
 		}
 		lf.Close()
 		if t.Failed() {
-			t.Logf("---- basalt nvmf log (tail) ----\n%s", tailFile(logPath, 100))
+			t.Logf("---- basalt %s log (tail) ----\n%s", args[0], tailFile(logPath, 100))
 		}
 	})
 	deadline := time.Now().Add(60 * time.Second)
@@ -166,10 +182,10 @@ func startNVMf(t *testing.T, mds, tlsDir string) (int, string) {
 		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
 		if err == nil {
 			c.Close()
-			return port, logPath
+			return cmd, logPath
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("basalt nvmf does not listen on %d after 60 s:\n%s", port, tailFile(logPath, 100))
+			t.Fatalf("basalt %s does not listen on %d after 60 s:\n%s", args[0], port, tailFile(logPath, 100))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -64,6 +64,10 @@ type Config struct {
 	// MaxRecvDataSegment is the MaxRecvDataSegmentLength this target
 	// declares. Default 256 KiB.
 	MaxRecvDataSegment int
+	// ResizeCheck is how often the size of each volume with sessions here
+	// is re-read (Backend.Check), so a resize reaches its sessions as a
+	// CAPACITY DATA HAS CHANGED unit attention. Default 5 s; negative: never.
+	ResizeCheck time.Duration
 }
 
 func (c *Config) setDefaults() error {
@@ -91,6 +95,12 @@ func (c *Config) setDefaults() error {
 	if c.MaxTransfer <= 0 {
 		c.MaxTransfer = 32 << 20
 	}
+	switch {
+	case c.ResizeCheck == 0:
+		c.ResizeCheck = 5 * time.Second
+	case c.ResizeCheck < 0:
+		c.ResizeCheck = 0
+	}
 	if c.MaxRecvDataSegment <= 0 {
 		c.MaxRecvDataSegment = 256 << 10
 	}
@@ -111,7 +121,7 @@ type Server struct {
 	// groups are the open LUs of each volume in this process (unit
 	// attentions, COMPARE AND WRITE), while any is open.
 	groupMu sync.Mutex
-	groups  map[string]*scsi.Group
+	groups  map[string]*volumeGroup
 
 	// mu guards the fields below.
 	mu       sync.Mutex
@@ -131,7 +141,7 @@ func NewServer(cfg Config) (*Server, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, groups: map[string]*scsi.Group{}, sessions: map[sessionKey]*conn{}}
+	s := &Server{cfg: cfg, log: cfg.Logger, groups: map[string]*volumeGroup{}, sessions: map[sessionKey]*conn{}}
 	s.conns = frontend.NewConns(frontend.ConnsConfig{
 		Protocol: "iscsi", Logger: cfg.Logger,
 		New: func(nc net.Conn) frontend.Conn { return newConn(s, nc) },
@@ -161,27 +171,67 @@ func (s *Server) allowed(initiator string) bool {
 	return false
 }
 
-// openLU opens a session's logical unit for volume in the volume's group.
+// volumeGroup is a volume's LUs in this process and the watch on its size.
+type volumeGroup struct {
+	lus  *scsi.Group
+	stop chan struct{}
+	// backend is the latest session's (a fenced one is replaced for the next
+	// attach); guarded by Server.groupMu.
+	backend frontend.Backend
+}
+
+// openLU opens a session's logical unit for volume in the volume's group;
+// the first one starts the watch on the volume's size.
 func (s *Server) openLU(volume string, cfg scsi.Config) *scsi.LU {
 	s.groupMu.Lock()
 	defer s.groupMu.Unlock()
 	g := s.groups[volume]
 	if g == nil {
-		g = scsi.NewGroup()
+		g = &volumeGroup{lus: scsi.NewGroup(), stop: make(chan struct{})}
 		s.groups[volume] = g
+		if s.cfg.ResizeCheck > 0 {
+			go s.watchSize(volume, g)
+		}
 	}
-	cfg.Group = g
+	g.backend = cfg.Backend
+	cfg.Group = g.lus
 	return scsi.New(cfg)
 }
 
-// closeLU closes a session's logical unit and forgets the volume's group
-// once no session has it open.
+// closeLU closes a session's logical unit; the volume's last one ends the
+// group and its watch.
 func (s *Server) closeLU(volume string, lu *scsi.LU) {
 	s.groupMu.Lock()
 	defer s.groupMu.Unlock()
 	lu.Close()
-	if g := s.groups[volume]; g != nil && g.Len() == 0 {
+	if g := s.groups[volume]; g != nil && g.lus.Len() == 0 {
+		close(g.stop)
 		delete(s.groups, volume)
+	}
+}
+
+// watchSize re-reads a volume's size every ResizeCheck (Check refreshes it
+// from the MDS) until stop; each LU then sees a new size on its session's
+// next command and reports it once as a unit attention.
+func (s *Server) watchSize(volume string, g *volumeGroup) {
+	t := time.NewTicker(s.cfg.ResizeCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-g.stop:
+			return
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.groupMu.Lock()
+		b := g.backend
+		s.groupMu.Unlock()
+		ctx, cancel := context.WithTimeout(s.ctx, min(s.cfg.ResizeCheck, 10*time.Second))
+		if err := b.Check(ctx); err != nil {
+			s.log.Debug("iscsi: re-reading the volume's size failed", "volume", volume, "err", err)
+		}
+		cancel()
 	}
 }
 
