@@ -251,6 +251,7 @@ func checkDriver(t *testing.T, objs objects) {
 	}
 	plugin := container(t, spec, "basalt-csi")
 	checkPlugin(t, "controller", plugin, csi.ModeController)
+	checkTLS(t, "controller", spec, plugin)
 	sock := strings.TrimPrefix(flagValue(plugin.Args, "endpoint"), "unix://")
 	for _, side := range []string{"csi-provisioner", "csi-attacher", "csi-resizer"} {
 		c := container(t, spec, side)
@@ -281,6 +282,7 @@ func checkDriver(t *testing.T, objs objects) {
 	}
 	plugin = container(t, spec, "basalt-csi")
 	checkPlugin(t, "node", plugin, csi.ModeNode)
+	checkTLS(t, "node", spec, plugin)
 	if plugin.SecurityContext == nil || plugin.SecurityContext.Privileged == nil || !*plugin.SecurityContext.Privileged {
 		t.Error("node plugin: must be privileged (it attaches devices and mounts)")
 	}
@@ -359,6 +361,62 @@ func checkPlugin(t *testing.T, what string, c corev1.Container, mode string) {
 	}
 	if !pinnedImage.MatchString(c.Image) {
 		t.Errorf("%s plugin: image %q is not pinned", what, c.Image)
+	}
+}
+
+// tlsSecret returns the Secret the plugin's --tls-dir is mounted from; the
+// test fails when --tls-dir is missing, --insecure is given, or the directory
+// is not a read-only mount of a Secret volume.
+func tlsSecret(t *testing.T, what string, spec corev1.PodSpec, c corev1.Container) string {
+	t.Helper()
+	dir := flagValue(c.Args, "tls-dir")
+	if dir == "" {
+		t.Errorf("%s plugin: no --tls-dir: the cluster is mutually authenticated (docs/security.md)", what)
+		return ""
+	}
+	for _, a := range c.Args {
+		if a == "--insecure" || strings.HasPrefix(a, "--insecure=") {
+			t.Errorf("%s plugin: --insecure", what)
+		}
+	}
+	for _, m := range c.VolumeMounts {
+		if m.MountPath != dir {
+			continue
+		}
+		if !m.ReadOnly {
+			t.Errorf("%s plugin: the TLS directory %s is mounted writable", what, dir)
+		}
+		for _, v := range spec.Volumes {
+			if v.Name == m.Name && v.Secret != nil && v.Secret.SecretName != "" {
+				return v.Secret.SecretName
+			}
+		}
+		t.Errorf("%s plugin: the volume %q mounted at --tls-dir=%s is not a Secret", what, m.Name, dir)
+		return ""
+	}
+	t.Errorf("%s plugin: nothing is mounted at --tls-dir=%s", what, dir)
+	return ""
+}
+
+func checkTLS(t *testing.T, what string, spec corev1.PodSpec, c corev1.Container) {
+	t.Helper()
+	tlsSecret(t, what, spec, c)
+}
+
+// docs/csi.md shows how to create each Secret the manifests mount.
+func TestTLSSecretsDocumented(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "docs", "csi.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := loadDir(t, "kubernetes")
+	dep := get[*appsv1.Deployment](t, objs, "Deployment/basalt-csi-controller")
+	ds := get[*appsv1.DaemonSet](t, objs, "DaemonSet/basalt-csi-node")
+	for what, spec := range map[string]corev1.PodSpec{"controller": dep.Spec.Template.Spec, "node": ds.Spec.Template.Spec} {
+		name := tlsSecret(t, what, spec, container(t, spec, "basalt-csi"))
+		if name != "" && !strings.Contains(string(doc), "kubectl create secret generic "+name) {
+			t.Errorf("docs/csi.md does not show how to create the %s plugin's Secret %s", what, name)
+		}
 	}
 }
 

@@ -2,11 +2,13 @@ package main
 
 import (
 	"crypto/tls"
+	"fmt"
 	"log/slog"
 	"os"
 
 	"github.com/spf13/cobra"
 
+	"github.com/basalt-storage/basalt/internal/bench"
 	"github.com/basalt-storage/basalt/internal/csi"
 	"github.com/basalt-storage/basalt/internal/identity"
 )
@@ -26,7 +28,8 @@ func csiCommand() *cobra.Command {
 	nodeID := f.String("node-id", envOr("NODE_ID", host), "this node's id: the Kubernetes node name (env NODE_ID)")
 	zone := f.String("zone", "", "this node's zone, reported as topology "+csi.TopologyZoneKey)
 	stateDir := f.String("state-dir", "/var/lib/basalt-csi", "node: where the NBD socket and per-volume state live")
-	attach := f.String("attach", "auto", "node: how to attach volumes: auto (kernel NBD if loaded, else nbdfuse + loop), nbd or nbdfuse")
+	attach := f.String("attach", "auto", "node: how to attach volumes: auto (NVMe/TCP if nvme-cli and nvme-tcp are there, else kernel NBD if loaded, else nbdfuse + loop), nvmf, nbd or nbdfuse")
+	maxVolumes := f.Int64("max-volumes", 0, "node: the attach limit reported to Kubernetes (0: the NBD device count for kernel NBD, else 128)")
 	tf := addTLSFlags(cmd, identity.RoleAdmin, identity.RoleAccess)
 	cmd.RunE = func(*cobra.Command, []string) error {
 		id, err := tf.load()
@@ -39,7 +42,7 @@ func csiCommand() *cobra.Command {
 		}
 		d, err := csi.Start(csi.Config{
 			Endpoint: *endpoint, MDS: splitList(*mdsAddrs), MDSTLS: mdsTLS, DataTLS: dataTLS, Mode: *mode, DriverName: *driver,
-			NodeID: *nodeID, Zone: *zone, Server: host, StateDir: *stateDir, Attach: *attach,
+			NodeID: *nodeID, Zone: *zone, Server: host, StateDir: *stateDir, Attach: *attach, MaxVolumes: *maxVolumes,
 			Logger: slog.Default(),
 		})
 		if err != nil {
@@ -49,6 +52,47 @@ func csiCommand() *cobra.Command {
 		ctx, stop := signalContext()
 		defer stop()
 		<-ctx.Done()
+		return nil
+	}
+	cmd.AddCommand(growDeviceCommand())
+	return cmd
+}
+
+// growDeviceCommand runs NodeExpandVolume's steps on a device attached by
+// hand: the device learns the volume's new size, then the mounted file
+// system grows.
+func growDeviceCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "grow-device DEVICE",
+		Short: "Grow an attached volume's device and its mounted file system online (what NodeExpandVolume does)",
+		Long: `After the volume grew (basalt volume resize, ControllerExpandVolume), make its block device
+on this host show the new size and grow the file system mounted on it:
+
+  nvmf     /dev/nvmeXnY: wait until the kernel shows the size (the target's namespace notice)
+  nbd      /dev/nbdN connected with nbd-client -nonetlink: tell the kernel with NBD_SET_SIZE
+  nbdfuse  a loop device over nbdfuse: cannot grow while attached (reconnect)
+
+then resize2fs (ext4) or xfs_growfs (xfs) on the mount point --path.`,
+		Args: cobra.ExactArgs(1),
+	}
+	f := cmd.Flags()
+	method := f.String("method", csi.ProtocolNVMf, "how DEVICE is attached: nvmf, nbd or nbdfuse")
+	size := f.String("size", "", "the volume's size now (e.g. 512MiB, or bytes); required")
+	fsType := f.String("fs", "", "the file system mounted on DEVICE (ext4, xfs); empty: grow the device only")
+	path := f.String("path", "", "the file system's mount point (xfs_growfs needs it)")
+	cmd.RunE = func(_ *cobra.Command, args []string) error {
+		n, err := bench.ParseSize(*size)
+		if err != nil || n == 0 {
+			return fmt.Errorf("--size %q: want a size such as 512MiB", *size)
+		}
+		ctx, stop := signalContext()
+		defer stop()
+		got, err := csi.GrowAttached(ctx, csi.Attached{Method: *method, Device: args[0], NBDIoctl: *method == csi.ProtocolNBD},
+			int64(n), *fsType, *path)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%s: %d bytes\n", args[0], got)
 		return nil
 	}
 	return cmd

@@ -21,13 +21,17 @@ import (
 type stageState struct {
 	Volume      string `json:"volume"`
 	StagingPath string `json:"staging_path"`
-	Device      string `json:"device"`             // /dev/nbdN or /dev/loopN
-	Method      string `json:"method"`             // nbd or nbdfuse
-	FuseDir     string `json:"fuse_dir,omitempty"` // nbdfuse's mount point
+	Device      string `json:"device"`              // /dev/nvmeXnY, /dev/nbdN or /dev/loopN
+	Method      string `json:"method"`              // nvmf, nbd or nbdfuse
+	NQN         string `json:"nqn,omitempty"`       // nvmf: the volume's subsystem
+	NBDIoctl    bool   `json:"nbd_ioctl,omitempty"` // nbd: configured by ioctl (NBD_SET_SIZE works)
+	FuseDir     string `json:"fuse_dir,omitempty"`  // nbdfuse's mount point
 	FusePID     int    `json:"fuse_pid,omitempty"`
 	Block       bool   `json:"block"`
 	FsType      string `json:"fs_type,omitempty"`
 	ReadOnly    bool   `json:"read_only,omitempty"`
+	// Targets are the paths NodePublishVolume bind-mounted the volume on.
+	Targets []string `json:"targets,omitempty"`
 }
 
 // run runs a command and returns its output; a failure carries the last
@@ -65,7 +69,10 @@ func (n *Node) attachNBD(ctx context.Context, st *stageState) error {
 		if _, err := os.Stat(fmt.Sprintf("/sys/block/nbd%d/pid", i)); err == nil {
 			continue // in use
 		}
-		args := []string{"-unix", n.sock, dev, "-N", st.Volume, "-b", "4096", "-t", "60"}
+		// -nonetlink: an ioctl-configured device takes NBD_SET_SIZE while
+		// connected (a netlink one refuses every ioctl), which is how
+		// NodeExpandVolume tells the kernel the volume grew.
+		args := []string{"-unix", n.sock, dev, "-N", st.Volume, "-b", "4096", "-t", "60", "-nonetlink"}
 		if st.ReadOnly {
 			args = append(args, "-readonly")
 		}
@@ -75,7 +82,7 @@ func (n *Node) attachNBD(ctx context.Context, st *stageState) error {
 			}
 			return err
 		}
-		st.Device, st.Method = dev, ProtocolNBD
+		st.Device, st.Method, st.NBDIoctl = dev, ProtocolNBD, true
 		return nil
 	}
 }
@@ -160,6 +167,10 @@ func (n *Node) stopFuse(st *stageState) {
 // detach undoes attach.
 func (n *Node) detach(ctx context.Context, st *stageState) error {
 	switch st.Method {
+	case ProtocolNVMf:
+		if err := n.detachNVMf(ctx, st); err != nil {
+			return err
+		}
 	case ProtocolNBD:
 		if _, err := run(ctx, "nbd-client", "-d", st.Device); err != nil {
 			return err
@@ -183,7 +194,7 @@ func (n *Node) detach(ctx context.Context, st *stageState) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for !n.front.ExportIdle(st.Volume) {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the NBD export of %q did not close within 60 s of the detach", st.Volume)
+			return fmt.Errorf("the export of %q did not close within 60 s of the detach", st.Volume)
 		}
 		select {
 		case <-ctx.Done():

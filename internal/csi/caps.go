@@ -20,6 +20,7 @@ const (
 	ProtocolAuto    = "auto"
 	ProtocolNBD     = "nbd"
 	ProtocolNbdfuse = "nbdfuse"
+	ProtocolNVMf    = "nvmf" // NVMe/TCP to the node plugin's own target
 )
 
 // fsTypes are the file systems NodeStageVolume makes and grows.
@@ -50,6 +51,12 @@ func checkCap(c *csi.VolumeCapability) error {
 	case csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
 		csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY,
 		csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY:
+	case csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER:
+		// ReadWriteOncePod and ReadWriteOnce with the node capability
+		// SINGLE_NODE_MULTI_WRITER: one node attaches, as SINGLE_NODE_WRITER
+		// (the fence is per node; pods on that node share its one
+		// attachment); SINGLE_NODE_SINGLE_WRITER also allows one publish.
 	case csi.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER,
 		csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER:
 		// Kubernetes' ReadWriteMany: every node may attach, the one that
@@ -81,8 +88,18 @@ func exclusive(c *csi.VolumeCapability, readOnly bool) bool {
 	if readOnly {
 		return false
 	}
-	m := c.GetAccessMode().GetMode()
-	return m == csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
+	switch c.GetAccessMode().GetMode() {
+	case csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER:
+		return true
+	}
+	return false
+}
+
+// singlePublish: the access mode allows one publish (one pod) at a time.
+func singlePublish(c *csi.VolumeCapability) bool {
+	return c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
 }
 
 func isBlock(c *csi.VolumeCapability) bool {

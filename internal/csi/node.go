@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -22,10 +23,14 @@ import (
 // Node is the CSI node service.
 type Node struct {
 	csi.UnimplementedNodeServer
-	d      *Driver
-	sock   string       // the NBD front end's Unix socket
-	front  *access.Node // the NBD front end every stage attaches to
-	method string       // nbd or nbdfuse
+	d        *Driver
+	sock     string       // the NBD front end's Unix socket
+	nvmfAddr string       // its NVMe/TCP target on loopback; "" when the kernel has no nvme-tcp
+	front    *access.Node // the front end every stage attaches to
+	method   string       // the default attach: nvmf, nbd or nbdfuse
+	// maxVolumes is NodeGetInfo's attach limit: Config.MaxVolumes, else
+	// the number of /dev/nbdN devices for kernel NBD, else DefaultMaxVolumes.
+	maxVolumes int64
 
 	// mu serializes node operations; it guards fuse and the state files.
 	mu   sync.Mutex
@@ -49,31 +54,58 @@ func startNode(d *Driver) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{d: d, sock: filepath.Join(cfg.StateDir, "nbd.sock"), fuse: map[string]fuseProc{}}
+	nvme := false
 	switch cfg.Attach {
 	case "", ProtocolAuto:
-		n.method = ProtocolNbdfuse
-		if kernelNBD() {
+		nvme = nvmeTCP()
+		switch {
+		case nvme:
+			n.method = ProtocolNVMf
+		case kernelNBD():
 			n.method = ProtocolNBD
+		default:
+			n.method = ProtocolNbdfuse
 		}
+	case ProtocolNVMf:
+		if nvme = nvmeTCP(); !nvme {
+			return nil, errors.New("csi: attach nvmf: this host has no nvme-cli or no nvme-tcp kernel module")
+		}
+		n.method = cfg.Attach
 	case ProtocolNBD, ProtocolNbdfuse:
 		n.method = cfg.Attach
 	default:
-		return nil, fmt.Errorf("csi: attach %q: want auto, nbd or nbdfuse", cfg.Attach)
+		return nil, fmt.Errorf("csi: attach %q: want auto, nvmf, nbd or nbdfuse", cfg.Attach)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if _, err := d.mds.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: cfg.NodeID, Zone: cfg.Zone, Server: cfg.Server}}); err != nil {
 		return nil, fmt.Errorf("csi: registering node %q with the MDS: %w", cfg.NodeID, err)
 	}
-	front, err := access.Start(access.Config{
+	n.maxVolumes = cfg.MaxVolumes
+	if n.maxVolumes <= 0 {
+		n.maxVolumes = DefaultMaxVolumes
+		if n.method == ProtocolNBD {
+			devs, _ := filepath.Glob("/sys/block/nbd*")
+			n.maxVolumes = int64(len(devs))
+		}
+	}
+	acfg := access.Config{
 		MDS: cfg.MDS, MDSTLS: cfg.MDSTLS, DataTLS: cfg.DataTLS, ClientName: "csi@" + cfg.NodeID, Logger: d.log,
 		NBD: access.NBDConfig{Socket: n.sock},
-	})
+	}
+	if nvme {
+		// Loopback only: the kernel of this node is the one host.
+		acfg.NVMf = access.NVMfConfig{Listen: "127.0.0.1:0"}
+	}
+	front, err := access.Start(acfg)
 	if err != nil {
-		return nil, fmt.Errorf("csi: NBD front end: %w", err)
+		return nil, fmt.Errorf("csi: front end: %w", err)
 	}
 	n.front = front
-	d.log.Info("csi node ready", "node", cfg.NodeID, "attach", n.method, "nbd_socket", n.sock)
+	if nvme {
+		n.nvmfAddr = tcpAddr(front.Addrs())
+	}
+	d.log.Info("csi node ready", "node", cfg.NodeID, "attach", n.method, "nbd_socket", n.sock, "nvmf", n.nvmfAddr)
 	return n, nil
 }
 
@@ -95,6 +127,8 @@ func (n *Node) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequ
 		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
 		csi.NodeServiceCapability_RPC_EXPAND_VOLUME,
 		csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
+		csi.NodeServiceCapability_RPC_GET_STORAGE_HEALTH,
+		csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
 	} {
 		caps = append(caps, &csi.NodeServiceCapability{Type: &csi.NodeServiceCapability_Rpc{
 			Rpc: &csi.NodeServiceCapability_RPC{Type: t}}})
@@ -103,7 +137,7 @@ func (n *Node) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequ
 }
 
 func (n *Node) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
-	resp := &csi.NodeGetInfoResponse{NodeId: n.d.cfg.NodeID}
+	resp := &csi.NodeGetInfoResponse{NodeId: n.d.cfg.NodeID, MaxVolumesPerNode: n.maxVolumes}
 	if n.d.cfg.Zone != "" {
 		resp.AccessibleTopology = &csi.Topology{Segments: map[string]string{TopologyZoneKey: n.d.cfg.Zone}}
 	}
@@ -160,20 +194,26 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 		}
 	}
 	method := n.method
-	switch req.VolumeContext[ParamProtocol] {
-	case ProtocolNBD:
-		method = ProtocolNBD
-	case ProtocolNbdfuse:
-		method = ProtocolNbdfuse
+	switch p := req.VolumeContext[ParamProtocol]; p {
+	case ProtocolNBD, ProtocolNbdfuse:
+		method = p
+	case ProtocolNVMf:
+		if n.nvmfAddr == "" {
+			return nil, status.Errorf(codes.FailedPrecondition, "volume %q asks for NVMe/TCP, which this node's kernel lacks (nvme-cli, nvme-tcp)", req.VolumeId)
+		}
+		method = p
 	}
 	dir := n.volDir(req.VolumeId)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	var err error
-	if method == ProtocolNBD {
+	switch method {
+	case ProtocolNVMf:
+		err = n.attachNVMf(ctx, st)
+	case ProtocolNBD:
 		err = n.attachNBD(ctx, st)
-	} else {
+	default:
 		err = n.attachNbdfuse(ctx, st, dir)
 	}
 	if err != nil {
@@ -313,6 +353,13 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	if isMountPoint(req.TargetPath) {
 		return &csi.NodePublishVolumeResponse{}, nil // published already
 	}
+	if singlePublish(req.VolumeCapability) {
+		for _, p := range st.Targets {
+			if p != req.TargetPath && isMountPoint(p) {
+				return nil, status.Errorf(codes.FailedPrecondition, "volume %q (single-node single-writer) is published at %s already", req.VolumeId, p)
+			}
+		}
+	}
 	src := st.StagingPath
 	if st.Block {
 		src = st.Device
@@ -336,6 +383,13 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 			return nil, status.Errorf(codes.Internal, "remounting %s read-only: %v", req.TargetPath, err)
 		}
 	}
+	if !slices.Contains(st.Targets, req.TargetPath) {
+		st.Targets = append(st.Targets, req.TargetPath)
+		if err := writeState(n.statePath(req.VolumeId), st); err != nil {
+			_ = unix.Unmount(req.TargetPath, 0)
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+	}
 	return &csi.NodePublishVolumeResponse{}, nil
 }
 
@@ -353,6 +407,12 @@ func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 	}
 	if err := os.Remove(req.TargetPath); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, status.Error(codes.Internal, err.Error())
+	}
+	if st, err := readState(n.statePath(req.VolumeId)); err == nil && slices.Contains(st.Targets, req.TargetPath) {
+		st.Targets = slices.DeleteFunc(st.Targets, func(p string) bool { return p == req.TargetPath })
+		if err := writeState(n.statePath(req.VolumeId), st); err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
 }
@@ -408,6 +468,21 @@ func (n *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeSta
 	}}, nil
 }
 
+// NodeGetStorageHealth reports the node's path to the cluster: UNREACHABLE
+// when the MDS does not answer (no volume can be attached or grown here).
+// The data path's health is per volume (NodeGetVolumeHealth).
+func (n *Node) NodeGetStorageHealth(ctx context.Context, _ *csi.NodeGetStorageHealthRequest) (*csi.NodeGetStorageHealthResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp := &csi.NodeGetStorageHealthResponse{}
+	if _, err := n.d.mds.ListPools(ctx, &api.ListPoolsRequest{}); err != nil {
+		resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{
+			Status: csi.StorageHealthErrorType_STORAGE_UNREACHABLE, Reason: "MDSUnreachable",
+			Message: fmt.Sprintf("the MDS does not answer: %v", err)})
+	}
+	return resp, nil
+}
+
 // NodeGetVolumeHealth reports INACCESSIBLE when the device or mount a stage made is gone.
 func (n *Node) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
 	if req.VolumeId == "" {
@@ -444,9 +519,12 @@ func (n *Node) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHe
 	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: h}, nil
 }
 
-// NodeExpandVolume grows the file system to the device's size. The device
-// shows a grown volume once it is attached anew (a loop device re-reads its
-// backing file's size; kernel NBD learns the size at connect).
+// NodeExpandVolume grows the file system to the volume's size, online: the
+// staged device first learns the new size — NVMe/TCP by itself (the target's
+// namespace notice; we wait for it), kernel NBD by NBD_SET_SIZE, a loop
+// device over nbdfuse not at all (nbdfuse keeps the size of its connect: the
+// volume grows at its next stage) — then resize2fs or xfs_growfs on the
+// mounted file system.
 func (n *Node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
 	switch {
 	case req.VolumeId == "":
@@ -460,16 +538,20 @@ func (n *Node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 	if err != nil {
 		return nil, err
 	}
-	if st.Method == ProtocolNbdfuse {
-		_, _ = run(ctx, "losetup", "-c", st.Device) // picks up a grown backing file
-	}
-	size, err := deviceSize(st.Device)
+	v, err := n.d.mds.GetVolume(ctx, &api.GetVolumeRequest{Name: req.VolumeId})
 	if err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
+		return nil, mdsErr("GetVolume", err)
 	}
-	if req.CapacityRange.GetRequiredBytes() > size {
-		return nil, status.Errorf(codes.Unavailable, "device %s has %d bytes, less than the %d required; it shows a grown volume after it is staged again",
-			st.Device, size, req.CapacityRange.GetRequiredBytes())
+	volSize, want := int64(v.GetVolume().GetSize()), req.CapacityRange.GetRequiredBytes()
+	if want > volSize {
+		return nil, status.Errorf(codes.OutOfRange, "volume %q has %d bytes, less than the %d required: expand it first (ControllerExpandVolume)", req.VolumeId, volSize, want)
+	}
+	if want == 0 {
+		want = volSize
+	}
+	size, err := growDevice(ctx, Attached{Method: st.Method, Device: st.Device, NBDIoctl: st.NBDIoctl}, want, volSize)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "volume %q: %v", req.VolumeId, err)
 	}
 	if !st.Block && !st.ReadOnly {
 		if err := growFS(ctx, st.FsType, st.Device, st.StagingPath); err != nil {

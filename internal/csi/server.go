@@ -30,6 +30,11 @@ const DriverName = "csi.basalt.io"
 // TopologyZoneKey is the topology segment NodeGetInfo reports the node's zone under.
 const TopologyZoneKey = "topology.basalt.io/zone"
 
+// DefaultMaxVolumes is a node's attach limit when neither Config.MaxVolumes
+// nor the NBD device count gives one: each attached volume holds a client
+// (sessions, buffers) in the node plugin.
+const DefaultMaxVolumes = 128
+
 // Modes of the plugin.
 const (
 	ModeController = "controller"
@@ -59,9 +64,14 @@ type Config struct {
 	NodeID, Zone, Server string
 	// StateDir holds the node plugin's NBD socket and per-volume state; node mode.
 	StateDir string
-	// Attach: auto (kernel NBD when /dev/nbd0 and nbd-client exist, else
-	// nbdfuse and a loop device), nbd or nbdfuse.
+	// Attach: auto (NVMe/TCP when nvme-cli and the nvme-tcp module are
+	// there, else kernel NBD when /dev/nbd0 and nbd-client exist, else
+	// nbdfuse and a loop device), nvmf, nbd or nbdfuse.
 	Attach string
+	// MaxVolumes is the node's attach limit NodeGetInfo reports (the
+	// scheduler places no more volumes here); 0: the number of NBD devices
+	// for kernel NBD, else DefaultMaxVolumes.
+	MaxVolumes int64
 	// MDSClient, if set, is used instead of dialing MDS.
 	MDSClient *mdsclient.Client
 	Logger    *slog.Logger
@@ -179,11 +189,13 @@ func (i *identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabili
 		caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_Service_{
 			Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_CONTROLLER_SERVICE}}})
 	}
-	// OFFLINE: the MDS grows a volume at any time, but a device attached
-	// through NBD or nbdfuse + loop keeps the size it had at attach, so the
-	// file system grows at the next stage (docs/csi.md).
+	// ONLINE: a device attached over NVMe/TCP or kernel NBD learns the new
+	// size while mounted (NodeExpandVolume). One over nbdfuse + loop keeps
+	// its size until staged again: its NodeExpandVolume fails Unavailable
+	// (the kubelet retries) until the pod restarts, and the stage grows the
+	// file system offline (docs/csi.md).
 	caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_VolumeExpansion_{
-		VolumeExpansion: &csi.PluginCapability_VolumeExpansion{Type: csi.PluginCapability_VolumeExpansion_OFFLINE}}})
+		VolumeExpansion: &csi.PluginCapability_VolumeExpansion{Type: csi.PluginCapability_VolumeExpansion_ONLINE}}})
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
 }
 

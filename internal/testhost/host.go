@@ -22,6 +22,8 @@ type Config struct {
 	// Tools are the programs the guest needs besides busybox, named as on this
 	// machine (found on PATH or in /usr/sbin, /sbin): "nbd-client", "mkfs.ext4",
 	// "fio". Each comes with its shared libraries and the files it reads.
+	// An absolute path names a program of no package (a binary the test
+	// built): it lands at the same path in the guest, with its libraries.
 	Tools []string
 	// Modules are kernel modules loaded at boot, each with the modules it
 	// depends on: "nbd", "ext4".

@@ -212,6 +212,14 @@ func assemble(cfg Config, k *kernel, agent string) (im *image, missing []string,
 	im = newImage()
 	found := map[string]string{}
 	for _, t := range append([]string{"kmod", "busybox"}, cfg.Tools...) {
+		if filepath.IsAbs(t) {
+			if fi, err := os.Stat(t); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+				found[t] = t
+			} else {
+				missing = append(missing, t)
+			}
+			continue
+		}
 		if p := lookTool(t); p != "" {
 			found[t] = p
 			continue

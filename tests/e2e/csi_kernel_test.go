@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/basalt-storage/basalt/internal/testcluster"
 	"github.com/basalt-storage/basalt/internal/testhost"
 	"github.com/basalt-storage/basalt/pkg/api"
 	"github.com/basalt-storage/basalt/pkg/mdsclient"
@@ -130,6 +132,157 @@ func TestCSIReattachFromKernelNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Online expansion of a mounted ext4, judged by a real kernel (the QEMU
+// guest is node A): the volume is published to A, whose kernel attaches it,
+// makes ext4, mounts it and writes a file; ControllerExpandVolume grows the
+// volume while it stays mounted; `basalt csi grow-device` in the guest — the
+// node plugin's NodeExpandVolume steps — makes the device show the new size
+// and runs resize2fs on the mounted file system; statfs shows the bigger
+// file system, the file reads back as written, the added space takes data;
+// detaching leaves no device behind.
+//
+// Over NVMe/TCP (a `basalt nvmf` access node) the target notices the growth
+// and sends a Namespace Attribute Changed notice: the kernel rescans and
+// /dev/nvme0n1 grows by itself.
+func TestCSIExpandOnline(t *testing.T) { testExpandOnline(t, "nvmf") }
+
+// The same over kernel NBD (nbd-client -nonetlink to the playground's NBD
+// front end): grow-device tells the kernel the new size with NBD_SET_SIZE.
+func TestCSIExpandOnlineNBD(t *testing.T) { testExpandOnline(t, "nbd") }
+
+func testExpandOnline(t *testing.T, proto string) {
+	requireKernelAttach(t)
+	bin := testcluster.Binary(t)
+	cfg := testhost.Config{Tools: []string{"mkfs.ext4", "resize2fs", "sha256sum", "dd", "blockdev", bin}}
+	if proto == "nvmf" {
+		cfg.Tools = append(cfg.Tools, "nvme")
+		cfg.Modules = []string{"nvme-tcp", "ext4", "crc32c_generic"}
+	} else {
+		cfg.Tools = append(cfg.Tools, "nbd-client")
+		cfg.Modules = []string{"nbd", "ext4", "crc32c_generic"}
+	}
+	h := testhost.Start(t, cfg)
+	p := startPlayground(t, "1GiB")
+	frontLog := p.logPath
+	var port int
+	if proto == "nvmf" {
+		port, frontLog = startNVMf(t, p.st.MDS, p.st.TLSDir)
+	}
+	sock := startCSI(t, p, "node-b")
+	must := func(timeout time.Duration, script string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		out, err := h.Run(ctx, script)
+		if err != nil {
+			t.Fatalf("guest: %s: %v\n%s\n---- front end log (tail) ----\n%s", script, err, tail(out, 20), tailFile(frontLog, 40))
+		}
+		return strings.TrimSpace(out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	mc, err := mdsclient.Dial([]string{p.st.MDS}, adminTLS(t, p.st.TLSDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mc.Close()
+	if _, err := mc.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: "node-a"}}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctl := csi.NewControllerClient(conn)
+	rwo := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+	vol := "pvc-grows-" + proto
+	const before, after = 128 << 20, 512 << 20
+	if _, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: vol, CapacityRange: &csi.CapacityRange{RequiredBytes: before},
+		VolumeCapabilities: []*csi.VolumeCapability{rwo}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: vol, NodeId: "node-a", VolumeCapability: rwo}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Node A stages: attach, mkfs, mount; the pod writes.
+	dev, attach, detach, leftover := "/dev/nvme0n1",
+		fmt.Sprintf(`nvme connect -t tcp -a 10.0.2.2 -s %d -n %s -q %s -k 5 &&
+			for i in $(seq 120); do [ -b /dev/nvme0n1 ] && break; sleep 1; done; [ -b /dev/nvme0n1 ]`, port, nvmfVolumeNQN+vol, guestHostNQN),
+		"nvme disconnect-all",
+		`for i in $(seq 60); do ls /dev/nvme[0-9]* >/dev/null 2>&1 || break; sleep 1; done
+			ls /dev/nvme[0-9]* 2>/dev/null; nvme list-subsys 2>/dev/null | grep -i nqn; true`
+	if proto == "nbd" {
+		dev, attach, detach, leftover = "/dev/nbd0",
+			fmt.Sprintf("nbd-client -nonetlink 10.0.2.2 %d /dev/nbd0 -N %s -b 4096", p.nbdPort, vol),
+			"nbd-client -d /dev/nbd0",
+			`for i in $(seq 60); do [ -e /sys/block/nbd0/pid ] || break; sleep 1; done
+			cat /sys/block/nbd0/pid 2>/dev/null; true`
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, _ = h.Run(ctx, "umount -l /mnt/vol; "+detach)
+	})
+	must(3*time.Minute, attach)
+	must(3*time.Minute, "mkfs.ext4 -q "+dev+" && mkdir -p /mnt/vol && mount "+dev+" /mnt/vol")
+	must(3*time.Minute, "dd if=/dev/urandom of=/mnt/vol/data bs=1k count=4000 2>/dev/null && sync")
+	sum := must(time.Minute, "sha256sum /mnt/vol/data")
+	fsBytes := func() int64 { // statfs: the file system's size in bytes
+		t.Helper()
+		out := must(time.Minute, "stat -f -c '%b %S' /mnt/vol")
+		var blocks, bsize int64
+		if _, err := fmt.Sscan(out, &blocks, &bsize); err != nil {
+			t.Fatalf("stat -f: %q: %v", out, err)
+		}
+		return blocks * bsize
+	}
+	devBefore := must(time.Minute, "blockdev --getsize64 "+dev)
+	fsBefore := fsBytes()
+
+	// The resizer: ControllerExpandVolume while the volume is mounted.
+	r, err := ctl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: vol,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: after}, VolumeCapability: rwo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.CapacityBytes < after || !r.NodeExpansionRequired {
+		t.Fatalf("ControllerExpandVolume: %v", r)
+	}
+	expanded := time.Now()
+	// The kubelet's NodeExpandVolume: the node plugin's steps, in the guest.
+	must(5*time.Minute, fmt.Sprintf("%s csi grow-device %s --method %s --size %d --fs ext4 --path /mnt/vol 2>&1", bin, dev, proto, after))
+	grown := time.Since(expanded)
+	devAfter := must(time.Minute, "blockdev --getsize64 "+dev)
+	if devAfter != strconv.Itoa(after) {
+		t.Fatalf("%s is %s bytes after grow-device, want %d (it was %s)", dev, devAfter, after, devBefore)
+	}
+	fsAfter := fsBytes()
+	if fsAfter < after*9/10 || fsAfter <= fsBefore {
+		t.Fatalf("ext4 is %d bytes after the expansion (was %d), want about %d", fsAfter, fsBefore, after)
+	}
+	if s := must(time.Minute, "sha256sum /mnt/vol/data"); s != sum {
+		t.Fatalf("the file written before the expansion reads %q, was %q", s, sum)
+	}
+	// The added space takes data: more than the old file system held.
+	must(5*time.Minute, "dd if=/dev/zero of=/mnt/vol/more bs=1M count=200 2>/dev/null && sync && rm /mnt/vol/more && sync")
+	t.Logf("%s: device %s → %s bytes, ext4 (statfs) %d → %d bytes, mounted throughout; ControllerExpandVolume → device and ext4 grown: %v",
+		proto, devBefore, devAfter, fsBefore, fsAfter, grown.Round(100*time.Millisecond))
+
+	// Unstage: unmount and detach leave no device behind.
+	must(2*time.Minute, "umount /mnt/vol && "+detach)
+	if left := must(2*time.Minute, leftover); left != "" {
+		t.Fatalf("after the detach the guest still has:\n%s", left)
+	}
+	if _, err := ctl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: vol, NodeId: "node-a"}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -269,7 +269,7 @@ func TestCSIPublishFencesOldWriter(t *testing.T) {
 	}
 }
 
-// Expansion as Kubernetes does it for a driver with OFFLINE expansion: the
+// Expansion over nbdfuse + loop, which cannot grow while attached: the
 // pod goes, ControllerExpandVolume grows the volume, the next stage attaches
 // the bigger device and NodeExpandVolume grows ext4 to it; the file written
 // before is intact and the file system sees the new size.

@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
@@ -47,15 +48,16 @@ type conn struct {
 	nrejected int64 // answered with an error by validation or shutdown
 
 	// Set by the handshake, read-only afterwards.
-	export     string
-	att        *frontend.Attachment // detached when serve ends
-	backend    frontend.Backend     // att.Backend()
-	size       int64
-	readOnly   bool
-	tflags     uint16
-	minBlock   uint32 // every offset and length is a multiple
-	prefBlock  uint32
-	maxPayload uint32 // the largest READ or WRITE
+	export      string
+	att         *frontend.Attachment // detached when serve ends
+	backend     frontend.Backend     // att.Backend()
+	size        int64                // the export's size; grows (grown), owned by the reading goroutine
+	sizeChecked time.Time            // when grown last re-read it
+	readOnly    bool
+	tflags      uint16
+	minBlock    uint32 // every offset and length is a multiple
+	prefBlock   uint32
+	maxPayload  uint32 // the largest READ or WRITE
 
 	// replies carries finished requests to the writer. Its capacity is
 	// MaxInFlight and every queued request holds an in-flight slot, so a send
@@ -292,6 +294,28 @@ func (c *conn) endAfter(err error) (readEnd, error) {
 	return endHard, err
 }
 
+// grown re-reads the export's size for a request past its end: a volume
+// may grow while attached, and a client told of the new size (Linux's
+// NBD_SET_SIZE ioctl on an ioctl-configured /dev/nbdN, which the CSI node
+// plugin issues for online expansion) sends IO there. At most once a second,
+// so that a client probing past the end cannot keep the MDS busy.
+func (c *conn) grown() int64 {
+	if time.Since(c.sizeChecked) < time.Second {
+		return c.size
+	}
+	c.sizeChecked = time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b := c.att.Backend()
+	if b.Check(ctx) == nil {
+		if n := b.Info().Size; n > c.size {
+			c.log.Info("nbd: the export grew", "old_size", c.size, "size", n)
+			c.size = n
+		}
+	}
+	return c.size
+}
+
 // validate checks a request against the export before anything touches the
 // backend (nbdkit's validate_request is the model). It returns 0 or the NBD
 // error value to answer with.
@@ -321,6 +345,9 @@ func (c *conn) validate(flags, typ uint16, off uint64, length uint32) uint32 {
 		return EINVAL
 	}
 	size := uint64(c.size)
+	if off > size || uint64(length) > size-off {
+		size = uint64(c.grown())
+	}
 	if off > size || uint64(length) > size-off {
 		if typ == cmdWrite || typ == cmdWriteZeroes {
 			return ENOSPC

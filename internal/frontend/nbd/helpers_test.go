@@ -47,6 +47,8 @@ type memBackend struct {
 func newMem(size int) *memBackend { return &memBackend{data: make([]byte, size)} }
 
 func (m *memBackend) Info() frontend.Info {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	return frontend.Info{
 		Size: int64(len(m.data)), ReadOnly: m.readOnly, Description: m.desc,
 		CanFlush: true, CanFUA: true, CanTrim: true, CanWriteZeroes: true,

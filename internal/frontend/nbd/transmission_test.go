@@ -640,3 +640,32 @@ func TestLargeReplyToASlowReader(t *testing.T) {
 		}
 	}
 }
+
+// TestExportGrowsWhileAttached: a volume that grew while a client is in
+// transmission serves IO in the added part (a kernel client told the new
+// size with NBD_SET_SIZE sends it there); before it grew, the same request
+// is refused.
+func TestExportGrowsWhileAttached(t *testing.T) {
+	disk := newMem(1 << 20)
+	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
+	c := open(t, ts.sock, "disk")
+	if errno, _ := c.do(cmdRead, 0, 1<<20, 4096, nil); errno != EINVAL {
+		t.Fatalf("read past the end: errno %d, want EINVAL", errno)
+	}
+	disk.mu.Lock()
+	disk.data = append(disk.data, make([]byte, 1<<20)...)
+	disk.mu.Unlock()
+	payload := bytes.Repeat([]byte{0x77}, 4096)
+	waitFor(t, 60*time.Second, "a write in the part the export grew by", func() error {
+		if errno, _ := c.do(cmdWrite, 0, 1<<20, 4096, payload); errno != 0 {
+			return fmt.Errorf("errno %d", errno)
+		}
+		return nil
+	})
+	if got := disk.snapshot(1<<20, 4096); !bytes.Equal(got, payload) {
+		t.Fatal("the write in the added part did not land")
+	}
+	if errno, _ := c.do(cmdRead, 0, 2<<20, 4096, nil); errno != EINVAL {
+		t.Fatalf("read past the new end: errno %d, want EINVAL", errno)
+	}
+}

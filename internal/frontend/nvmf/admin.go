@@ -131,6 +131,7 @@ func (c *conn) connect(cmd *command) {
 		}
 		ctrl.join(c)
 		go ctrl.keepAlive()
+		go ctrl.watchSizes()
 		log.Info("nvmf: controller created", "cntlid", ctrl.id, "kato", kato, "discovery", ctrl.discovery,
 			"hdgst", c.hdgst, "ddgst", c.ddgst)
 	} else {
@@ -195,6 +196,7 @@ func (c *conn) attachAll(cmd *command, ctrl *controller, vols []string, log *slo
 			return fail()
 		}
 		ns := &namespace{nsid: uint32(i + 1), volume: name, nsInfo: nsOf(info), att: att}
+		ns.nlb.Store(uint64(info.Size) >> ns.lbaShift)
 		ctrl.nss = append(ctrl.nss, ns)
 		if ns.lbaShift == 0 {
 			log.Warn("nvmf: volume's block size cannot be an NVMe LBA", "volume", name, "min_block", info.BlockSizes.Minimum)
@@ -309,8 +311,8 @@ func (c *conn) admin(cmd *command) {
 				ctrl.aecfg = v
 			}
 			c.complete(cmd, scSuccess, ctrl.aecfg, 0)
-			if d := ctrl.deliverLocked(); d != nil { // a change while notices were off
-				d.c.complete(d, scSuccess, aenANAChange, 0)
+			if d, dw0 := ctrl.deliverLocked(); d != nil { // a change while notices were off
+				d.c.complete(d, scSuccess, dw0, 0)
 			}
 		case 0x06: // volatile write cache: present, and every write is durable anyway
 			c.complete(cmd, scSuccess, 1, 0)
@@ -331,7 +333,7 @@ func nsOf(info frontend.Info) nsInfo {
 		return nsInfo{}
 	}
 	shift := uint(bits.TrailingZeros32(lba))
-	return nsInfo{lbaShift: shift, nlb: uint64(info.Size) >> shift, readOnly: info.ReadOnly, info: info}
+	return nsInfo{lbaShift: shift, readOnly: info.ReadOnly, info: info}
 }
 
 // ids returns the stable NGUID and UUID of a volume.
@@ -368,9 +370,10 @@ func (c *conn) identify(cmd *command) {
 			c.complete(cmd, scInvalidNS|dnr, 0, 0)
 			return
 		}
-		binary.LittleEndian.PutUint64(b[0:], ns.nlb)
-		binary.LittleEndian.PutUint64(b[8:], ns.nlb)
-		binary.LittleEndian.PutUint64(b[16:], ns.nlb)
+		nlb := ns.nlb.Load()
+		binary.LittleEndian.PutUint64(b[0:], nlb)  // NSZE
+		binary.LittleEndian.PutUint64(b[8:], nlb)  // NCAP
+		binary.LittleEndian.PutUint64(b[16:], nlb) // NUSE
 		if ns.info.CanTrim {
 			b[24] |= 1 // thin provisioning
 			b[33] = 1  // deallocated blocks read as zeros
@@ -420,10 +423,10 @@ func (c *conn) identifyController(b []byte) {
 		pad(b[24:64], "basalt volume")
 	}
 	pad(b[64:72], "0.1")
-	b[72] = 6                                                        // RAB
-	b[76] = 1<<0 | 1<<1 | 1<<3                                       // CMIC: multi-port, multi-controller, ANA
-	binary.LittleEndian.PutUint32(b[92:], aenANAEnabled)             // OAES: ANA change notices
-	b[77] = byte(bits.TrailingZeros(uint(c.s.cfg.MaxTransfer)) - 12) // MDTS in 4 KiB pages
+	b[72] = 6                                                         // RAB
+	b[76] = 1<<0 | 1<<1 | 1<<3                                        // CMIC: multi-port, multi-controller, ANA
+	binary.LittleEndian.PutUint32(b[92:], aenANAEnabled|aenNSEnabled) // OAES: ANA and namespace change notices
+	b[77] = byte(bits.TrailingZeros(uint(c.s.cfg.MaxTransfer)) - 12)  // MDTS in 4 KiB pages
 	binary.LittleEndian.PutUint16(b[78:], ctrl.id)
 	binary.LittleEndian.PutUint32(b[80:], version)
 	binary.LittleEndian.PutUint32(b[96:], 1<<0|1<<6) // CTRATT: 128-bit host id, TBKAS
@@ -503,15 +506,29 @@ func (c *conn) getLogPage(cmd *command) {
 		copy(page[8:16], "0.1     ")
 	case lid == logChangedNS:
 		page = make([]byte, 4096)
+		c.ctrl.mu.Lock()
+		for i, nsid := range c.ctrl.changedNS {
+			binary.LittleEndian.PutUint32(page[4*i:], nsid)
+		}
+		var d *command
+		var dw0 uint32
+		if s.cdw[10]&(1<<15) == 0 { // RAE clear: the host has seen the list
+			c.ctrl.changedNS, c.ctrl.nsMasked = nil, false
+			d, dw0 = c.ctrl.deliverLocked() // a change after the page was built
+		}
+		c.ctrl.mu.Unlock()
+		if d != nil {
+			defer d.c.complete(d, scSuccess, dw0, 0)
+		}
 	case lid == logANA:
 		page = c.s.anaLog(c.ctrl, lsp&1 != 0)
 		if s.cdw[10]&(1<<15) == 0 { // RAE clear: the host has seen the change
 			c.ctrl.mu.Lock()
 			c.ctrl.anaMasked = false
-			d := c.ctrl.deliverLocked() // a change after the page was built
+			d, dw0 := c.ctrl.deliverLocked() // a change after the page was built
 			c.ctrl.mu.Unlock()
 			if d != nil {
-				defer d.c.complete(d, scSuccess, aenANAChange, 0)
+				defer d.c.complete(d, scSuccess, dw0, 0)
 			}
 		}
 	default:

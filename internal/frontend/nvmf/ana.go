@@ -182,25 +182,36 @@ func (s *Server) ports() ([]Port, []string, map[string]bool) {
 func (c *controller) notifyANA() {
 	c.mu.Lock()
 	c.anaPending = true
-	cmd := c.deliverLocked()
+	cmd, dw0 := c.deliverLocked()
 	c.mu.Unlock()
 	if cmd != nil {
-		cmd.c.complete(cmd, scSuccess, aenANAChange, 0)
+		cmd.c.complete(cmd, scSuccess, dw0, 0)
 	}
 }
 
-// deliverLocked takes the AER that reports a pending ANA change, if one is
-// held, notices are enabled and not masked (from one sent until the host
-// reads the ANA log page without RAE). The caller holds c.mu and completes
-// the command after unlocking.
-func (c *controller) deliverLocked() *command {
-	if !c.anaPending || c.anaMasked || c.aecfg&aenANAEnabled == 0 || len(c.aers) == 0 {
-		return nil
+// deliverLocked takes an AER for a pending event, if one is held, its
+// notices are enabled and not masked (from one sent until the host reads
+// the event's log page without RAE): an ANA change first, then a namespace
+// change. It returns the command and its completion dword 0; the caller
+// holds c.mu and completes the command after unlocking.
+func (c *controller) deliverLocked() (*command, uint32) {
+	if len(c.aers) == 0 {
+		return nil, 0
+	}
+	var dw0 uint32
+	switch {
+	case c.anaPending && !c.anaMasked && c.aecfg&aenANAEnabled != 0:
+		dw0 = aenANAChange
+		c.anaPending, c.anaMasked = false, true
+	case c.nsPending && !c.nsMasked && c.aecfg&aenNSEnabled != 0:
+		dw0 = aenNSChanged
+		c.nsPending, c.nsMasked = false, true
+	default:
+		return nil, 0
 	}
 	cmd := c.aers[0]
 	c.aers = c.aers[1:]
-	c.anaPending, c.anaMasked = false, true
-	return cmd
+	return cmd, dw0
 }
 
 // asyncEvent holds an Asynchronous Event Request until there is an event.
@@ -213,10 +224,10 @@ func (c *conn) asyncEvent(cmd *command) {
 		return
 	}
 	ctrl.aers = append(ctrl.aers, cmd)
-	deliver := ctrl.deliverLocked()
+	deliver, dw0 := ctrl.deliverLocked()
 	ctrl.mu.Unlock()
 	if deliver != nil {
-		c.complete(deliver, scSuccess, aenANAChange, 0)
+		c.complete(deliver, scSuccess, dw0, 0)
 	}
 }
 

@@ -32,6 +32,8 @@ func (m *memDisk) opens() int {
 }
 
 func (m *memDisk) Info() frontend.Info {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	return frontend.Info{Size: int64(len(m.data)), ReadOnly: m.ro, CanFlush: true, CanFUA: true,
 		CanTrim: true, CanWriteZeroes: true, BlockSizes: frontend.BlockSizes{Minimum: 512}}
 }

@@ -94,7 +94,7 @@ func (c *conn) io(cmd *command) {
 	off, n := int64(slba<<ns.lbaShift), int64(nlb<<ns.lbaShift)
 	switch s.opcode {
 	case ioRead, ioWrite, ioCompare, ioWriteZeroes:
-		if slba >= ns.nlb || nlb > ns.nlb-slba {
+		if size := ns.nlb.Load(); slba >= size || nlb > size-slba {
 			c.complete(cmd, scLBARange|dnr, 0, 0)
 			return
 		}
@@ -181,7 +181,7 @@ func (c *conn) dsm(cmd *command) {
 		if nlb == 0 {
 			continue
 		}
-		if slba >= ns.nlb || nlb > ns.nlb-slba {
+		if size := ns.nlb.Load(); slba >= size || nlb > size-slba {
 			c.complete(cmd, scLBARange|dnr, 0, 0)
 			return
 		}

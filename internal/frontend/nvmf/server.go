@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
@@ -69,6 +70,12 @@ type Config struct {
 	// of a cluster (ids unique mod 15) give out distinct ones.
 	Multipath bool
 	NodeID    uint64
+	// ResizeCheck is how often a controller re-reads the sizes of its
+	// namespaces' volumes (Backend.Check, or Exports.Describe before the
+	// first I/O); a volume that grew raises a Namespace Attribute Changed
+	// notice, and the host rescans and sees the new capacity while the
+	// namespace stays in use (online expansion). Default 5 s; negative: never.
+	ResizeCheck time.Duration
 	// HostsChanged, if set, is called (on its own goroutine) when a
 	// controller of an I/O subsystem is created or ends: Hosts changed.
 	HostsChanged func()
@@ -101,6 +108,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = 60 * time.Second
+	}
+	switch {
+	case c.ResizeCheck == 0:
+		c.ResizeCheck = 5 * time.Second
+	case c.ResizeCheck < 0:
+		c.ResizeCheck = 0
 	}
 	switch {
 	case c.KeepAliveGrace == 0:
@@ -230,6 +243,9 @@ type controller struct {
 	aers       []*command // Asynchronous Event Requests held
 	anaPending bool       // an ANA change notice waits for an AER
 	anaMasked  bool       // a notice was sent; none until the host reads the ANA log
+	nsPending  bool       // a Namespace Attribute Changed notice waits for an AER
+	nsMasked   bool       // a notice was sent; none until the host reads the Changed Namespace List
+	changedNS  []uint32   // the Changed Namespace List (log page 04h) since the host last read it
 }
 
 // namespace is one namespace of a controller: a volume.
@@ -237,6 +253,9 @@ type namespace struct {
 	nsid   uint32
 	volume string
 	nsInfo
+	// nlb is the namespace's size in LBAs: the volume's size at Connect, grown
+	// by watchSizes when the volume grows (it never shrinks).
+	nlb   atomic.Uint64
 	attMu sync.Mutex // serializes attaching (controller.attachment); taken before controller.mu
 	// att (under controller.mu) is nil (Multipath) until the first I/O
 	// command or after a fenced IO; retired ones are detached by the
@@ -256,7 +275,6 @@ func (c *controller) namespace(nsid uint32) *namespace {
 // nsInfo is what a namespace's volume presents.
 type nsInfo struct {
 	lbaShift uint
-	nlb      uint64
 	readOnly bool
 	info     frontend.Info
 }
