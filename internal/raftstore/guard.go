@@ -92,6 +92,38 @@ func (g *group) screen(m *raftpb.Message) string {
 	return ""
 }
 
+// ErrSnapshotRefused: a snapshot stream that is not its group's leader's
+// (ReceiveSnapshot); nothing of it was staged.
+var ErrSnapshotRefused = errors.New("raftstore: snapshot stream refused")
+
+// snapshotRefusal returns why a snapshot stream carrying m must not be
+// received by node self ("" when it may), from the group's status as of its
+// last round. It runs before any of the stream is staged; screen still
+// checks the MsgSnap (membership included) when it is stepped after the
+// stream, before raft installs anything. Only a leader sends
+// MsgSnap, to a replica it leads: a stream from an older term, or from
+// anyone but the leader this replica knows for the current term, is forged
+// or stale (a deposed leader's). One from a later term may be a leader this
+// replica has not heard of yet; raft follows it.
+func snapshotRefusal(st GroupStatus, m *raftpb.Message, self uint64) string {
+	from, term := m.GetFrom(), m.GetTerm()
+	switch {
+	case !st.Healthy:
+		return "group stopped"
+	case m.GetTo() != self:
+		return "not addressed to this node"
+	case from == 0 || from == self || term == 0:
+		return "sender id or term invalid"
+	case st.IsLeader && term <= st.Term:
+		return "this replica leads the term"
+	case term < st.Term:
+		return "snapshot from an older term"
+	case term == st.Term && st.Leader != 0 && st.Leader != from:
+		return "snapshot not from the term's leader"
+	}
+	return ""
+}
+
 // knownSender reports whether id may send to this group (see screen).
 func (g *group) knownSender(id uint64) bool {
 	cs := g.confState

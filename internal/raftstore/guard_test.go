@@ -2,6 +2,7 @@ package raftstore
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"go.etcd.io/raft/v3"
@@ -180,5 +181,64 @@ func TestRaftPanicStopsOneGroup(t *testing.T) {
 		if err != nil {
 			t.Fatalf("group %d after the panics: %v", g, err)
 		}
+	}
+}
+
+// TestSnapshotOnlyFromTheLeader: a snapshot stream is received (staged) only
+// from the leader the replica knows for the stream's term, or from a later
+// term's; a member that is not the leader (a stolen member certificate), a
+// deposed leader's older term and one sent to the leader itself are refused
+// before anything is staged, and the group goes on.
+func TestSnapshotOnlyFromTheLeader(t *testing.T) {
+	c := newCluster(t, 15, 3, map[uint64][]uint64{1: {1, 2, 3}}, nil)
+	defer c.stop()
+	lead := c.waitLeader(1)
+	if err := c.proposeWait(lead, 1, "a=1"); err != nil {
+		t.Fatal(err)
+	}
+	c.waitConverged(2000)
+	st, _ := c.hosts[lead].Status(1)
+	term := st.Term
+	var fols []uint64
+	for _, id := range c.ids {
+		if id != lead {
+			fols = append(fols, id)
+		}
+	}
+	fol, other := fols[0], fols[1]
+	snap := func(from, to, term uint64) *raftpb.Message {
+		return forge(raftpb.MsgSnap, from, to, term, func(m *raftpb.Message) {
+			idx, tm := uint64(1)<<40, term
+			m.Snapshot = &raftpb.Snapshot{Metadata: &raftpb.SnapshotMetadata{Index: &idx, Term: &tm}}
+		})
+	}
+	refused := []struct {
+		name string
+		to   uint64
+		m    *raftpb.Message
+	}{
+		{"a follower posing as the leader", fol, snap(other, fol, term)},
+		{"an older term's leader", fol, snap(lead, fol, term-1)},
+		{"to the leader itself", lead, snap(fol, lead, term)},
+		{"addressed to another node", fol, snap(lead, other, term)},
+		{"term 0", fol, snap(lead, fol, 0)},
+	}
+	for _, a := range refused {
+		err := c.hosts[a.to].ReceiveSnapshot(Message{Group: 1, Msg: a.m}, strings.NewReader(`{"evil":"1"}`))
+		if !errors.Is(err, ErrSnapshotRefused) {
+			t.Fatalf("%s: ReceiveSnapshot = %v, want ErrSnapshotRefused", a.name, err)
+		}
+		if sm := c.sms[a.to][1]; sm.stagedSnapshot() != nil {
+			t.Fatalf("%s: the stream was staged: %v", a.name, sm.stagedSnapshot())
+		}
+	}
+	c.run(5)
+	for _, id := range c.ids {
+		if st, _ := c.hosts[id].Status(1); !st.Healthy || st.Term != term {
+			t.Fatalf("node %d after the refused streams: healthy %v term %d (was %d)", id, st.Healthy, st.Term, term)
+		}
+	}
+	if err := c.proposeWait(lead, 1, "b=2"); err != nil {
+		t.Fatalf("the group after the refused streams: %v", err)
 	}
 }

@@ -131,6 +131,13 @@ func (s *testSM) ReceiveSnapshot(index uint64, r io.Reader) error {
 	return nil
 }
 
+// stagedSnapshot is the data ReceiveSnapshot staged last (nil: none).
+func (s *testSM) stagedSnapshot() map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.staged
+}
+
 func (s *testSM) InstallSnapshot(index uint64, state []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -580,6 +580,13 @@ func (h *Host) ReceiveSnapshot(m Message, r io.Reader) error {
 	if m.Msg.GetType() != raftpb.MsgSnap {
 		return fmt.Errorf("raftstore: ReceiveSnapshot with %v", m.Msg.GetType())
 	}
+	if why := snapshotRefusal(g.getStatus(), m.Msg, h.cfg.NodeID); why != "" {
+		// Not g.dropped: that is the worker's. Streams are rare; each is logged.
+		h.stats.msgsDropped.Add(1)
+		g.log.Warn("raftstore: snapshot stream refused", "why", why, "from", m.Msg.GetFrom(),
+			"term", m.Msg.GetTerm(), "index", m.Msg.GetSnapshot().GetMetadata().GetIndex())
+		return fmt.Errorf("%w: %s", ErrSnapshotRefused, why)
+	}
 	if err := g.sm.ReceiveSnapshot(m.Msg.GetSnapshot().GetMetadata().GetIndex(), r); err != nil {
 		return err
 	}
