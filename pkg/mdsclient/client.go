@@ -157,11 +157,12 @@ func (c *Client) call(ctx context.Context, fn func(context.Context, api.MDSClien
 				}
 				return gaveUp(ctx, lastErr)
 			}
-			if status.Code(err) == codes.DeadlineExceeded {
+			hung := status.Code(err) == codes.DeadlineExceeded
+			if hung {
 				// This MDS hangs (paused, partitioned): try another.
 				err = status.Error(codes.Unavailable, err.Error())
 			}
-			if status.Code(err) == codes.Unavailable && !strings.Contains(status.Convert(err).Message(), activePrefix) {
+			if !hung && status.Code(err) == codes.Unavailable && !strings.Contains(status.Convert(err).Message(), activePrefix) {
 				// Unreachable, or it does not speak our protocol: a client
 				// without TLS against a TLS MDS (or the reverse) would
 				// retry until its deadline; tell the operator now.
