@@ -147,6 +147,29 @@
 // the atomic before anything else happens (in particular before a MsgTimeoutNow is
 // sent). Fast reads count as reads for lease renewal.
 //
+// # Catching up a follower
+//
+// Raft reads the entries of a MsgApp from the log (LogStore's Entries: older
+// entries are pread from their WAL segment) inside Step, on the worker, while
+// the worker holds every group of its batch: a round that reads much delays
+// the ticks, heartbeats and answers of all of them, and a delay of an election
+// timeout makes leaders step down and followers campaign. Two things bound
+// what one round reads for one follower:
+//
+//   - Config.MaxInflightBytes (2 MiB): a follower in StateReplicate gets no
+//     more than that unacknowledged (raft's MaxInflightMsgs × MaxSizePerMsg
+//     alone allowed 256 MiB per group in one Step).
+//   - A run of MsgHeartbeat or MsgHeartbeatResp from one sender and term in a
+//     round is stepped once (heartbeat.go): the last, with the run's highest
+//     read-index context (raft's acknowledgements are cumulative). For a
+//     follower in StateProbe raft sends a MsgApp (up to MaxSizePerMsg) per
+//     MsgHeartbeatResp; a chunkserver resumed after a pause (SIGSTOP) finds
+//     ~10 queued heartbeats per group and second of pause and answered each,
+//     so the new leader read and sent the same megabyte a hundred times per
+//     group in one round — 1.5–2.5 s of a worker holding every copyset of
+//     the chunkserver (TestResumedPeerHeartbeatBacklog; docs/reliability.md,
+//     "Leader paused").
+//
 // # Snapshots and log compaction
 //
 // After SnapshotEntries applied entries since the last snapshot (or on Host.Snapshot),

@@ -193,6 +193,7 @@ func newGroup(h *Host, id uint64, peers []uint64, sm StateMachine, join bool) (*
 		MaxCommittedSizePerReady:  64 << 20,
 		MaxUncommittedEntriesSize: 256 << 20,
 		MaxInflightMsgs:           h.cfg.MaxInflightMsgs,
+		MaxInflightBytes:          h.cfg.MaxInflightBytes,
 		CheckQuorum:               true,
 		PreVote:                   true,
 		ReadOnlyOption:            raft.ReadOnlySafe,
@@ -259,12 +260,18 @@ func (g *group) prepare() (rd raft.Ready, ok bool) {
 			g.voteBlock--
 		}
 	}
-	for _, m := range ev.msgs {
+	// A backlog of heartbeats (answers) from one peer is stepped once
+	// (heartbeat.go): each answer can make raft read and send a MsgApp.
+	hb := newHeartbeatRuns(ev.msgs)
+	for i, m := range ev.msgs {
 		if why := g.screen(m); why != "" && !g.h.noScreen {
 			g.dropped(m, why)
 			continue
 		}
 		if g.voteBlock > 0 && (m.GetType() == raftpb.MsgVote || m.GetType() == raftpb.MsgPreVote) {
+			continue
+		}
+		if hb.skip(i, m) {
 			continue
 		}
 		if m.GetType() == raftpb.MsgTimeoutNow {

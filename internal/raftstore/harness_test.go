@@ -190,6 +190,9 @@ type simNet struct {
 	sent     int
 	// holdSnap: snapshots to these nodes fail (a rebuild that has not finished yet).
 	holdSnap map[uint64]bool
+	// paused nodes neither tick nor run, and messages to them wait in q
+	// (a SIGSTOPped process: its peers' connections stay open).
+	paused map[uint64]bool
 }
 
 func (n *simNet) linked(a, b uint64) bool { return !n.cut[[2]uint64{a, b}] }
@@ -246,7 +249,7 @@ func (t simTransport) SendSnapshot(m Message, write func(io.Writer) error) error
 func (n *simNet) deliver() {
 	var due, later []packet
 	for _, p := range n.q {
-		if p.at <= n.now {
+		if p.at <= n.now && !n.paused[p.to] {
 			due = append(due, p)
 		} else {
 			later = append(later, p)
@@ -293,7 +296,7 @@ func newClusterWith(t testing.TB, seed int64, nodes int, groups map[uint64][]uin
 	}
 	c := &cluster{
 		t: t, seed: seed,
-		net:       &simNet{rng: rand.New(rand.NewSource(seed)), hosts: map[uint64]*Host{}, cut: map[[2]uint64]bool{}},
+		net:       &simNet{rng: rand.New(rand.NewSource(seed)), hosts: map[uint64]*Host{}, cut: map[[2]uint64]bool{}, paused: map[uint64]bool{}},
 		logs:      map[uint64]LogStore{},
 		hosts:     map[uint64]*Host{},
 		sms:       map[uint64]map[uint64]*testSM{},
@@ -375,14 +378,14 @@ func (c *cluster) step() {
 	c.net.now++
 	if c.net.now%c.tickEvery == 0 {
 		for _, id := range c.ids {
-			if h := c.hosts[id]; h != nil {
+			if h := c.hosts[id]; h != nil && !c.net.paused[id] {
 				h.Tick()
 			}
 		}
 	}
 	c.net.deliver()
 	for _, id := range c.ids {
-		if h := c.hosts[id]; h != nil {
+		if h := c.hosts[id]; h != nil && !c.net.paused[id] {
 			h.ProcessReady()
 		}
 	}

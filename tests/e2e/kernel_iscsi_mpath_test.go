@@ -32,16 +32,7 @@ func TestKernelISCSIMultipath(t *testing.T) {
 	first, _ := startISCSI(t, p, ports[0])
 	startISCSI(t, p, ports[1])
 	target := iscsi.TargetName(iscsiTestCluster, p.st.Volume)
-	guest := func(timeout time.Duration, script string) string {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		out, err := h.Run(ctx, script)
-		if err != nil {
-			t.Fatalf("guest: %v", err)
-		}
-		return out
-	}
+	guest := guestRunner(t, h, nil)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()

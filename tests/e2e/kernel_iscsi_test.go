@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -46,16 +45,7 @@ func TestKernelISCSI(t *testing.T) {
 	port := testutil.FreePort(t)
 	_, logPath := startISCSI(t, p, port)
 	target := iscsi.TargetName(iscsiTestCluster, p.st.Volume)
-	guest := func(timeout time.Duration, script string) string {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		out, err := h.Run(ctx, script)
-		if err != nil {
-			t.Fatalf("guest: %v\n%s", err, tailFile(logPath, 60))
-		}
-		return out
-	}
+	guest := guestRunner(t, h, func() string { return tailFile(logPath, 60) })
 	portal := fmt.Sprintf("10.0.2.2:%d", port)
 	node := fmt.Sprintf("iscsiadm -m node -T %s -p %s", target, portal)
 	t.Cleanup(func() {
@@ -195,39 +185,4 @@ func startIscsid(initiator string) string {
 		echo "InitiatorName=%s" > /etc/iscsi/initiatorname.iscsi
 		printf 'node.startup = manual\n' > /etc/iscsi/iscsid.conf
 		iscsid # returns once it listens for iscsiadm`, initiator)
-}
-
-// fioReport is what these tests read of fio's JSON output.
-type fioReport struct {
-	Error int `json:"error"`
-	Write struct {
-		IOPS float64 `json:"iops"`
-	} `json:"write"`
-	Read struct {
-		IOPS float64 `json:"iops"`
-	} `json:"read"`
-}
-
-// guestFio runs a fio command line that writes /root/fio.json in the guest
-// and returns its one job's report (readFio).
-func guestFio(t *testing.T, guest func(time.Duration, string) string, cmd string) fioReport {
-	t.Helper()
-	guest(10*time.Minute, cmd)
-	return readFio(t, guest)
-}
-
-// readFio returns the one job of the guest's /root/fio.json; fio's error
-// fails the test.
-func readFio(t *testing.T, guest func(time.Duration, string) string) fioReport {
-	t.Helper()
-	var out struct {
-		Jobs []fioReport `json:"jobs"`
-	}
-	if err := json.Unmarshal([]byte(guest(time.Minute, "cat /root/fio.json")), &out); err != nil || len(out.Jobs) != 1 {
-		t.Fatalf("fio's report: %v (%d jobs)", err, len(out.Jobs))
-	}
-	if out.Jobs[0].Error != 0 {
-		t.Fatalf("fio reports error %d", out.Jobs[0].Error)
-	}
-	return out.Jobs[0]
 }

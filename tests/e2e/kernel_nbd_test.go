@@ -31,16 +31,7 @@ func TestKernelNBDClient(t *testing.T) {
 	})
 	booted := time.Now()
 	p := startPlayground(t, "2GiB")
-	guest := func(timeout time.Duration, script string) string {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		out, err := h.Run(ctx, script)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
+	guest := guestRunner(t, h, nil)
 	// Runs before the playground stops (cleanups run last-registered first), so
 	// a failed test does not leave the guest's sync waiting for a gone server.
 	t.Cleanup(func() {

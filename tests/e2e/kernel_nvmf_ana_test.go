@@ -192,16 +192,7 @@ func TestKernelNVMeANA(t *testing.T) {
 		}
 		return b.String()
 	}
-	guest := func(timeout time.Duration, script string) string {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		out, err := h.Run(ctx, script)
-		if err != nil {
-			t.Fatalf("guest: %v\n%s", err, logs())
-		}
-		return out
-	}
+	guest := guestRunner(t, h, logs)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -42,16 +41,7 @@ func TestKernelNVMeTCP(t *testing.T) {
 	p := startPlayground(t, "1GiB")
 	port, logPath := startNVMf(t, p.st.MDS, p.st.TLSDir)
 	nqn := nvmfVolumeNQN + p.st.Volume
-	guest := func(timeout time.Duration, script string) string {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		out, err := h.Run(ctx, script)
-		if err != nil {
-			t.Fatalf("guest: %v\n%s", err, tailFile(logPath, 60))
-		}
-		return out
-	}
+	guest := guestRunner(t, h, func() string { return tailFile(logPath, 60) })
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
@@ -85,26 +75,9 @@ func TestKernelNVMeTCP(t *testing.T) {
 	connected := time.Now()
 
 	// fio with verify on the raw namespace.
-	guest(10*time.Minute, "fio --name=raw --filename=/dev/nvme0n1 --rw=randwrite --bs=4k --offset=512m --size=256m "+
+	j := guestFio(t, guest, "fio --name=raw --filename=/dev/nvme0n1 --rw=randwrite --bs=4k --offset=512m --size=256m "+
 		"--io_size=24m --ioengine=libaio --direct=1 --iodepth=16 --verify=crc32c --verify_fatal=1 --randseed=11 "+
 		"--verify_state_save=0 --output-format=json --output=/root/fio.json")
-	var report struct {
-		Jobs []struct {
-			Error int `json:"error"`
-			Write struct {
-				IOPS float64 `json:"iops"`
-			} `json:"write"`
-			Read struct {
-				IOPS float64 `json:"iops"`
-			} `json:"read"`
-		} `json:"jobs"`
-	}
-	if err := json.Unmarshal([]byte(guest(time.Minute, "cat /root/fio.json")), &report); err != nil || len(report.Jobs) != 1 {
-		t.Fatalf("fio's report: %v (%d jobs)", err, len(report.Jobs))
-	}
-	if j := report.Jobs[0]; j.Error != 0 {
-		t.Fatalf("fio reports error %d", j.Error)
-	}
 	fioDone := time.Now()
 
 	// ext4 with files; disconnect, connect (a new controller) and mount: same sums.
@@ -120,7 +93,6 @@ func TestKernelNVMeTCP(t *testing.T) {
 		t.Fatalf("files after unmount, disconnect, connect and mount:\n%swant:\n%s", got, sums)
 	}
 	guest(3*time.Minute, fmt.Sprintf("umount /mnt/vol && nvme disconnect -n %s", nqn))
-	j := report.Jobs[0]
 	logf(t, "kernel NVMe/TCP: guest up in %s (kernel %s); discover+refusal+connect with digests %s; "+
 		"fio randwrite 4 KiB iodepth 16 with crc32c verify: %.0f write IOPS, %.0f verify-read IOPS (%s, emulated CPU); "+
 		"ext4 + files + reconnect %s; whole test %s",
