@@ -4,6 +4,12 @@
 // front end on TCP and a Unix socket. Everything lives under one directory; running
 // it again on the same directory brings the same data back.
 //
+// DIR/tls holds the cluster CA and every certificate (identity.EnsureCerts),
+// among them a client certificate for NBD over TLS, also laid out in
+// DIR/tls/nbd-client as libnbd and qemu read it (ca-cert.pem,
+// client-cert.pem, client-key.pem). The NBD listeners offer NBD_OPT_STARTTLS
+// and allow plaintext unless Config.NBDTLS / NBDSocketTLS say "require".
+//
 // Run goes through the steps in order and undoes them in reverse on the way out:
 //
 //	config.go      Config and its defaults (ports counted from PortBase)

@@ -280,6 +280,14 @@ func TestFioOverTLS(t *testing.T) {
 	cmd.Dir = home
 	cmd.Env = append(os.Environ(), "HOME="+home)
 	if os.Geteuid() == 0 {
+		for d := filepath.Dir(filepath.Dir(home)); ; d = filepath.Dir(d) {
+			if fi, err := os.Stat(d); err != nil || fi.Mode().Perm()&0o001 == 0 {
+				t.Skipf("fio must run unprivileged here (libnbd reads root's certificates only from /etc/pki/libnbd), but it cannot enter %s (%v): set TMPDIR to a directory others may enter", d, err)
+			}
+			if d == filepath.Dir(d) {
+				break
+			}
+		}
 		// The unprivileged user must read the certificates and write in HOME.
 		for _, d := range []string{filepath.Dir(home), home, filepath.Join(home, ".pki"), pki} {
 			os.Chmod(d, 0o777)
