@@ -52,6 +52,15 @@ func isHeartbeat(m *raftpb.Message) bool {
 // newHeartbeatRuns returns the runs of msgs, or nil when no run has more
 // than one message (the common case: nothing to do).
 func newHeartbeatRuns(msgs []*raftpb.Message) *heartbeatRuns {
+	n := 0
+	for _, m := range msgs {
+		if isHeartbeat(m) {
+			n++
+		}
+	}
+	if n < 2 { // a round has one heartbeat at most, usually: no map
+		return nil
+	}
 	var runs map[hbKey]*hbRun
 	multi := false
 	for i, m := range msgs {
