@@ -513,10 +513,11 @@ func (r *runner) basaltTarget(name string, p *playgroundProc, volume string) *ta
 	}
 }
 
-// freePortBase finds a base port P such that the playground's ports (P, P+1, P+2,
-// P+11.., P+21..) are all free on 127.0.0.1 now.
+// freePortBase finds a base port P such that the playground's ports (MDS P,
+// etcd P+1 and P+2, iSCSI P+3, chunkservers P+11.., their metrics P+21..,
+// NVMe/TCP P+28) are all free on 127.0.0.1 now.
 func freePortBase(chunkservers int) (int, error) {
-	offsets := []int{0, 1, 2}
+	offsets := []int{0, 1, 2, 3, 28}
 	for i := 1; i <= chunkservers; i++ {
 		offsets = append(offsets, 10+i, 20+i)
 	}
