@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/basalt-storage/basalt/internal/transport"
 	"github.com/basalt-storage/basalt/pkg/api"
@@ -71,8 +72,16 @@ func NewDialer(log *slog.Logger, sec transport.Security) *Dialer {
 	return &Dialer{conns: conns, sizes: map[uint64]int{}}
 }
 
-// Checksums implements Fetcher. A transport failure or a non-OK status is
-// returned wrapped in ErrUnreachable.
+// busyWait is the first pause before asking a BUSY replica again; it
+// doubles up to maxBusyWait.
+const (
+	busyWait    = 10 * time.Millisecond
+	maxBusyWait = 500 * time.Millisecond
+)
+
+// Checksums implements Fetcher. A BUSY replica is asked again, with a
+// growing pause, until ctx ends; a transport failure or another non-OK
+// status is returned wrapped in ErrUnreachable.
 func (d *Dialer) Checksums(ctx context.Context, addr string, pool, copyset uint32) ([]ChunkSum, error) {
 	if addr == "" {
 		return nil, fmt.Errorf("%w: no address known", ErrUnreachable)
@@ -81,7 +90,8 @@ func (d *Dialer) Checksums(ctx context.Context, addr string, pool, copyset uint3
 	d.mu.Lock()
 	size := max(d.sizes[key], minReplyBuf)
 	d.mu.Unlock()
-	for attempt := 0; ; attempt++ {
+	grown, wait := false, busyWait
+	for {
 		conn, err := d.conns.Conn(ctx, addr)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, addr, err)
@@ -91,13 +101,24 @@ func (d *Dialer) Checksums(ctx context.Context, addr string, pool, copyset uint3
 			ReadBuf: make([]byte, size),
 		}
 		err = conn.Do(ctx, call)
-		if errors.Is(err, transport.ErrShortBuffer) && attempt == 0 {
+		if errors.Is(err, transport.ErrShortBuffer) && !grown {
 			// The replica announced its reply size: ask again with room for it.
-			size = int(call.Reply.PayloadLen)
+			size, grown = int(call.Reply.PayloadLen), true
 			continue
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, addr, err)
+		}
+		if call.Reply.Status == api.StatusBusy {
+			// The replica serves only a few checksum requests at once (per
+			// identity and in all): ask again a little later.
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("%w: %s stayed busy: %v", ErrUnreachable, addr, ctx.Err())
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, maxBusyWait)
+			continue
 		}
 		if err := api.StatusError(call.Reply.Status, call.Reply.Hint); err != nil {
 			return nil, fmt.Errorf("%w: %s answered %v", ErrUnreachable, addr, err)

@@ -306,6 +306,28 @@ func TestCheckUnreachableMember(t *testing.T) {
 	}
 }
 
+// A replica that answers BUSY (it bounds the checksum requests it serves at
+// once) is asked again, not reported unreachable: `basalt check` against a
+// real cluster failed so when its requests met the chunkserver's bound.
+func TestCheckBusyReplicaAskedAgain(t *testing.T) {
+	rs := newReplicas(t, 3, someChunks(5))
+	rs[1].with(func(f *fakeReplica) {
+		f.before = func(f *fakeReplica, n int) {
+			f.status = api.StatusOK
+			if n <= 2 {
+				f.status = api.StatusBusy
+			}
+		}
+	})
+	rep := fastChecker(t, Config{}).Check(context.Background(), target(rs))
+	if rep.Err() != nil || len(rep.Unreachable) != 0 || rep.Compared != 3 || rep.Chunks != 5 {
+		t.Fatalf("%+v (unreachable %+v): want all three replicas compared", rep, rep.Unreachable)
+	}
+	if n := rs[1].count(); n != 3 {
+		t.Fatalf("the busy replica was asked %d times, want 3 (two BUSY answers, then one)", n)
+	}
+}
+
 // A replica that becomes unreachable during the re-checks leaves the pending
 // difference unjudged.
 func TestCheckMemberLostDuringRecheck(t *testing.T) {
