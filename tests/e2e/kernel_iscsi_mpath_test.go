@@ -17,11 +17,11 @@ import (
 // Two access nodes under the guest kernel's dm-multipath: the guest logs in to
 // the volume's target through two `basalt iscsi` portals, sees one disk twice
 // (the same WWID, from VPD page 0x83), and puts a multipath map over both
-// (the kernel's dm-multipath target, round-robin, queue_if_no_path; the map
-// is made with dmsetup: multipath-tools needs udev, which the test guest does
-// not run). fio writes with verify through the map while one portal is
-// killed and then a chunkserver: no IO error, the verify passes, and the map
-// shows the dead path failed.
+// (the kernel's dm-multipath target, active/passive — one priority group per
+// path — with queue_if_no_path; the map is made with dmsetup: multipath-tools
+// needs udev, which the test guest does not run). fio writes with verify
+// through the map while the active portal is killed and then a chunkserver:
+// no IO error, the verify passes, and the map shows the dead path failed.
 func TestKernelISCSIMultipath(t *testing.T) {
 	h := testhost.Start(t, testhost.Config{
 		Tools:   []string{"iscsiadm", "iscsid", "dmsetup", "fio"},
@@ -54,8 +54,25 @@ func TestKernelISCSIMultipath(t *testing.T) {
 	if len(wwids) < 2 || strings.Join(wwids[:len(wwids)/2], " ") != strings.Join(wwids[len(wwids)/2:], " ") {
 		t.Fatalf("the two paths do not show one disk: WWIDs %q", wwids)
 	}
-	guest(time.Minute, `DM_DISABLE_UDEV=1 dmsetup create mpath --table "0 $(blockdev --getsz /dev/sda) multipath 1 queue_if_no_path 0 1 1 round-robin 0 2 1 /dev/sda 1 /dev/sdb 1" &&
-		for i in $(seq 30); do [ -b /dev/dm-0 ] && break; sleep 1; done; [ -b /dev/dm-0 ]`)
+	// Which disk came through which portal: the map puts the first portal's
+	// path in the first priority group.
+	disks := map[string]string{} // portal → sdX
+	for _, line := range strings.Split(guest(time.Minute,
+		`iscsiadm -m session -P 3 | awk '/Current Portal:/ {p=$3} /Attached scsi disk/ {print p, $4}'`), "\n") {
+		if f := strings.Fields(line); len(f) == 2 {
+			disks[strings.TrimSuffix(f[0], ",1")] = f[1]
+		}
+	}
+	active, standby := disks[fmt.Sprintf("10.0.2.2:%d", ports[0])], disks[fmt.Sprintf("10.0.2.2:%d", ports[1])]
+	if active == "" || standby == "" {
+		t.Fatalf("cannot tell the paths' disks apart: %v", disks)
+	}
+	// Active/passive (multipath-tools' path_grouping_policy failover): one
+	// priority group per path. A volume has one writer; round-robin over two
+	// access nodes would make each take the writer role from the other
+	// (epoch fencing) until both paths failed.
+	guest(time.Minute, fmt.Sprintf(`DM_DISABLE_UDEV=1 dmsetup create mpath --table "0 $(blockdev --getsz /dev/%[1]s) multipath 1 queue_if_no_path 0 2 1 round-robin 0 1 1 /dev/%[1]s 1 round-robin 0 1 1 /dev/%[2]s 1" &&
+		for i in $(seq 30); do [ -b /dev/dm-0 ] && break; sleep 1; done; [ -b /dev/dm-0 ]`, active, standby))
 	if got, want := strings.TrimSpace(guest(time.Minute, "blockdev --getsize64 /dev/dm-0")), strconv.Itoa(1<<30); got != want {
 		t.Fatalf("the multipath map is %s bytes, want the volume's %s", got, want)
 	}
