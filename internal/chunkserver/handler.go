@@ -76,7 +76,9 @@ type handler struct {
 	// chunk of a copyset).
 	checksums checksumLimiter
 	// beforeChecksum, when set (tests), runs before a checksum is computed.
-	beforeChecksum func()
+	// Atomic: a test sets it while the server runs, and the race detector
+	// sees no order through the socket.
+	beforeChecksum atomic.Pointer[func()]
 }
 
 // Checksum requests in flight, at most: per identity (per connection on an
@@ -617,8 +619,8 @@ func (hd *handler) checksum(rw transport.ReplyWriter, h api.Header) {
 	}
 	go func() {
 		defer hd.checksums.release(who)
-		if hd.beforeChecksum != nil {
-			hd.beforeChecksum()
+		if f := hd.beforeChecksum.Load(); f != nil {
+			(*f)()
 		}
 		b, err := checksumList(r)
 		if err != nil {

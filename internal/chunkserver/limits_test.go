@@ -20,7 +20,8 @@ func TestChecksumFloodThrottled(t *testing.T) {
 	var gateOnce sync.Once
 	open := func() { gateOnce.Do(func() { close(gate) }) }
 	t.Cleanup(open)
-	e.hd.beforeChecksum = func() { <-gate }
+	hold := func() { <-gate }
+	e.hd.beforeChecksum.Store(&hold)
 
 	c := e.dial()
 	want := bytes.Repeat([]byte{0x5a}, 4096)
