@@ -46,7 +46,7 @@ var toolPackages = map[string]string{
 	"busybox": "busybox-static", "kmod": "kmod", "nbd-client": "nbd-client",
 	"mkfs.ext4": "e2fsprogs", "mke2fs": "e2fsprogs", "e2fsck": "e2fsprogs", "fio": "fio",
 	"nvme": "nvme-cli", "iscsiadm": "open-iscsi", "iscsid": "open-iscsi",
-	"multipath": "multipath-tools", "multipathd": "multipath-tools",
+	"multipath": "multipath-tools", "multipathd": "multipath-tools", "dmsetup": "dmsetup",
 	"qemu-system-x86_64": "qemu-system-x86",
 }
 
