@@ -95,7 +95,7 @@ func TestIODigestsAndR2T(t *testing.T) {
 		t.Run(fmt.Sprintf("hdgst=%v,ddgst=%v", dg.h, dg.d), func(t *testing.T) {
 			_, addr, disk := startServer(t, func(c *Config) { c.R2TChunk = 16 << 10 })
 			_, ioq := session(t, addr, dg.h, dg.d)
-			ioq.maxH2C = 5000 // H2CData PDUs of 5000 bytes: several per R2T, one odd-sized
+			ioq.SetMaxH2CData(5000) // H2CData PDUs of 5000 bytes: several per R2T, one odd-sized
 			rng := rand.New(rand.NewPCG(1, 2))
 			for i, n := range []int{1, 8, 16, 100, 256} { // blocks: 512 B .. 128 KiB
 				data := make([]byte, n*512)
