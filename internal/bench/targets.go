@@ -556,7 +556,6 @@ func freePortBase(chunkservers int) (int, error) {
 // nbdPortOffset places the playground's NBD TCP listener at the port base + 30.
 const nbdPortOffset = 30
 
-
 // tail returns the last n lines of a log file, for error messages.
 func tail(path string, n int) string {
 	b, err := os.ReadFile(path)

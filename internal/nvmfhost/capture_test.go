@@ -21,6 +21,7 @@ type capture struct {
 	cmd    *exec.Cmd
 	exited chan struct{}
 	stderr *syncBuffer
+	probes int // connections made to see the capture start, each closed at once
 }
 
 type syncBuffer struct {
@@ -55,7 +56,9 @@ func startCapture(t *testing.T, addr string) *capture {
 		t.Fatal(err)
 	}
 	c := &capture{port: port, file: filepath.Join(t.TempDir(), "nvme-tcp.pcapng"), exited: make(chan struct{}), stderr: &syncBuffer{}}
-	c.cmd = exec.Command("dumpcap", "-i", "lo", "-f", "tcp port "+port, "-w", c.file)
+	// A 256 MiB kernel buffer: with the default 2 MiB, a loaded machine
+	// that keeps dumpcap off the CPU loses packets of the larger writes.
+	c.cmd = exec.Command("dumpcap", "-i", "lo", "-B", "256", "-f", "tcp port "+port, "-w", c.file)
 	c.cmd.Stdout, c.cmd.Stderr = c.stderr, c.stderr
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := c.cmd.Start(); err != nil {
@@ -76,7 +79,22 @@ func startCapture(t *testing.T, addr string) *capture {
 			t.Fatalf("dumpcap did not start capturing in 60 s: %s", lastLines(c.stderr.String(), 5))
 		}
 	}
-	return c
+	// "Capturing on" comes before the filter sees packets: probe with
+	// connections until the capture holds one's SYN.
+	for {
+		if nc, err := net.Dial("tcp", addr); err == nil {
+			nc.Close()
+			c.probes++
+		}
+		out, _ := c.try("tcp.flags.syn==1 && tcp.flags.ack==0", "-T", "fields", "-e", "frame.number")
+		if strings.Count(out, "\n") > 0 {
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dumpcap captured none of %d probe connections in 60 s: %s", c.probes, lastLines(c.stderr.String(), 5))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func (c *capture) stop() {
@@ -139,19 +157,22 @@ func (c *capture) pduCounts(t *testing.T) map[int]int {
 // sessions sent.
 func (c *capture) check(t *testing.T, conns int) {
 	t.Helper()
-	// Both FINs of every connection are the last packets the sessions caused.
+	// The end of every connection (the sessions' and the captured probes'),
+	// both FINs or a reset, is the last the sessions caused.
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		// While dumpcap writes, tshark may find the file cut short: try again.
-		out, err := c.try("tcp.flags.fin==1", "-T", "fields", "-e", "frame.number")
-		fins := strings.Count(out, "\n")
-		if err == nil && fins >= 2*conns {
+		out, err := c.try("(tcp.flags.syn==1 && tcp.flags.ack==0) || tcp.flags.fin==1 || tcp.flags.reset==1",
+			"-T", "fields", "-e", "tcp.stream", "-e", "tcp.srcport", "-e", "tcp.flags.syn", "-e", "tcp.flags.fin", "-e", "tcp.flags.reset")
+		open, ended := streamEnds(out)
+		if err == nil && open+ended > conns && open == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("capture: %d FINs after 60 s, want %d (%v): %s", fins, 2*conns, err, lastLines(c.stderr.String(), 5))
+			t.Fatalf("capture: %d connections not ended and %d ended after 60 s, want %d sessions' connections, all ended (%v): %s",
+				open, ended, conns, err, lastLines(c.stderr.String(), 5))
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond)
 	}
 	c.stop()
 	if bad := strings.TrimSpace(c.tshark(t, "_ws.malformed || _ws.expert.severity == error")); bad != "" {
@@ -173,4 +194,42 @@ func (c *capture) check(t *testing.T, conns int) {
 			t.Errorf("tshark decoded %d PDUs of type %#x, want at least %d (all: %v)", n[typ], typ, min, n)
 		}
 	}
+}
+
+// streamEnds reads tshark's fields (stream, source port, SYN, FIN, RST) of
+// the SYN, FIN and RST packets and counts the connections seen starting that
+// have not ended (a FIN from each side, or a reset) and those that have.
+func streamEnds(fields string) (open, ended int) {
+	type st struct {
+		syn, rst bool
+		fins     map[string]bool
+	}
+	streams := map[string]*st{}
+	for _, line := range strings.Split(fields, "\n") {
+		f := strings.Split(line, "\t")
+		if len(f) < 5 {
+			continue
+		}
+		s := streams[f[0]]
+		if s == nil {
+			s = &st{fins: map[string]bool{}}
+			streams[f[0]] = s
+		}
+		set := func(v string) bool { return v == "1" || v == "True" }
+		s.syn = s.syn || set(f[2])
+		s.rst = s.rst || set(f[4])
+		if set(f[3]) {
+			s.fins[f[1]] = true
+		}
+	}
+	for _, s := range streams {
+		switch {
+		case !s.syn:
+		case s.rst || len(s.fins) == 2:
+			ended++
+		default:
+			open++
+		}
+	}
+	return open, ended
 }
