@@ -51,6 +51,10 @@ var rpcRoles = map[string][]identity.Role{
 	"AccessNodeHeartbeat": {identity.RoleAccess}, // only as the node its identity registered
 	"SetNVMfSubsystem":    admin,
 	"ListANA":             {identity.RoleAccess, identity.RoleAdmin},
+	// Persistent reservations: the access nodes serve them; an admin may
+	// read and clear them.
+	"GetReservation":   {identity.RoleAccess, identity.RoleAdmin},
+	"ApplyReservation": {identity.RoleAccess, identity.RoleAdmin},
 	// The CSI driver: its node plugin registers its node; its controller
 	// (an admin, since it also creates and deletes volumes) attaches.
 	"RegisterNode": {identity.RoleAccess, identity.RoleAdmin},
