@@ -66,16 +66,6 @@ func TestCARotation(t *testing.T) {
 	v := open()
 	w := StartWorkload(t, v, WorkloadOptions{Seed: 14})
 	t.Cleanup(w.Stop)
-	progress := func(what string) {
-		t.Helper()
-		n := w.Acked() + 100
-		c.Eventually(120*time.Second, what, func(context.Context) error {
-			if w.Acked() < n {
-				return fmt.Errorf("%d IOs acknowledged, waiting for %d", w.Acked(), n)
-			}
-			return nil
-		})
-	}
 	// restartAll restarts the MDS, then each chunkserver, waiting for the
 	// cluster to be healthy in between; then the client and the admin tool
 	// restart too (they read ca.crt at start, like the daemons).
@@ -100,9 +90,9 @@ func TestCARotation(t *testing.T) {
 			c.WaitHealthy(120 * time.Second)
 		}
 		w.Reopen(open())
-		progress("IO after " + step)
+		w.AwaitProgress(c, "IO after " + step)
 	}
-	progress("the workload to start")
+	w.AwaitProgress(c, "the workload to start")
 
 	// 1. The new CA, trusted beside the old one.
 	newDir := t.TempDir()
@@ -158,7 +148,7 @@ func TestCARotation(t *testing.T) {
 	// New connections now present the new certificates: make some.
 	redialAdmin()
 	c.WaitHealthy(120 * time.Second)
-	progress("IO after reissuing every certificate")
+	w.AwaitProgress(c, "IO after reissuing every certificate")
 
 	// 3. The old CA removed; the new one's key takes its place.
 	writeAtomic(t, caCrt, newPEM)

@@ -20,17 +20,7 @@ func TestRollingRestart(t *testing.T) {
 	v := c.Open("rolling", false)
 	w := StartWorkload(t, v, WorkloadOptions{Seed: 15})
 	t.Cleanup(w.Stop)
-	progress := func(what string) {
-		t.Helper()
-		n := w.Acked() + 100
-		c.Eventually(120*time.Second, what, func(context.Context) error {
-			if w.Acked() < n {
-				return fmt.Errorf("%d IOs acknowledged, waiting for %d", w.Acked(), n)
-			}
-			return nil
-		})
-	}
-	progress("the workload to start")
+	w.AwaitProgress(c, "the workload to start")
 	elections := func() (e, tr int) {
 		for _, p := range c.CS {
 			e += c.CountLog(p, "via=election")
@@ -71,10 +61,10 @@ func TestRollingRestart(t *testing.T) {
 			}
 			return nil
 		})
-		progress(p.Name + " back and IO flowing")
+		w.AwaitProgress(c, p.Name + " back and IO flowing")
 	}
 	w.Mark("healed")
-	progress("IO after the last restart")
+	w.AwaitProgress(c, "IO after the last restart")
 	w.Stop()
 	e1, tr1 := elections()
 	f := w.Figures("rolling restart")

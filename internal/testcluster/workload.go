@@ -2,6 +2,7 @@ package testcluster
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -163,6 +164,19 @@ func (w *Workload) Mark(name string) {
 
 // Acked is the number of acknowledged IOs so far.
 func (w *Workload) Acked() int64 { return w.acked.Load() }
+
+// AwaitProgress waits until 100 more IOs than now are acknowledged: the
+// workload is flowing (after a start, a restart, a rotation).
+func (w *Workload) AwaitProgress(c *Cluster, what string) {
+	w.t.Helper()
+	n := w.Acked() + 100
+	c.Eventually(120*time.Second, what, func(context.Context) error {
+		if w.Acked() < n {
+			return fmt.Errorf("%d IOs acknowledged, waiting for %d", w.Acked(), n)
+		}
+		return nil
+	})
+}
 
 // Timeouts is the number of IOs that failed because the client's deadline
 // passed (an IO that hung), rather than with an answer.
