@@ -191,7 +191,7 @@ func (n *Node) startNVMf(cfg NVMfConfig, name string) error {
 		return fmt.Errorf("NVMe/TCP listen on %s: %w", cfg.Listen, err)
 	}
 	scfg := nvmf.Config{Exports: n.exports, Logger: n.log,
-		AllowedHosts: cfg.AllowedHosts, AdvertiseAddr: cfg.AdvertiseAddr}
+		AllowedHosts: cfg.AllowedHosts, AdvertiseAddr: cfg.AdvertiseAddr, Reservations: n.reservations}
 	kick := make(chan struct{}, 1)
 	var id uint64
 	if cfg.Multipath {

@@ -116,6 +116,7 @@ type initiator struct {
 	maxH2C       int // split H2CData to at most this much
 	cid          uint16
 	cntlid       uint16
+	hostID       [16]byte // sent in Connect
 }
 
 func dialInit(t testing.TB, addr string, hdgst, ddgst bool) *initiator {
@@ -328,6 +329,7 @@ func (in *initiator) connect(subnqn, hostnqn string, qid uint16, cntlid uint16, 
 	binary.LittleEndian.PutUint16(sqe[44:], 31)
 	binary.LittleEndian.PutUint32(sqe[48:], uint32(kato/time.Millisecond))
 	d := make([]byte, 1024)
+	copy(d[0:16], in.hostID[:])
 	binary.LittleEndian.PutUint16(d[16:], cntlid)
 	copy(d[256:], subnqn)
 	copy(d[512:], hostnqn)
