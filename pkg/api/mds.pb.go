@@ -2393,8 +2393,14 @@ type Node struct {
 	Zone             string                 `protobuf:"bytes,2,opt,name=zone,proto3" json:"zone,omitempty"`
 	Server           string                 `protobuf:"bytes,3,opt,name=server,proto3" json:"server,omitempty"`
 	RegisteredUnixMs int64                  `protobuf:"varint,4,opt,name=registered_unix_ms,json=registeredUnixMs,proto3" json:"registered_unix_ms,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// max_volumes is the node's attach limit (what the node plugin's
+	// NodeGetInfo reports): AttachVolume refuses a new attachment to a node
+	// holding this many with ResourceExhausted. 0: no limit.
+	MaxVolumes int64 `protobuf:"varint,5,opt,name=max_volumes,json=maxVolumes,proto3" json:"max_volumes,omitempty"`
+	// attached is how many volumes are attached to the node (set by the MDS).
+	Attached      int64 `protobuf:"varint,6,opt,name=attached,proto3" json:"attached,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -2451,6 +2457,20 @@ func (x *Node) GetServer() string {
 func (x *Node) GetRegisteredUnixMs() int64 {
 	if x != nil {
 		return x.RegisteredUnixMs
+	}
+	return 0
+}
+
+func (x *Node) GetMaxVolumes() int64 {
+	if x != nil {
+		return x.MaxVolumes
+	}
+	return 0
+}
+
+func (x *Node) GetAttached() int64 {
+	if x != nil {
+		return x.Attached
 	}
 	return 0
 }
@@ -2550,11 +2570,15 @@ func (x *RegisterNodeResponse) GetNode() *Node {
 // caller fences those nodes' writer (a takeover open); without exclusive,
 // other attachments stay.
 type AttachVolumeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Node          string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
-	ReadOnly      bool                   `protobuf:"varint,3,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
-	Exclusive     bool                   `protobuf:"varint,4,opt,name=exclusive,proto3" json:"exclusive,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Node      string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	ReadOnly  bool                   `protobuf:"varint,3,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	Exclusive bool                   `protobuf:"varint,4,opt,name=exclusive,proto3" json:"exclusive,omitempty"`
+	// check_only: answer as the attach would (NotFound, AlreadyExists,
+	// ResourceExhausted for a node at its limit) but change nothing; the CSI
+	// controller asks before it fences another node's writer.
+	CheckOnly     bool `protobuf:"varint,5,opt,name=check_only,json=checkOnly,proto3" json:"check_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2613,6 +2637,13 @@ func (x *AttachVolumeRequest) GetReadOnly() bool {
 func (x *AttachVolumeRequest) GetExclusive() bool {
 	if x != nil {
 		return x.Exclusive
+	}
+	return false
+}
+
+func (x *AttachVolumeRequest) GetCheckOnly() bool {
+	if x != nil {
+		return x.CheckOnly
 	}
 	return false
 }
@@ -4359,21 +4390,26 @@ const file_mds_proto_rawDesc = "" +
 	"\x13CloseSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\"\x16\n" +
-	"\x14CloseSessionResponse\"p\n" +
+	"\x14CloseSessionResponse\"\xad\x01\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12\x16\n" +
 	"\x06server\x18\x03 \x01(\tR\x06server\x12,\n" +
-	"\x12registered_unix_ms\x18\x04 \x01(\x03R\x10registeredUnixMs\">\n" +
+	"\x12registered_unix_ms\x18\x04 \x01(\x03R\x10registeredUnixMs\x12\x1f\n" +
+	"\vmax_volumes\x18\x05 \x01(\x03R\n" +
+	"maxVolumes\x12\x1a\n" +
+	"\battached\x18\x06 \x01(\x03R\battached\">\n" +
 	"\x13RegisterNodeRequest\x12'\n" +
 	"\x04node\x18\x01 \x01(\v2\x13.basalt.api.v1.NodeR\x04node\"?\n" +
 	"\x14RegisterNodeResponse\x12'\n" +
-	"\x04node\x18\x01 \x01(\v2\x13.basalt.api.v1.NodeR\x04node\"x\n" +
+	"\x04node\x18\x01 \x01(\v2\x13.basalt.api.v1.NodeR\x04node\"\x97\x01\n" +
 	"\x13AttachVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1b\n" +
 	"\tread_only\x18\x03 \x01(\bR\breadOnly\x12\x1c\n" +
-	"\texclusive\x18\x04 \x01(\bR\texclusive\"e\n" +
+	"\texclusive\x18\x04 \x01(\bR\texclusive\x12\x1d\n" +
+	"\n" +
+	"check_only\x18\x05 \x01(\bR\tcheckOnly\"e\n" +
 	"\x14AttachVolumeResponse\x12-\n" +
 	"\x06volume\x18\x01 \x01(\v2\x15.basalt.api.v1.VolumeR\x06volume\x12\x1e\n" +
 	"\n" +
