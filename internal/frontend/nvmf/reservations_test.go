@@ -3,6 +3,7 @@ package nvmf
 import (
 	"encoding/binary"
 	"testing"
+	"time"
 
 	"github.com/basalt-storage/basalt/internal/reservation"
 )
@@ -100,4 +101,43 @@ func TestReservations(t *testing.T) {
 	expect(h1, newSQE(ioResvRegister, 1, 0), resvData(0, 0xc), 0)
 	expect(h1, newSQE(ioResvRegister, 1, 1), resvData(0xd, 0), 0x83)
 	expect(h1, newSQE(ioResvRegister, 1, 1|8), resvData(0xd, 0), 0)
+}
+
+// Two targets (two access nodes), each with its own cache over one store:
+// a reservation acquired through one is enforced on the other as soon as
+// the Acquire completes, though the other read the state just before.
+func TestReservationsAcrossTargets(t *testing.T) {
+	shared := reservation.NewMemStore()
+	ttl := 100 * time.Millisecond
+	_, addrA, _ := startServer(t, func(c *Config) { c.Reservations = reservation.NewCached(shared, ttl) })
+	_, addrB, _ := startServer(t, func(c *Config) { c.Reservations = reservation.NewCached(shared, ttl) })
+	_, h1 := sessionAs(t, addrA, false, false, [16]byte{1})
+	_, h2 := sessionAs(t, addrB, false, false, [16]byte{2})
+	block := make([]byte, 512)
+	do := func(in *initiator, sqe, out []byte, inLen int) uint16 {
+		t.Helper()
+		r, err := in.do(sqe, out, len(out) > 0 && len(out) <= 4096, inLen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.status
+	}
+	if st := do(h1, newSQE(ioResvRegister, 1, 0), resvData(0, 0xa), 0); st != 0 {
+		t.Fatalf("register: %#x", st)
+	}
+	for i := range 5 {
+		// B reads the state (its cache is fresh), then A acquires.
+		if st := do(h2, rw(ioWrite, 0, 1), block, 0); st != 0 {
+			t.Fatalf("round %d: write through B before the reservation: %#x", i, st)
+		}
+		if st := do(h1, newSQE(ioResvAcquire, 1, 2<<8), resvData(0xa, 0), 0); st != 0 {
+			t.Fatalf("round %d: acquire through A: %#x", i, st)
+		}
+		if st := do(h2, rw(ioRead, 0, 1), nil, 512); st != scResvConflict {
+			t.Fatalf("round %d: read through B right after the acquire through A: status %#x, want reservation conflict", i, st)
+		}
+		if st := do(h1, newSQE(ioResvRelease, 1, 2<<8), resvData(0xa), 0); st != 0 {
+			t.Fatalf("round %d: release: %#x", i, st)
+		}
+	}
 }
