@@ -2,7 +2,10 @@ package csi
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -150,14 +153,15 @@ func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		return nil, err
 	}
 	pool := req.Parameters[ParamPool]
+	name := VolumeName(req.Name)
 	var vol *api.Volume
-	resp, err := c.d.mds.CreateVolume(ctx, &api.CreateVolumeRequest{Name: req.Name, Size: size, Pool: pool})
+	resp, err := c.d.mds.CreateVolume(ctx, &api.CreateVolumeRequest{Name: name, Size: size, Pool: pool})
 	switch {
 	case err == nil:
 		vol = resp.Volume
 	case status.Code(err) == codes.AlreadyExists:
 		// Idempotent by name: the same request again gets the same volume.
-		g, gerr := c.d.mds.GetVolume(ctx, &api.GetVolumeRequest{Name: req.Name})
+		g, gerr := c.d.mds.GetVolume(ctx, &api.GetVolumeRequest{Name: name})
 		if gerr != nil {
 			return nil, mdsErr("CreateVolume", gerr)
 		}
@@ -183,6 +187,32 @@ func (c *controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 		return &csi.DeleteVolumeResponse{}, nil
 	}
 	return nil, mdsErr("DeleteVolume", err)
+}
+
+// volumeNameRE is the MDS's rule for volume names.
+var volumeNameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
+
+// VolumeName is the basalt volume (and CSI volume id) CreateVolume makes for
+// a CSI volume name: the name itself when the MDS takes it (the
+// provisioner's pvc-UUID always fits), else the name with every other
+// character made '_', cut to 111 characters, and "-" and 16 hex digits of
+// its SHA-256 added, so that the same name always gives the same volume and
+// two names do not collide.
+func VolumeName(name string) string {
+	if volumeNameRE.MatchString(name) {
+		return name
+	}
+	b := []byte(name)
+	for i, ch := range b {
+		if !(ch >= 'A' && ch <= 'Z' || ch >= 'a' && ch <= 'z' || ch >= '0' && ch <= '9' || ch == '.' || ch == '_' || ch == '-') {
+			b[i] = '_'
+		}
+	}
+	if len(b) > 111 {
+		b = b[:111]
+	}
+	sum := sha256.Sum256([]byte(name))
+	return string(b) + "-" + hex.EncodeToString(sum[:8])
 }
 
 // getVolume reads a volume; an id that is not a volume name is NotFound.
@@ -226,6 +256,12 @@ func (c *controller) ControllerPublishVolume(ctx context.Context, req *csi.Contr
 			}
 		}
 		if len(writers) > 0 {
+			// Nothing is fenced for a publish that would be refused (the
+			// node at its attach limit: ResourceExhausted).
+			if _, err := c.d.mds.AttachVolume(ctx, &api.AttachVolumeRequest{Name: req.VolumeId, Node: req.NodeId,
+				ReadOnly: readOnly, Exclusive: excl, CheckOnly: true}); err != nil {
+				return nil, mdsErr("ControllerPublishVolume", err)
+			}
 			if err := c.fence(ctx, req.VolumeId, writers); err != nil {
 				return nil, err
 			}

@@ -76,11 +76,6 @@ func startNode(d *Driver) (*Node, error) {
 	default:
 		return nil, fmt.Errorf("csi: attach %q: want auto, nvmf, nbd or nbdfuse", cfg.Attach)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if _, err := d.mds.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: cfg.NodeID, Zone: cfg.Zone, Server: cfg.Server}}); err != nil {
-		return nil, fmt.Errorf("csi: registering node %q with the MDS: %w", cfg.NodeID, err)
-	}
 	n.maxVolumes = cfg.MaxVolumes
 	if n.maxVolumes <= 0 {
 		n.maxVolumes = DefaultMaxVolumes
@@ -88,6 +83,13 @@ func startNode(d *Driver) (*Node, error) {
 			devs, _ := filepath.Glob("/sys/block/nbd*")
 			n.maxVolumes = int64(len(devs))
 		}
+	}
+	// The MDS enforces the limit: ControllerPublishVolume beyond it is
+	// ResourceExhausted.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := d.mds.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: cfg.NodeID, Zone: cfg.Zone, Server: cfg.Server, MaxVolumes: n.maxVolumes}}); err != nil {
+		return nil, fmt.Errorf("csi: registering node %q with the MDS: %w", cfg.NodeID, err)
 	}
 	acfg := access.Config{
 		MDS: cfg.MDS, MDSTLS: cfg.MDSTLS, DataTLS: cfg.DataTLS, ClientName: "csi@" + cfg.NodeID, Logger: d.log,

@@ -44,6 +44,9 @@ var (
 	// ErrTooManySessions: the caller has MaxSessionsPerClient sessions open.
 	// gRPC ResourceExhausted.
 	ErrTooManySessions = errors.New("mds: too many open sessions for this client")
+	// ErrAttachLimit: the node has as many volumes attached as its limit.
+	// gRPC ResourceExhausted.
+	ErrAttachLimit = errors.New("mds: the node's attach limit is reached")
 	// ErrNoTLS: Config has neither TLS nor Insecure.
 	ErrNoTLS = errors.New("mds: no TLS configuration")
 )
@@ -67,7 +70,7 @@ func codeOf(err error) codes.Code {
 		return codes.PermissionDenied
 	case errors.Is(err, ErrUnauthenticated):
 		return codes.Unauthenticated
-	case errors.Is(err, ErrTooManySessions):
+	case errors.Is(err, ErrTooManySessions), errors.Is(err, ErrAttachLimit):
 		return codes.ResourceExhausted
 	case errors.Is(err, context.Canceled):
 		return codes.Canceled

@@ -2,12 +2,12 @@ package mds
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"slices"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/basalt-storage/basalt/pkg/api"
@@ -35,22 +35,66 @@ func (h *handler) RegisterNode(ctx context.Context, req *api.RegisterNodeRequest
 	if err := checkNode(n.Id); err != nil {
 		return nil, err
 	}
-	rec := nodeRecord{ID: n.Id, Zone: n.Zone, Server: n.Server, RegisteredMs: time.Now().UnixMilli()}
-	lk := s.leaderKey()
-	if lk == "" {
-		return nil, ErrNotActive
+	if n.MaxVolumes < 0 {
+		return nil, fmt.Errorf("%w: node %q: max_volumes %d < 0", ErrInvalidArgument, n.Id, n.MaxVolumes)
 	}
-	resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(lk), ">", 0)).
-		Then(clientv3.OpPut(nodeKey(rec.ID), encode(rec))).Commit()
+	var rec nodeRecord
+	err := s.txn(ctx, func(stm concurrency.STM) error {
+		// The volumes attached stay: a node plugin registers at every start.
+		var old nodeRecord
+		if v := stm.Get(nodeKey(n.Id)); v != "" {
+			var err error
+			if old, err = decode[nodeRecord](v); err != nil {
+				return err
+			}
+		}
+		rec = nodeRecord{ID: n.Id, Zone: n.Zone, Server: n.Server, RegisteredMs: time.Now().UnixMilli(),
+			MaxVolumes: n.MaxVolumes, Volumes: old.Volumes}
+		stm.Put(nodeKey(rec.ID), encode(rec))
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	if !resp.Succeeded {
-		return nil, ErrNotActive
-	}
-	s.log.Info("node registered", "node", rec.ID, "zone", rec.Zone, "server", rec.Server)
-	return &api.RegisterNodeResponse{Node: &api.Node{Id: rec.ID, Zone: rec.Zone, Server: rec.Server, RegisteredUnixMs: rec.RegisteredMs}}, nil
+	s.log.Info("node registered", "node", rec.ID, "zone", rec.Zone, "server", rec.Server, "max_volumes", rec.MaxVolumes, "attached", len(rec.Volumes))
+	return &api.RegisterNodeResponse{Node: rec.proto()}, nil
 }
+
+func (r nodeRecord) proto() *api.Node {
+	return &api.Node{Id: r.ID, Zone: r.Zone, Server: r.Server, RegisteredUnixMs: r.RegisteredMs,
+		MaxVolumes: r.MaxVolumes, Attached: int64(len(r.Volumes))}
+}
+
+// nodeVolumes adds (add) or drops the volume id in the node's list of
+// attached volumes, in the transaction; with add it refuses a volume beyond
+// the node's limit. A node record that is gone is left so.
+func nodeVolumes(stm concurrency.STM, node string, id uint64, add bool) error {
+	v := stm.Get(nodeKey(node))
+	if v == "" {
+		return nil
+	}
+	rec, err := decode[nodeRecord](v)
+	if err != nil {
+		return err
+	}
+	i := slices.Index(rec.Volumes, id)
+	switch {
+	case add && i >= 0, !add && i < 0:
+		return nil
+	case add:
+		if rec.MaxVolumes > 0 && int64(len(rec.Volumes)) >= rec.MaxVolumes {
+			return fmt.Errorf("%w: node %q has %d volumes attached, its limit", ErrAttachLimit, node, len(rec.Volumes))
+		}
+		rec.Volumes = append(slices.Clone(rec.Volumes), id)
+	default:
+		rec.Volumes = slices.Delete(slices.Clone(rec.Volumes), i, i+1)
+	}
+	stm.Put(nodeKey(node), encode(rec))
+	return nil
+}
+
+// errCheckOnly aborts a CheckOnly AttachVolume's transaction once it would succeed.
+var errCheckOnly = errors.New("mds: check only")
 
 // AttachVolume records that a volume is published to a node; see
 // api.AttachVolumeRequest for the rules.
@@ -88,7 +132,18 @@ func (h *handler) AttachVolume(ctx context.Context, req *api.AttachVolumeRequest
 			keep = append(keep, a)
 		}
 		if i < 0 {
+			if err := nodeVolumes(stm, req.Node, v.ID, true); err != nil {
+				return err
+			}
 			keep = append(keep, attachmentRecord{Node: req.Node, ReadOnly: req.ReadOnly, AttachedMs: time.Now().UnixMilli()})
+		}
+		for _, n := range superseded {
+			if err := nodeVolumes(stm, n, v.ID, false); err != nil {
+				return err
+			}
+		}
+		if req.CheckOnly {
+			return errCheckOnly
 		}
 		if i >= 0 && len(superseded) == 0 {
 			return nil // already so
@@ -97,6 +152,9 @@ func (h *handler) AttachVolume(ctx context.Context, req *api.AttachVolumeRequest
 		stm.Put(volumeKey(v.ID), encode(rec))
 		return nil
 	})
+	if errors.Is(err, errCheckOnly) {
+		return &api.AttachVolumeResponse{Volume: rec.proto()}, nil
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -126,6 +184,9 @@ func (h *handler) DetachVolume(ctx context.Context, req *api.DetachVolumeRequest
 			return nil
 		}
 		v.Attachments = slices.Delete(slices.Clone(v.Attachments), i, i+1)
+		if err := nodeVolumes(stm, req.Node, v.ID, false); err != nil {
+			return err
+		}
 		stm.Put(volumeKey(v.ID), encode(v))
 		changed = true
 		return nil

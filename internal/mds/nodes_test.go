@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -80,5 +81,148 @@ func TestAttachments(t *testing.T) {
 	}
 	if _, err := c.DeleteVolume(ctx, &api.DeleteVolumeRequest{Name: "pv"}); err != nil {
 		t.Fatalf("delete after the last detach: %v", err)
+	}
+}
+
+// A node's attach limit: AttachVolume refuses a new attachment beyond it
+// with ResourceExhausted (what CSI's ControllerPublishVolume answers),
+// atomically even when publishes race; a detach, or a takeover by another
+// node, frees a place; registering again keeps the count.
+func TestAttachLimit(t *testing.T) {
+	c := startWithPool(t, Config{SessionLease: 10 * time.Second}, 3)
+	ctx := ctxT(t)
+	for _, n := range []*api.Node{{Id: "small", MaxVolumes: 3}, {Id: "other"}} {
+		if _, err := c.RegisterNode(ctx, &api.RegisterNodeRequest{Node: n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := c.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: "neg", MaxVolumes: -1}})
+	wantCode(t, "a negative limit", err, codes.InvalidArgument)
+	vols := []string{"v0", "v1", "v2", "v3", "v4", "v5"}
+	for _, v := range vols {
+		if _, err := c.CreateVolume(ctx, &api.CreateVolumeRequest{Name: v, Size: 1 << 20}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Six publishes at once to a node that takes three.
+	errs := make(chan error, len(vols))
+	for _, v := range vols {
+		go func() {
+			_, err := c.AttachVolume(ctx, &api.AttachVolumeRequest{Name: v, Node: "small", Exclusive: true})
+			errs <- err
+		}()
+	}
+	var ok, full int
+	for range vols {
+		switch err := <-errs; status.Code(err) {
+		case codes.OK:
+			ok++
+		case codes.ResourceExhausted:
+			full++
+		default:
+			t.Fatalf("attach: %v", err)
+		}
+	}
+	if ok != 3 || full != 3 {
+		t.Fatalf("6 racing attaches to a node with limit 3: %d attached, %d refused; want 3 and 3", ok, full)
+	}
+	attachedTo := func(node string) []string {
+		t.Helper()
+		l, err := c.ListVolumes(ctx, &api.ListVolumesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, v := range l.Volumes {
+			if slices.ContainsFunc(v.Attachments, func(a *api.Attachment) bool { return a.Node == node }) {
+				out = append(out, v.Name)
+			}
+		}
+		return out
+	}
+	on := attachedTo("small")
+	if len(on) != 3 {
+		t.Fatalf("attached to small: %v; want 3", on)
+	}
+	var off []string
+	for _, v := range vols {
+		if !slices.Contains(on, v) {
+			off = append(off, v)
+		}
+	}
+	// Again for one attached: idempotent, not refused.
+	if _, err := c.AttachVolume(ctx, &api.AttachVolumeRequest{Name: on[0], Node: "small", Exclusive: true}); err != nil {
+		t.Fatalf("attach again: %v", err)
+	}
+	// Registering again (a plugin restart) keeps the count.
+	r, err := c.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: "small", MaxVolumes: 3}})
+	if err != nil || r.Node.Attached != 3 || r.Node.MaxVolumes != 3 {
+		t.Fatalf("register again: %v %v; want attached 3, max 3", r, err)
+	}
+	_, err = c.AttachVolume(ctx, &api.AttachVolumeRequest{Name: off[0], Node: "small"})
+	wantCode(t, "attach beyond the limit after re-registering", err, codes.ResourceExhausted)
+	// A detach frees a place.
+	if _, err := c.DetachVolume(ctx, &api.DetachVolumeRequest{Name: on[0], Node: "small"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.AttachVolume(ctx, &api.AttachVolumeRequest{Name: off[0], Node: "small"}); err != nil {
+		t.Fatalf("attach after a detach: %v", err)
+	}
+	// A takeover by another node frees one too.
+	if _, err := c.AttachVolume(ctx, &api.AttachVolumeRequest{Name: on[1], Node: "other", Exclusive: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.AttachVolume(ctx, &api.AttachVolumeRequest{Name: off[1], Node: "small"}); err != nil {
+		t.Fatalf("attach after a takeover freed a place: %v", err)
+	}
+	_, err = c.AttachVolume(ctx, &api.AttachVolumeRequest{Name: off[2], Node: "small"})
+	wantCode(t, "attach beyond the limit again", err, codes.ResourceExhausted)
+	if got := attachedTo("small"); len(got) != 3 {
+		t.Fatalf("attached to small at the end: %v; want 3", got)
+	}
+	// No limit: the other node takes all.
+	for _, v := range vols {
+		if _, err := c.AttachVolume(ctx, &api.AttachVolumeRequest{Name: v, Node: "other", ReadOnly: v != on[1]}); err != nil && status.Code(err) != codes.AlreadyExists {
+			t.Fatalf("attach %s to the unlimited node: %v", v, err)
+		}
+	}
+}
+
+// CheckOnly answers as the attach would and changes nothing.
+func TestAttachCheckOnly(t *testing.T) {
+	c := startWithPool(t, Config{SessionLease: 10 * time.Second}, 3)
+	ctx := ctxT(t)
+	for _, n := range []*api.Node{{Id: "one", MaxVolumes: 1}, {Id: "b"}} {
+		if _, err := c.RegisterNode(ctx, &api.RegisterNodeRequest{Node: n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, v := range []string{"v0", "v1"} {
+		if _, err := c.CreateVolume(ctx, &api.CreateVolumeRequest{Name: v, Size: 1 << 20}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.AttachVolume(ctx, &api.AttachVolumeRequest{Name: "v0", Node: "one", CheckOnly: true}); err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	if _, err := c.AttachVolume(ctx, &api.AttachVolumeRequest{Name: "v1", Node: "one", CheckOnly: true}); err != nil {
+		t.Fatalf("check of a second volume (the first was only checked): %v", err)
+	}
+	if _, err := c.AttachVolume(ctx, &api.AttachVolumeRequest{Name: "v0", Node: "b", Exclusive: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.AttachVolume(ctx, &api.AttachVolumeRequest{Name: "v1", Node: "one"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.AttachVolume(ctx, &api.AttachVolumeRequest{Name: "v0", Node: "one", Exclusive: true, CheckOnly: true})
+	wantCode(t, "check beyond the limit", err, codes.ResourceExhausted)
+	_, err = c.AttachVolume(ctx, &api.AttachVolumeRequest{Name: "v1", Node: "one", ReadOnly: true, CheckOnly: true})
+	wantCode(t, "check with another read_only", err, codes.AlreadyExists)
+	if _, err := c.AttachVolume(ctx, &api.AttachVolumeRequest{Name: "v1", Node: "b", Exclusive: true, CheckOnly: true}); err != nil {
+		t.Fatalf("check of a takeover: %v", err)
+	}
+	g, err := c.GetVolume(ctx, &api.GetVolumeRequest{Name: "v1"})
+	if err != nil || len(g.Volume.Attachments) != 1 || g.Volume.Attachments[0].Node != "one" {
+		t.Fatalf("after checks, v1 is attached to %v (%v); want only node one", g.GetVolume().GetAttachments(), err)
 	}
 }

@@ -31,6 +31,7 @@ const (
 	accessNodePrefix  = prefix + "access-nodes/"
 	nvmfSubsysPrefix  = prefix + "nvmf-subsystems/"
 	anaKey            = prefix + "ana-assignments"
+	reservationPrefix = prefix + "reservations/"
 )
 
 // Id counters (idsPrefix + kind).
@@ -114,6 +115,12 @@ type nodeRecord struct {
 	Zone         string `json:"zone,omitempty"`
 	Server       string `json:"server,omitempty"`
 	RegisteredMs int64  `json:"registered_unix_ms"`
+	// MaxVolumes is the node's attach limit; 0: none.
+	MaxVolumes int64 `json:"max_volumes,omitempty"`
+	// Volumes are the ids of the volumes attached to the node, kept with
+	// each volume's Attachments in the same transactions (AttachVolume,
+	// DetachVolume), so that the limit is checked atomically.
+	Volumes []uint64 `json:"volumes,omitempty"`
 }
 
 // sessionRecord is the value at /basalt/sessions/<id>, attached to the etcd

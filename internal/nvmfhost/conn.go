@@ -112,6 +112,9 @@ type Conn struct {
 	cid          uint16
 	// CNTLID is the controller id the last successful Connect returned.
 	CNTLID uint16
+	// HostID is the Host Identifier Connect sends (reservations tell hosts
+	// apart by it).
+	HostID [16]byte
 }
 
 // Dial connects to addr and exchanges ICReq/ICResp, asking for the digests.
@@ -398,6 +401,7 @@ func (c *Conn) Connect(subnqn, hostnqn string, qid, cntlid uint16, sqsize int, k
 	binary.LittleEndian.PutUint16(sqe[44:], uint16(sqsize-1))
 	binary.LittleEndian.PutUint32(sqe[48:], uint32(kato/time.Millisecond))
 	d := make([]byte, 1024)
+	copy(d[0:16], c.HostID[:])
 	binary.LittleEndian.PutUint16(d[16:], cntlid)
 	copy(d[256:], subnqn)
 	copy(d[512:], hostnqn)

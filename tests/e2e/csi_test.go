@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,7 +19,9 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/basalt-storage/basalt/internal/testcluster"
 	"github.com/basalt-storage/basalt/internal/testutil"
@@ -30,7 +33,8 @@ import (
 // startCSI runs `basalt csi --mode all` against the playground's MDS, on a
 // Unix socket, with its node plugin attaching through nbdfuse and a loop
 // device (this host's kernel has no nbd module); it returns the socket path.
-func startCSI(t *testing.T, p *pg, nodeID string) string {
+// extra are more flags.
+func startCSI(t *testing.T, p *pg, nodeID string, extra ...string) string {
 	t.Helper()
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "csi.sock")
@@ -41,6 +45,7 @@ func startCSI(t *testing.T, p *pg, nodeID string) string {
 	}
 	cmd := exec.Command(testcluster.Binary(t), "csi", "--endpoint", "unix://"+sock, "--mds", p.st.MDS, "--tls-dir", p.st.TLSDir,
 		"--mode", "all", "--node-id", nodeID, "--zone", "zone-a", "--state-dir", filepath.Join(dir, "state"), "--attach", "nbdfuse")
+	cmd.Args = append(cmd.Args, extra...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -148,7 +153,9 @@ func requireKernelAttach(t *testing.T) {
 func TestCSISanity(t *testing.T) {
 	requireKernelAttach(t)
 	p := startPlayground(t, "1GiB")
-	sock := startCSI(t, p, "sanity-node")
+	// An attach limit of 4: csi-sanity's attach-limit case publishes 4
+	// volumes to the node and wants the fifth refused.
+	sock := startCSI(t, p, "sanity-node", "--max-volumes", "4")
 	dir := t.TempDir()
 	t.Cleanup(func() { releaseUnder(t, dir) })
 	cfg := sanity.NewTestConfig()
@@ -158,11 +165,15 @@ func TestCSISanity(t *testing.T) {
 	cfg.TestVolumeSize = 64 << 20
 	cfg.TestVolumeExpandSize = 128 << 20
 	cfg.IdempotentCount = 3
+	cfg.TestNodeVolumeAttachLimit = true
 	cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	sanity.Test(t, cfg)
 	if t.Failed() {
 		return
 	}
+	// The limit's answer is the spec's: RESOURCE_EXHAUSTED, nothing
+	// recorded; an unpublish frees a place.
+	attachLimit(t, sock, "sanity-node", 4)
 	// Nothing left behind: no loop device over an nbdfuse file of the
 	// plugin's, no mount under the plugin's or the test's directories.
 	out, _ := exec.CommandContext(context.Background(), "losetup", "-a").CombinedOutput()
@@ -171,6 +182,64 @@ func TestCSISanity(t *testing.T) {
 		if strings.Contains(line, filepath.Dir(sock)) || strings.Contains(line, dir) {
 			t.Errorf("left behind: %s", line)
 		}
+	}
+}
+
+// attachLimit publishes limit volumes to node, then one more: refused with
+// ResourceExhausted and not recorded; after one unpublish it goes. It
+// deletes what it made.
+func attachLimit(t *testing.T, sock, node string, limit int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctl := csi.NewControllerClient(conn)
+	rwo := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+	var vols []string
+	for i := range limit + 1 {
+		name := fmt.Sprintf("pvc-limit-%d", i)
+		if _, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 20},
+			VolumeCapabilities: []*csi.VolumeCapability{rwo}}); err != nil {
+			t.Fatal(err)
+		}
+		vols = append(vols, name)
+	}
+	defer func() {
+		for _, v := range vols {
+			_, _ = ctl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: v, NodeId: node})
+			if _, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v}); err != nil {
+				t.Errorf("delete %s: %v", v, err)
+			}
+		}
+	}()
+	publish := func(v string) error {
+		_, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: v, NodeId: node, VolumeCapability: rwo})
+		return err
+	}
+	for _, v := range vols[:limit] {
+		if err := publish(v); err != nil {
+			t.Fatalf("publish %s: %v", v, err)
+		}
+	}
+	if err := publish(vols[limit]); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("publish beyond the node's limit of %d: %v; want ResourceExhausted", limit, err)
+	}
+	g, err := ctl.ControllerGetVolume(ctx, &csi.ControllerGetVolumeRequest{VolumeId: vols[limit]})
+	if err != nil || len(g.GetStatus().GetPublishedNodeIds()) != 0 {
+		t.Fatalf("the refused volume: published to %v (%v); want none", g.GetStatus().GetPublishedNodeIds(), err)
+	}
+	if _, err := ctl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: vols[0], NodeId: node}); err != nil {
+		t.Fatal(err)
+	}
+	if err := publish(vols[limit]); err != nil {
+		t.Fatalf("publish after an unpublish freed a place: %v", err)
 	}
 }
 

@@ -13,7 +13,14 @@ import (
 // session connects an admin queue and one I/O queue to vol.
 func session(t *testing.T, addr string, hdgst, ddgst bool) (admin, ioq *initiator) {
 	t.Helper()
+	return sessionAs(t, addr, hdgst, ddgst, [16]byte{})
+}
+
+// sessionAs is session as the host with host identifier hostID.
+func sessionAs(t *testing.T, addr string, hdgst, ddgst bool, hostID [16]byte) (admin, ioq *initiator) {
+	t.Helper()
 	admin = dialInit(t, addr, hdgst, ddgst)
+	admin.HostID = hostID
 	admin.must(admin.connect(VolumeNQNPrefix+"vol", hostA, 0, 0xffff, 0))
 	if cap := admin.prop(true, propCAP, 0).dw0; cap&0xffff != 127 {
 		t.Fatalf("CAP.MQES = %d", cap&0xffff)
@@ -27,6 +34,7 @@ func session(t *testing.T, addr string, hdgst, ddgst bool) (admin, ioq *initiato
 		t.Fatalf("number of queues = %#x", r.dw0)
 	}
 	ioq = dialInit(t, addr, hdgst, ddgst)
+	ioq.HostID = hostID
 	sqe := newSQE(opFabrics, 0)
 	_ = sqe
 	ioq.must(ioq.connect(VolumeNQNPrefix+"vol", hostA, 1, admin.cntlid, 0))
