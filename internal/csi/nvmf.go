@@ -92,15 +92,26 @@ func nvmeSubsystemGone(root, nqn string) bool {
 // attachNVMf connects the kernel to the volume's subsystem on the plugin's
 // own NVMe/TCP target and waits for the namespace's block device.
 func (n *Node) attachNVMf(ctx context.Context, st *stageState) error {
-	host, port, err := net.SplitHostPort(n.nvmfAddr)
+	return attachNVMfAt(ctx, st, n.nvmfAddr, "")
+}
+
+// attachNVMfAt connects the kernel to the volume's subsystem at the target
+// addr (host:port), as hostNQN ("": nvme-cli's default), and waits for the
+// namespace's block device.
+func attachNVMfAt(ctx context.Context, st *stageState, addr, hostNQN string) error {
+	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("NVMe/TCP target address %q: %w", n.nvmfAddr, err)
+		return fmt.Errorf("NVMe/TCP target address %q: %w", addr, err)
 	}
 	st.NQN = nvmf.VolumeNQNPrefix + st.Volume
 	if dev := nvmeNamespaceDevice(sysNVMeSubsystems, st.NQN); dev == "" {
 		// -l: give up on a lost target after 60 s instead of nvme-cli's 10
 		// minutes, so an unstage after the plugin restarted does not hang.
-		if _, err := run(ctx, "nvme", "connect", "-t", "tcp", "-a", host, "-s", port, "-n", st.NQN, "-l", "60"); err != nil {
+		args := []string{"connect", "-t", "tcp", "-a", host, "-s", port, "-n", st.NQN, "-l", "60"}
+		if hostNQN != "" {
+			args = append(args, "-q", hostNQN)
+		}
+		if _, err := run(ctx, "nvme", args...); err != nil {
 			return err
 		}
 	}
@@ -114,12 +125,12 @@ func (n *Node) attachNVMf(ctx context.Context, st *stageState) error {
 			}
 		}
 		if time.Now().After(deadline) {
-			_ = n.detachNVMf(context.Background(), st)
+			_ = detachNVMf(context.Background(), st)
 			return fmt.Errorf("connected to %s but no namespace device appeared within 60 s", st.NQN)
 		}
 		select {
 		case <-ctx.Done():
-			_ = n.detachNVMf(context.Background(), st)
+			_ = detachNVMf(context.Background(), st)
 			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
@@ -128,7 +139,7 @@ func (n *Node) attachNVMf(ctx context.Context, st *stageState) error {
 
 // detachNVMf disconnects every controller of the volume's subsystem and
 // waits until the kernel lists it no more.
-func (n *Node) detachNVMf(ctx context.Context, st *stageState) error {
+func detachNVMf(ctx context.Context, st *stageState) error {
 	if nvmeSubsystemGone(sysNVMeSubsystems, st.NQN) {
 		return nil
 	}
