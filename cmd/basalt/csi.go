@@ -30,6 +30,7 @@ func csiCommand() *cobra.Command {
 	zone := f.String("zone", "", "this node's zone, reported as topology "+csi.TopologyZoneKey)
 	stateDir := f.String("state-dir", "/var/lib/basalt-csi", "node: where the NBD socket and per-volume state live")
 	attach := f.String("attach", "auto", "node: how to attach volumes: auto (NVMe/TCP if nvme-cli and nvme-tcp are there, else kernel NBD if loaded, else iSCSI if iscsiadm and iscsi_tcp are, else nbdfuse + loop), nvmf, nbd, iscsi or nbdfuse")
+	nvmfDiscovery := f.String("nvmf-discovery", "", "node: the discovery controller (host:port) of the cluster's basalt nvmf --multipath access nodes: NVMe/TCP stages connect to every path it lists (empty: the plugin's own loopback target)")
 	maxVolumes := f.Int64("max-volumes", 0, "node: the attach limit reported to Kubernetes (0: the NBD device count for kernel NBD, else 128)")
 	tf := addTLSFlags(cmd, identity.RoleAdmin, identity.RoleAccess)
 	cmd.RunE = func(*cobra.Command, []string) error {
@@ -43,7 +44,7 @@ func csiCommand() *cobra.Command {
 		}
 		d, err := csi.Start(csi.Config{
 			Endpoint: *endpoint, MDS: splitList(*mdsAddrs), MDSTLS: mdsTLS, DataTLS: dataTLS, Mode: *mode, DriverName: *driver,
-			NodeID: *nodeID, Zone: *zone, Server: host, StateDir: *stateDir, Attach: *attach, MaxVolumes: *maxVolumes,
+			NodeID: *nodeID, Zone: *zone, Server: host, StateDir: *stateDir, Attach: *attach, MaxVolumes: *maxVolumes, NVMfDiscovery: *nvmfDiscovery,
 			Logger: slog.Default(),
 		})
 		if err != nil {
@@ -114,6 +115,7 @@ Prints the device.`,
 	method := f.String("method", csi.ProtocolNVMf, "how to attach: nvmf or iscsi")
 	addr := f.String("addr", "", "the NVMe/TCP target or the iSCSI portal, host:port; required")
 	hostNQN := f.String("hostnqn", "", "nvmf: the host NQN to connect as (default: nvme-cli's)")
+	discovery := f.String("discovery", "", "nvmf: a discovery controller (host:port): connect to every path it lists for the volume instead of --addr")
 	target := f.String("target", "", "iscsi: the target name (default: iqn.2026-11.io.basalt:CLUSTER:VOLUME with --cluster)")
 	cluster := f.String("cluster", "basalt", "iscsi: the cluster name in the default target name")
 	fsType := f.String("fs", "ext4", "the file system to make and mount (ext4, xfs)")
@@ -121,10 +123,10 @@ Prints the device.`,
 	readOnly := f.Bool("read-only", false, "attach and mount read-only")
 	state := f.String("state", "", "the file to record the stage in; required")
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
-		if *addr == "" || *state == "" {
-			return fmt.Errorf("--addr and --state are required")
+		if (*addr == "" && *discovery == "") || *state == "" {
+			return fmt.Errorf("--addr (or --discovery) and --state are required")
 		}
-		t := csi.DeviceTarget{Method: *method, Addr: *addr, HostNQN: *hostNQN, Target: *target}
+		t := csi.DeviceTarget{Method: *method, Addr: *addr, HostNQN: *hostNQN, Target: *target, Discovery: *discovery}
 		if t.Target == "" {
 			t.Target = iscsi.TargetName(*cluster, args[0])
 		}

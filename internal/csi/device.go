@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+
+	"github.com/basalt-storage/basalt/internal/frontend/nvmf"
 )
 
 // DeviceTarget says where a standalone attach (StageDevice, the `basalt csi
@@ -16,6 +18,10 @@ type DeviceTarget struct {
 	Addr    string // nvmf: the target's host:port; iscsi: the portal
 	HostNQN string // nvmf: the host NQN to connect as ("": nvme-cli's default)
 	Target  string // iscsi: the target name
+	// Discovery (nvmf), if set, is a discovery controller (host:port, any
+	// access node of the cluster): the attach connects to every path its
+	// log lists for the volume (NVMe multipath), not to Addr.
+	Discovery string
 }
 
 // StageDevice is NodeStageVolume's work on this host for volume at t —
@@ -31,7 +37,14 @@ func StageDevice(ctx context.Context, t DeviceTarget, volume, fsType, path strin
 	var err error
 	switch t.Method {
 	case ProtocolNVMf:
-		err = attachNVMfAt(ctx, st, t.Addr, t.HostNQN)
+		if t.Discovery == "" {
+			err = attachNVMfAt(ctx, st, t.Addr, t.HostNQN)
+			break
+		}
+		var paths []string
+		if paths, err = nvmfPaths(ctx, t.Discovery, t.HostNQN, nvmf.VolumeNQNPrefix+volume); err == nil {
+			err = attachNVMfPaths(ctx, st, paths, t.HostNQN)
+		}
 	case ProtocolISCSI:
 		err = attachISCSIAt(ctx, st, t.Addr, t.Target)
 	default:

@@ -18,6 +18,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/frontend/access"
 	"github.com/basalt-storage/basalt/internal/frontend/iscsi"
+	"github.com/basalt-storage/basalt/internal/frontend/nvmf"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -232,6 +233,13 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 	var err error
 	switch method {
 	case ProtocolNVMf:
+		if d := n.d.cfg.NVMfDiscovery; d != "" {
+			var paths []string
+			if paths, err = nvmfPaths(ctx, d, "", nvmf.VolumeNQNPrefix+st.Volume); err == nil {
+				err = attachNVMfPaths(ctx, st, paths, "")
+			}
+			break
+		}
 		err = n.attachNVMf(ctx, st)
 	case ProtocolNBD:
 		err = n.attachNBD(ctx, st)
