@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -161,6 +162,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				"still crosses a socket from the front end to the chunkserver.")
 		}
 	}
+	if slices.ContainsFunc(cfg.Targets, isFrontendTarget) {
+		r.rep.Notes = append(r.rep.Notes, "Front ends side by side, all on `basalt-r3`'s playground and volume: `"+TargetBasaltR3NVMf+
+			"` is NVMe/TCP from the bench's own Go host (internal/nvmfhost: one I/O queue, the job's depth of commands in flight, "+
+			"true random offsets, its latencies measured per IO); `"+TargetBasaltR3ISCSI+"` (libiscsi) and `"+TargetBasaltR3QemuNBD+
+			"` (QEMU's NBD client on the same Unix socket as `basalt-r3`) are driven by `qemu-img bench`, which has no random offsets "+
+			"(the rand jobs step 1 MiB + one block per request, wrapping) and reports only its run time: their mean latency is "+
+			"depth / IOPS (Little's law) and their p99 is empty. The clients' own CPU is not in the CPU column.")
+	}
 	r.rep.Notes = append(r.rep.Notes,
 		"The CPU column leaves out fio itself (the NBD client) and counts the MDS and etcd, which idle during IO.",
 		"fio's JSON output of every job is kept in "+cfg.Dir+"/fio-TARGET-JOB.json until the next run.",
@@ -238,6 +247,10 @@ func (r *runner) runTarget(ctx context.Context, name string) error {
 		t, err = r.openBasaltR3(ctx, name)
 	case TargetBasaltR1, TargetBasaltR1 + BaselineSuffix:
 		t, err = r.openBasaltR1(ctx, name)
+	case TargetBasaltR3NVMf:
+		t, err = r.openBasaltR3NVMf(ctx, name)
+	case TargetBasaltR3ISCSI, TargetBasaltR3QemuNBD:
+		t, err = r.openQemuBench(ctx, name, name == TargetBasaltR3ISCSI)
 	default:
 		err = fmt.Errorf("unknown target %q", name)
 	}
@@ -258,6 +271,10 @@ func (r *runner) runTarget(ctx context.Context, name string) error {
 	for _, j := range r.cfg.Jobs {
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if t.supports != nil && !t.supports(j) {
+			r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("`%s` does not run %s (qemu-img bench neither mixes reads and writes nor syncs).", name, j.Name))
+			continue
 		}
 		r.rep.Rows = append(r.rep.Rows, r.runJob(ctx, t, name, j))
 		if name == TargetRaw && j.Name == JobRandWriteQD1.Name {
@@ -293,6 +310,9 @@ type fioResult struct {
 // fio runs one fio process for job j on t. With processes to watch, their CPU is
 // sampled when the ramp ends and when fio exits, and their peak RSS at the end.
 func (r *runner) fio(ctx context.Context, t *target, j Job, runtime, ramp time.Duration, procs procSet) (fioResult, error) {
+	if t.driver != nil {
+		return t.driver(ctx, j, runtime, ramp, procs)
+	}
 	out := filepath.Join(r.cfg.Dir, fmt.Sprintf("fio-%s-%s.json", t.name, j.Name))
 	if j.FDataSync {
 		out = filepath.Join(r.cfg.Dir, fmt.Sprintf("fio-%s-%s-fdatasync.json", t.name, j.Name))

@@ -60,7 +60,17 @@ const (
 	TargetBasaltR3Insecure  = "basalt-r3-insecure"
 	TargetBasaltR3TCP       = "basalt-r3-tcp"
 	TargetBasaltR3Encrypted = "basalt-r3-encrypted"
+
+	// The front ends side by side (docs/performance.md), on basalt-r3's
+	// playground and volume: NVMe/TCP driven by the Go host
+	// (internal/nvmfhost), and iSCSI and NBD both driven by `qemu-img bench`
+	// (libiscsi, QEMU's NBD client on the Unix socket).
+	TargetBasaltR3NVMf    = "basalt-r3-nvmf"
+	TargetBasaltR3ISCSI   = "basalt-r3-iscsi"
+	TargetBasaltR3QemuNBD = "basalt-r3-qemu-nbd"
 )
+
+var frontendTargets = []string{TargetBasaltR3NVMf, TargetBasaltR3ISCSI, TargetBasaltR3QemuNBD}
 
 // BaselineSuffix marks a basalt target run with Config.Baseline's binary instead of
 // Config.Binary: "basalt-r3@base" is basalt-r3 as the baseline build serves it.
@@ -68,7 +78,7 @@ const BaselineSuffix = "@base"
 
 // AllTargets is the default set, in table order (the durable raw row follows raw).
 // The basalt-r3 modes run last: each starts a playground of its own.
-var AllTargets = []string{TargetRaw, TargetNBDKit, TargetBasaltR3, TargetBasaltR1,
+var AllTargets = []string{TargetRaw, TargetNBDKit, TargetBasaltR3, TargetBasaltR3NVMf, TargetBasaltR3QemuNBD, TargetBasaltR3ISCSI, TargetBasaltR1,
 	TargetBasaltR3Insecure, TargetBasaltR3TCP, TargetBasaltR3Encrypted}
 
 // SelectJobs returns the jobs named in the comma-separated list, in matrix order;

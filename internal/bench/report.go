@@ -43,6 +43,7 @@ type Report struct {
 // targetOrder is the row order within one job.
 // A baseline build's row sits right above the same target's current row.
 var targetOrder = []string{TargetRaw, TargetRawSync, TargetNBDKit, TargetBasaltR3Insecure, TargetBasaltR3 + BaselineSuffix, TargetBasaltR3,
+	TargetBasaltR3NVMf, TargetBasaltR3QemuNBD, TargetBasaltR3ISCSI,
 	TargetBasaltR3TCP, TargetBasaltR3Encrypted, TargetBasaltR1 + BaselineSuffix, TargetBasaltR1}
 
 func jobIndex(name string) int {

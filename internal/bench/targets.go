@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -30,6 +31,11 @@ type target struct {
 	engine []string // fio arguments naming the engine and the file or URI
 	procs  procSet  // the basalt processes serving it; empty for raw and nbdkit
 	close  func()
+	// driver, when set, runs a job instead of fio (runtime 0: the prefill).
+	driver func(ctx context.Context, j Job, runtime, ramp time.Duration, procs procSet) (fioResult, error)
+	// supports, when set, says which jobs the driver can run; the others are
+	// left out (and said so under the table).
+	supports func(Job) bool
 }
 
 // maxSocketPath is what fits in sockaddr_un.sun_path with its NUL.
@@ -154,6 +160,9 @@ type pgState struct {
 	MDS          string `json:"mds"`
 	TLSDir       string `json:"tls_dir"` // the playground's certificates
 	NBDSocket    string `json:"nbd_socket"`
+	NVMf         string `json:"nvmf"`      // NVMe/TCP target (host:port)
+	NVMfNQN      string `json:"nvmf_nqn"`  // the volume's subsystem NQN
+	ISCSIURI     string `json:"iscsi_uri"` // libiscsi's URL of the volume's LUN 0
 	Volume       string `json:"volume"`
 	Chunkservers []struct {
 		Index int    `json:"index"`
@@ -198,6 +207,12 @@ func (p *playgroundProc) procs() procSet {
 func isBasaltTarget(target string) bool {
 	t, _ := strings.CutSuffix(target, BaselineSuffix)
 	return t == TargetBasaltR3 || t == TargetBasaltR1
+}
+
+// isFrontendTarget reports whether target is one of the front ends side by
+// side (the 3-replica volume over NVMe/TCP, iSCSI or qemu's NBD client).
+func isFrontendTarget(target string) bool {
+	return slices.Contains(frontendTargets, target)
 }
 
 // playgroundFlags are the `basalt playground` flags of target's playground
@@ -311,10 +326,9 @@ func (r *runner) startPlayground(ctx context.Context, binary string, flags []str
 	if err != nil {
 		return nil, err
 	}
-	nbdPort, err := freePort()
-	if err != nil {
-		return nil, err
-	}
+	// The NBD listener's port is in the checked range too: a port the kernel
+	// gave out at random could be one of the range's (a chunkserver's metrics).
+	nbdPort := base + nbdPortOffset
 	args := []string{"playground", "--dir", dir, "--port-base", strconv.Itoa(base),
 		"--nbd-listen", net.JoinHostPort("127.0.0.1", strconv.Itoa(nbdPort)), "--nbd-socket", sock,
 		"--size", strconv.FormatUint(r.cfg.Size, 10), "--volume", volumeR3}
@@ -515,9 +529,9 @@ func (r *runner) basaltTarget(name string, p *playgroundProc, volume string) *ta
 
 // freePortBase finds a base port P such that the playground's ports (MDS P,
 // etcd P+1 and P+2, iSCSI P+3, chunkservers P+11.., their metrics P+21..,
-// NVMe/TCP P+28) are all free on 127.0.0.1 now.
+// NVMe/TCP P+28, the bench's NBD listener P+30) are all free on 127.0.0.1 now.
 func freePortBase(chunkservers int) (int, error) {
-	offsets := []int{0, 1, 2, 3, 28}
+	offsets := []int{0, 1, 2, 3, 28, nbdPortOffset}
 	for i := 1; i <= chunkservers; i++ {
 		offsets = append(offsets, 10+i, 20+i)
 	}
@@ -539,15 +553,8 @@ func freePortBase(chunkservers int) (int, error) {
 	return 0, errors.New("bench: no free port range for the playground")
 }
 
-// freePort returns a TCP port free on 127.0.0.1 now.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
+// nbdPortOffset places the playground's NBD TCP listener at the port base + 30.
+const nbdPortOffset = 30
 
 // tail returns the last n lines of a log file, for error messages.
 func tail(path string, n int) string {

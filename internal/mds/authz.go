@@ -51,6 +51,11 @@ var rpcRoles = map[string][]identity.Role{
 	"AccessNodeHeartbeat": {identity.RoleAccess}, // only as the node its identity registered
 	"SetNVMfSubsystem":    admin,
 	"ListANA":             {identity.RoleAccess, identity.RoleAdmin},
+	// Persistent reservations: the front ends serve them (`basalt iscsi`
+	// and `basalt nvmf` may run with a client certificate; a client may
+	// write the volumes anyway); an admin may read and clear them.
+	"GetReservation":   {identity.RoleClient, identity.RoleAccess, identity.RoleAdmin},
+	"ApplyReservation": {identity.RoleClient, identity.RoleAccess, identity.RoleAdmin},
 	// The CSI driver: its node plugin registers its node; its controller
 	// (an admin, since it also creates and deletes volumes) attaches.
 	"RegisterNode": {identity.RoleAccess, identity.RoleAdmin},

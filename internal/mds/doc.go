@@ -63,6 +63,8 @@
 //	                                 (RegisterAccessNode; the same addr keeps its id)
 //	/basalt/nvmf-subsystems/<nqn>    {nqn, policy}: a subsystem's ANA policy, inherit or balance
 //	                                 (the NQN path-escaped; absent: inherit)
+//	/basalt/reservations/<volume-id> {state, last_request}: a volume's persistent reservations
+//	                                 (internal/reservation.State), deleted with the volume
 //	/basalt/ana-assignments          [{subsystem, host, nsid, optimized, non_optimized}, ...]:
 //	                                 the ANA paths of every host and namespace (ana.go)
 //

@@ -31,6 +31,7 @@ const (
 	accessNodePrefix  = prefix + "access-nodes/"
 	nvmfSubsysPrefix  = prefix + "nvmf-subsystems/"
 	anaKey            = prefix + "ana-assignments"
+	reservationPrefix = prefix + "reservations/"
 )
 
 // Id counters (idsPrefix + kind).

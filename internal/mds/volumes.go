@@ -271,6 +271,7 @@ func (h *handler) DeleteVolume(ctx context.Context, req *api.DeleteVolumeRequest
 		}
 		stm.Del(volumeKey(v.ID))
 		stm.Del(volumeNameKey(v.Name))
+		stm.Del(reservationKey(v.ID))
 		bumpVolumesRevision(stm, "delete "+v.Name)
 		return nil
 	})

@@ -90,7 +90,7 @@ func TestCARotation(t *testing.T) {
 			c.WaitHealthy(120 * time.Second)
 		}
 		w.Reopen(open())
-		w.AwaitProgress(c, "IO after " + step)
+		w.AwaitProgress(c, "IO after "+step)
 	}
 	w.AwaitProgress(c, "the workload to start")
 

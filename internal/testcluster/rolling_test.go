@@ -61,7 +61,7 @@ func TestRollingRestart(t *testing.T) {
 			}
 			return nil
 		})
-		w.AwaitProgress(c, p.Name + " back and IO flowing")
+		w.AwaitProgress(c, p.Name+" back and IO flowing")
 	}
 	w.Mark("healed")
 	w.AwaitProgress(c, "IO after the last restart")

@@ -3621,6 +3621,597 @@ func (x *ListANAResponse) GetSubsystems() []*NVMfSubsystem {
 	return nil
 }
 
+// PRNexus is an I_T nexus: an initiator port toward a target port (or, with
+// all_target_ports, toward every target port: a registration made with ALL_TG_PT).
+type PRNexus struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Initiator      string                 `protobuf:"bytes,1,opt,name=initiator,proto3" json:"initiator,omitempty"`                      // iSCSI: "NAME,i,0xISID"
+	TargetPort     uint32                 `protobuf:"varint,2,opt,name=target_port,json=targetPort,proto3" json:"target_port,omitempty"` // relative target port identifier (one per access node)
+	AllTargetPorts bool                   `protobuf:"varint,3,opt,name=all_target_ports,json=allTargetPorts,proto3" json:"all_target_ports,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *PRNexus) Reset() {
+	*x = PRNexus{}
+	mi := &file_mds_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PRNexus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PRNexus) ProtoMessage() {}
+
+func (x *PRNexus) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PRNexus.ProtoReflect.Descriptor instead.
+func (*PRNexus) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *PRNexus) GetInitiator() string {
+	if x != nil {
+		return x.Initiator
+	}
+	return ""
+}
+
+func (x *PRNexus) GetTargetPort() uint32 {
+	if x != nil {
+		return x.TargetPort
+	}
+	return 0
+}
+
+func (x *PRNexus) GetAllTargetPorts() bool {
+	if x != nil {
+		return x.AllTargetPorts
+	}
+	return false
+}
+
+type PRRegistration struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nexus         *PRNexus               `protobuf:"bytes,1,opt,name=nexus,proto3" json:"nexus,omitempty"`
+	Key           uint64                 `protobuf:"varint,2,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PRRegistration) Reset() {
+	*x = PRRegistration{}
+	mi := &file_mds_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PRRegistration) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PRRegistration) ProtoMessage() {}
+
+func (x *PRRegistration) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PRRegistration.ProtoReflect.Descriptor instead.
+func (*PRRegistration) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *PRRegistration) GetNexus() *PRNexus {
+	if x != nil {
+		return x.Nexus
+	}
+	return nil
+}
+
+func (x *PRRegistration) GetKey() uint64 {
+	if x != nil {
+		return x.Key
+	}
+	return 0
+}
+
+// PRAttention is a unit attention a change raised (ASC 2A, this ASCQ) for
+// the nexuses a registration covered.
+type PRAttention struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Nexus         *PRNexus               `protobuf:"bytes,2,opt,name=nexus,proto3" json:"nexus,omitempty"`
+	Ascq          uint32                 `protobuf:"varint,3,opt,name=ascq,proto3" json:"ascq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PRAttention) Reset() {
+	*x = PRAttention{}
+	mi := &file_mds_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PRAttention) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PRAttention) ProtoMessage() {}
+
+func (x *PRAttention) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PRAttention.ProtoReflect.Descriptor instead.
+func (*PRAttention) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *PRAttention) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *PRAttention) GetNexus() *PRNexus {
+	if x != nil {
+		return x.Nexus
+	}
+	return nil
+}
+
+func (x *PRAttention) GetAscq() uint32 {
+	if x != nil {
+		return x.Ascq
+	}
+	return 0
+}
+
+type PRState struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Generation    uint32                 `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"` // the PRgeneration
+	Registrations []*PRRegistration      `protobuf:"bytes,2,rep,name=registrations,proto3" json:"registrations,omitempty"`
+	Reserved      bool                   `protobuf:"varint,3,opt,name=reserved,proto3" json:"reserved,omitempty"`
+	Type          uint32                 `protobuf:"varint,4,opt,name=type,proto3" json:"type,omitempty"`    // SPC-4 reservation type (1, 3, 5, 6, 7, 8)
+	Holder        *PRNexus               `protobuf:"bytes,5,opt,name=holder,proto3" json:"holder,omitempty"` // unset for the all-registrants types
+	Aptpl         bool                   `protobuf:"varint,6,opt,name=aptpl,proto3" json:"aptpl,omitempty"`
+	Seq           uint64                 `protobuf:"varint,7,opt,name=seq,proto3" json:"seq,omitempty"`              // counts every change
+	Attentions    []*PRAttention         `protobuf:"bytes,8,rep,name=attentions,proto3" json:"attentions,omitempty"` // the newest
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PRState) Reset() {
+	*x = PRState{}
+	mi := &file_mds_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PRState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PRState) ProtoMessage() {}
+
+func (x *PRState) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PRState.ProtoReflect.Descriptor instead.
+func (*PRState) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *PRState) GetGeneration() uint32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *PRState) GetRegistrations() []*PRRegistration {
+	if x != nil {
+		return x.Registrations
+	}
+	return nil
+}
+
+func (x *PRState) GetReserved() bool {
+	if x != nil {
+		return x.Reserved
+	}
+	return false
+}
+
+func (x *PRState) GetType() uint32 {
+	if x != nil {
+		return x.Type
+	}
+	return 0
+}
+
+func (x *PRState) GetHolder() *PRNexus {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+func (x *PRState) GetAptpl() bool {
+	if x != nil {
+		return x.Aptpl
+	}
+	return false
+}
+
+func (x *PRState) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *PRState) GetAttentions() []*PRAttention {
+	if x != nil {
+		return x.Attentions
+	}
+	return nil
+}
+
+// PRAction is one PERSISTENT RESERVE OUT.
+type PRAction struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	ServiceAction    uint32                 `protobuf:"varint,1,opt,name=service_action,json=serviceAction,proto3" json:"service_action,omitempty"`
+	Type             uint32                 `protobuf:"varint,2,opt,name=type,proto3" json:"type,omitempty"`
+	Key              uint64                 `protobuf:"varint,3,opt,name=key,proto3" json:"key,omitempty"`
+	ServiceActionKey uint64                 `protobuf:"varint,4,opt,name=service_action_key,json=serviceActionKey,proto3" json:"service_action_key,omitempty"`
+	Aptpl            bool                   `protobuf:"varint,5,opt,name=aptpl,proto3" json:"aptpl,omitempty"`
+	AllTargetPorts   bool                   `protobuf:"varint,6,opt,name=all_target_ports,json=allTargetPorts,proto3" json:"all_target_ports,omitempty"`
+	SpecIPt          bool                   `protobuf:"varint,7,opt,name=spec_i_pt,json=specIPt,proto3" json:"spec_i_pt,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *PRAction) Reset() {
+	*x = PRAction{}
+	mi := &file_mds_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PRAction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PRAction) ProtoMessage() {}
+
+func (x *PRAction) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PRAction.ProtoReflect.Descriptor instead.
+func (*PRAction) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *PRAction) GetServiceAction() uint32 {
+	if x != nil {
+		return x.ServiceAction
+	}
+	return 0
+}
+
+func (x *PRAction) GetType() uint32 {
+	if x != nil {
+		return x.Type
+	}
+	return 0
+}
+
+func (x *PRAction) GetKey() uint64 {
+	if x != nil {
+		return x.Key
+	}
+	return 0
+}
+
+func (x *PRAction) GetServiceActionKey() uint64 {
+	if x != nil {
+		return x.ServiceActionKey
+	}
+	return 0
+}
+
+func (x *PRAction) GetAptpl() bool {
+	if x != nil {
+		return x.Aptpl
+	}
+	return false
+}
+
+func (x *PRAction) GetAllTargetPorts() bool {
+	if x != nil {
+		return x.AllTargetPorts
+	}
+	return false
+}
+
+func (x *PRAction) GetSpecIPt() bool {
+	if x != nil {
+		return x.SpecIPt
+	}
+	return false
+}
+
+type GetReservationRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetReservationRequest) Reset() {
+	*x = GetReservationRequest{}
+	mi := &file_mds_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetReservationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetReservationRequest) ProtoMessage() {}
+
+func (x *GetReservationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetReservationRequest.ProtoReflect.Descriptor instead.
+func (*GetReservationRequest) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *GetReservationRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+type GetReservationResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	State         *PRState               `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetReservationResponse) Reset() {
+	*x = GetReservationResponse{}
+	mi := &file_mds_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetReservationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetReservationResponse) ProtoMessage() {}
+
+func (x *GetReservationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetReservationResponse.ProtoReflect.Descriptor instead.
+func (*GetReservationResponse) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *GetReservationResponse) GetState() *PRState {
+	if x != nil {
+		return x.State
+	}
+	return nil
+}
+
+type ApplyReservationRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Volume string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	From   *PRNexus               `protobuf:"bytes,2,opt,name=from,proto3" json:"from,omitempty"` // the nexus the command came through
+	Action *PRAction              `protobuf:"bytes,3,opt,name=action,proto3" json:"action,omitempty"`
+	// request_id names this action: the MDS applies a request id once, so a
+	// client retrying after a lost answer does not apply it twice.
+	RequestId     string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyReservationRequest) Reset() {
+	*x = ApplyReservationRequest{}
+	mi := &file_mds_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyReservationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyReservationRequest) ProtoMessage() {}
+
+func (x *ApplyReservationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyReservationRequest.ProtoReflect.Descriptor instead.
+func (*ApplyReservationRequest) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *ApplyReservationRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *ApplyReservationRequest) GetFrom() *PRNexus {
+	if x != nil {
+		return x.From
+	}
+	return nil
+}
+
+func (x *ApplyReservationRequest) GetAction() *PRAction {
+	if x != nil {
+		return x.Action
+	}
+	return nil
+}
+
+func (x *ApplyReservationRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+// ApplyReservationResponse: the state after the action, or the SCSI-level
+// refusal (error_code, internal/reservation.Code: 1 reservation conflict,
+// 2 invalid field in CDB, 3 in the parameter list, 4 invalid release,
+// 5 insufficient registration resources; error_field the byte at fault).
+type ApplyReservationResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	State         *PRState               `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	ErrorCode     uint32                 `protobuf:"varint,2,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	ErrorField    uint32                 `protobuf:"varint,3,opt,name=error_field,json=errorField,proto3" json:"error_field,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyReservationResponse) Reset() {
+	*x = ApplyReservationResponse{}
+	mi := &file_mds_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyReservationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyReservationResponse) ProtoMessage() {}
+
+func (x *ApplyReservationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyReservationResponse.ProtoReflect.Descriptor instead.
+func (*ApplyReservationResponse) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *ApplyReservationResponse) GetState() *PRState {
+	if x != nil {
+		return x.State
+	}
+	return nil
+}
+
+func (x *ApplyReservationResponse) GetErrorCode() uint32 {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return 0
+}
+
+func (x *ApplyReservationResponse) GetErrorField() uint32 {
+	if x != nil {
+		return x.ErrorField
+	}
+	return 0
+}
+
 var File_mds_proto protoreflect.FileDescriptor
 
 const file_mds_proto_rawDesc = "" +
@@ -3891,7 +4482,56 @@ const file_mds_proto_rawDesc = "" +
 	"\vassignments\x18\x02 \x03(\v2\x1c.basalt.api.v1.ANAAssignmentR\vassignments\x12<\n" +
 	"\n" +
 	"subsystems\x18\x03 \x03(\v2\x1c.basalt.api.v1.NVMfSubsystemR\n" +
-	"subsystems*d\n" +
+	"subsystems\"r\n" +
+	"\aPRNexus\x12\x1c\n" +
+	"\tinitiator\x18\x01 \x01(\tR\tinitiator\x12\x1f\n" +
+	"\vtarget_port\x18\x02 \x01(\rR\n" +
+	"targetPort\x12(\n" +
+	"\x10all_target_ports\x18\x03 \x01(\bR\x0eallTargetPorts\"P\n" +
+	"\x0ePRRegistration\x12,\n" +
+	"\x05nexus\x18\x01 \x01(\v2\x16.basalt.api.v1.PRNexusR\x05nexus\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\x04R\x03key\"a\n" +
+	"\vPRAttention\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12,\n" +
+	"\x05nexus\x18\x02 \x01(\v2\x16.basalt.api.v1.PRNexusR\x05nexus\x12\x12\n" +
+	"\x04ascq\x18\x03 \x01(\rR\x04ascq\"\xb2\x02\n" +
+	"\aPRState\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\rR\n" +
+	"generation\x12C\n" +
+	"\rregistrations\x18\x02 \x03(\v2\x1d.basalt.api.v1.PRRegistrationR\rregistrations\x12\x1a\n" +
+	"\breserved\x18\x03 \x01(\bR\breserved\x12\x12\n" +
+	"\x04type\x18\x04 \x01(\rR\x04type\x12.\n" +
+	"\x06holder\x18\x05 \x01(\v2\x16.basalt.api.v1.PRNexusR\x06holder\x12\x14\n" +
+	"\x05aptpl\x18\x06 \x01(\bR\x05aptpl\x12\x10\n" +
+	"\x03seq\x18\a \x01(\x04R\x03seq\x12:\n" +
+	"\n" +
+	"attentions\x18\b \x03(\v2\x1a.basalt.api.v1.PRAttentionR\n" +
+	"attentions\"\xe1\x01\n" +
+	"\bPRAction\x12%\n" +
+	"\x0eservice_action\x18\x01 \x01(\rR\rserviceAction\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\rR\x04type\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\x04R\x03key\x12,\n" +
+	"\x12service_action_key\x18\x04 \x01(\x04R\x10serviceActionKey\x12\x14\n" +
+	"\x05aptpl\x18\x05 \x01(\bR\x05aptpl\x12(\n" +
+	"\x10all_target_ports\x18\x06 \x01(\bR\x0eallTargetPorts\x12\x1a\n" +
+	"\tspec_i_pt\x18\a \x01(\bR\aspecIPt\"/\n" +
+	"\x15GetReservationRequest\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\"F\n" +
+	"\x16GetReservationResponse\x12,\n" +
+	"\x05state\x18\x01 \x01(\v2\x16.basalt.api.v1.PRStateR\x05state\"\xad\x01\n" +
+	"\x17ApplyReservationRequest\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\x12*\n" +
+	"\x04from\x18\x02 \x01(\v2\x16.basalt.api.v1.PRNexusR\x04from\x12/\n" +
+	"\x06action\x18\x03 \x01(\v2\x17.basalt.api.v1.PRActionR\x06action\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\"\x88\x01\n" +
+	"\x18ApplyReservationResponse\x12,\n" +
+	"\x05state\x18\x01 \x01(\v2\x16.basalt.api.v1.PRStateR\x05state\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x02 \x01(\rR\terrorCode\x12\x1f\n" +
+	"\verror_field\x18\x03 \x01(\rR\n" +
+	"errorField*d\n" +
 	"\tDiskState\x12\x16\n" +
 	"\x12DISK_STATE_UNKNOWN\x10\x00\x12\x11\n" +
 	"\rDISK_STATE_OK\x10\x01\x12\x13\n" +
@@ -3899,7 +4539,7 @@ const file_mds_proto_rawDesc = "" +
 	"\x13DISK_STATE_IO_ERROR\x10\x03*;\n" +
 	"\tANAPolicy\x12\x16\n" +
 	"\x12ANA_POLICY_INHERIT\x10\x00\x12\x16\n" +
-	"\x12ANA_POLICY_BALANCE\x10\x012\xc6\x0f\n" +
+	"\x12ANA_POLICY_BALANCE\x10\x012\x8a\x11\n" +
 	"\x03MDS\x12l\n" +
 	"\x13RegisterChunkServer\x12).basalt.api.v1.RegisterChunkServerRequest\x1a*.basalt.api.v1.RegisterChunkServerResponse\x12N\n" +
 	"\tHeartbeat\x12\x1f.basalt.api.v1.HeartbeatRequest\x1a .basalt.api.v1.HeartbeatResponse\x12c\n" +
@@ -3924,7 +4564,9 @@ const file_mds_proto_rawDesc = "" +
 	"\x12RegisterAccessNode\x12(.basalt.api.v1.RegisterAccessNodeRequest\x1a).basalt.api.v1.RegisterAccessNodeResponse\x12l\n" +
 	"\x13AccessNodeHeartbeat\x12).basalt.api.v1.AccessNodeHeartbeatRequest\x1a*.basalt.api.v1.AccessNodeHeartbeatResponse\x12c\n" +
 	"\x10SetNVMfSubsystem\x12&.basalt.api.v1.SetNVMfSubsystemRequest\x1a'.basalt.api.v1.SetNVMfSubsystemResponse\x12H\n" +
-	"\aListANA\x12\x1d.basalt.api.v1.ListANARequest\x1a\x1e.basalt.api.v1.ListANAResponseB*Z(github.com/basalt-storage/basalt/pkg/apib\x06proto3"
+	"\aListANA\x12\x1d.basalt.api.v1.ListANARequest\x1a\x1e.basalt.api.v1.ListANAResponse\x12]\n" +
+	"\x0eGetReservation\x12$.basalt.api.v1.GetReservationRequest\x1a%.basalt.api.v1.GetReservationResponse\x12c\n" +
+	"\x10ApplyReservation\x12&.basalt.api.v1.ApplyReservationRequest\x1a'.basalt.api.v1.ApplyReservationResponseB*Z(github.com/basalt-storage/basalt/pkg/apib\x06proto3"
 
 var (
 	file_mds_proto_rawDescOnce sync.Once
@@ -3939,7 +4581,7 @@ func file_mds_proto_rawDescGZIP() []byte {
 }
 
 var file_mds_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_mds_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
+var file_mds_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
 var file_mds_proto_goTypes = []any{
 	(DiskState)(0),                      // 0: basalt.api.v1.DiskState
 	(ANAPolicy)(0),                      // 1: basalt.api.v1.ANAPolicy
@@ -4001,7 +4643,16 @@ var file_mds_proto_goTypes = []any{
 	(*SetNVMfSubsystemResponse)(nil),    // 57: basalt.api.v1.SetNVMfSubsystemResponse
 	(*ListANARequest)(nil),              // 58: basalt.api.v1.ListANARequest
 	(*ListANAResponse)(nil),             // 59: basalt.api.v1.ListANAResponse
-	nil,                                 // 60: basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
+	(*PRNexus)(nil),                     // 60: basalt.api.v1.PRNexus
+	(*PRRegistration)(nil),              // 61: basalt.api.v1.PRRegistration
+	(*PRAttention)(nil),                 // 62: basalt.api.v1.PRAttention
+	(*PRState)(nil),                     // 63: basalt.api.v1.PRState
+	(*PRAction)(nil),                    // 64: basalt.api.v1.PRAction
+	(*GetReservationRequest)(nil),       // 65: basalt.api.v1.GetReservationRequest
+	(*GetReservationResponse)(nil),      // 66: basalt.api.v1.GetReservationResponse
+	(*ApplyReservationRequest)(nil),     // 67: basalt.api.v1.ApplyReservationRequest
+	(*ApplyReservationResponse)(nil),    // 68: basalt.api.v1.ApplyReservationResponse
+	nil,                                 // 69: basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
 }
 var file_mds_proto_depIdxs = []int32{
 	0,  // 0: basalt.api.v1.ChunkServer.disk_state:type_name -> basalt.api.v1.DiskState
@@ -4033,7 +4684,7 @@ var file_mds_proto_depIdxs = []int32{
 	2,  // 26: basalt.api.v1.ClusterStatusResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
 	12, // 27: basalt.api.v1.ClusterStatusResponse.pools:type_name -> basalt.api.v1.Pool
 	13, // 28: basalt.api.v1.ClusterStatusResponse.copysets:type_name -> basalt.api.v1.Copyset
-	60, // 29: basalt.api.v1.ClusterStatusResponse.leaders_per_chunkserver:type_name -> basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
+	69, // 29: basalt.api.v1.ClusterStatusResponse.leaders_per_chunkserver:type_name -> basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
 	51, // 30: basalt.api.v1.AccessNodeHeartbeatRequest.hosts:type_name -> basalt.api.v1.NVMfHost
 	1,  // 31: basalt.api.v1.NVMfSubsystem.policy:type_name -> basalt.api.v1.ANAPolicy
 	48, // 32: basalt.api.v1.AccessNodeHeartbeatResponse.nodes:type_name -> basalt.api.v1.AccessNode
@@ -4043,55 +4694,68 @@ var file_mds_proto_depIdxs = []int32{
 	48, // 36: basalt.api.v1.ListANAResponse.nodes:type_name -> basalt.api.v1.AccessNode
 	53, // 37: basalt.api.v1.ListANAResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
 	54, // 38: basalt.api.v1.ListANAResponse.subsystems:type_name -> basalt.api.v1.NVMfSubsystem
-	3,  // 39: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
-	6,  // 40: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
-	10, // 41: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
-	15, // 42: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
-	17, // 43: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
-	19, // 44: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
-	23, // 45: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
-	25, // 46: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
-	27, // 47: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
-	29, // 48: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
-	31, // 49: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
-	33, // 50: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
-	35, // 51: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
-	37, // 52: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
-	46, // 53: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
-	40, // 54: basalt.api.v1.MDS.RegisterNode:input_type -> basalt.api.v1.RegisterNodeRequest
-	42, // 55: basalt.api.v1.MDS.AttachVolume:input_type -> basalt.api.v1.AttachVolumeRequest
-	44, // 56: basalt.api.v1.MDS.DetachVolume:input_type -> basalt.api.v1.DetachVolumeRequest
-	49, // 57: basalt.api.v1.MDS.RegisterAccessNode:input_type -> basalt.api.v1.RegisterAccessNodeRequest
-	52, // 58: basalt.api.v1.MDS.AccessNodeHeartbeat:input_type -> basalt.api.v1.AccessNodeHeartbeatRequest
-	56, // 59: basalt.api.v1.MDS.SetNVMfSubsystem:input_type -> basalt.api.v1.SetNVMfSubsystemRequest
-	58, // 60: basalt.api.v1.MDS.ListANA:input_type -> basalt.api.v1.ListANARequest
-	4,  // 61: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
-	7,  // 62: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
-	11, // 63: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
-	16, // 64: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
-	18, // 65: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
-	20, // 66: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
-	24, // 67: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
-	26, // 68: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
-	28, // 69: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
-	30, // 70: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
-	32, // 71: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
-	34, // 72: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
-	36, // 73: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
-	38, // 74: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
-	47, // 75: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
-	41, // 76: basalt.api.v1.MDS.RegisterNode:output_type -> basalt.api.v1.RegisterNodeResponse
-	43, // 77: basalt.api.v1.MDS.AttachVolume:output_type -> basalt.api.v1.AttachVolumeResponse
-	45, // 78: basalt.api.v1.MDS.DetachVolume:output_type -> basalt.api.v1.DetachVolumeResponse
-	50, // 79: basalt.api.v1.MDS.RegisterAccessNode:output_type -> basalt.api.v1.RegisterAccessNodeResponse
-	55, // 80: basalt.api.v1.MDS.AccessNodeHeartbeat:output_type -> basalt.api.v1.AccessNodeHeartbeatResponse
-	57, // 81: basalt.api.v1.MDS.SetNVMfSubsystem:output_type -> basalt.api.v1.SetNVMfSubsystemResponse
-	59, // 82: basalt.api.v1.MDS.ListANA:output_type -> basalt.api.v1.ListANAResponse
-	61, // [61:83] is the sub-list for method output_type
-	39, // [39:61] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	60, // 39: basalt.api.v1.PRRegistration.nexus:type_name -> basalt.api.v1.PRNexus
+	60, // 40: basalt.api.v1.PRAttention.nexus:type_name -> basalt.api.v1.PRNexus
+	61, // 41: basalt.api.v1.PRState.registrations:type_name -> basalt.api.v1.PRRegistration
+	60, // 42: basalt.api.v1.PRState.holder:type_name -> basalt.api.v1.PRNexus
+	62, // 43: basalt.api.v1.PRState.attentions:type_name -> basalt.api.v1.PRAttention
+	63, // 44: basalt.api.v1.GetReservationResponse.state:type_name -> basalt.api.v1.PRState
+	60, // 45: basalt.api.v1.ApplyReservationRequest.from:type_name -> basalt.api.v1.PRNexus
+	64, // 46: basalt.api.v1.ApplyReservationRequest.action:type_name -> basalt.api.v1.PRAction
+	63, // 47: basalt.api.v1.ApplyReservationResponse.state:type_name -> basalt.api.v1.PRState
+	3,  // 48: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
+	6,  // 49: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
+	10, // 50: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
+	15, // 51: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
+	17, // 52: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
+	19, // 53: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
+	23, // 54: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
+	25, // 55: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
+	27, // 56: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
+	29, // 57: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
+	31, // 58: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
+	33, // 59: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
+	35, // 60: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
+	37, // 61: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
+	46, // 62: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
+	40, // 63: basalt.api.v1.MDS.RegisterNode:input_type -> basalt.api.v1.RegisterNodeRequest
+	42, // 64: basalt.api.v1.MDS.AttachVolume:input_type -> basalt.api.v1.AttachVolumeRequest
+	44, // 65: basalt.api.v1.MDS.DetachVolume:input_type -> basalt.api.v1.DetachVolumeRequest
+	49, // 66: basalt.api.v1.MDS.RegisterAccessNode:input_type -> basalt.api.v1.RegisterAccessNodeRequest
+	52, // 67: basalt.api.v1.MDS.AccessNodeHeartbeat:input_type -> basalt.api.v1.AccessNodeHeartbeatRequest
+	56, // 68: basalt.api.v1.MDS.SetNVMfSubsystem:input_type -> basalt.api.v1.SetNVMfSubsystemRequest
+	58, // 69: basalt.api.v1.MDS.ListANA:input_type -> basalt.api.v1.ListANARequest
+	65, // 70: basalt.api.v1.MDS.GetReservation:input_type -> basalt.api.v1.GetReservationRequest
+	67, // 71: basalt.api.v1.MDS.ApplyReservation:input_type -> basalt.api.v1.ApplyReservationRequest
+	4,  // 72: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
+	7,  // 73: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
+	11, // 74: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
+	16, // 75: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
+	18, // 76: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
+	20, // 77: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
+	24, // 78: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
+	26, // 79: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
+	28, // 80: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
+	30, // 81: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
+	32, // 82: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
+	34, // 83: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
+	36, // 84: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
+	38, // 85: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
+	47, // 86: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
+	41, // 87: basalt.api.v1.MDS.RegisterNode:output_type -> basalt.api.v1.RegisterNodeResponse
+	43, // 88: basalt.api.v1.MDS.AttachVolume:output_type -> basalt.api.v1.AttachVolumeResponse
+	45, // 89: basalt.api.v1.MDS.DetachVolume:output_type -> basalt.api.v1.DetachVolumeResponse
+	50, // 90: basalt.api.v1.MDS.RegisterAccessNode:output_type -> basalt.api.v1.RegisterAccessNodeResponse
+	55, // 91: basalt.api.v1.MDS.AccessNodeHeartbeat:output_type -> basalt.api.v1.AccessNodeHeartbeatResponse
+	57, // 92: basalt.api.v1.MDS.SetNVMfSubsystem:output_type -> basalt.api.v1.SetNVMfSubsystemResponse
+	59, // 93: basalt.api.v1.MDS.ListANA:output_type -> basalt.api.v1.ListANAResponse
+	66, // 94: basalt.api.v1.MDS.GetReservation:output_type -> basalt.api.v1.GetReservationResponse
+	68, // 95: basalt.api.v1.MDS.ApplyReservation:output_type -> basalt.api.v1.ApplyReservationResponse
+	72, // [72:96] is the sub-list for method output_type
+	48, // [48:72] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_mds_proto_init() }
@@ -4105,7 +4769,7 @@ func file_mds_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mds_proto_rawDesc), len(file_mds_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   59,
+			NumMessages:   68,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

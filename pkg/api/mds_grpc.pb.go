@@ -45,6 +45,8 @@ const (
 	MDS_AccessNodeHeartbeat_FullMethodName = "/basalt.api.v1.MDS/AccessNodeHeartbeat"
 	MDS_SetNVMfSubsystem_FullMethodName    = "/basalt.api.v1.MDS/SetNVMfSubsystem"
 	MDS_ListANA_FullMethodName             = "/basalt.api.v1.MDS/ListANA"
+	MDS_GetReservation_FullMethodName      = "/basalt.api.v1.MDS/GetReservation"
+	MDS_ApplyReservation_FullMethodName    = "/basalt.api.v1.MDS/ApplyReservation"
 )
 
 // MDSClient is the client API for MDS service.
@@ -81,6 +83,10 @@ type MDSClient interface {
 	AccessNodeHeartbeat(ctx context.Context, in *AccessNodeHeartbeatRequest, opts ...grpc.CallOption) (*AccessNodeHeartbeatResponse, error)
 	SetNVMfSubsystem(ctx context.Context, in *SetNVMfSubsystemRequest, opts ...grpc.CallOption) (*SetNVMfSubsystemResponse, error)
 	ListANA(ctx context.Context, in *ListANARequest, opts ...grpc.CallOption) (*ListANAResponse, error)
+	// Persistent reservations (SCSI PERSISTENT RESERVE, NVMe reservations),
+	// one state per volume, shared by every access node (docs/iscsi.md).
+	GetReservation(ctx context.Context, in *GetReservationRequest, opts ...grpc.CallOption) (*GetReservationResponse, error)
+	ApplyReservation(ctx context.Context, in *ApplyReservationRequest, opts ...grpc.CallOption) (*ApplyReservationResponse, error)
 }
 
 type mDSClient struct {
@@ -311,6 +317,26 @@ func (c *mDSClient) ListANA(ctx context.Context, in *ListANARequest, opts ...grp
 	return out, nil
 }
 
+func (c *mDSClient) GetReservation(ctx context.Context, in *GetReservationRequest, opts ...grpc.CallOption) (*GetReservationResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetReservationResponse)
+	err := c.cc.Invoke(ctx, MDS_GetReservation_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *mDSClient) ApplyReservation(ctx context.Context, in *ApplyReservationRequest, opts ...grpc.CallOption) (*ApplyReservationResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ApplyReservationResponse)
+	err := c.cc.Invoke(ctx, MDS_ApplyReservation_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MDSServer is the server API for MDS service.
 // All implementations must embed UnimplementedMDSServer
 // for forward compatibility.
@@ -345,6 +371,10 @@ type MDSServer interface {
 	AccessNodeHeartbeat(context.Context, *AccessNodeHeartbeatRequest) (*AccessNodeHeartbeatResponse, error)
 	SetNVMfSubsystem(context.Context, *SetNVMfSubsystemRequest) (*SetNVMfSubsystemResponse, error)
 	ListANA(context.Context, *ListANARequest) (*ListANAResponse, error)
+	// Persistent reservations (SCSI PERSISTENT RESERVE, NVMe reservations),
+	// one state per volume, shared by every access node (docs/iscsi.md).
+	GetReservation(context.Context, *GetReservationRequest) (*GetReservationResponse, error)
+	ApplyReservation(context.Context, *ApplyReservationRequest) (*ApplyReservationResponse, error)
 	mustEmbedUnimplementedMDSServer()
 }
 
@@ -420,6 +450,12 @@ func (UnimplementedMDSServer) SetNVMfSubsystem(context.Context, *SetNVMfSubsyste
 }
 func (UnimplementedMDSServer) ListANA(context.Context, *ListANARequest) (*ListANAResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListANA not implemented")
+}
+func (UnimplementedMDSServer) GetReservation(context.Context, *GetReservationRequest) (*GetReservationResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetReservation not implemented")
+}
+func (UnimplementedMDSServer) ApplyReservation(context.Context, *ApplyReservationRequest) (*ApplyReservationResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ApplyReservation not implemented")
 }
 func (UnimplementedMDSServer) mustEmbedUnimplementedMDSServer() {}
 func (UnimplementedMDSServer) testEmbeddedByValue()             {}
@@ -838,6 +874,42 @@ func _MDS_ListANA_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MDS_GetReservation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetReservationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MDSServer).GetReservation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MDS_GetReservation_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MDSServer).GetReservation(ctx, req.(*GetReservationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _MDS_ApplyReservation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ApplyReservationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MDSServer).ApplyReservation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MDS_ApplyReservation_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MDSServer).ApplyReservation(ctx, req.(*ApplyReservationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // MDS_ServiceDesc is the grpc.ServiceDesc for MDS service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -932,6 +1004,14 @@ var MDS_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListANA",
 			Handler:    _MDS_ListANA_Handler,
+		},
+		{
+			MethodName: "GetReservation",
+			Handler:    _MDS_GetReservation_Handler,
+		},
+		{
+			MethodName: "ApplyReservation",
+			Handler:    _MDS_ApplyReservation_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

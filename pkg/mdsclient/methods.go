@@ -251,3 +251,26 @@ func (c *Client) DetachVolume(ctx context.Context, in *api.DetachVolumeRequest, 
 	})
 	return out, err
 }
+
+// GetReservation calls GetReservation on the active MDS.
+func (c *Client) GetReservation(ctx context.Context, in *api.GetReservationRequest, opts ...grpc.CallOption) (*api.GetReservationResponse, error) {
+	var out *api.GetReservationResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.GetReservation(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// ApplyReservation calls ApplyReservation on the active MDS. Give the
+// request a RequestId: a retry after a lost answer is then applied once.
+func (c *Client) ApplyReservation(ctx context.Context, in *api.ApplyReservationRequest, opts ...grpc.CallOption) (*api.ApplyReservationResponse, error) {
+	var out *api.ApplyReservationResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.ApplyReservation(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/frontend/nvmf"
 	"github.com/basalt-storage/basalt/internal/frontend/volumes"
 	"github.com/basalt-storage/basalt/internal/identity"
+	"github.com/basalt-storage/basalt/internal/reservation"
 	"github.com/basalt-storage/basalt/pkg/client"
 	"github.com/basalt-storage/basalt/pkg/mdsclient"
 )
@@ -43,6 +45,12 @@ type Config struct {
 	// Local, if set, is the chunkserver this node runs inside: IO to copysets it
 	// leads takes the local fast path (client.Config.Local).
 	Local client.Local
+
+	// ReservationTTL is how long this node uses a volume's persistent
+	// reservations before reading them from the MDS again, and so how long
+	// a PERSISTENT RESERVE OUT waits before it completes; default
+	// DefaultReservationTTL.
+	ReservationTTL time.Duration
 
 	NBD   NBDConfig
 	NVMf  NVMfConfig
@@ -74,6 +82,11 @@ type ISCSIConfig struct {
 	// empty, are the only initiator names allowed (iscsi.Config).
 	CHAP       *iscsi.CHAP
 	Initiators []string
+	// TargetPort is this portal's relative target port identifier in
+	// persistent reservations, which must differ between the access nodes
+	// serving a volume; 0: derived from the host name and the listener's
+	// address.
+	TargetPort uint16
 }
 
 // NBDConfig says where the NBD front end listens; both empty: no NBD.
@@ -111,6 +124,8 @@ type Node struct {
 	iscsi   *iscsi.Server
 	addrs   []net.Addr
 	stopANA chan struct{} // closed by Close: ends anaLoop
+	// reservations are the volumes' persistent reservations, in the MDS.
+	reservations *reservation.Cached
 
 	closeOnce sync.Once
 	closeErr  error
@@ -137,7 +152,11 @@ func Start(cfg Config) (*Node, error) {
 	if cfg.Registry != nil {
 		cm, nm = client.NewMetrics(cfg.Registry), nbd.NewMetrics(cfg.Registry)
 	}
-	n := &Node{log: cfg.Logger, mds: mc, stopANA: make(chan struct{})}
+	if cfg.ReservationTTL <= 0 {
+		cfg.ReservationTTL = DefaultReservationTTL
+	}
+	n := &Node{log: cfg.Logger, mds: mc, stopANA: make(chan struct{}),
+		reservations: reservation.NewCached(MDSReservations{MDS: mc}, cfg.ReservationTTL)}
 	n.exports = frontend.NewExports(frontend.ExportsConfig{
 		Logger: cfg.Logger,
 		Opener: volumes.New(volumes.Config{
@@ -172,7 +191,7 @@ func (n *Node) startNVMf(cfg NVMfConfig, name string) error {
 		return fmt.Errorf("NVMe/TCP listen on %s: %w", cfg.Listen, err)
 	}
 	scfg := nvmf.Config{Exports: n.exports, Logger: n.log,
-		AllowedHosts: cfg.AllowedHosts, AdvertiseAddr: cfg.AdvertiseAddr}
+		AllowedHosts: cfg.AllowedHosts, AdvertiseAddr: cfg.AdvertiseAddr, Reservations: n.reservations}
 	kick := make(chan struct{}, 1)
 	var id uint64
 	if cfg.Multipath {
@@ -259,21 +278,29 @@ func (n *Node) startISCSI(cfg ISCSIConfig) error {
 	if cfg.Cluster == "" {
 		cfg.Cluster = "basalt"
 	}
-	srv, err := iscsi.NewServer(iscsi.Config{
-		Exports: n.exports, Cluster: cfg.Cluster, Logger: n.log,
-		CHAP: cfg.CHAP, Initiators: cfg.Initiators,
-	})
-	if err != nil {
-		return err
-	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("iSCSI listen on %s: %w", cfg.Listen, err)
 	}
+	if cfg.TargetPort == 0 {
+		host, _ := os.Hostname()
+		h := fnv.New32a()
+		h.Write([]byte(host + "/" + ln.Addr().String()))
+		cfg.TargetPort = uint16(h.Sum32()%0xffff) + 1
+	}
+	srv, err := iscsi.NewServer(iscsi.Config{
+		Exports: n.exports, Cluster: cfg.Cluster, Logger: n.log,
+		CHAP: cfg.CHAP, Initiators: cfg.Initiators,
+		Reservations: n.reservations, TargetPort: cfg.TargetPort,
+	})
+	if err != nil {
+		ln.Close()
+		return err
+	}
 	n.iscsi = srv
 	n.addrs = append(n.addrs, ln.Addr())
 	n.log.Info("serving iSCSI", "portal", ln.Addr().String(), "targets", iscsi.TargetName(cfg.Cluster, "VOLUME"),
-		"chap", cfg.CHAP != nil, "initiators_allowed", len(cfg.Initiators))
+		"chap", cfg.CHAP != nil, "initiators_allowed", len(cfg.Initiators), "target_port", cfg.TargetPort)
 	go srv.Serve(ln)
 	return nil
 }

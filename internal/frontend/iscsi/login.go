@@ -11,6 +11,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/frontend"
 	"github.com/basalt-storage/basalt/internal/frontend/iscsi/scsi"
+	"github.com/basalt-storage/basalt/internal/reservation"
 )
 
 // Login status classes and details (RFC 7143 11.13.5).
@@ -475,6 +476,10 @@ func (c *conn) enterFullFeature() error {
 	c.lu = c.s.openLU(c.volume, scsi.Config{
 		Backend: att.Backend(), Info: att.Info(), Classify: att.Classify,
 		ID: c.s.volumeID(c.volume), TargetName: c.target, MaxTransfer: c.s.cfg.MaxTransfer,
+		PR: &scsi.PR{Store: c.s.cfg.Reservations, Volume: c.volume, Nexus: reservation.Nexus{
+			Initiator:  fmt.Sprintf("%s,i,0x%x", strings.ToLower(c.initiator), c.isid[:]),
+			TargetPort: c.s.cfg.TargetPort,
+		}},
 	})
 	c.key = sessionKey{initiator: strings.ToLower(c.initiator), target: strings.ToLower(c.target), isid: c.isid}
 	var old *conn

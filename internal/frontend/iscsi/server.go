@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
+	"github.com/basalt-storage/basalt/internal/reservation"
 )
 
 // IQNPrefix starts every target name: iqn.2026-11.io.basalt:CLUSTER:VOLUME.
@@ -44,6 +45,15 @@ type Config struct {
 	// Digests allows CRC32C header and data digests when the initiator
 	// offers them; default (false) accepts both.
 	NoDigests bool
+
+	// Reservations keeps the volumes' persistent reservations; every
+	// access node serving a volume must share one (the MDS's, behind a
+	// reservation.Cached). Default: a store of this process alone.
+	Reservations reservation.Store
+	// TargetPort is this target's relative target port identifier in
+	// persistent reservations: give each access node its own (1-65535).
+	// Default 1.
+	TargetPort uint16
 
 	// LoginTimeout bounds a whole login, from the first byte to the last
 	// login response, including opening the volume. Default 15 s.
@@ -79,6 +89,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Reservations == nil {
+		c.Reservations = reservation.NewMemStore()
+	}
+	if c.TargetPort == 0 {
+		c.TargetPort = 1
 	}
 	if c.LoginTimeout <= 0 {
 		c.LoginTimeout = 15 * time.Second

@@ -379,6 +379,7 @@ func (c *conn) identify(cmd *command) {
 			b[33] = 1  // deallocated blocks read as zeros
 		}
 		b[30] = 1                                      // NMIC: may be shared by controllers (multipath)
+		b[31] = 0xff                                   // RESCAP: every type, IEKEY and PTPL
 		binary.LittleEndian.PutUint32(b[92:], ns.nsid) // ANAGRPID: one ANA group per namespace
 		if ns.readOnly {
 			b[99] = 1
@@ -458,6 +459,7 @@ func (c *conn) identifyController(b []byte) {
 			}
 		}
 		oncs |= 1 << 3 // Write Zeroes (emulated with zero writes without backend support)
+		oncs |= 1 << 5 // Reservations
 		binary.LittleEndian.PutUint16(b[520:], oncs)
 		b[525] = 1                                                                         // VWC present
 		b[342] = 10                                                                        // ANATT

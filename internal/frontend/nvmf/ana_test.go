@@ -13,15 +13,15 @@ import (
 
 // send writes one command without waiting for its response (an AER).
 func (in *initiator) send(sqe []byte) uint16 {
-	in.cid++
-	binary.LittleEndian.PutUint16(sqe[2:], in.cid)
+	cid := in.NextCID()
+	binary.LittleEndian.PutUint16(sqe[2:], cid)
 	sqe[39] = sglTransport
 	hdr := make([]byte, capsuleLen)
 	copy(hdr[chLen:], sqe)
 	if _, err := in.nc.Write(in.pdu(pduCapsuleCmd, 0, hdr, nil)); err != nil {
 		in.t.Fatal(err)
 	}
-	return in.cid
+	return cid
 }
 
 // response reads the next PDU, which must be the response to cid.

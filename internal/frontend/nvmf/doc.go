@@ -10,6 +10,7 @@
 //	conn.go    one connection = one queue: PDU framing, digests, R2T/H2CData, the writer
 //	admin.go   Fabrics (Connect, Property Get/Set) and admin commands, log pages
 //	io.go      Read, Write, Compare, Write Zeroes, Flush, Dataset Management
+//	reservations.go  Reservation Register/Report/Acquire/Release over a reservation.Store
 //
 // # Goroutines and ownership
 //

@@ -6,12 +6,14 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/basalt-storage/basalt/internal/nvmfhost"
 )
 
 // seedStream is what a host sends for a short session: ICReq, Connect, a
 // property get, a write in the capsule, a write by R2T with its H2CData, a read.
 func seedStream(hdgst, ddgst bool) []byte {
-	in := &initiator{hdgst: hdgst, ddgst: ddgst}
+	in := &initiator{Conn: nvmfhost.Framer(hdgst, ddgst)}
 	ic := make([]byte, icLen)
 	putCH(ic, pduICReq, 0, icLen, 0, icLen)
 	if hdgst {

@@ -66,6 +66,17 @@ func (c *conn) io(cmd *command) {
 		return
 	}
 	c.ns = ns
+	switch s.opcode {
+	case ioResvRegister, ioResvReport, ioResvAcquire, ioResvRelease:
+		c.reservationCmd(cmd, ns)
+		return
+	}
+	if conflict, failed := c.resvConflict(cmd, ns); failed {
+		return
+	} else if conflict {
+		c.complete(cmd, scResvConflict|dnr, 0, 0)
+		return
+	}
 	if c.s.cfg.Multipath {
 		if c.s.anaState(ctrl, ns.nsid) == ANAInaccessible {
 			c.complete(cmd, scANAInaccessible, 0, 0)

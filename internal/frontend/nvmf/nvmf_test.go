@@ -13,7 +13,14 @@ import (
 // session connects an admin queue and one I/O queue to vol.
 func session(t *testing.T, addr string, hdgst, ddgst bool) (admin, ioq *initiator) {
 	t.Helper()
+	return sessionAs(t, addr, hdgst, ddgst, [16]byte{})
+}
+
+// sessionAs is session as the host with host identifier hostID.
+func sessionAs(t *testing.T, addr string, hdgst, ddgst bool, hostID [16]byte) (admin, ioq *initiator) {
+	t.Helper()
 	admin = dialInit(t, addr, hdgst, ddgst)
+	admin.HostID = hostID
 	admin.must(admin.connect(VolumeNQNPrefix+"vol", hostA, 0, 0xffff, 0))
 	if cap := admin.prop(true, propCAP, 0).dw0; cap&0xffff != 127 {
 		t.Fatalf("CAP.MQES = %d", cap&0xffff)
@@ -27,6 +34,7 @@ func session(t *testing.T, addr string, hdgst, ddgst bool) (admin, ioq *initiato
 		t.Fatalf("number of queues = %#x", r.dw0)
 	}
 	ioq = dialInit(t, addr, hdgst, ddgst)
+	ioq.HostID = hostID
 	sqe := newSQE(opFabrics, 0)
 	_ = sqe
 	ioq.must(ioq.connect(VolumeNQNPrefix+"vol", hostA, 1, admin.cntlid, 0))
@@ -95,7 +103,7 @@ func TestIODigestsAndR2T(t *testing.T) {
 		t.Run(fmt.Sprintf("hdgst=%v,ddgst=%v", dg.h, dg.d), func(t *testing.T) {
 			_, addr, disk := startServer(t, func(c *Config) { c.R2TChunk = 16 << 10 })
 			_, ioq := session(t, addr, dg.h, dg.d)
-			ioq.maxH2C = 5000 // H2CData PDUs of 5000 bytes: several per R2T, one odd-sized
+			ioq.SetMaxH2CData(5000) // H2CData PDUs of 5000 bytes: several per R2T, one odd-sized
 			rng := rand.New(rand.NewPCG(1, 2))
 			for i, n := range []int{1, 8, 16, 100, 256} { // blocks: 512 B .. 128 KiB
 				data := make([]byte, n*512)

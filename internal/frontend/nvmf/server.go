@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
+	"github.com/basalt-storage/basalt/internal/reservation"
 )
 
 // Errors of the server.
@@ -79,6 +80,11 @@ type Config struct {
 	// HostsChanged, if set, is called (on its own goroutine) when a
 	// controller of an I/O subsystem is created or ends: Hosts changed.
 	HostsChanged func()
+	// Reservations keeps the volumes' reservations (NVMe Reservation
+	// Register/Acquire/Release/Report), shared with the iSCSI target's
+	// persistent reservations; every access node must share one (the
+	// MDS's). Default: a store of this process alone.
+	Reservations reservation.Store
 }
 
 func (c *Config) setDefaults() error {
@@ -87,6 +93,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Reservations == nil {
+		c.Reservations = reservation.NewMemStore()
 	}
 	if c.QueueSize <= 0 {
 		c.QueueSize = 128

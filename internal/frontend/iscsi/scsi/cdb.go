@@ -72,6 +72,8 @@ const (
 	kRequestSense
 	kReportLuns
 	kReportOpcodes
+	kPRIn
+	kPROut
 )
 
 // Command is a decoded CDB: every field Execute needs, checked for what can
@@ -104,6 +106,8 @@ type Command struct {
 	rcOp   byte
 	rcSA   uint16
 	rctd   bool
+	// PERSISTENT RESERVE IN/OUT: service action, scope and type.
+	prSA, prScope, prType byte
 }
 
 // cdbLen is the length of a CDB by its group code (SPC-4 4.2.5.1); 0 for
@@ -292,6 +296,21 @@ func Decode(cdb []byte, blockSize int) (*Command, *Sense) {
 		}
 		if c.alloc < 16 && c.alloc != 0 {
 			return nil, invalidField(6)
+		}
+
+	case opPersistentReserveIn:
+		c.kind, c.Dir, c.alloc = kPRIn, DirIn, int(u16(7))
+		c.prSA = cdb[1] & 0x1f
+		if c.prSA > 3 {
+			return nil, invalidField(1)
+		}
+
+	case opPersistentReserveOut:
+		c.kind, c.Dir = kPROut, DirOut
+		c.prSA, c.prScope, c.prType = cdb[1]&0x1f, cdb[2]>>4, cdb[2]&0x0f
+		c.DataOut = int(u32(5))
+		if c.DataOut > maxPROutParams {
+			return nil, invalidField(5)
 		}
 
 	case opMaintenanceIn:

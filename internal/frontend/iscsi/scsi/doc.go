@@ -15,8 +15,10 @@
 // informational exceptions pages; nothing changeable), START STOP UNIT (a
 // no-op), READ CAPACITY(10/16), READ/WRITE(6/10/12/16), WRITE AND VERIFY and
 // VERIFY(10/12/16), SYNCHRONIZE CACHE(10/16), PRE-FETCH(10/16) (a no-op), WRITE SAME(10/16) with UNMAP and
-// NDOB, UNMAP, GET LBA STATUS, COMPARE AND WRITE, REPORT LUNS and REPORT
-// SUPPORTED OPERATION CODES. Anything else is ILLEGAL REQUEST, INVALID COMMAND
+// NDOB, UNMAP, GET LBA STATUS, COMPARE AND WRITE, REPORT LUNS, REPORT
+// SUPPORTED OPERATION CODES and, with Config.PR, PERSISTENT RESERVE IN/OUT
+// (pr.go: the state is a reservation.Store's, every command is checked
+// against it, and the attentions a change raised become unit attentions). Anything else is ILLEGAL REQUEST, INVALID COMMAND
 // OPERATION CODE.
 //
 // Semantics worth knowing:
@@ -38,7 +40,7 @@
 //     nothing was reset for a new session, and clients retry on one anyway.
 //     Reported once, on the next command other than INQUIRY and REPORT LUNS;
 //     REQUEST SENSE returns it as its data.
-//   - No persistent reservations or protection information.
+//   - No protection information.
 //
 // IO failures map to sense data by their frontend error class (ErrorSense;
 // the table is in package frontend's doc).

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
+	"github.com/basalt-storage/basalt/internal/reservation"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -26,6 +27,10 @@ type Config struct {
 	// MaxTransfer is the largest READ or WRITE in bytes (Block Limits page);
 	// default 8 MiB, and never above the backend's maximum.
 	MaxTransfer int
+	// PR, if set, serves persistent reservations (PERSISTENT RESERVE
+	// IN/OUT) and checks every command against them; nil: those commands
+	// are not served.
+	PR *PR
 	// Group is the export's LUs in this process (one per session): unit
 	// attentions are raised on all of them and COMPARE AND WRITE is
 	// serialized among them; nil: a group of this LU alone. Close the LU
@@ -50,6 +55,8 @@ type LU struct {
 	ua          attentions
 	serial      string
 	maxCAWBlock int
+	pr          *PR
+	prSeen      prNexus
 }
 
 // Result is a command's outcome: its status, the sense data of a CHECK
@@ -104,6 +111,7 @@ func New(cfg Config) *LU {
 		canZero: info.CanWriteZeroes && !info.ReadOnly, canFlush: info.CanFlush,
 		group: cfg.Group, serial: fmt.Sprintf("%016x", cfg.ID),
 		maxCAWBlock: min(maxCAWBlocks, max(maxXfer/bs, 1)),
+		pr:          cfg.PR,
 	}
 	lu.ua.blocks.Store(lu.blocks())
 	cfg.Group.join(lu)
@@ -128,6 +136,20 @@ func (lu *LU) inRange(lba uint64, n uint64) bool {
 // most c.DataOut; fewer if the initiator sent fewer), and calls done exactly
 // once, on any goroutine, maybe before Execute returns.
 func (lu *LU) Execute(c *Command, dataOut []byte, done func(Result)) {
+	if (c.kind == kPRIn || c.kind == kPROut) && lu.pr == nil {
+		done(check(sense(senseInvalidOpcode)))
+		return
+	}
+	// The reservation state (its attentions for this nexus first).
+	var pr *reservation.State
+	if lu.pr != nil && c.reportsAttention() {
+		st, s := lu.prState()
+		if s != nil {
+			done(check(s))
+			return
+		}
+		pr = st
+	}
 	if c.reportsAttention() {
 		if s := lu.attention(); s != nil {
 			if c.kind == kRequestSense {
@@ -139,6 +161,10 @@ func (lu *LU) Execute(c *Command, dataOut []byte, done func(Result)) {
 			return
 		}
 	}
+	if pr.Conflicts(lu.prNexus(), c.access()) {
+		done(Result{Status: StatusReservationConflict})
+		return
+	}
 	if c.Dir == DirOut && len(dataOut) < c.DataOut {
 		// The initiator's expected transfer length is shorter than the CDB's.
 		done(check(invalidField(0)))
@@ -147,6 +173,11 @@ func (lu *LU) Execute(c *Command, dataOut []byte, done func(Result)) {
 	switch c.kind {
 	case kNone:
 		done(good(nil))
+	case kPRIn:
+		done(lu.persistentReserveIn(c, pr))
+	case kPROut:
+		// A call to the store that may take a while: on a goroutine.
+		go func() { done(lu.persistentReserveOut(c, dataOut[:c.DataOut])) }()
 	case kRead, kWrite:
 		lu.readWrite(c, dataOut, done)
 	case kPrefetch:

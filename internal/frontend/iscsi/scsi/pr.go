@@ -1,0 +1,225 @@
+package scsi
+
+import (
+	"context"
+	"encoding/binary"
+	"sync"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/reservation"
+)
+
+// Persistent reservations (SPC-4 5.13, 6.15, 6.16): the state lives in a
+// reservation.Store shared by every access node (the MDS's); this file only
+// translates PERSISTENT RESERVE IN/OUT to and from it, checks each command
+// against the reservation, and turns the attentions a change raised into
+// unit attentions of this nexus.
+
+const (
+	opPersistentReserveIn  = 0x5e
+	opPersistentReserveOut = 0x5f
+
+	// StatusReservationConflict is SAM-5's RESERVATION CONFLICT.
+	StatusReservationConflict = 0x18
+
+	// prTimeout bounds one PERSISTENT RESERVE OUT's call to the store;
+	// prReadTimeout one read of the state for a command (commands of the
+	// session wait behind it: the MDS is unreachable, the command gets NOT
+	// READY, BECOMING READY and the initiator retries).
+	prTimeout     = 30 * time.Second
+	prReadTimeout = 10 * time.Second
+	// maxPROutParams bounds a PERSISTENT RESERVE OUT parameter list.
+	maxPROutParams = 4096
+)
+
+// PR is what an LU needs for persistent reservations: the store, the
+// volume's name in it, and the I_T nexus the LU serves.
+type PR struct {
+	Store  reservation.Store
+	Volume string
+	Nexus  reservation.Nexus
+}
+
+// prNexus is the LU's view of the attentions already turned into unit
+// attentions.
+type prNexus struct {
+	mu   sync.Mutex
+	seen bool
+	seq  uint64 // the state's Seq this nexus last looked at
+}
+
+// access is what c does to the medium, for reservation conflicts (SPC-4
+// table 209, SBC-3 table 13).
+func (c *Command) access() reservation.Access {
+	switch c.kind {
+	case kRead, kVerify, kModeSense, kGetLBAStatus, kPrefetch:
+		return reservation.AccessRead
+	case kWrite, kWriteSame, kCompareAndWrite, kUnmap, kSync:
+		return reservation.AccessWrite
+	case kNone:
+		if c.Op == opStartStopUnit {
+			return reservation.AccessWrite
+		}
+	}
+	return reservation.AccessNone
+}
+
+// prState returns the volume's reservation state, after queuing the unit
+// attentions raised for this nexus since it last looked.
+func (lu *LU) prState() (*reservation.State, *Sense) {
+	ctx, cancel := context.WithTimeout(context.Background(), prReadTimeout)
+	defer cancel()
+	st, err := lu.pr.Store.Read(ctx, lu.pr.Volume)
+	if err != nil {
+		return nil, sense(senseBecomingReady)
+	}
+	lu.prAttend(st)
+	return st, nil
+}
+
+// prAttend queues the attentions st holds for this nexus that it has not
+// seen; the first state an LU sees only sets where it starts.
+func (lu *LU) prAttend(st *reservation.State) {
+	p := &lu.prSeen
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.seen {
+		p.seen, p.seq = true, st.Seq
+		return
+	}
+	if st.Seq <= p.seq {
+		return
+	}
+	for _, q := range st.AttentionsFor(lu.pr.Nexus, p.seq) {
+		lu.attend(Sense{Key: KeyUnitAttention, ASC: 0x2a, ASCQ: q})
+	}
+	p.seq = st.Seq
+}
+
+// persistentReserveIn answers PERSISTENT RESERVE IN (SPC-4 6.15).
+func (lu *LU) persistentReserveIn(c *Command, st *reservation.State) Result {
+	var d []byte
+	switch c.prSA {
+	case 0: // READ KEYS
+		d = make([]byte, 8, 8+8*len(st.Registrations))
+		binary.BigEndian.PutUint32(d[0:], st.Generation)
+		for _, r := range st.Registrations {
+			d = binary.BigEndian.AppendUint64(d, r.Key)
+		}
+		binary.BigEndian.PutUint32(d[4:], uint32(len(d)-8))
+	case 1: // READ RESERVATION
+		d = make([]byte, 8)
+		binary.BigEndian.PutUint32(d[0:], st.Generation)
+		if st.Reserved {
+			binary.BigEndian.PutUint32(d[4:], 16)
+			r := make([]byte, 16)
+			binary.BigEndian.PutUint64(r[0:], st.HolderKey())
+			r[13] = byte(st.Type) // scope 0: LU_SCOPE
+			d = append(d, r...)
+		}
+	case 2: // REPORT CAPABILITIES
+		d = make([]byte, 8)
+		binary.BigEndian.PutUint16(d[0:], 8)
+		d[2] = 0x04 | 0x01 // ATP_C, PTPL_C (SIP_C 0: SPEC_I_PT is not supported)
+		d[3] = 0x80        // TMV: the type mask is valid; ALLOW COMMANDS 0
+		if st.APTPL {
+			d[3] |= 0x01 // PTPL_A
+		}
+		d[4] = 0x80 | 0x40 | 0x20 | 0x08 | 0x02 // WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX
+		d[5] = 0x01                             // EX_AC_AR
+	case 3: // READ FULL STATUS
+		d = make([]byte, 8)
+		binary.BigEndian.PutUint32(d[0:], st.Generation)
+		for _, r := range st.Registrations {
+			e := make([]byte, 24)
+			binary.BigEndian.PutUint64(e[0:], r.Key)
+			if r.Nexus.AllTargetPorts {
+				e[12] |= 0x02
+			}
+			if st.IsHolderRegistration(r) {
+				e[12] |= 0x01
+				e[13] = byte(st.Type)
+			}
+			binary.BigEndian.PutUint16(e[18:], r.Nexus.TargetPort)
+			tid := TransportID(r.Nexus.Initiator)
+			binary.BigEndian.PutUint32(e[20:], uint32(len(tid)))
+			d = append(append(d, e...), tid...)
+		}
+		binary.BigEndian.PutUint32(d[4:], uint32(len(d)-8))
+	default:
+		return check(invalidField(1))
+	}
+	return good(cut(d, c.alloc))
+}
+
+// TransportID is an iSCSI initiator port's TransportID (SPC-4 7.6.4.6,
+// format 01b: the initiator port name, "NAME,i,0xISID"), padded to a
+// multiple of four bytes.
+func TransportID(port string) []byte {
+	n := len(port) + 1 // with its NUL
+	n = max((n+3)&^3, 20)
+	d := make([]byte, 4+n)
+	d[0] = 0x40 | 0x05 // FORMAT CODE 01b, PROTOCOL IDENTIFIER iSCSI
+	binary.BigEndian.PutUint16(d[2:], uint16(n))
+	copy(d[4:], port)
+	return d
+}
+
+// persistentReserveOut runs PERSISTENT RESERVE OUT (SPC-4 6.16) through the
+// store.
+func (lu *LU) persistentReserveOut(c *Command, p []byte) Result {
+	if len(p) < 24 {
+		return check(sense(senseParamLenError))
+	}
+	a := reservation.Action{
+		ServiceAction: reservation.ServiceAction(c.prSA),
+		Type:          reservation.Type(c.prType),
+		Key:           binary.BigEndian.Uint64(p[0:]),
+		SAKey:         binary.BigEndian.Uint64(p[8:]),
+		SpecIPT:       p[20]&0x08 != 0,
+		AllTargetPort: p[20]&0x04 != 0,
+		APTPL:         p[20]&0x01 != 0,
+	}
+	if len(p) != 24 && !a.SpecIPT {
+		return check(sense(senseParamLenError))
+	}
+	switch a.ServiceAction {
+	case reservation.Reserve, reservation.Release, reservation.Preempt, reservation.PreemptAndAbort:
+		if c.prScope != 0 { // only LU_SCOPE
+			return check(invalidField(2))
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), prTimeout)
+	defer cancel()
+	st, err := lu.pr.Store.Apply(ctx, lu.pr.Volume, lu.pr.Nexus, a)
+	if err != nil {
+		e := reservation.AsError(err)
+		if e == nil {
+			return check(sense(senseBecomingReady))
+		}
+		switch e.Code {
+		case reservation.CodeConflict:
+			return Result{Status: StatusReservationConflict}
+		case reservation.CodeInvalidCDB:
+			return check(invalidField(e.Field))
+		case reservation.CodeInvalidParam:
+			return check(invalidParamField(e.Field))
+		case reservation.CodeInvalidRelease:
+			return check(&Sense{Key: KeyIllegalRequest, ASC: 0x26, ASCQ: 0x04})
+		case reservation.CodeNoResources:
+			return check(&Sense{Key: KeyIllegalRequest, ASC: 0x55, ASCQ: 0x04})
+		}
+		return check(sense(senseInternalError))
+	}
+	// This nexus raised no attention for itself; take what others raised.
+	lu.prAttend(st)
+	return good(nil)
+}
+
+// prNexus is the nexus this LU serves (zero without PR).
+func (lu *LU) prNexus() reservation.Nexus {
+	if lu.pr == nil {
+		return reservation.Nexus{}
+	}
+	return lu.pr.Nexus
+}

@@ -1,0 +1,113 @@
+package scsi
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"github.com/basalt-storage/basalt/internal/reservation"
+)
+
+func prOut(sa, typ byte, key, saKey uint64, flags byte) ([]byte, []byte) {
+	cdb := []byte{0x5f, sa, typ, 0, 0, 0, 0, 0, 24, 0}
+	p := make([]byte, 24)
+	binary.BigEndian.PutUint64(p[0:], key)
+	binary.BigEndian.PutUint64(p[8:], saKey)
+	p[20] = flags
+	return cdb, p
+}
+
+func prIn(sa byte) []byte { return []byte{0x5e, sa, 0, 0, 0, 0, 0, 0x10, 0, 0} }
+
+var cdbWrite10 = []byte{0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0}
+var cdbRead10 = []byte{0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0}
+
+// Two nexuses (two sessions, as on two access nodes: each its own LU and
+// group) over one store: a reservation made through one is enforced on the
+// other; a preemption raises REGISTRATIONS PREEMPTED there once.
+func TestPersistentReservationAcrossNexuses(t *testing.T) {
+	b := &memBackend{t: t, data: make([]byte, 1<<20)}
+	store := reservation.NewMemStore()
+	open := func(initiator string, port uint16) *LU {
+		return New(Config{Backend: b, Info: b.Info(), ID: 42, TargetName: "iqn.2026-11.io.basalt:c:v",
+			PR: &PR{Store: store, Volume: "v", Nexus: reservation.Nexus{Initiator: initiator, TargetPort: port}}})
+	}
+	a, c := open("iqn.a,i,0x1", 1), open("iqn.b,i,0x2", 2)
+	block := make([]byte, 512)
+	expect := func(lu *LU, cdb, data []byte, status byte, s [3]byte) Result {
+		t.Helper()
+		r := run(t, lu, cdb, data)
+		if r.Status != status || senseOf(r) != s {
+			t.Fatalf("opcode %#x: status %#x sense %x, want %#x %x", cdb[0], r.Status, senseOf(r), status, s)
+		}
+		return r
+	}
+	none := [3]byte{}
+	// Both look once (the first state an LU sees sets its baseline).
+	expect(a, cdbTUR, nil, StatusGood, none)
+	expect(c, cdbTUR, nil, StatusGood, none)
+	cdb, p := prOut(6, 0, 0, 0xa, 0) // REGISTER AND IGNORE EXISTING KEY
+	expect(a, cdb, p, StatusGood, none)
+	cdb, p = prOut(6, 0, 0, 0xc, 0)
+	expect(c, cdb, p, StatusGood, none)
+	cdb, p = prOut(1, 0x03, 0xa, 0, 0) // RESERVE, EXCLUSIVE ACCESS
+	expect(a, cdb, p, StatusGood, none)
+	expect(c, cdbRead10, nil, StatusReservationConflict, none)
+	expect(c, cdbWrite10, block, StatusReservationConflict, none)
+	expect(c, cdbTUR, nil, StatusGood, none)
+	expect(a, cdbWrite10, block, StatusGood, none)
+	// READ RESERVATION through the other nexus.
+	r := expect(c, prIn(1), nil, StatusGood, none)
+	if len(r.Data) != 24 || binary.BigEndian.Uint64(r.Data[8:]) != 0xa || r.Data[21] != 0x03 {
+		t.Fatalf("READ RESERVATION: % x", r.Data)
+	}
+	// READ FULL STATUS: two descriptors, a's holds.
+	r = expect(c, prIn(3), nil, StatusGood, none)
+	if n := binary.BigEndian.Uint32(r.Data[4:]); int(n) != len(r.Data)-8 || r.Data[8+12] != 0x01 {
+		t.Fatalf("READ FULL STATUS: % x", r.Data)
+	}
+	// c preempts a: a's registration goes; a gets 2A/05 once.
+	cdb, p = prOut(4, 0x01, 0xc, 0xa, 0) // PREEMPT, WRITE EXCLUSIVE
+	expect(c, cdb, p, StatusGood, none)
+	expect(a, cdbTUR, nil, StatusCheckCondition, [3]byte{KeyUnitAttention, 0x2a, 0x05})
+	expect(a, cdbRead10, nil, StatusGood, none)
+	expect(a, cdbWrite10, block, StatusReservationConflict, none)
+	// a is no longer registered: RESERVE conflicts.
+	cdb, p = prOut(1, 0x01, 0xa, 0, 0)
+	expect(a, cdb, p, StatusReservationConflict, none)
+	// Bad parameter length, a bad type, a bad scope.
+	expect(c, []byte{0x5f, 0, 0, 0, 0, 0, 0, 0, 23, 0}, make([]byte, 23), StatusCheckCondition, [3]byte{KeyIllegalRequest, 0x1a, 0})
+	cdb, p = prOut(1, 0x02, 0xc, 0, 0)
+	expect(c, cdb, p, StatusCheckCondition, [3]byte{KeyIllegalRequest, 0x24, 0})
+	cdb, p = prOut(1, 0x21, 0xc, 0, 0)
+	expect(c, cdb, p, StatusCheckCondition, [3]byte{KeyIllegalRequest, 0x24, 0})
+	// Release; CLEAR; both write again.
+	cdb, p = prOut(2, 0x01, 0xc, 0, 0)
+	expect(c, cdb, p, StatusGood, none)
+	expect(a, cdbWrite10, block, StatusGood, none)
+	cdb, p = prOut(3, 0, 0xc, 0, 0)
+	expect(c, cdb, p, StatusGood, none)
+	r = expect(a, prIn(0), nil, StatusGood, none)
+	if binary.BigEndian.Uint32(r.Data[4:]) != 0 {
+		t.Fatalf("READ KEYS after CLEAR: % x", r.Data)
+	}
+}
+
+// Without a store the commands are not served.
+func TestPersistentReserveWithoutStore(t *testing.T) {
+	b := &memBackend{t: t, data: make([]byte, 1<<20)}
+	lu := New(Config{Backend: b, Info: b.Info(), ID: 42, TargetName: "iqn.2026-11.io.basalt:c:v"})
+	if r := run(t, lu, prIn(0), nil); r.Status != StatusCheckCondition || senseOf(r) != [3]byte{KeyIllegalRequest, 0x20, 0} {
+		t.Fatalf("PERSISTENT RESERVE IN without a store: %#x %x", r.Status, senseOf(r))
+	}
+}
+
+func TestTransportID(t *testing.T) {
+	id := TransportID("iqn.x,i,0x1")
+	if len(id) != 24 || id[0] != 0x45 || binary.BigEndian.Uint16(id[2:]) != 20 || string(id[4:15]) != "iqn.x,i,0x1" {
+		t.Fatalf("% x", id)
+	}
+	long := TransportID("iqn.2026-11.io.basalt.test:initiator-1,i,0x23d000000001")
+	if (len(long)-4)%4 != 0 || long[len(long)-1] != 0 {
+		t.Fatalf("% x", long)
+	}
+}

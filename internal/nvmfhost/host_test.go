@@ -1,0 +1,178 @@
+package nvmfhost
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/frontend"
+	"github.com/basalt-storage/basalt/internal/frontend/nvmf"
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// memDisk is an in-memory frontend.Backend.
+type memDisk struct {
+	mu   sync.Mutex
+	data []byte
+}
+
+func (m *memDisk) Info() frontend.Info {
+	return frontend.Info{Size: int64(len(m.data)), CanFlush: true, CanFUA: true, BlockSizes: frontend.BlockSizes{Minimum: 512}}
+}
+func (m *memDisk) Check(context.Context) error { return nil }
+func (m *memDisk) Close() error                { return nil }
+func (m *memDisk) Submit(op api.Op, buf []byte, off, n int64, done func(error)) {
+	m.mu.Lock()
+	switch op {
+	case api.OpRead:
+		copy(buf, m.data[off:off+n])
+	case api.OpWrite:
+		copy(m.data[off:], buf)
+	}
+	m.mu.Unlock()
+	done(nil)
+}
+
+// at copies n bytes at off.
+func (m *memDisk) at(off int64, n int) []byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return bytes.Clone(m.data[off : off+int64(n)])
+}
+
+type memOpener struct{ d *memDisk }
+
+func (o memOpener) Open(_ context.Context, name string) (frontend.Backend, error) {
+	if name != "vol" {
+		return nil, frontend.ErrNoSuchExport
+	}
+	return o.d, nil
+}
+func (o memOpener) Stat(_ context.Context, name string) (frontend.Info, error) {
+	if name != "vol" {
+		return frontend.Info{}, frontend.ErrNoSuchExport
+	}
+	return o.d.Info(), nil
+}
+func (o memOpener) List(context.Context) ([]string, error) { return []string{"vol"}, nil }
+func (o memOpener) Classify(err error) error               { return err }
+
+// startTarget serves an 8 MiB volume "vol" on a free loopback port.
+func startTarget(t *testing.T) (addr string, disk *memDisk) {
+	t.Helper()
+	disk = &memDisk{data: make([]byte, 8<<20)}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ex := frontend.NewExports(frontend.ExportsConfig{Opener: memOpener{disk}, Logger: quiet})
+	s, err := nvmf.NewServer(nvmf.Config{Exports: ex, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	t.Cleanup(func() { s.Close(); ex.Close() })
+	return ln.Addr().String(), disk
+}
+
+// exercise connects a host with two I/O queues and runs writes (in the
+// capsule, by R2T, larger than MDTS) and reads with many commands in flight
+// on each queue, checking every byte read against what was written.
+func exercise(t *testing.T, addr string, disk *memDisk, o Options) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	o.Queues, o.QueueSize = 2, 32
+	h, err := Connect(ctx, addr, nvmf.VolumeNQNPrefix+"vol", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if h.Size() != int64(len(disk.data)) || h.BlockSize != 512 || len(h.IO) != 2 || h.MaxTransfer == 0 || h.InCapsule < 4096 {
+		t.Fatalf("host: size %d block %d queues %d MDTS %d in-capsule %d", h.Size(), h.BlockSize, len(h.IO), h.MaxTransfer, h.InCapsule)
+	}
+	// Sizes: 4 KiB (in the capsule unless NoInCapsule), 64 KiB (R2T), and
+	// 2*MDTS+4 KiB (split into three commands).
+	sizes := []int{4 << 10, 64 << 10, 2*h.MaxTransfer + 4<<10}
+	rng := rand.New(rand.NewPCG(1, 2))
+	type io struct {
+		off  int64
+		data []byte
+	}
+	var ios []io
+	slot := int64(1 << 20) // each IO its own 1 MiB slot: concurrent IOs never overlap
+	for i := range 8 {
+		b := make([]byte, sizes[i%len(sizes)])
+		for j := range b {
+			b[j] = byte(rng.Uint32())
+		}
+		ios = append(ios, io{off: int64(i) * slot, data: b})
+	}
+	run := func(do func(q int, x io) error) {
+		var wg sync.WaitGroup
+		errs := make(chan error, len(ios))
+		for i, x := range ios {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs <- do(i%2, x) }()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	run(func(q int, x io) error { return h.WriteAt(q, x.data, x.off) })
+	for _, x := range ios {
+		if !bytes.Equal(disk.at(x.off, len(x.data)), x.data) {
+			t.Fatalf("write of %d bytes at %d: the volume differs", len(x.data), x.off)
+		}
+	}
+	run(func(q int, x io) error {
+		got := make([]byte, len(x.data))
+		if err := h.ReadAt(q, got, x.off); err != nil {
+			return err
+		}
+		if !bytes.Equal(got, x.data) {
+			return fmt.Errorf("read of %d bytes at %d differs", len(x.data), x.off)
+		}
+		return nil
+	})
+	// Out of range: the controller's status, the queue still works.
+	if err := h.ReadAt(0, make([]byte, 4096), h.Size()); err == nil {
+		t.Fatal("read past the end succeeded")
+	}
+	if err := h.ReadAt(0, make([]byte, 4096), 0); err != nil {
+		t.Fatalf("read after a failed one: %v", err)
+	}
+}
+
+// TestHostAgainstTarget drives basalt's target with the host, with and
+// without digests and with every write by R2T; with tshark installed it also
+// captures the traffic and checks that tshark's NVMe/TCP dissector decodes
+// every PDU without a malformed packet or error (issue 17's judge).
+func TestHostAgainstTarget(t *testing.T) {
+	addr, disk := startTarget(t)
+	cap := startCapture(t, addr)
+	sessions := []Options{{}, {HeaderDigest: true, DataDigest: true}, {NoInCapsule: true, DataDigest: true}}
+	for _, o := range sessions {
+		t.Run(fmt.Sprintf("hdgst=%v,ddgst=%v,r2t-only=%v", o.HeaderDigest, o.DataDigest, o.NoInCapsule), func(t *testing.T) {
+			exercise(t, addr, disk, o)
+		})
+	}
+	t.Run("tshark", func(t *testing.T) {
+		if cap == nil {
+			t.Skip("no capture: tshark or dumpcap missing or not allowed to capture (see the log above)")
+		}
+		cap.check(t, 3*len(sessions)) // an admin and two I/O queues each
+	})
+}
