@@ -3,7 +3,9 @@ module github.com/basalt-storage/basalt
 go 1.26.8
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/container-storage-interface/spec v1.13.0
+	github.com/hanwen/go-fuse/v2 v2.9.0
 	github.com/kubernetes-csi/csi-test/v5 v5.6.0
 	github.com/prometheus/client_golang v1.23.2
 	github.com/spf13/cobra v1.10.2

@@ -80,13 +80,15 @@ var rules = []rule{
 	{pkg: "internal/testhost", may: withLeaves("internal/testhost/wire"), why: "test support: a QEMU guest"},
 	{pkg: "internal/testhost/...", may: withLeaves("internal/testhost/wire"), why: "the guest's agent and its channel's framing"},
 	{pkg: "internal/testutil", may: withLeaves(), why: "test support"},
+	{pkg: "internal/linearize", why: "test support: histories checked for linearizability (porcupine)"},
+	{pkg: "internal/lazyfs", why: "test support: a FUSE file system that forgets what was not fsynced"},
 	{pkg: "tests/...", may: []string{"..."}, why: "tests use anything"},
 	{pkg: "deploy", may: []string{"internal/csi", "internal/testcluster"}, why: "Kubernetes manifests and the Helm chart; their test checks them against the driver"},
 }
 
 // testSupport: these packages and those under them support tests; production code
 // never imports them.
-var testSupport = []string{"internal/testcluster", "internal/testhost", "internal/testutil"}
+var testSupport = []string{"internal/testcluster", "internal/testhost", "internal/testutil", "internal/linearize", "internal/lazyfs"}
 
 func isTestSupport(rel string) bool {
 	for _, t := range testSupport {
