@@ -10,6 +10,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/bench"
 	"github.com/basalt-storage/basalt/internal/csi"
+	"github.com/basalt-storage/basalt/internal/frontend/iscsi"
 	"github.com/basalt-storage/basalt/internal/identity"
 )
 
@@ -28,7 +29,8 @@ func csiCommand() *cobra.Command {
 	nodeID := f.String("node-id", envOr("NODE_ID", host), "this node's id: the Kubernetes node name (env NODE_ID)")
 	zone := f.String("zone", "", "this node's zone, reported as topology "+csi.TopologyZoneKey)
 	stateDir := f.String("state-dir", "/var/lib/basalt-csi", "node: where the NBD socket and per-volume state live")
-	attach := f.String("attach", "auto", "node: how to attach volumes: auto (NVMe/TCP if nvme-cli and nvme-tcp are there, else kernel NBD if loaded, else nbdfuse + loop), nvmf, nbd or nbdfuse")
+	attach := f.String("attach", "auto", "node: how to attach volumes: auto (NVMe/TCP if nvme-cli and nvme-tcp are there, else kernel NBD if loaded, else iSCSI if iscsiadm and iscsi_tcp are, else nbdfuse + loop), nvmf, nbd, iscsi or nbdfuse")
+	nvmfDiscovery := f.String("nvmf-discovery", "", "node: the discovery controller (host:port) of the cluster's basalt nvmf --multipath access nodes: NVMe/TCP stages connect to every path it lists (empty: the plugin's own loopback target)")
 	maxVolumes := f.Int64("max-volumes", 0, "node: the attach limit reported to Kubernetes (0: the NBD device count for kernel NBD, else 128)")
 	tf := addTLSFlags(cmd, identity.RoleAdmin, identity.RoleAccess)
 	cmd.RunE = func(*cobra.Command, []string) error {
@@ -42,7 +44,7 @@ func csiCommand() *cobra.Command {
 		}
 		d, err := csi.Start(csi.Config{
 			Endpoint: *endpoint, MDS: splitList(*mdsAddrs), MDSTLS: mdsTLS, DataTLS: dataTLS, Mode: *mode, DriverName: *driver,
-			NodeID: *nodeID, Zone: *zone, Server: host, StateDir: *stateDir, Attach: *attach, MaxVolumes: *maxVolumes,
+			NodeID: *nodeID, Zone: *zone, Server: host, StateDir: *stateDir, Attach: *attach, MaxVolumes: *maxVolumes, NVMfDiscovery: *nvmfDiscovery,
 			Logger: slog.Default(),
 		})
 		if err != nil {
@@ -54,7 +56,7 @@ func csiCommand() *cobra.Command {
 		<-ctx.Done()
 		return nil
 	}
-	cmd.AddCommand(growDeviceCommand())
+	cmd.AddCommand(growDeviceCommand(), stageDeviceCommand(), unstageDeviceCommand())
 	return cmd
 }
 
@@ -94,6 +96,62 @@ then resize2fs (ext4) or xfs_growfs (xfs) on the mount point --path.`,
 		}
 		fmt.Printf("%s: %d bytes\n", args[0], got)
 		return nil
+	}
+	return cmd
+}
+
+func stageDeviceCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "stage-device VOLUME",
+		Short: "Attach a volume with this host's kernel and mount it, as NodeStageVolume does",
+		Long: `Run the node plugin's NodeStageVolume steps on this host against a front end elsewhere:
+attach the volume (nvmf: nvme connect to --addr; iscsi: iscsiadm node record, --login to
+the volume's target at --addr), then, with --path, make --fs on the device if its first
+MiB is zeroes and mount it there. What it made is written to --state for unstage-device.
+Prints the device.`,
+		Args: cobra.ExactArgs(1),
+	}
+	f := cmd.Flags()
+	method := f.String("method", csi.ProtocolNVMf, "how to attach: nvmf or iscsi")
+	addr := f.String("addr", "", "the NVMe/TCP target or the iSCSI portal, host:port; required")
+	hostNQN := f.String("hostnqn", "", "nvmf: the host NQN to connect as (default: nvme-cli's)")
+	discovery := f.String("discovery", "", "nvmf: a discovery controller (host:port): connect to every path it lists for the volume instead of --addr")
+	target := f.String("target", "", "iscsi: the target name (default: iqn.2026-11.io.basalt:CLUSTER:VOLUME with --cluster)")
+	cluster := f.String("cluster", "basalt", "iscsi: the cluster name in the default target name")
+	fsType := f.String("fs", "ext4", "the file system to make and mount (ext4, xfs)")
+	path := f.String("path", "", "where to mount; empty: attach only (a block volume)")
+	readOnly := f.Bool("read-only", false, "attach and mount read-only")
+	state := f.String("state", "", "the file to record the stage in; required")
+	cmd.RunE = func(_ *cobra.Command, args []string) error {
+		if (*addr == "" && *discovery == "") || *state == "" {
+			return fmt.Errorf("--addr (or --discovery) and --state are required")
+		}
+		t := csi.DeviceTarget{Method: *method, Addr: *addr, HostNQN: *hostNQN, Target: *target, Discovery: *discovery}
+		if t.Target == "" {
+			t.Target = iscsi.TargetName(*cluster, args[0])
+		}
+		ctx, stop := signalContext()
+		defer stop()
+		dev, err := csi.StageDevice(ctx, t, args[0], *fsType, *path, *readOnly, *state)
+		if err != nil {
+			return err
+		}
+		fmt.Println(dev)
+		return nil
+	}
+	return cmd
+}
+
+func unstageDeviceCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "unstage-device STATE",
+		Short: "Unmount and detach what stage-device made, as NodeUnstageVolume does",
+		Args:  cobra.ExactArgs(1),
+	}
+	cmd.RunE = func(_ *cobra.Command, args []string) error {
+		ctx, stop := signalContext()
+		defer stop()
+		return csi.UnstageDevice(ctx, args[0])
 	}
 	return cmd
 }

@@ -22,8 +22,10 @@ type stageState struct {
 	Volume      string `json:"volume"`
 	StagingPath string `json:"staging_path"`
 	Device      string `json:"device"`              // /dev/nvmeXnY, /dev/nbdN or /dev/loopN
-	Method      string `json:"method"`              // nvmf, nbd or nbdfuse
+	Method      string `json:"method"`              // nvmf, nbd, iscsi or nbdfuse
 	NQN         string `json:"nqn,omitempty"`       // nvmf: the volume's subsystem
+	Portal      string `json:"portal,omitempty"`    // iscsi: the target's portal, host:port
+	Target      string `json:"target,omitempty"`    // iscsi: the volume's target name
 	NBDIoctl    bool   `json:"nbd_ioctl,omitempty"` // nbd: configured by ioctl (NBD_SET_SIZE works)
 	FuseDir     string `json:"fuse_dir,omitempty"`  // nbdfuse's mount point
 	FusePID     int    `json:"fuse_pid,omitempty"`
@@ -45,7 +47,7 @@ func run(ctx context.Context, name string, args ...string) (string, error) {
 		if len(s) > 2000 {
 			s = s[len(s)-2000:]
 		}
-		return string(out), fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(s))
+		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(s))
 	}
 	return string(out), nil
 }
@@ -168,11 +170,15 @@ func (n *Node) stopFuse(st *stageState) {
 func (n *Node) detach(ctx context.Context, st *stageState) error {
 	switch st.Method {
 	case ProtocolNVMf:
-		if err := n.detachNVMf(ctx, st); err != nil {
+		if err := detachNVMf(ctx, st); err != nil {
 			return err
 		}
 	case ProtocolNBD:
 		if _, err := run(ctx, "nbd-client", "-d", st.Device); err != nil {
+			return err
+		}
+	case ProtocolISCSI:
+		if err := detachISCSI(ctx, st); err != nil {
 			return err
 		}
 	case ProtocolNbdfuse:
@@ -187,6 +193,9 @@ func (n *Node) detach(ctx context.Context, st *stageState) error {
 			}
 		}
 		n.stopFuse(st)
+	}
+	if n == nil { // a standalone attach (UnstageDevice): no front end here
+		return nil
 	}
 	// The export's backend closes once its last connection is gone; wait, so
 	// that the volume's session is closed when Unstage returns (a

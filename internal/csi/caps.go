@@ -20,7 +20,8 @@ const (
 	ProtocolAuto    = "auto"
 	ProtocolNBD     = "nbd"
 	ProtocolNbdfuse = "nbdfuse"
-	ProtocolNVMf    = "nvmf" // NVMe/TCP to the node plugin's own target
+	ProtocolNVMf    = "nvmf"  // NVMe/TCP to the node plugin's own target
+	ProtocolISCSI   = "iscsi" // iSCSI (open-iscsi) to the node plugin's own target
 )
 
 // fsTypes are the file systems NodeStageVolume makes and grows.

@@ -110,7 +110,7 @@ func volumeContext(params map[string]string, v *api.Volume) map[string]string {
 }
 
 // ValidateParameters checks StorageClass parameters as CreateVolume does:
-// pool, fsType (ext4, xfs), protocol (auto, nvmf, nbd, nbdfuse) and the
+// pool, fsType (ext4, xfs), protocol (auto, nvmf, nbd, iscsi, nbdfuse) and the
 // csi.storage.k8s.io/ keys the sidecars pass; nil when CreateVolume takes them.
 func ValidateParameters(params map[string]string) error { return checkParams(params) }
 
@@ -123,8 +123,8 @@ func checkParams(params map[string]string) error {
 				return status.Errorf(codes.InvalidArgument, "parameter fsType=%q: ext4 or xfs", v)
 			}
 		case ParamProtocol:
-			if v != ProtocolAuto && v != ProtocolNVMf && v != ProtocolNBD && v != ProtocolNbdfuse {
-				return status.Errorf(codes.InvalidArgument, "parameter protocol=%q: auto, nvmf, nbd or nbdfuse", v)
+			if v != ProtocolAuto && v != ProtocolNVMf && v != ProtocolNBD && v != ProtocolISCSI && v != ProtocolNbdfuse {
+				return status.Errorf(codes.InvalidArgument, "parameter protocol=%q: auto, nvmf, nbd, iscsi or nbdfuse", v)
 			}
 		default:
 			if !strings.HasPrefix(k, "csi.storage.k8s.io/") {

@@ -11,8 +11,8 @@ import (
 
 // Attached is a volume's block device on this node and how it got there.
 type Attached struct {
-	Method   string // ProtocolNVMf, ProtocolNBD or ProtocolNbdfuse
-	Device   string // /dev/nvmeXnY, /dev/nbdN, /dev/loopN
+	Method   string // ProtocolNVMf, ProtocolNBD, ProtocolISCSI or ProtocolNbdfuse
+	Device   string // /dev/nvmeXnY, /dev/nbdN, /dev/sdX, /dev/loopN
 	NBDIoctl bool   // nbd: configured by ioctl (nbd-client -nonetlink)
 }
 
@@ -38,9 +38,17 @@ func growDevice(ctx context.Context, a Attached, want, volSize int64) (int64, er
 		return cur, nil
 	}
 	switch a.Method {
-	case ProtocolNVMf:
+	case ProtocolNVMf, ProtocolISCSI:
+		// iSCSI: the target answers the next command with CAPACITY DATA
+		// HAS CHANGED, but the kernel only logs that; a rescan makes it
+		// read the capacity again.
 		deadline := time.Now().Add(growWait)
 		for cur < want {
+			if a.Method == ProtocolISCSI {
+				if err := rescanSCSI(a.Device); err != nil {
+					return cur, fmt.Errorf("rescanning %s: %w", a.Device, err)
+				}
+			}
 			if time.Now().After(deadline) {
 				return cur, fmt.Errorf("%s shows %d bytes %v after the volume grew to %d", a.Device, cur, growWait, volSize)
 			}

@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/basalt-storage/basalt/internal/frontend/access"
+	"github.com/basalt-storage/basalt/internal/frontend/iscsi"
+	"github.com/basalt-storage/basalt/internal/frontend/nvmf"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
@@ -26,6 +28,7 @@ type Node struct {
 	d        *Driver
 	sock     string       // the NBD front end's Unix socket
 	nvmfAddr string       // its NVMe/TCP target on loopback; "" when the kernel has no nvme-tcp
+	portal   string       // its iSCSI portal on loopback; "" when the kernel has no iSCSI initiator
 	front    *access.Node // the front end every stage attaches to
 	method   string       // the default attach: nvmf, nbd or nbdfuse
 	// maxVolumes is NodeGetInfo's attach limit: Config.MaxVolumes, else
@@ -54,15 +57,17 @@ func startNode(d *Driver) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{d: d, sock: filepath.Join(cfg.StateDir, "nbd.sock"), fuse: map[string]fuseProc{}}
-	nvme := false
+	nvme, iscsiOK := false, false
 	switch cfg.Attach {
 	case "", ProtocolAuto:
-		nvme = nvmeTCP()
+		nvme, iscsiOK = nvmeTCP(), iscsiKernel()
 		switch {
 		case nvme:
 			n.method = ProtocolNVMf
 		case kernelNBD():
 			n.method = ProtocolNBD
+		case iscsiOK:
+			n.method = ProtocolISCSI
 		default:
 			n.method = ProtocolNbdfuse
 		}
@@ -71,10 +76,15 @@ func startNode(d *Driver) (*Node, error) {
 			return nil, errors.New("csi: attach nvmf: this host has no nvme-cli or no nvme-tcp kernel module")
 		}
 		n.method = cfg.Attach
+	case ProtocolISCSI:
+		if iscsiOK = iscsiKernel(); !iscsiOK {
+			return nil, errors.New("csi: attach iscsi: this host has no iscsiadm or no iscsi_tcp kernel module")
+		}
+		n.method = cfg.Attach
 	case ProtocolNBD, ProtocolNbdfuse:
 		n.method = cfg.Attach
 	default:
-		return nil, fmt.Errorf("csi: attach %q: want auto, nvmf, nbd or nbdfuse", cfg.Attach)
+		return nil, fmt.Errorf("csi: attach %q: want auto, nvmf, nbd, iscsi or nbdfuse", cfg.Attach)
 	}
 	n.maxVolumes = cfg.MaxVolumes
 	if n.maxVolumes <= 0 {
@@ -99,6 +109,9 @@ func startNode(d *Driver) (*Node, error) {
 		// Loopback only: the kernel of this node is the one host.
 		acfg.NVMf = access.NVMfConfig{Listen: "127.0.0.1:0"}
 	}
+	if iscsiOK {
+		acfg.ISCSI = access.ISCSIConfig{Listen: "127.0.0.1:0", Cluster: iscsiCluster}
+	}
 	front, err := access.Start(acfg)
 	if err != nil {
 		return nil, fmt.Errorf("csi: front end: %w", err)
@@ -107,7 +120,10 @@ func startNode(d *Driver) (*Node, error) {
 	if nvme {
 		n.nvmfAddr = tcpAddr(front.Addrs())
 	}
-	d.log.Info("csi node ready", "node", cfg.NodeID, "attach", n.method, "nbd_socket", n.sock, "nvmf", n.nvmfAddr)
+	if iscsiOK {
+		n.portal = front.ISCSIPortal().String()
+	}
+	d.log.Info("csi node ready", "node", cfg.NodeID, "attach", n.method, "nbd_socket", n.sock, "nvmf", n.nvmfAddr, "iscsi", n.portal)
 	return n, nil
 }
 
@@ -204,6 +220,11 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 			return nil, status.Errorf(codes.FailedPrecondition, "volume %q asks for NVMe/TCP, which this node's kernel lacks (nvme-cli, nvme-tcp)", req.VolumeId)
 		}
 		method = p
+	case ProtocolISCSI:
+		if n.portal == "" {
+			return nil, status.Errorf(codes.FailedPrecondition, "volume %q asks for iSCSI, which this node lacks (iscsiadm, iscsi_tcp)", req.VolumeId)
+		}
+		method = p
 	}
 	dir := n.volDir(req.VolumeId)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -212,9 +233,18 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 	var err error
 	switch method {
 	case ProtocolNVMf:
+		if d := n.d.cfg.NVMfDiscovery; d != "" {
+			var paths []string
+			if paths, err = nvmfPaths(ctx, d, "", nvmf.VolumeNQNPrefix+st.Volume); err == nil {
+				err = attachNVMfPaths(ctx, st, paths, "")
+			}
+			break
+		}
 		err = n.attachNVMf(ctx, st)
 	case ProtocolNBD:
 		err = n.attachNBD(ctx, st)
+	case ProtocolISCSI:
+		err = attachISCSIAt(ctx, st, n.portal, iscsi.TargetName(iscsiCluster, st.Volume))
 	default:
 		err = n.attachNbdfuse(ctx, st, dir)
 	}
@@ -230,45 +260,7 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 		return nil, status.Errorf(codes.Internal, "staging volume %q: %v", req.VolumeId, err)
 	}
 	if !st.Block {
-		fs, err := hasFS(ctx, st.Device)
-		if err != nil {
-			return fail(err)
-		}
-		switch {
-		case fs == "" && st.ReadOnly:
-			return fail(fmt.Errorf("the volume holds no file system and is read-only"))
-		case fs == "":
-			if ok, err := blank(st.Device); err != nil || !ok {
-				return fail(fmt.Errorf("%s holds data but no file system blkid knows; not formatting it (%v)", st.Device, err))
-			}
-			if err := mkfs(ctx, st.FsType, st.Device); err != nil {
-				return fail(err)
-			}
-		default:
-			st.FsType = fs
-			if fs == "ext4" && !st.ReadOnly {
-				if err := growExt4Offline(ctx, st.Device); err != nil {
-					return fail(err)
-				}
-			}
-		}
-		if err := os.MkdirAll(st.StagingPath, 0o750); err != nil {
-			return fail(err)
-		}
-		opts := req.VolumeCapability.GetMount().GetMountFlags()
-		args := []string{"-t", st.FsType}
-		if st.ReadOnly {
-			opts = append(opts, "ro")
-			if st.FsType == "ext4" {
-				opts = append(opts, "noload")
-			} else {
-				opts = append(opts, "norecovery")
-			}
-		}
-		if len(opts) > 0 {
-			args = append(args, "-o", joinComma(opts))
-		}
-		if _, err := run(ctx, "mount", append(args, st.Device, st.StagingPath)...); err != nil {
+		if err := formatAndMount(ctx, st, req.VolumeCapability.GetMount().GetMountFlags()); err != nil {
 			return fail(err)
 		}
 	}
@@ -277,6 +269,53 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 	}
 	n.d.log.Info("volume staged", "volume", st.Volume, "device", st.Device, "method", st.Method, "path", st.StagingPath)
 	return &csi.NodeStageVolumeResponse{}, nil
+}
+
+// formatAndMount makes the file system st.FsType on st.Device when the
+// device is blank (the first MiB zeroes), grows an ext4 found there to the
+// device, and mounts it on st.StagingPath (read-only with st.ReadOnly, with
+// flags added). It records the type found in st.FsType.
+func formatAndMount(ctx context.Context, st *stageState, flags []string) error {
+	fs, err := hasFS(ctx, st.Device)
+	if err != nil {
+		return err
+	}
+	switch {
+	case fs == "" && st.ReadOnly:
+		return fmt.Errorf("the volume holds no file system and is read-only")
+	case fs == "":
+		if ok, err := blank(st.Device); err != nil || !ok {
+			return fmt.Errorf("%s holds data but no file system blkid knows; not formatting it (%v)", st.Device, err)
+		}
+		if err := mkfs(ctx, st.FsType, st.Device); err != nil {
+			return err
+		}
+	default:
+		st.FsType = fs
+		if fs == "ext4" && !st.ReadOnly {
+			if err := growExt4Offline(ctx, st.Device); err != nil {
+				return err
+			}
+		}
+	}
+	if err := os.MkdirAll(st.StagingPath, 0o750); err != nil {
+		return err
+	}
+	opts := slices.Clone(flags)
+	args := []string{"-t", st.FsType}
+	if st.ReadOnly {
+		opts = append(opts, "ro")
+		if st.FsType == "ext4" {
+			opts = append(opts, "noload")
+		} else {
+			opts = append(opts, "norecovery")
+		}
+	}
+	if len(opts) > 0 {
+		args = append(args, "-o", joinComma(opts))
+	}
+	_, err = run(ctx, "mount", append(args, st.Device, st.StagingPath)...)
+	return err
 }
 
 func joinComma(s []string) string {

@@ -2,6 +2,7 @@ package csi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -92,16 +93,43 @@ func nvmeSubsystemGone(root, nqn string) bool {
 // attachNVMf connects the kernel to the volume's subsystem on the plugin's
 // own NVMe/TCP target and waits for the namespace's block device.
 func (n *Node) attachNVMf(ctx context.Context, st *stageState) error {
-	host, port, err := net.SplitHostPort(n.nvmfAddr)
-	if err != nil {
-		return fmt.Errorf("NVMe/TCP target address %q: %w", n.nvmfAddr, err)
-	}
+	return attachNVMfAt(ctx, st, n.nvmfAddr, "")
+}
+
+// attachNVMfAt connects the kernel to the volume's subsystem at the target
+// addr (host:port), as hostNQN ("": nvme-cli's default), and waits for the
+// namespace's block device.
+func attachNVMfAt(ctx context.Context, st *stageState, addr, hostNQN string) error {
+	return attachNVMfPaths(ctx, st, []string{addr}, hostNQN)
+}
+
+// attachNVMfPaths connects the kernel to the volume's subsystem on every
+// path (host:port; several access nodes: native NVMe multipath makes one
+// device of them, the MDS says which path is optimized) and waits for the
+// namespace's block device. A path that refuses is logged in the error only
+// when none connects.
+func attachNVMfPaths(ctx context.Context, st *stageState, paths []string, hostNQN string) error {
 	st.NQN = nvmf.VolumeNQNPrefix + st.Volume
 	if dev := nvmeNamespaceDevice(sysNVMeSubsystems, st.NQN); dev == "" {
-		// -l: give up on a lost target after 60 s instead of nvme-cli's 10
-		// minutes, so an unstage after the plugin restarted does not hang.
-		if _, err := run(ctx, "nvme", "connect", "-t", "tcp", "-a", host, "-s", port, "-n", st.NQN, "-l", "60"); err != nil {
-			return err
+		var errs []error
+		for _, addr := range paths {
+			host, port, err := net.SplitHostPort(addr)
+			if err != nil {
+				return fmt.Errorf("NVMe/TCP target address %q: %w", addr, err)
+			}
+			// -l: give up on a lost target after 60 s instead of nvme-cli's 10
+			// minutes, so an unstage after the plugin restarted does not hang.
+			args := []string{"connect", "-t", "tcp", "-a", host, "-s", port, "-n", st.NQN, "-l", "60"}
+			if hostNQN != "" {
+				args = append(args, "-q", hostNQN)
+			}
+			if _, err := run(ctx, "nvme", args...); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if len(errs) == len(paths) {
+			_ = detachNVMf(context.Background(), st)
+			return errors.Join(errs...)
 		}
 	}
 	st.Method = ProtocolNVMf
@@ -114,12 +142,12 @@ func (n *Node) attachNVMf(ctx context.Context, st *stageState) error {
 			}
 		}
 		if time.Now().After(deadline) {
-			_ = n.detachNVMf(context.Background(), st)
+			_ = detachNVMf(context.Background(), st)
 			return fmt.Errorf("connected to %s but no namespace device appeared within 60 s", st.NQN)
 		}
 		select {
 		case <-ctx.Done():
-			_ = n.detachNVMf(context.Background(), st)
+			_ = detachNVMf(context.Background(), st)
 			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
@@ -128,7 +156,7 @@ func (n *Node) attachNVMf(ctx context.Context, st *stageState) error {
 
 // detachNVMf disconnects every controller of the volume's subsystem and
 // waits until the kernel lists it no more.
-func (n *Node) detachNVMf(ctx context.Context, st *stageState) error {
+func detachNVMf(ctx context.Context, st *stageState) error {
 	if nvmeSubsystemGone(sysNVMeSubsystems, st.NQN) {
 		return nil
 	}
@@ -157,4 +185,51 @@ func tcpAddr(addrs []net.Addr) string {
 		}
 	}
 	return ""
+}
+
+// discoveryPaths parses `nvme discover`'s text output: the host:port of
+// every record of subsystem nqn, in the order listed.
+func discoveryPaths(out, nqn string) []string {
+	var paths []string
+	rec := map[string]string{}
+	flush := func() {
+		if rec["subnqn"] == nqn && rec["traddr"] != "" && rec["trsvcid"] != "" {
+			paths = append(paths, net.JoinHostPort(rec["traddr"], rec["trsvcid"]))
+		}
+		rec = map[string]string{}
+	}
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "=====Discovery Log Entry") {
+			flush()
+			continue
+		}
+		if k, v, ok := strings.Cut(l, ":"); ok {
+			rec[strings.TrimSpace(k)] = strings.TrimSpace(v)
+		}
+	}
+	flush()
+	return paths
+}
+
+// nvmfPaths asks the discovery controller at addr (host:port; any access
+// node of the cluster) for the volume's subsystem's paths: one per live
+// access node exporting it.
+func nvmfPaths(ctx context.Context, addr, hostNQN, nqn string) ([]string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("NVMe/TCP discovery address %q: %w", addr, err)
+	}
+	args := []string{"discover", "-t", "tcp", "-a", host, "-s", port}
+	if hostNQN != "" {
+		args = append(args, "-q", hostNQN)
+	}
+	out, err := run(ctx, "nvme", args...)
+	if err != nil {
+		return nil, err
+	}
+	paths := discoveryPaths(out, nqn)
+	if len(paths) == 0 {
+		return nil, fmt.Errorf("the discovery log at %s lists no path to %s", addr, nqn)
+	}
+	return paths, nil
 }

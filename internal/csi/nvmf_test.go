@@ -3,6 +3,7 @@ package csi
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -39,5 +40,50 @@ func TestNVMeNamespaceDevice(t *testing.T) {
 	}
 	if nvmeSubsystemGone(root, a) || !nvmeSubsystemGone(root, "nqn.other") {
 		t.Error("nvmeSubsystemGone is wrong")
+	}
+}
+
+// discoveryPaths reads nvme-cli's `nvme discover` text: every record of the
+// volume's subsystem, whatever the other records.
+func TestDiscoveryPaths(t *testing.T) {
+	const out = `
+Discovery Log Number of Records 4, Generation counter 7
+=====Discovery Log Entry 0======
+trtype:  tcp
+adrfam:  ipv4
+subtype: nvme subsystem
+treq:    not specified
+portid:  1
+trsvcid: 4420
+subnqn:  nqn.2024-11.io.basalt:volume:a
+traddr:  10.0.0.1
+eflags:  none
+sectype: none
+=====Discovery Log Entry 1======
+trtype:  tcp
+subtype: nvme subsystem
+trsvcid: 4420
+subnqn:  nqn.2024-11.io.basalt:volume:ab
+traddr:  10.0.0.1
+=====Discovery Log Entry 2======
+trtype:  tcp
+subtype: nvme subsystem
+trsvcid: 4421
+subnqn:  nqn.2024-11.io.basalt:volume:a
+traddr:  10.0.0.2
+=====Discovery Log Entry 3======
+trtype:  tcp
+subtype: nvme subsystem
+trsvcid: 4420
+subnqn:  nqn.2024-11.io.basalt:volume:a
+traddr:  fd00::3
+`
+	got := discoveryPaths(out, "nqn.2024-11.io.basalt:volume:a")
+	want := []string{"10.0.0.1:4420", "10.0.0.2:4421", "[fd00::3]:4420"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("paths %v, want %v", got, want)
+	}
+	if got := discoveryPaths(out, "nqn.other"); len(got) != 0 {
+		t.Fatalf("paths of an unknown subsystem: %v", got)
 	}
 }

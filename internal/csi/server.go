@@ -68,6 +68,12 @@ type Config struct {
 	// there, else kernel NBD when /dev/nbd0 and nbd-client exist, else
 	// nbdfuse and a loop device), nvmf, nbd or nbdfuse.
 	Attach string
+	// NVMfDiscovery, if set, is the discovery controller (host:port) of the
+	// cluster's NVMe/TCP access nodes (`basalt nvmf --multipath`): an NVMe/TCP
+	// stage connects to every path its discovery log lists for the volume
+	// (native NVMe multipath, the MDS choosing the optimized path) instead
+	// of to the plugin's own loopback target.
+	NVMfDiscovery string
 	// MaxVolumes is the node's attach limit NodeGetInfo reports (the
 	// scheduler places no more volumes here); 0: the number of NBD devices
 	// for kernel NBD, else DefaultMaxVolumes.

@@ -21,6 +21,9 @@ func (s *State) Proto() *api.PRState {
 	if s.Holder != (Nexus{}) {
 		p.Holder = NexusProto(s.Holder)
 	}
+	if s.SPC2 != nil {
+		p.Spc2Holder = NexusProto(*s.SPC2)
+	}
 	for _, r := range s.Registrations {
 		p.Registrations = append(p.Registrations, &api.PRRegistration{Nexus: NexusProto(r.Nexus), Key: r.Key})
 	}
@@ -36,6 +39,10 @@ func StateFromProto(p *api.PRState) *State {
 		APTPL: p.GetAptpl(), Seq: p.GetSeq()}
 	if p.GetHolder() != nil {
 		s.Holder = NexusFromProto(p.Holder)
+	}
+	if p.GetSpc2Holder() != nil {
+		n := NexusFromProto(p.Spc2Holder)
+		s.SPC2 = &n
 	}
 	for _, r := range p.GetRegistrations() {
 		s.Registrations = append(s.Registrations, Registration{Nexus: NexusFromProto(r.Nexus), Key: r.Key})

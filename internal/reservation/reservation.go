@@ -58,6 +58,16 @@ const (
 	RegisterAndIgnore      ServiceAction = 6
 	RegisterAndMove        ServiceAction = 7
 	ReplaceLostReservation ServiceAction = 8
+
+	// ReserveSPC2 and ReleaseSPC2 are not PERSISTENT RESERVE OUT service
+	// actions but RESERVE(6) and RELEASE(6) (SPC-2 7.21, 7.16), kept in
+	// the same state so they hold across access nodes (ReserveSPC2,
+	// ReleaseSPC2).
+	ReserveSPC2 ServiceAction = 0x40
+	ReleaseSPC2 ServiceAction = 0x41
+	// ResetSPC2 drops an SPC-2 reservation whoever holds it (LOGICAL UNIT
+	// RESET, target reset: SPC-2 5.5.1).
+	ResetSPC2 ServiceAction = 0x42
 )
 
 // Nexus identifies an I_T nexus, or with AllTargetPorts, an initiator port
@@ -124,6 +134,10 @@ type State struct {
 	// Attentions); Attentions are the newest unit attentions raised.
 	Seq        uint64      `json:"seq,omitempty"`
 	Attentions []Attention `json:"uas,omitempty"`
+	// SPC2 is the I_T nexus holding an SPC-2 reservation (RESERVE(6)), if
+	// any. It and persistent reservations exclude each other (SPC-4
+	// 5.13.3): while registrations exist no SPC-2 reservation is made.
+	SPC2 *Nexus `json:"spc2,omitempty"`
 }
 
 // Code is the kind of an Error.
@@ -237,9 +251,9 @@ func (s *State) IsHolderRegistration(r Registration) bool {
 type Access uint8
 
 const (
-	// AccessNone: allowed under every reservation (INQUIRY, REPORT LUNS,
-	// TEST UNIT READY, READ CAPACITY, REQUEST SENSE, PERSISTENT RESERVE
-	// IN/OUT, ...).
+	// AccessNone: allowed under every persistent reservation (TEST UNIT
+	// READY, READ CAPACITY, PERSISTENT RESERVE IN/OUT, ...) but not under
+	// another nexus's SPC-2 reservation.
 	AccessNone Access = iota
 	// AccessRead: reads the medium or the device's settings (READ, VERIFY,
 	// MODE SENSE, ...).
@@ -247,13 +261,25 @@ const (
 	// AccessWrite: changes the medium or the device (WRITE, UNMAP, WRITE
 	// SAME, SYNCHRONIZE CACHE, MODE SELECT, ...).
 	AccessWrite
+	// AccessExempt: allowed under every reservation, SPC-2 ones included
+	// (INQUIRY, REPORT LUNS, REQUEST SENSE, RELEASE(6): SPC-2 5.5.1).
+	AccessExempt
 )
 
 // Conflicts reports whether a command with access a from nexus n conflicts
 // with s's reservation (SPC-4 5.13.1, table 209): it then gets RESERVATION
 // CONFLICT.
+//
+// Under an SPC-2 reservation every command from another nexus but the
+// AccessExempt ones conflicts (SPC-2 5.5.1).
 func (s *State) Conflicts(n Nexus, a Access) bool {
-	if s == nil || !s.Reserved || a == AccessNone || s.Holds(n) {
+	if s == nil || a == AccessExempt {
+		return false
+	}
+	if s.SPC2 != nil {
+		return !s.SPC2.covers(n)
+	}
+	if !s.Reserved || a == AccessNone || s.Holds(n) {
 		return false
 	}
 	registered := s.Registration(n) != nil
@@ -338,6 +364,15 @@ func Apply(s *State, from Nexus, a Action) (*State, error) {
 		s = &State{}
 	}
 	from.AllTargetPorts = false
+	switch a.ServiceAction {
+	case ReserveSPC2, ReleaseSPC2, ResetSPC2:
+		return applySPC2(s, from, a.ServiceAction)
+	}
+	if s.SPC2 != nil && !s.SPC2.covers(from) {
+		// PERSISTENT RESERVE OUT from another nexus than an SPC-2
+		// reservation's holder conflicts with it (SPC-2 5.5.1).
+		return nil, ErrConflict
+	}
 	switch a.ServiceAction {
 	case Register, RegisterAndIgnore:
 		return register(s, from, a)
@@ -502,5 +537,45 @@ func register(s *State, from Nexus, a Action) (*State, error) {
 		n.APTPL = a.APTPL
 	}
 	n.Generation++
+	return n, nil
+}
+
+// applySPC2 runs RESERVE(6), RELEASE(6) or a reset's release of an SPC-2
+// reservation. While a persistent reservation is in use (any registration)
+// RESERVE and RELEASE do nothing from its holder, or from a registrant
+// under a registrants type, and conflict from everyone else (SPC-4
+// 5.13.3). Otherwise RESERVE conflicts when another nexus holds the SPC-2
+// reservation, and RELEASE from a nexus that does not hold it is GOOD and
+// does nothing (SPC-2 7.16).
+func applySPC2(s *State, from Nexus, sa ServiceAction) (*State, error) {
+	if sa == ResetSPC2 {
+		if s.SPC2 == nil {
+			return s, nil
+		}
+		n := s.clone()
+		n.Seq++
+		n.SPC2 = nil
+		return n, nil
+	}
+	if len(s.Registrations) > 0 {
+		if s.Holds(from) || (s.Reserved && s.Type.registrantsType() && s.Registration(from) != nil) {
+			return s, nil
+		}
+		return nil, ErrConflict
+	}
+	holds := s.SPC2 != nil && s.SPC2.covers(from)
+	switch {
+	case sa == ReserveSPC2 && holds, sa == ReleaseSPC2 && !holds:
+		return s, nil
+	case sa == ReserveSPC2 && s.SPC2 != nil:
+		return nil, ErrConflict
+	}
+	n := s.clone()
+	n.Seq++
+	if sa == ReserveSPC2 {
+		n.SPC2 = &from
+	} else {
+		n.SPC2 = nil
+	}
 	return n, nil
 }

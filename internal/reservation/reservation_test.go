@@ -369,3 +369,68 @@ func TestCached(t *testing.T) {
 		t.Fatalf("reserve by an unregistered nexus: %v", err)
 	}
 }
+
+func TestSPC2(t *testing.T) {
+	rsv := Action{ServiceAction: ReserveSPC2}
+	rel := Action{ServiceAction: ReleaseSPC2}
+	reset := Action{ServiceAction: ResetSPC2}
+	prRes := func(k uint64, ty Type) Action { return Action{ServiceAction: Reserve, Key: k, Type: ty} }
+	tests := []struct {
+		name   string
+		steps  []step
+		holder *Nexus // the SPC-2 holder after the steps
+	}{
+		{"reserve", []step{{i1, rsv, 0}}, &i1},
+		{"reserve twice", []step{{i1, rsv, 0}, {i1, rsv, 0}}, &i1},
+		{"other reserves", []step{{i1, rsv, 0}, {i2, rsv, CodeConflict}}, &i1},
+		{"other target port is another nexus", []step{{i1, rsv, 0}, {i1b, rsv, CodeConflict}}, &i1},
+		{"release", []step{{i1, rsv, 0}, {i1, rel, 0}, {i2, rsv, 0}}, &i2},
+		{"release by other does nothing", []step{{i1, rsv, 0}, {i2, rel, 0}}, &i1},
+		{"release unreserved", []step{{i1, rel, 0}}, nil},
+		{"reset", []step{{i1, rsv, 0}, {i2, reset, 0}, {i2, rsv, 0}}, &i2},
+		{"PR OUT from other conflicts", []step{{i1, rsv, 0}, {i2, reg(5), CodeConflict}}, &i1},
+		{"PR OUT from holder", []step{{i1, rsv, 0}, {i1, reg(5), 0}}, &i1},
+		{"registered: reserve conflicts", []step{{i1, reg(1), 0}, {i1, rsv, CodeConflict}, {i2, rsv, CodeConflict}}, nil},
+		{"PR holder: reserve and release do nothing", []step{{i1, reg(1), 0}, {i1, prRes(1, WriteExclusive), 0},
+			{i1, rsv, 0}, {i1, rel, 0}, {i2, rsv, CodeConflict}, {i2, rel, CodeConflict}}, nil},
+		{"registrant under registrants only", []step{{i1, reg(1), 0}, {i2, reg(2), 0},
+			{i1, prRes(1, WriteExclusiveRegistrantsOnly), 0}, {i2, rsv, 0}, {i2, rel, 0}, {i3, rsv, CodeConflict}}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := run(t, tt.steps...)
+			if !equalNexus(s.SPC2, tt.holder) {
+				t.Fatalf("SPC-2 holder %v, want %v", s.SPC2, tt.holder)
+			}
+			if s.SPC2 != nil && s.Reserved {
+				t.Fatal("an SPC-2 and a persistent reservation at once")
+			}
+		})
+	}
+}
+
+func equalNexus(a, b *Nexus) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+func TestSPC2Conflicts(t *testing.T) {
+	s := &State{SPC2: &i1}
+	for _, a := range []Access{AccessNone, AccessRead, AccessWrite} {
+		if s.Conflicts(i1, a) {
+			t.Errorf("holder conflicts (access %d)", a)
+		}
+		if !s.Conflicts(i2, a) || !s.Conflicts(i1b, a) {
+			t.Errorf("another nexus does not conflict (access %d)", a)
+		}
+	}
+	if s.Conflicts(i2, AccessExempt) {
+		t.Error("an exempt command conflicts")
+	}
+	p := StateFromProto(s.Proto())
+	if !equalNexus(p.SPC2, s.SPC2) {
+		t.Fatalf("proto round trip: %v", p.SPC2)
+	}
+}

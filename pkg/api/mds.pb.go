@@ -3805,8 +3805,9 @@ type PRState struct {
 	Type          uint32                 `protobuf:"varint,4,opt,name=type,proto3" json:"type,omitempty"`    // SPC-4 reservation type (1, 3, 5, 6, 7, 8)
 	Holder        *PRNexus               `protobuf:"bytes,5,opt,name=holder,proto3" json:"holder,omitempty"` // unset for the all-registrants types
 	Aptpl         bool                   `protobuf:"varint,6,opt,name=aptpl,proto3" json:"aptpl,omitempty"`
-	Seq           uint64                 `protobuf:"varint,7,opt,name=seq,proto3" json:"seq,omitempty"`              // counts every change
-	Attentions    []*PRAttention         `protobuf:"bytes,8,rep,name=attentions,proto3" json:"attentions,omitempty"` // the newest
+	Seq           uint64                 `protobuf:"varint,7,opt,name=seq,proto3" json:"seq,omitempty"`                                // counts every change
+	Attentions    []*PRAttention         `protobuf:"bytes,8,rep,name=attentions,proto3" json:"attentions,omitempty"`                   // the newest
+	Spc2Holder    *PRNexus               `protobuf:"bytes,9,opt,name=spc2_holder,json=spc2Holder,proto3" json:"spc2_holder,omitempty"` // an SPC-2 RESERVE(6) holder, if any
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3893,6 +3894,13 @@ func (x *PRState) GetSeq() uint64 {
 func (x *PRState) GetAttentions() []*PRAttention {
 	if x != nil {
 		return x.Attentions
+	}
+	return nil
+}
+
+func (x *PRState) GetSpc2Holder() *PRNexus {
+	if x != nil {
+		return x.Spc2Holder
 	}
 	return nil
 }
@@ -4494,7 +4502,7 @@ const file_mds_proto_rawDesc = "" +
 	"\vPRAttention\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12,\n" +
 	"\x05nexus\x18\x02 \x01(\v2\x16.basalt.api.v1.PRNexusR\x05nexus\x12\x12\n" +
-	"\x04ascq\x18\x03 \x01(\rR\x04ascq\"\xb2\x02\n" +
+	"\x04ascq\x18\x03 \x01(\rR\x04ascq\"\xeb\x02\n" +
 	"\aPRState\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\rR\n" +
@@ -4507,7 +4515,9 @@ const file_mds_proto_rawDesc = "" +
 	"\x03seq\x18\a \x01(\x04R\x03seq\x12:\n" +
 	"\n" +
 	"attentions\x18\b \x03(\v2\x1a.basalt.api.v1.PRAttentionR\n" +
-	"attentions\"\xe1\x01\n" +
+	"attentions\x127\n" +
+	"\vspc2_holder\x18\t \x01(\v2\x16.basalt.api.v1.PRNexusR\n" +
+	"spc2Holder\"\xe1\x01\n" +
 	"\bPRAction\x12%\n" +
 	"\x0eservice_action\x18\x01 \x01(\rR\rserviceAction\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\rR\x04type\x12\x10\n" +
@@ -4699,63 +4709,64 @@ var file_mds_proto_depIdxs = []int32{
 	61, // 41: basalt.api.v1.PRState.registrations:type_name -> basalt.api.v1.PRRegistration
 	60, // 42: basalt.api.v1.PRState.holder:type_name -> basalt.api.v1.PRNexus
 	62, // 43: basalt.api.v1.PRState.attentions:type_name -> basalt.api.v1.PRAttention
-	63, // 44: basalt.api.v1.GetReservationResponse.state:type_name -> basalt.api.v1.PRState
-	60, // 45: basalt.api.v1.ApplyReservationRequest.from:type_name -> basalt.api.v1.PRNexus
-	64, // 46: basalt.api.v1.ApplyReservationRequest.action:type_name -> basalt.api.v1.PRAction
-	63, // 47: basalt.api.v1.ApplyReservationResponse.state:type_name -> basalt.api.v1.PRState
-	3,  // 48: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
-	6,  // 49: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
-	10, // 50: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
-	15, // 51: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
-	17, // 52: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
-	19, // 53: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
-	23, // 54: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
-	25, // 55: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
-	27, // 56: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
-	29, // 57: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
-	31, // 58: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
-	33, // 59: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
-	35, // 60: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
-	37, // 61: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
-	46, // 62: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
-	40, // 63: basalt.api.v1.MDS.RegisterNode:input_type -> basalt.api.v1.RegisterNodeRequest
-	42, // 64: basalt.api.v1.MDS.AttachVolume:input_type -> basalt.api.v1.AttachVolumeRequest
-	44, // 65: basalt.api.v1.MDS.DetachVolume:input_type -> basalt.api.v1.DetachVolumeRequest
-	49, // 66: basalt.api.v1.MDS.RegisterAccessNode:input_type -> basalt.api.v1.RegisterAccessNodeRequest
-	52, // 67: basalt.api.v1.MDS.AccessNodeHeartbeat:input_type -> basalt.api.v1.AccessNodeHeartbeatRequest
-	56, // 68: basalt.api.v1.MDS.SetNVMfSubsystem:input_type -> basalt.api.v1.SetNVMfSubsystemRequest
-	58, // 69: basalt.api.v1.MDS.ListANA:input_type -> basalt.api.v1.ListANARequest
-	65, // 70: basalt.api.v1.MDS.GetReservation:input_type -> basalt.api.v1.GetReservationRequest
-	67, // 71: basalt.api.v1.MDS.ApplyReservation:input_type -> basalt.api.v1.ApplyReservationRequest
-	4,  // 72: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
-	7,  // 73: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
-	11, // 74: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
-	16, // 75: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
-	18, // 76: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
-	20, // 77: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
-	24, // 78: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
-	26, // 79: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
-	28, // 80: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
-	30, // 81: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
-	32, // 82: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
-	34, // 83: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
-	36, // 84: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
-	38, // 85: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
-	47, // 86: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
-	41, // 87: basalt.api.v1.MDS.RegisterNode:output_type -> basalt.api.v1.RegisterNodeResponse
-	43, // 88: basalt.api.v1.MDS.AttachVolume:output_type -> basalt.api.v1.AttachVolumeResponse
-	45, // 89: basalt.api.v1.MDS.DetachVolume:output_type -> basalt.api.v1.DetachVolumeResponse
-	50, // 90: basalt.api.v1.MDS.RegisterAccessNode:output_type -> basalt.api.v1.RegisterAccessNodeResponse
-	55, // 91: basalt.api.v1.MDS.AccessNodeHeartbeat:output_type -> basalt.api.v1.AccessNodeHeartbeatResponse
-	57, // 92: basalt.api.v1.MDS.SetNVMfSubsystem:output_type -> basalt.api.v1.SetNVMfSubsystemResponse
-	59, // 93: basalt.api.v1.MDS.ListANA:output_type -> basalt.api.v1.ListANAResponse
-	66, // 94: basalt.api.v1.MDS.GetReservation:output_type -> basalt.api.v1.GetReservationResponse
-	68, // 95: basalt.api.v1.MDS.ApplyReservation:output_type -> basalt.api.v1.ApplyReservationResponse
-	72, // [72:96] is the sub-list for method output_type
-	48, // [48:72] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	60, // 44: basalt.api.v1.PRState.spc2_holder:type_name -> basalt.api.v1.PRNexus
+	63, // 45: basalt.api.v1.GetReservationResponse.state:type_name -> basalt.api.v1.PRState
+	60, // 46: basalt.api.v1.ApplyReservationRequest.from:type_name -> basalt.api.v1.PRNexus
+	64, // 47: basalt.api.v1.ApplyReservationRequest.action:type_name -> basalt.api.v1.PRAction
+	63, // 48: basalt.api.v1.ApplyReservationResponse.state:type_name -> basalt.api.v1.PRState
+	3,  // 49: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
+	6,  // 50: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
+	10, // 51: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
+	15, // 52: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
+	17, // 53: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
+	19, // 54: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
+	23, // 55: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
+	25, // 56: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
+	27, // 57: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
+	29, // 58: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
+	31, // 59: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
+	33, // 60: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
+	35, // 61: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
+	37, // 62: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
+	46, // 63: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
+	40, // 64: basalt.api.v1.MDS.RegisterNode:input_type -> basalt.api.v1.RegisterNodeRequest
+	42, // 65: basalt.api.v1.MDS.AttachVolume:input_type -> basalt.api.v1.AttachVolumeRequest
+	44, // 66: basalt.api.v1.MDS.DetachVolume:input_type -> basalt.api.v1.DetachVolumeRequest
+	49, // 67: basalt.api.v1.MDS.RegisterAccessNode:input_type -> basalt.api.v1.RegisterAccessNodeRequest
+	52, // 68: basalt.api.v1.MDS.AccessNodeHeartbeat:input_type -> basalt.api.v1.AccessNodeHeartbeatRequest
+	56, // 69: basalt.api.v1.MDS.SetNVMfSubsystem:input_type -> basalt.api.v1.SetNVMfSubsystemRequest
+	58, // 70: basalt.api.v1.MDS.ListANA:input_type -> basalt.api.v1.ListANARequest
+	65, // 71: basalt.api.v1.MDS.GetReservation:input_type -> basalt.api.v1.GetReservationRequest
+	67, // 72: basalt.api.v1.MDS.ApplyReservation:input_type -> basalt.api.v1.ApplyReservationRequest
+	4,  // 73: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
+	7,  // 74: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
+	11, // 75: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
+	16, // 76: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
+	18, // 77: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
+	20, // 78: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
+	24, // 79: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
+	26, // 80: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
+	28, // 81: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
+	30, // 82: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
+	32, // 83: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
+	34, // 84: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
+	36, // 85: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
+	38, // 86: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
+	47, // 87: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
+	41, // 88: basalt.api.v1.MDS.RegisterNode:output_type -> basalt.api.v1.RegisterNodeResponse
+	43, // 89: basalt.api.v1.MDS.AttachVolume:output_type -> basalt.api.v1.AttachVolumeResponse
+	45, // 90: basalt.api.v1.MDS.DetachVolume:output_type -> basalt.api.v1.DetachVolumeResponse
+	50, // 91: basalt.api.v1.MDS.RegisterAccessNode:output_type -> basalt.api.v1.RegisterAccessNodeResponse
+	55, // 92: basalt.api.v1.MDS.AccessNodeHeartbeat:output_type -> basalt.api.v1.AccessNodeHeartbeatResponse
+	57, // 93: basalt.api.v1.MDS.SetNVMfSubsystem:output_type -> basalt.api.v1.SetNVMfSubsystemResponse
+	59, // 94: basalt.api.v1.MDS.ListANA:output_type -> basalt.api.v1.ListANAResponse
+	66, // 95: basalt.api.v1.MDS.GetReservation:output_type -> basalt.api.v1.GetReservationResponse
+	68, // 96: basalt.api.v1.MDS.ApplyReservation:output_type -> basalt.api.v1.ApplyReservationResponse
+	73, // [73:97] is the sub-list for method output_type
+	49, // [49:73] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_mds_proto_init() }

@@ -145,7 +145,10 @@ func TestCSIReattachFromKernelNode(t *testing.T) {
 // file system, the file reads back as written, the added space takes data;
 // detaching leaves no device behind.
 //
-// Over NVMe/TCP (a `basalt nvmf` access node) the target notices the growth
+// Over NVMe/TCP the guest stages and unstages with the node plugin's own
+// code (`basalt csi stage-device` / `unstage-device`: NodeStageVolume's
+// nvme connect, device lookup, mkfs and mount; NodeUnstageVolume's unmount,
+// nvme disconnect and wait). Over NVMe/TCP (a `basalt nvmf` access node) the target notices the growth
 // and sends a Namespace Attribute Changed notice: the kernel rescans and
 // /dev/nvme0n1 grows by itself.
 func TestCSIExpandOnline(t *testing.T) { testExpandOnline(t, "nvmf") }
@@ -157,7 +160,7 @@ func TestCSIExpandOnlineNBD(t *testing.T) { testExpandOnline(t, "nbd") }
 func testExpandOnline(t *testing.T, proto string) {
 	requireKernelAttach(t)
 	bin := testcluster.Binary(t)
-	cfg := testhost.Config{Tools: []string{"mkfs.ext4", "resize2fs", "sha256sum", "dd", "blockdev", bin}}
+	cfg := testhost.Config{Tools: []string{"mkfs.ext4", "resize2fs", "sha256sum", "dd", "blockdev", "blkid", bin}}
 	if proto == "nvmf" {
 		cfg.Tools = append(cfg.Tools, "nvme")
 		cfg.Modules = []string{"nvme-tcp", "ext4", "crc32c_generic"}
@@ -232,8 +235,22 @@ func testExpandOnline(t *testing.T, proto string) {
 		defer cancel()
 		_, _ = h.Run(ctx, "umount -l /mnt/vol; "+detach)
 	})
-	must(3*time.Minute, attach)
-	must(3*time.Minute, "mkfs.ext4 -q "+dev+" && mkdir -p /mnt/vol && mount "+dev+" /mnt/vol")
+	if proto == "nvmf" {
+		// The node plugin's own NodeStageVolume steps, in the guest's
+		// kernel: nvme connect, find the namespace's device in sysfs, mkfs
+		// on a blank device, mount (csi.StageDevice).
+		dev = must(3*time.Minute, fmt.Sprintf("%s csi stage-device %s --method nvmf --addr 10.0.2.2:%d --hostnqn %s --fs ext4 --path /mnt/vol --state /tmp/stage.json 2>&1",
+			bin, vol, port, guestHostNQN))
+		if !strings.HasPrefix(dev, "/dev/nvme") || strings.Contains(dev, "\n") {
+			t.Fatalf("stage-device printed %q, want the namespace's device", dev)
+		}
+		if m := must(time.Minute, "grep ' /mnt/vol ' /proc/mounts"); !strings.HasPrefix(m, dev+" /mnt/vol ext4 ") {
+			t.Fatalf("after stage-device /proc/mounts has %q, want %s on /mnt/vol as ext4", m, dev)
+		}
+	} else {
+		must(3*time.Minute, attach)
+		must(3*time.Minute, "mkfs.ext4 -q "+dev+" && mkdir -p /mnt/vol && mount "+dev+" /mnt/vol")
+	}
 	must(3*time.Minute, "dd if=/dev/urandom of=/mnt/vol/data bs=1k count=4000 2>/dev/null && sync")
 	sum := must(time.Minute, "sha256sum /mnt/vol/data")
 	fsBytes := func() int64 { // statfs: the file system's size in bytes
@@ -278,7 +295,14 @@ func testExpandOnline(t *testing.T, proto string) {
 		proto, devBefore, devAfter, fsBefore, fsAfter, grown.Round(100*time.Millisecond))
 
 	// Unstage: unmount and detach leave no device behind.
-	must(2*time.Minute, "umount /mnt/vol && "+detach)
+	if proto == "nvmf" { // NodeUnstageVolume's steps: unmount, nvme disconnect, wait
+		must(2*time.Minute, bin+" csi unstage-device /tmp/stage.json 2>&1")
+		if m := must(time.Minute, "grep ' /mnt/vol ' /proc/mounts; ls /tmp/stage.json 2>/dev/null; true"); m != "" {
+			t.Fatalf("after unstage-device: %q", m)
+		}
+	} else {
+		must(2*time.Minute, "umount /mnt/vol && "+detach)
+	}
 	if left := must(2*time.Minute, leftover); left != "" {
 		t.Fatalf("after the detach the guest still has:\n%s", left)
 	}

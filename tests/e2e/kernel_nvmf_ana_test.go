@@ -174,8 +174,9 @@ func anaTable(l *api.ListANAResponse, sub string) (table string, optimized uint6
 // completion latency fio saw) is logged, not asserted.
 func TestKernelNVMeANA(t *testing.T) {
 	begin := time.Now()
+	bin := testcluster.Binary(t)
 	h := testhost.Start(t, testhost.Config{
-		Tools:   []string{"nvme", "fio"},
+		Tools:   []string{"nvme", "fio", bin},
 		Modules: []string{"nvme-tcp", "crc32c_generic"},
 	})
 	p := startPlayground(t, "1GiB")
@@ -243,7 +244,21 @@ func TestKernelNVMeANA(t *testing.T) {
 		return n == 3 && strings.Count(out, nqn) == 3, out
 	})
 	connected := time.Now()
-	guest(3*time.Minute, "nvme connect-all "+disc+" -k 5")
+	// The CSI node plugin's multipath attach (csi.StageDevice, what
+	// NodeStageVolume does with --nvmf-discovery): discover the volume's
+	// paths, connect to each, find the multipath head in sysfs.
+	stage := func() string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		out, err := h.Run(ctx, fmt.Sprintf("%s csi stage-device %s --method nvmf --discovery 10.0.2.2:%d --hostnqn %s --state /tmp/stage.json 2>&1",
+			bin, p.st.Volume, nodes[0].port, guestHostNQN))
+		if err != nil {
+			t.Fatalf("guest: csi stage-device: %v\n%s\n%s", err, tail(out, 20), logs())
+		}
+		return strings.TrimSpace(out)
+	}
+	staged := stage()
 
 	// The kernel's paths: three, one optimized and two non-optimized, the
 	// optimized one the MDS's.
@@ -275,6 +290,9 @@ func TestKernelNVMeANA(t *testing.T) {
 	dev = strings.TrimSpace(dev)
 	if dev == "" {
 		t.Fatalf("no multipath namespace device:\n%s", guest(time.Minute, "ls /dev/nvme*"))
+	}
+	if dev != staged {
+		t.Fatalf("stage-device gave %q, the multipath namespace device is %s", staged, dev)
 	}
 	var optimized *accessNode
 	for _, pa := range paths {
@@ -369,6 +387,13 @@ func TestKernelNVMeANA(t *testing.T) {
 		"across the kill: %.0f write IOPS, %.0f verify-read IOPS, no error; failover pause (longest write completion) %s",
 		pathsReady.Sub(connected).Round(time.Millisecond), j.Write.IOPS, j.Read.IOPS,
 		time.Duration(j.Write.Clat.Max).Round(time.Millisecond))
+
+	// NodeUnstageVolume's detach: every path (the killed node's too) goes,
+	// and the subsystem with them.
+	guest(3*time.Minute, bin+" csi unstage-device /tmp/stage.json")
+	if left := strings.TrimSpace(guest(time.Minute, "nvme list-subsys 2>/dev/null | grep -F "+nqn+"; ls /dev/nvme*n1 2>/dev/null; true")); left != "" {
+		t.Fatalf("after unstage-device the guest still has:\n%s", left)
+	}
 
 	// A node joins (three live again), and two subsystems of three
 	// namespaces each: inherit puts one host's namespaces on one optimized

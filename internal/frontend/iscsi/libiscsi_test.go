@@ -61,8 +61,9 @@ func readExpected(t *testing.T) map[string]cuResult {
 var (
 	cuTestLine = regexp.MustCompile(`(?m)^  Test: (\S+) \.\.\.`)
 	// cuVerdict is a test's verdict: the first line-final "passed" or
-	// "FAILED" (the teardown's PERSISTENT RESERVE IN probe may print after it).
-	cuVerdict = regexp.MustCompile(`(?m)(passed|FAILED)\s*(\[SKIPPED\] PERSISTENT RESERVE IN is not implemented\.)?\s*$`)
+	// "FAILED" (the teardown's PERSISTENT RESERVE IN probe may print after it,
+	// on the same line: a skip, or after a reset its unit attention).
+	cuVerdict = regexp.MustCompile(`(?m)(passed|FAILED)\s*(\[SKIPPED\] PERSISTENT RESERVE IN is not implemented\.|\[FAILED\] PRIN command: .*)?\s*$`)
 )
 
 // parseSuite returns the result of each test in one suite's normal-mode

@@ -217,6 +217,9 @@ func (s *Server) openLU(volume string, cfg scsi.Config) *scsi.LU {
 // closeLU closes a session's logical unit; the volume's last one ends the
 // group and its watch.
 func (s *Server) closeLU(volume string, lu *scsi.LU) {
+	// The I_T nexus is gone: so is an SPC-2 reservation it held (SPC-2
+	// 5.5.1); an unreachable store keeps it until a reset or RELEASE.
+	_ = lu.ReleaseSPC2(false)
 	s.groupMu.Lock()
 	defer s.groupMu.Unlock()
 	lu.Close()

@@ -109,7 +109,12 @@ func (lu *LU) attention() *Sense {
 // Reset is a LOGICAL UNIT RESET or a target reset received through this
 // nexus: every nexus of the group, this one included, gets a unit attention
 // (SAM-5 6.3.3; libiscsi's MultipathIO.Reset checks every path).
-func (lu *LU) Reset() { lu.group.raise(senseResetOccurred) }
+// It also drops an SPC-2 reservation, whichever nexus holds it (SPC-2
+// 5.5.1).
+func (lu *LU) Reset() {
+	_ = lu.ReleaseSPC2(true) // unreachable store: nothing better to do in a reset
+	lu.group.raise(senseResetOccurred)
+}
 
 // Close takes this nexus out of its group (the session ended).
 func (lu *LU) Close() { lu.group.leave(lu) }

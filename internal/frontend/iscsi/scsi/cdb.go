@@ -9,6 +9,8 @@ const (
 	opRead6             = 0x08
 	opWrite6            = 0x0a
 	opInquiry           = 0x12
+	opReserve6          = 0x16
+	opRelease6          = 0x17
 	opModeSense6        = 0x1a
 	opStartStopUnit     = 0x1b
 	opReadCapacity10    = 0x25
@@ -74,6 +76,8 @@ const (
 	kReportOpcodes
 	kPRIn
 	kPROut
+	kReserve6
+	kRelease6
 )
 
 // Command is a decoded CDB: every field Execute needs, checked for what can
@@ -246,6 +250,17 @@ func Decode(cdb []byte, blockSize int) (*Command, *Sense) {
 		}
 		c.kind, c.Dir = kUnmap, DirOut
 		c.DataOut = int(u16(7))
+
+	case opReserve6, opRelease6:
+		// SPC-2 7.21, 7.16: third-party and extent reservations (byte 1)
+		// are obsolete; only the logical unit's reservation is served.
+		c.kind = kReserve6
+		if cdb[0] == opRelease6 {
+			c.kind = kRelease6
+		}
+		if cdb[1] != 0 {
+			return nil, invalidField(1)
+		}
 
 	case opInquiry:
 		c.kind, c.Dir = kInquiry, DirIn

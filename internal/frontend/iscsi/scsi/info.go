@@ -244,6 +244,8 @@ var opcodes = []opcode{
 	{op: opRead6, usage: []byte{0x08, 0x1f, 0xff, 0xff, 0xff, 0x04}},
 	{op: opWrite6, usage: []byte{0x0a, 0x1f, 0xff, 0xff, 0xff, 0x04}},
 	{op: opInquiry, usage: []byte{0x12, 0x01, 0xff, 0xff, 0xff, 0x04}},
+	{op: opReserve6, usage: []byte{0x16, 0, 0, 0, 0, 0x04}},
+	{op: opRelease6, usage: []byte{0x17, 0, 0, 0, 0, 0x04}},
 	{op: opModeSense6, usage: []byte{0x1a, 0x08, 0xff, 0xff, 0xff, 0x04}},
 	{op: opStartStopUnit, usage: []byte{0x1b, 0x01, 0, 0x0f, 0xf7, 0x04}},
 	{op: opReadCapacity10, usage: []byte{0x25, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0x01, 0x04}},
@@ -287,7 +289,7 @@ var opcodes = []opcode{
 
 func (lu *LU) served(o opcode) bool {
 	switch o.op {
-	case opPersistentReserveIn, opPersistentReserveOut:
+	case opPersistentReserveIn, opPersistentReserveOut, opReserve6, opRelease6:
 		return lu.pr != nil
 	case opUnmap:
 		return lu.canTrim

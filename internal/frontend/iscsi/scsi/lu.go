@@ -136,7 +136,7 @@ func (lu *LU) inRange(lba uint64, n uint64) bool {
 // most c.DataOut; fewer if the initiator sent fewer), and calls done exactly
 // once, on any goroutine, maybe before Execute returns.
 func (lu *LU) Execute(c *Command, dataOut []byte, done func(Result)) {
-	if (c.kind == kPRIn || c.kind == kPROut) && lu.pr == nil {
+	if (c.kind == kPRIn || c.kind == kPROut || c.kind == kReserve6 || c.kind == kRelease6) && lu.pr == nil {
 		done(check(sense(senseInvalidOpcode)))
 		return
 	}
@@ -178,6 +178,10 @@ func (lu *LU) Execute(c *Command, dataOut []byte, done func(Result)) {
 	case kPROut:
 		// A call to the store that may take a while: on a goroutine.
 		go func() { done(lu.persistentReserveOut(c, dataOut[:c.DataOut])) }()
+	case kReserve6:
+		go func() { done(lu.spc2(reservation.ReserveSPC2)) }()
+	case kRelease6:
+		go func() { done(lu.spc2(reservation.ReleaseSPC2)) }()
 	case kRead, kWrite:
 		lu.readWrite(c, dataOut, done)
 	case kPrefetch:

@@ -60,6 +60,9 @@ func (c *Command) access() reservation.Access {
 		if c.Op == opStartStopUnit {
 			return reservation.AccessWrite
 		}
+	case kInquiry, kReportLuns, kRequestSense, kRelease6:
+		// Allowed under another nexus's SPC-2 reservation (SPC-2 5.5.1).
+		return reservation.AccessExempt
 	}
 	return reservation.AccessNone
 }
@@ -214,6 +217,42 @@ func (lu *LU) persistentReserveOut(c *Command, p []byte) Result {
 	// This nexus raised no attention for itself; take what others raised.
 	lu.prAttend(st)
 	return good(nil)
+}
+
+// spc2 runs RESERVE(6) or RELEASE(6) (sa ReserveSPC2 or ReleaseSPC2), or
+// with ResetSPC2 drops the SPC-2 reservation (a reset), through the store.
+func (lu *LU) spc2(sa reservation.ServiceAction) Result {
+	ctx, cancel := context.WithTimeout(context.Background(), prTimeout)
+	defer cancel()
+	st, err := lu.pr.Store.Apply(ctx, lu.pr.Volume, lu.pr.Nexus, reservation.Action{ServiceAction: sa})
+	if err != nil {
+		if e := reservation.AsError(err); e != nil && e.Code == reservation.CodeConflict {
+			return Result{Status: StatusReservationConflict}
+		}
+		return check(sense(senseBecomingReady))
+	}
+	lu.prAttend(st)
+	return good(nil)
+}
+
+// ReleaseSPC2 drops an SPC-2 reservation this LU's nexus holds: on I_T
+// nexus loss (session end). With all, whichever nexus holds it (LOGICAL
+// UNIT RESET, TARGET RESET: SPC-2 5.5.1).
+func (lu *LU) ReleaseSPC2(all bool) error {
+	if lu.pr == nil {
+		return nil
+	}
+	sa := reservation.ReleaseSPC2
+	if all {
+		sa = reservation.ResetSPC2
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), prTimeout)
+	defer cancel()
+	_, err := lu.pr.Store.Apply(ctx, lu.pr.Volume, lu.pr.Nexus, reservation.Action{ServiceAction: sa})
+	if e := reservation.AsError(err); e != nil && e.Code == reservation.CodeConflict {
+		return nil // persistent reservations in use: there is no SPC-2 one
+	}
+	return err
 }
 
 // prNexus is the nexus this LU serves (zero without PR).

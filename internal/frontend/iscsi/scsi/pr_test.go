@@ -111,3 +111,64 @@ func TestTransportID(t *testing.T) {
 		t.Fatalf("% x", long)
 	}
 }
+
+// RESERVE(6)/RELEASE(6) through two nexuses over one store: the holder
+// alone gets commands through (INQUIRY, REPORT LUNS, REQUEST SENSE and
+// RELEASE are exempt); nexus loss and a reset drop the reservation; a
+// registered persistent reservation key makes RESERVE(6) conflict.
+func TestReserve6AcrossNexuses(t *testing.T) {
+	b := &memBackend{t: t, data: make([]byte, 1<<20)}
+	store := reservation.NewMemStore()
+	open := func(initiator string, port uint16) *LU {
+		return New(Config{Backend: b, Info: b.Info(), ID: 42, TargetName: "iqn.2026-11.io.basalt:c:v",
+			PR: &PR{Store: store, Volume: "v", Nexus: reservation.Nexus{Initiator: initiator, TargetPort: port}}})
+	}
+	a, c := open("iqn.a,i,0x1", 1), open("iqn.b,i,0x2", 2)
+	block := make([]byte, 512)
+	none := [3]byte{}
+	expect := func(lu *LU, cdb, data []byte, status byte, s [3]byte) {
+		t.Helper()
+		if r := run(t, lu, cdb, data); r.Status != status || senseOf(r) != s {
+			t.Fatalf("opcode %#x: status %#x sense %x, want %#x %x", cdb[0], r.Status, senseOf(r), status, s)
+		}
+	}
+	reserve, release := []byte{0x16, 0, 0, 0, 0, 0}, []byte{0x17, 0, 0, 0, 0, 0}
+	expect(a, cdbTUR, nil, StatusGood, none)
+	expect(c, cdbTUR, nil, StatusGood, none)
+	expect(a, reserve, nil, StatusGood, none)
+	expect(a, reserve, nil, StatusGood, none)
+	expect(a, cdbWrite10, block, StatusGood, none)
+	expect(c, reserve, nil, StatusReservationConflict, none)
+	for _, cdb := range [][]byte{cdbTUR, cdbRead10, prIn(0)} {
+		expect(c, cdb, nil, StatusReservationConflict, none)
+	}
+	expect(c, cdbWrite10, block, StatusReservationConflict, none)
+	cdb, p := prOut(6, 0, 0, 0xc, 0)
+	expect(c, cdb, p, StatusReservationConflict, none)
+	expect(c, []byte{0x12, 0, 0, 0, 96, 0}, nil, StatusGood, none)                   // INQUIRY
+	expect(c, []byte{0xa0, 0, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0}, nil, StatusGood, none) // REPORT LUNS
+	expect(c, []byte{0x03, 0, 0, 0, 18, 0}, nil, StatusGood, none)                   // REQUEST SENSE
+	expect(c, release, nil, StatusGood, none)                                        // a no-op
+	expect(c, cdbRead10, nil, StatusReservationConflict, none)
+	// Obsolete third-party and extent reservations are refused.
+	expect(a, []byte{0x16, 0x10, 0, 0, 0, 0}, nil, StatusCheckCondition, [3]byte{KeyIllegalRequest, 0x24, 0})
+	expect(a, release, nil, StatusGood, none)
+	expect(c, reserve, nil, StatusGood, none)
+	expect(a, cdbRead10, nil, StatusReservationConflict, none)
+	// c's nexus ends: its reservation goes.
+	if err := c.ReleaseSPC2(false); err != nil {
+		t.Fatal(err)
+	}
+	expect(a, reserve, nil, StatusGood, none)
+	// A reset through another nexus drops it too.
+	c.Reset()
+	expect(c, cdbTUR, nil, StatusCheckCondition, [3]byte{KeyUnitAttention, 0x29, 0x03})
+	expect(a, cdbTUR, nil, StatusGood, none) // another group (access node): no attention, no reservation
+	expect(c, reserve, nil, StatusGood, none)
+	expect(c, release, nil, StatusGood, none)
+	// Persistent reservations in use: RESERVE(6) conflicts.
+	cdb, p = prOut(6, 0, 0, 0xa, 0)
+	expect(a, cdb, p, StatusGood, none)
+	expect(c, reserve, nil, StatusReservationConflict, none)
+	expect(a, reserve, nil, StatusReservationConflict, none)
+}
