@@ -241,12 +241,14 @@ func (c *Copyset) writeAt(id ChunkID, p []byte, off int64, direct bool) error {
 			continue
 		}
 		done := false
+		ch.rw.Lock()
 		if direct {
 			done, err = c.writeDirect(ch, p, off)
 		}
 		if !done && err == nil {
 			err = pwriteFull(fd, p, off)
 		}
+		ch.rw.Unlock()
 		c.s.fds.release(ch)
 		if err == nil {
 			c.markDirtyLocked(ch)
@@ -337,7 +339,9 @@ func (c *Copyset) ReadAt(id ChunkID, p []byte, off int64) error {
 		clear(p)
 		return nil
 	}
+	ch.rw.RLock()
 	err = preadFull(fd, p, off)
+	ch.rw.RUnlock()
 	c.s.fds.release(ch)
 	return err
 }
@@ -372,6 +376,10 @@ func (c *Copyset) ReadAtCached(id ChunkID, p []byte, off int64) (bool, error) {
 		return false, nil
 	}
 	defer c.s.fds.release(ch)
+	if !ch.rw.TryRLock() {
+		return false, nil // a write of this chunk is under way: ReadAt waits for it
+	}
+	defer ch.rw.RUnlock()
 	raw := !c.s.noCachestat.Load()
 	if raw {
 		switch all, err := pagesCached(fd, off, len(p)); {
@@ -438,6 +446,8 @@ func (c *Copyset) zero(id ChunkID, off, n int64, mode uint32) error {
 		return err
 	}
 	defer c.s.fds.release(ch)
+	ch.rw.Lock()
+	defer ch.rw.Unlock()
 	err = unix.Fallocate(fd, mode, off, n)
 	if mode&unix.FALLOC_FL_ZERO_RANGE != 0 && isUnsupported(err) {
 		err = unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)

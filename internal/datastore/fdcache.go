@@ -12,6 +12,13 @@ type chunk struct {
 	id   ChunkID
 	path string // absolute path of the file while it is live
 
+	// rw makes a read of the file exclusive with a change of it (write,
+	// zero, discard): Linux lets a buffered pread copy a page while a pwrite
+	// is copying into it, so a read racing a write of the same block could
+	// return half of each (TestBlockReadNeverTorn). Writers Lock, readers
+	// RLock; it is a leaf lock, taken last and held only around the call.
+	rw sync.RWMutex
+
 	// Guarded by fdCache.mu.
 	fd   int // -1 while closed
 	dfd  int // the same file opened O_DIRECT (WriteAtUncached), -1 if not open; closed with fd
