@@ -165,13 +165,20 @@
 // O_NOATIME. Sync never takes it: it works from the
 // dirty set (dirtyMu) and pins descriptors through the fd cache.
 //
+// A chunk's rw (RWMutex) makes reading its file exclusive with changing it:
+// ReadAt holds it shared around the pread, ReadAtCached only tries it (a
+// write under way sends the read to ReadAt), WriteAt, Discard and
+// WriteZeroes hold it alone around the pwrite or fallocate. Without it a
+// read racing a write of the same block could return half of each (Linux
+// does not make a buffered pread and pwrite of one page atomic).
+//
 // Open chunk files live in a per-Store LRU cache bounded by
 // Config.MaxOpenFiles. A descriptor in use is pinned (reference count) and
 // never closed under an IO; a chunk deleted or replaced while pinned is
 // closed when its last user lets go.
 //
 // Lock order: Store.mu → Copyset.recvMu → Copyset.syncMu / snapMu → Copyset.mu →
-// Copyset.dirtyMu → fdCache.mu; pool.mu is a leaf.
+// Copyset.dirtyMu → fdCache.mu; pool.mu and chunk.rw are leaves.
 //
 // Goroutines: the pool filler (one per Store, started by Open, stopped by
 // Close) owns creation and recycling of pool files. Sync runs up to three
