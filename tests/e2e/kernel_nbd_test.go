@@ -45,7 +45,15 @@ func TestKernelNBDClient(t *testing.T) {
 	if got, want := strings.TrimSpace(guest(time.Minute, "blockdev --getsize64 /dev/nbd0")), strconv.Itoa(2<<30); got != want {
 		t.Fatalf("/dev/nbd0 is %s bytes, want the volume's %s", got, want)
 	}
-	if n := establishedTo(t, p.nbdPort); n != 2 {
+	// One scan of /proc/net/tcp can miss a socket when the table changes
+	// between its reads (seq_file), so the count is read until it shows both.
+	n := 0
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if n = establishedTo(t, p.nbdPort); n == 2 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if n != 2 {
 		t.Fatalf("the NBD front end has %d connections from the guest, want 2 (nbd-client -C 2)", n)
 	}
 	guest(3*time.Minute, "mkfs.ext4 -q /dev/nbd0 && mkdir -p /mnt/vol && mount /dev/nbd0 /mnt/vol")
