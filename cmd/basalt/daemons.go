@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/basalt-storage/basalt/internal/chunkserver"
+	"github.com/basalt-storage/basalt/internal/faultpoint"
 	"github.com/basalt-storage/basalt/internal/frontend/access"
 	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/mds"
@@ -90,6 +91,7 @@ func chunkserverCommand() *cobra.Command {
 	var mdsAddrs, pidFile, slowDisk, diskErr, scrubRate, snapRate, dataMode string
 	var procs int
 	var crashAfterDelete bool
+	var faultPointsFile string
 	var nbdListen, nbdSocket string // the in-process NBD front end
 	var nbdTLS, nbdSocketTLS string // its listeners' TLS policies
 	var tf *tlsFlags
@@ -147,6 +149,11 @@ func chunkserverCommand() *cobra.Command {
 					_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 					select {} // the signal is on its way
 				}
+			}
+			if faultPointsFile != "" {
+				fp := faultpoint.New(slog.Default())
+				fp.WatchFile(faultPointsFile, nil)
+				armFaultPoints(&cfg.Knobs, fp)
 			}
 			cs, err := chunkserver.New(cfg) // takes the data directory's lock
 			if err != nil {
@@ -239,6 +246,8 @@ func chunkserverCommand() *cobra.Command {
 	_ = f.MarkHidden("fault-disk-error-file")
 	f.BoolVar(&crashAfterDelete, "fault-crash-after-delete", false, "fault injection for tests: kill -9 this process right after a copyset applied a delete-volume entry")
 	_ = f.MarkHidden("fault-crash-after-delete")
+	f.StringVar(&faultPointsFile, "fault-points-file", "", "fault injection for tests: arm the named fault points this file lists, re-read every 100 ms (docs/reliability.md, \"Fault points\"; e.g. wal-after-sync=crash@20)")
+	_ = f.MarkHidden("fault-points-file")
 	_ = cmd.MarkFlagRequired("data")
 	return cmd
 }

@@ -66,6 +66,8 @@ func (c *ChunkServer) reconcileMembers(g uint64, want []uint64) {
 	c.host.ProposeConfChange(g, step.ConfChange(), func(err error) {
 		if err != nil {
 			c.log.Debug("membership change not applied", "copyset", g, "step", step.String(), "err", err)
+		} else if f := c.cfg.Knobs.AfterMoveStep; f != nil {
+			f(g, step)
 		}
 		c.mu.Lock()
 		delete(c.confPending, g)

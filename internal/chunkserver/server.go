@@ -102,6 +102,12 @@ type Knobs struct {
 	// replica applied a delete-volume entry (before anything else: the next
 	// entry, the next snapshot), e.g. to crash the process there.
 	AfterDeleteVolume func(group, volume uint64)
+	// Transport, if set, wraps the raft peer transport the host sends
+	// through (messages before send, snapshot streams mid-way).
+	Transport func(raftstore.Transport) raftstore.Transport
+	// AfterMoveStep, if set, runs on the raft worker when a membership
+	// change this leader proposed for a move has applied here.
+	AfterMoveStep func(group uint64, step raftstore.MoveStep)
 }
 
 // Errors of New and Run.
@@ -363,10 +369,14 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 	dataSec := c.dataSecurity()
 	c.peers = raftnet.New(raftnet.Config{Self: id, Logger: c.log, SnapshotRate: c.cfg.SnapshotRate,
 		Security: dataSec, AlignSkip: proposalRoom})
+	var peers raftstore.Transport = c.peers
+	if c.cfg.Knobs.Transport != nil {
+		peers = c.cfg.Knobs.Transport(peers)
+	}
 	c.host, err = raftstore.New(raftstore.Config{
 		NodeID:          id,
 		Log:             c.wal,
-		Transport:       c.peers,
+		Transport:       peers,
 		Workers:         c.cfg.RaftWorkers,
 		TickInterval:    c.cfg.TickInterval,
 		SnapshotEntries: c.cfg.SnapshotEntries,
