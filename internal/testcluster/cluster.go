@@ -44,6 +44,9 @@ type Options struct {
 	PrepareChunkserver func(i int, dir string)
 	// SlowDiskKnob gives every chunkserver a --fault-slow-disk-file; see SetSlowDisk.
 	SlowDiskKnob bool
+	// FaultPoints gives every chunkserver a --fault-points-file; see
+	// ArmFaultPoints.
+	FaultPoints bool
 	// TLSDir holds the cluster CA and certificates (identity.EnsureCerts);
 	// give StartEtcd's when the MDS use that etcd. Default: DIR/tls, made
 	// here. Every process runs with TLS, as a user deploys it.
@@ -58,6 +61,9 @@ type Proc struct {
 	LogPath string
 	NetNS   string // network namespace to run in ("" = this one)
 	Addr    string // listen address (host:port)
+	// firedBefore: fault points p's log told fired before the last
+	// ArmFaultPoints (the test's goroutine only).
+	firedBefore int
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -205,6 +211,9 @@ func Start(t testing.TB, opts Options) *Cluster {
 			"--zone", fmt.Sprintf("zone%d", i+1), "--server", fmt.Sprintf("host%d", i+1)}
 		if opts.SlowDiskKnob {
 			args = append(args, "--fault-slow-disk-file", filepath.Join(c.Dir, name+".slow"))
+		}
+		if opts.FaultPoints {
+			args = append(args, "--fault-points-file", filepath.Join(c.Dir, name+".faults"))
 		}
 		args = append(args, opts.ChunkserverFlags...)
 		p := c.newProc(name, dir, args...)

@@ -119,3 +119,66 @@ func (p *Proc) Log() string {
 
 // String names the process.
 func (p *Proc) String() string { return fmt.Sprintf("%s(%s)", p.Name, p.Addr) }
+
+// ArmFaultPoints arms p's fault points with spec (internal/faultpoint's
+// syntax, e.g. "wal-after-sync=crash@20"; "" disarms) and, while p runs,
+// waits until it says so in its log (or exits: an armed point crashed it
+// first). The cluster must have been started with
+// Options.FaultPoints. The spec stays armed across a restart of p until it
+// is changed: disarm a point that crashed p before starting p again.
+func (c *Cluster) ArmFaultPoints(p *Proc, spec string) {
+	c.t.Helper()
+	path := filepath.Join(c.Dir, p.Name+".faults")
+	if old, _ := os.ReadFile(path); string(old) == spec {
+		return
+	}
+	n := c.CountLog(p, "fault points armed")
+	p.firedBefore = c.CountLog(p, "fault point fired")
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(spec), 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		c.t.Fatal(err)
+	}
+	exited := p.Exited()
+	if exited == nil {
+		return
+	}
+	c.Eventually(60*time.Second, p.Name+" arming its fault points", func(context.Context) error {
+		select {
+		case <-exited:
+			return nil // it reads the file when it starts again
+		default:
+		}
+		if c.CountLog(p, "fault points armed") <= n {
+			return fmt.Errorf("%s has not logged the spec %q yet", p.Name, spec)
+		}
+		return nil
+	})
+}
+
+// AwaitFaultPoint waits until one of procs fired a fault point that crashed
+// it (it logged "fault point fired" and exited), reaps it and returns it.
+func (c *Cluster) AwaitFaultPoint(timeout time.Duration, procs ...*Proc) *Proc {
+	c.t.Helper()
+	var fired *Proc
+	c.Eventually(timeout, "a fault point crashing a chunkserver", func(context.Context) error {
+		for _, p := range procs {
+			if ch := p.Exited(); ch != nil {
+				select {
+				case <-ch:
+					if c.CountLog(p, "fault point fired") <= p.firedBefore {
+						c.t.Fatalf("%s exited without firing a fault point", p.Name)
+					}
+					fired = p
+					return nil
+				default:
+				}
+			}
+		}
+		return fmt.Errorf("none of %v fired yet", procs)
+	})
+	c.Kill(fired) // forgets the reaped process, so that Start may run it again
+	return fired
+}

@@ -29,6 +29,7 @@ func (c *Cluster) AddChunkserver(extra ...string) *Proc {
 	repl := map[string]string{
 		"--data": dir, "--listen": addr, "--zone": fmt.Sprintf("zone%d", n), "--server": fmt.Sprintf("host%d", n),
 		"--fault-slow-disk-file": filepath.Join(c.Dir, name+".slow"),
+		"--fault-points-file":    filepath.Join(c.Dir, name+".faults"),
 		"--tls-cert":             c.Issue(identity.RoleChunkserver, strconv.Itoa(n)),
 	}
 	args := slices.Clone(c.CS[0].Args)

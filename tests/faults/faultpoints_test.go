@@ -1,0 +1,190 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/basalt-storage/basalt/internal/testcluster"
+	"github.com/basalt-storage/basalt/pkg/api"
+)
+
+// TestFaultPoints crashes a chunkserver at each named fault point
+// (internal/faultpoint) in turn, on one cluster: the point is armed to fire
+// on a given hit, a verified workload runs until it does (the process
+// SIGKILLs itself there), the chunkserver is restarted, and then every
+// copyset has its full voters and a leader again (the MDS's "healthy": every
+// member online, the leader's configuration equal to the listed members),
+// every acknowledged write of the case reads back and the replicas of every
+// copyset agree.
+//
+//   - wal-before-sync, wal-after-sync, raft-before-send: on the chunkserver
+//     leading the most copysets, mid-workload.
+//   - snapshot-install: a follower kept down until the others compacted
+//     their logs past it is restarted armed, and crashes with half a
+//     snapshot installed (the old chunks moved aside, the new ones not in
+//     place).
+//   - snapshot-send: the same follower kept down again; the others, armed,
+//     crash 64 KiB into the first snapshot stream they send it.
+//   - move-learner-added, then move-joint ("move"): a fourth chunkserver
+//     joins and the balancer moves copysets onto it; the moving copyset's
+//     leader crashes right after the new member was added as a learner, and
+//     the leader that carries the move on crashes right after the joint
+//     change (promote the learner, remove the old voter) applied. Every
+//     move completes.
+func TestFaultPoints(t *testing.T) {
+	skipShort(t)
+	began := time.Now()
+	c := testcluster.Start(t, testcluster.Options{Copysets: 4, ChunkSize: chunkSize, FaultPoints: true,
+		// No repair of a chunkserver kept down on purpose; a quick scheduler.
+		MDSFlags: []string{"--schedule-interval=300ms", "--recovery-grace=10m", "--max-moves-per-chunkserver=1"},
+		// Snapshots often, so that a follower kept down catches up through
+		// one; no leadership hand-over at the clean stop of the cleanup.
+		ChunkserverFlags: []string{"--snapshot-entries=64", "--catchup-entries=16", "--drain-timeout=-1s"}})
+	t.Logf("cluster up in %s", time.Since(began).Round(time.Millisecond))
+
+	// run is one case: a volume of its own and a verified workload on it;
+	// fault injects the fault and returns once the crashed chunkservers run
+	// again. Then the cluster must heal and the data check out.
+	run := func(t *testing.T, seed int64, fault func(w *testcluster.Workload)) {
+		start := time.Now()
+		name := fmt.Sprintf("vol%d", seed)
+		c.CreateVolume(name, 32<<20)
+		v := c.Open(name, false)
+		w := testcluster.StartWorkload(t, v, testcluster.WorkloadOptions{Writers: 4, Seed: seed})
+		t.Cleanup(w.Stop)
+		w.AwaitProgress(c, "the workload flowing")
+		w.Mark("fault")
+		fault(w)
+		faulted := time.Now()
+		c.WaitHealthy(120 * time.Second)
+		fullVoters(t, c)
+		w.Mark("healed")
+		healed := time.Now()
+		w.AwaitProgress(c, "the workload flowing after the heal")
+		w.Stop()
+		w.Verify(v)
+		c.CompareReplicas(90 * time.Second)
+		t.Logf("case took %s: fault injected and restarted %s, healthy %s later, checked %s later",
+			time.Since(start).Round(time.Millisecond), faulted.Sub(start).Round(time.Millisecond),
+			healed.Sub(faulted).Round(time.Millisecond), time.Since(healed).Round(time.Millisecond))
+	}
+	// crash arms spec on procs, waits until one of them fired, disarms them
+	// all and restarts every chunkserver that crashed.
+	crash := func(t *testing.T, spec string, procs ...*testcluster.Proc) *testcluster.Proc {
+		for _, p := range procs {
+			c.ArmFaultPoints(p, spec)
+		}
+		fired := c.AwaitFaultPoint(90*time.Second, procs...)
+		t.Logf("%s fired on %s", spec, fired)
+		for _, p := range procs {
+			c.ArmFaultPoints(p, "")
+		}
+		restartCrashed(t, c)
+		return fired
+	}
+	// behind kills a follower and keeps it down until w wrote enough that
+	// every copyset compacted its log past it (--snapshot-entries=64,
+	// --catchup-entries=16): it can only catch up through a snapshot.
+	behind := func(w *testcluster.Workload) *testcluster.Proc {
+		x := c.FewestLeaders()
+		c.Kill(x)
+		// 1,500 IOs: about 1,200 writes, 300 per copyset (the volume's 8
+		// chunks over 4 copysets), each an entry.
+		for range 15 {
+			w.AwaitProgress(c, "the workload flowing with a chunkserver down")
+		}
+		t.Logf("%s down, %d IOs acknowledged", x, w.Acked())
+		return x
+	}
+	others := func(x *testcluster.Proc) []*testcluster.Proc {
+		return slices.DeleteFunc(slices.Clone(c.CS), func(p *testcluster.Proc) bool { return p == x })
+	}
+
+	for i, point := range []string{"wal-before-sync", "wal-after-sync", "raft-before-send"} {
+		t.Run(point, func(t *testing.T) {
+			run(t, int64(i+1), func(*testcluster.Workload) {
+				crash(t, point+"=crash@50", c.MostLeaders())
+			})
+		})
+	}
+	t.Run("snapshot-install", func(t *testing.T) {
+		run(t, 4, func(w *testcluster.Workload) {
+			x := behind(w)
+			c.ArmFaultPoints(x, "snapshot-install=crash")
+			c.Start(x)
+			c.AwaitFaultPoint(90*time.Second, x)
+			c.ArmFaultPoints(x, "")
+			c.Start(x)
+		})
+	})
+	t.Run("snapshot-send", func(t *testing.T) {
+		run(t, 5, func(w *testcluster.Workload) {
+			x := behind(w)
+			for _, p := range others(x) {
+				c.ArmFaultPoints(p, "snapshot-send=crash")
+			}
+			c.Start(x)
+			crash(t, "snapshot-send=crash", others(x)...)
+		})
+	})
+	t.Run("move", func(t *testing.T) {
+		run(t, 6, func(*testcluster.Workload) {
+			old := slices.Clone(c.CS)
+			for _, p := range old {
+				c.ArmFaultPoints(p, "move-learner-added=crash")
+			}
+			c.AddChunkserver()
+			first := c.AwaitFaultPoint(90*time.Second, old...)
+			t.Logf("move-learner-added fired on %s", first)
+			// The move goes on under a new leader, which must first be
+			// elected (a second at least) and bring the learner up to date:
+			// time enough to arm every chunkserver for the joint change.
+			for _, p := range c.CS {
+				c.ArmFaultPoints(p, "move-joint=crash")
+			}
+			restartCrashed(t, c)
+			crash(t, "move-joint=crash", c.CS...)
+			// Every move onto the new chunkserver completes: 12 replicas, 3 each.
+			c.Eventually(180*time.Second, "copysets balanced onto the new chunkserver", func(context.Context) error {
+				p := c.Placement()
+				if lo, hi := testcluster.Spread(p.Members); hi != lo || p.Moves != 0 || p.Healthy != p.Total {
+					return fmt.Errorf("copysets per chunkserver %v, %d moves in flight, %d/%d healthy", p.Members, p.Moves, p.Healthy, p.Total)
+				}
+				return nil
+			})
+		})
+	})
+	t.Logf("TestFaultPoints took %s", time.Since(began).Round(time.Millisecond))
+}
+
+// restartCrashed restarts every chunkserver whose process exited.
+func restartCrashed(t *testing.T, c *testcluster.Cluster) {
+	t.Helper()
+	for _, p := range c.CS {
+		if _, exited := p.ExitCode(); exited || p.PID() == 0 {
+			c.Kill(p) // reaps it
+			c.Start(p)
+			t.Logf("%s restarted", p)
+		}
+	}
+}
+
+// fullVoters fails the test unless every copyset lists as many members as
+// the pool's replica count, none of them moving.
+func fullVoters(t *testing.T, c *testcluster.Cluster) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := c.API.GetCopysets(ctx, &api.GetCopysetsRequest{PoolId: c.Pool.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cs := range r.Copysets {
+		if len(cs.Members) != int(c.Pool.Replicas) || cs.Move != nil {
+			t.Fatalf("copyset %d: members %v, move %v; want %d members and no move", cs.Id, cs.Members, cs.Move, c.Pool.Replicas)
+		}
+	}
+}
