@@ -17,7 +17,7 @@ import (
 )
 
 // snapIdleTimeout ends a snapshot transfer whose sender went silent.
-const snapIdleTimeout = 30 * time.Second
+var snapIdleTimeout = 30 * time.Second // a variable for tests
 
 // aliasMinFrame: an OpRaft payload this large is read into a buffer of its
 // own that its entries keep (their data is not copied out); smaller ones use
@@ -77,7 +77,8 @@ type snapSession struct {
 	index uint64 // the snapshot's index
 	next  uint64 // sequence number of the next frame
 	pw    *io.PipeWriter
-	res   chan error // receive result, buffered
+	res   chan error    // receive result, buffered
+	gone  chan struct{} // closed when the transfer is dropped
 	timer *time.Timer
 }
 
@@ -215,7 +216,7 @@ func (s *Receiver) serveSnapshot(rw transport.ReplyWriter, h api.Header, payload
 			return
 		}
 		pr, pw := io.Pipe()
-		ss = &snapSession{id: h.Volume, from: from, owner: rw, group: msgs[0].Group, next: 1, pw: pw, res: make(chan error, 1),
+		ss = &snapSession{id: h.Volume, from: from, owner: rw, group: msgs[0].Group, next: 1, pw: pw, res: make(chan error, 1), gone: make(chan struct{}),
 			index: msgs[0].Msg.GetSnapshot().GetMetadata().GetIndex()}
 		ss.timer = time.AfterFunc(snapIdleTimeout, func() { s.abandon(ss) })
 		s.mu.Lock()
@@ -247,6 +248,20 @@ func (s *Receiver) serveSnapshot(rw transport.ReplyWriter, h api.Header, payload
 		}
 		s.sessions[ss.id] = ss
 		s.wg.Add(1)
+		if cd, ok := rw.(transport.ConnDone); ok {
+			// A sender whose connection went (it crashed mid-stream) sends
+			// nothing more: end the transfer now, not after snapIdleTimeout,
+			// so that the copyset's next leader can stream its snapshot.
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				select {
+				case <-cd.Done():
+					s.abandon(ss)
+				case <-ss.gone:
+				}
+			}()
+		}
 		s.mu.Unlock()
 		go func() {
 			defer s.wg.Done()
@@ -325,6 +340,7 @@ func (s *Receiver) drop(ss *snapSession) {
 	s.mu.Lock()
 	if s.sessions[ss.id] == ss {
 		delete(s.sessions, ss.id)
+		close(ss.gone)
 	}
 	s.mu.Unlock()
 }

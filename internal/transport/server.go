@@ -94,6 +94,13 @@ type ConnState interface {
 	State() *atomic.Value
 }
 
+// ConnDone is the ability of a Server's ReplyWriter to tell when its
+// connection goes: Done is closed once the connection is being torn down
+// (the peer closed it or died, an error, the server's Close).
+type ConnDone interface {
+	Done() <-chan struct{}
+}
+
 // ReplyWriter answers the requests of one connection.
 type ReplyWriter interface {
 	// Reply queues a reply. h: the request header with Status/Hint set; PayloadLen and
@@ -348,6 +355,9 @@ func (sc *serverConn) Retain() { sc.retained = true }
 
 // State implements ConnState.
 func (sc *serverConn) State() *atomic.Value { return &sc.state }
+
+// Done: ConnDone.
+func (sc *serverConn) Done() <-chan struct{} { return sc.closing }
 
 // Peer implements Peer.
 func (sc *serverConn) Peer() (identity.Identity, bool) { return sc.peer, sc.authed }
