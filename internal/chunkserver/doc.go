@@ -204,7 +204,9 @@
 //
 // Fault injection: Config.Knobs hands wal.Knobs and datastore.Knobs down
 // (slow or failing fsync, full disk); Knobs.AfterDeleteVolume runs right after
-// a delete-volume entry was applied (a crash there).
+// a delete-volume entry was applied (a crash there); Knobs.Transport wraps the
+// raft transport and Knobs.AfterMoveStep runs when a move's membership change
+// applied on its leader (internal/faultpoint's named points use them).
 //
 // Lock order: volumeCache.refreshMu (held across the MDS calls of a refresh)
 // → volumeCache.mu; volumeCache.missMu is a leaf.

@@ -11,7 +11,10 @@
 // namespaces and iptables DROP rules); a slow disk (a delay added to every WAL
 // fdatasync); a full disk (a data directory on a small tmpfs); a chunkserver
 // lost for good and re-replicated onto a spare; a chunkserver restarted on a
-// WAL damaged where it had been fdatasynced (it must refuse to start).
+// WAL damaged where it had been fdatasynced (it must refuse to start); a
+// chunkserver crashed at each named fault point (internal/faultpoint: before
+// and after the WAL fsync, before send, mid-snapshot, mid-move;
+// TestFaultPoints).
 //
 // Each test logs a FIGURES line: the longest stretch without a completed IO,
 // p99 latency and IOPS before, during and after the fault. Timings are never

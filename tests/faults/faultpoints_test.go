@@ -91,9 +91,9 @@ func TestFaultPoints(t *testing.T) {
 	behind := func(w *testcluster.Workload) *testcluster.Proc {
 		x := c.FewestLeaders()
 		c.Kill(x)
-		// 1,500 IOs: about 1,200 writes, 300 per copyset (the volume's 8
+		// 1,000 IOs: about 800 writes, 200 per copyset (the volume's 8
 		// chunks over 4 copysets), each an entry.
-		for range 15 {
+		for range 10 {
 			w.AwaitProgress(c, "the workload flowing with a chunkserver down")
 		}
 		t.Logf("%s down, %d IOs acknowledged", x, w.Acked())
