@@ -87,7 +87,9 @@
 // The Receiver pipes data frames into Host.ReceiveSnapshot running on its own
 // goroutine; an out-of-sequence frame, or one on another connection than the
 // begin frame's, answers BAD_REQUEST (the former abandons the transfer); a
-// transfer idle for 30 s is abandoned. One transfer per group at a time: a
+// transfer idle for 30 s is abandoned, and one whose connection closed (the
+// sender crashed mid-stream) at once, so that the group's next leader need not
+// wait out the 30 s (TestSnapshotSenderGoneFreesGroup). One transfer per group at a time: a
 // begin frame for a group whose transfer is under way answers BUSY, and the
 // sender's raftstore reports the snapshot failed to raft, which retries once
 // the first transfer ended (two overlapping streams once made a follower
