@@ -37,6 +37,7 @@ var rules = []rule{
 	{pkg: "internal/sockio", may: []string{"internal/race"}, why: "raw socket system calls"},
 	{pkg: "internal/bufpool", may: []string{"internal/race"}, why: "size-class buffers"},
 	{pkg: "internal/latency", why: "the one bucket scale of every stage histogram"},
+	{pkg: "internal/faultpoint", why: "named fault points for tests: a spec, counters and actions; cmd/basalt wires them into the chunkserver's knobs"},
 	{pkg: "internal/debughttp", why: "the /metrics and pprof listener"},
 	{pkg: "internal/fsdir", why: "durable directory entries (fsync the directory)"},
 	{pkg: "internal/identity", why: "the cluster CA, certificates and mutually verified TLS configs every plane uses"},
