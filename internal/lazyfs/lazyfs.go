@@ -13,7 +13,8 @@
 //     once a directory it changed is fsynced. Before that, Cut undoes it, in
 //     reverse order: created names are removed, unlinked files come back (they
 //     are kept aside until then), renames are reversed. An fsync of a file
-//     does not make its name durable.
+//     does not make its name durable. A durable rmdir makes the changes
+//     inside that directory durable too (it had to be empty).
 //   - A full disk (SetFull): while it is set, every write, fallocate and
 //     truncate that grows a file, and every create and mkdir, fails with
 //     ENOSPC and changes nothing; reads, fsyncs, hole punches, unlinks and
@@ -32,6 +33,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -304,14 +306,29 @@ func (z *FS) synced(fd int) {
 func (z *FS) dirSynced(ino uint64) {
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	kept := z.ns[:0]
-	for _, op := range z.ns {
-		durable := false
+	durable := make([]bool, len(z.ns))
+	var gone []string // directories whose removal is now durable
+	for i, op := range z.ns {
 		for _, d := range op.dirs {
-			durable = durable || d == ino
+			durable[i] = durable[i] || d == ino
 		}
+		if durable[i] && op.kind == nsRmdir {
+			gone = append(gone, op.path+string(filepath.Separator))
+		}
+	}
+	// A directory durably removed durably lost what it held: the changes
+	// made inside it (before its rmdir, which needs it empty) are durable
+	// too, or a cut would try to put back a file into a directory that is no
+	// longer there.
+	for i, op := range z.ns {
+		for _, g := range gone {
+			durable[i] = durable[i] || strings.HasPrefix(op.path, g)
+		}
+	}
+	kept := z.ns[:0]
+	for i, op := range z.ns {
 		switch {
-		case !durable:
+		case !durable[i]:
 			kept = append(kept, op)
 		case op.trash != "":
 			os.RemoveAll(op.trash)

@@ -222,3 +222,34 @@ func TestFull(t *testing.T) {
 		t.Errorf("mkdir after the disk was freed: %v", err)
 	}
 }
+
+// A directory's removal made durable makes durable the unlinks inside it:
+// the cut neither fails nor brings the directory or its files back (a
+// chunkserver removes a copyset's directory this way; the power cut of
+// TestLinearizable after a move found the cut failing here).
+func TestDurableRmdirTakesItsContent(t *testing.T) {
+	z, mnt := mount(t)
+	d := filepath.Join(mnt, "d")
+	os.Mkdir(d, 0o755)
+	os.WriteFile(filepath.Join(d, "f"), []byte("f"), 0o644)
+	syncDir(t, d)
+	syncDir(t, mnt)
+	os.Rename(d, d+".removed")
+	syncDir(t, mnt)
+	if err := os.Remove(filepath.Join(d+".removed", "f")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(d + ".removed"); err != nil {
+		t.Fatal(err)
+	}
+	syncDir(t, mnt) // the rmdir is durable, the unlink's own directory never synced
+	if _, entries := z.Pending(); entries != 0 {
+		t.Errorf("%d directory changes still pending after the durable rmdir", entries)
+	}
+	cut(t, z, mnt)
+	for _, p := range []string{d, d + ".removed"} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s after the cut: %v, want gone", p, err)
+		}
+	}
+}
