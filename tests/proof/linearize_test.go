@@ -284,6 +284,15 @@ func TestLinearizable(t *testing.T) {
 			t.Logf("the power cut took back unsynced data of %d files and %d directory changes", files, entries)
 			c.WaitHealthy(90 * time.Second)
 		}
+		// Healed means IO flows again (the MDS may not have noticed a
+		// chunkserver gone and back when WaitHealthy returns).
+		w0, _, r0 := rec.Counts()
+		c.Eventually(90*time.Second, "IO after "+f, func(context.Context) error {
+			if w, _, r := rec.Counts(); w < w0+20 || r < r0+20 {
+				return fmt.Errorf("%d writes and %d reads acknowledged since", w-w0, r-r0)
+			}
+			return nil
+		})
 		t.Logf("HEALED %s in %s", f, time.Since(start).Round(time.Millisecond))
 		pace()
 	}
