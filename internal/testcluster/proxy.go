@@ -149,7 +149,12 @@ func (n *proxyNet) sourceOf(c net.Conn) *Proc {
 	if !ok {
 		return nil
 	}
-	inode := socketInode(ra.Port)
+	// One read of /proc/net/tcp can miss a socket when the table changes
+	// under it: read it again before giving up.
+	inode := ""
+	for try := 0; try < 5 && inode == ""; try++ {
+		inode = socketInode(ra.Port)
+	}
 	if inode == "" {
 		return nil
 	}
