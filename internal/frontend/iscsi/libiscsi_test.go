@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
 	"github.com/basalt-storage/basalt/internal/testutil"
 )
 
@@ -100,7 +101,7 @@ func TestLibiscsiConformance(t *testing.T) {
 	}
 	testutil.RequireTool(t, "iscsi-test-cu")
 	want := readExpected(t)
-	_, addr := startServer(t, memExports{"disk": newMem(256 << 20)}, Config{})
+	_, addr := startServer(t, frontendtest.Disks{"disk": frontendtest.NewDisk(256 << 20)}, Config{})
 	url := "iscsi://" + addr + "/" + TargetName(testCluster, "disk") + "/0"
 
 	list, err := exec.Command("iscsi-test-cu", "-l").Output()
