@@ -169,6 +169,8 @@ func (sm *stateMachine) apply(c command, uncached bool) (error, error) {
 		}
 		if apply, res := w.admit(c.Seq, c.Settled); !apply {
 			sm.mu.Unlock()
+			sm.log.Info("retried request not applied again", "copyset", sm.group, "volume", c.Volume,
+				"epoch", c.Epoch, "seq", c.Seq, "op", c.Op, "offset", c.Offset, "answer", statusText(res))
 			return res, nil
 		}
 	}
@@ -387,4 +389,10 @@ func (sm *stateMachine) InstallSnapshot(index uint64, state []byte) error {
 	}
 	sm.applied.Store(index)
 	return nil
+}
+
+// statusText names the answer a result gives ("OK" for nil).
+func statusText(res error) string {
+	st, _ := statusOf(res)
+	return st.String()
 }
