@@ -185,12 +185,13 @@ const epochTableVersion = 2
 // encodeEpochs encodes the per-volume highest epochs and the current writers'
 // request windows, sorted by volume id so that equal tables encode to equal
 // bytes: version, the epochs (count, then volume and epoch), the windows
-// (count, then volume, settled, count and the applied numbers).
+// (count, then volume, settled, count and the ranges of applied numbers, each
+// first and last).
 func encodeEpochs(epochs map[uint64]uint64, windows map[uint64]*seqWindow) []byte {
 	be := binary.BigEndian
 	n := 9 + 16*len(epochs)
 	for _, w := range windows {
-		n += 20 + 8*len(w.applied)
+		n += 20 + 16*len(w.applied)
 	}
 	b := make([]byte, 0, n)
 	b = append(b, epochTableVersion)
@@ -205,8 +206,9 @@ func encodeEpochs(epochs map[uint64]uint64, windows map[uint64]*seqWindow) []byt
 		b = be.AppendUint64(b, v)
 		b = be.AppendUint64(b, w.settled)
 		b = be.AppendUint32(b, uint32(len(w.applied)))
-		for _, seq := range w.applied {
-			b = be.AppendUint64(b, seq)
+		for _, r := range w.applied {
+			b = be.AppendUint64(b, r.lo)
+			b = be.AppendUint64(b, r.hi)
 		}
 	}
 	return b
@@ -260,16 +262,17 @@ func decodeEpochs(b []byte) (map[uint64]uint64, map[uint64]*seqWindow, error) {
 		}
 		v, w, k := be.Uint64(p), &seqWindow{settled: be.Uint64(p[8:])}, uint64(be.Uint32(p[16:]))
 		p = p[20:]
-		if k > maxUnsettled || uint64(len(p)) < 8*k {
-			return nil, nil, fmt.Errorf("%w: window of %d numbers in %d bytes", ErrBadEpochTable, k, len(p))
+		if k > maxSeqRanges || uint64(len(p)) < 16*k {
+			return nil, nil, fmt.Errorf("%w: window of %d ranges in %d bytes", ErrBadEpochTable, k, len(p))
 		}
-		w.applied = make([]uint64, k)
+		w.applied = make([]seqRange, k)
 		for i := range w.applied {
-			w.applied[i] = be.Uint64(p)
-			p = p[8:]
-			if w.applied[i] < w.settled || i > 0 && w.applied[i] <= w.applied[i-1] {
+			r := seqRange{be.Uint64(p), be.Uint64(p[8:])}
+			p = p[16:]
+			if r.lo > r.hi || r.lo < w.settled || i > 0 && r.lo <= w.applied[i-1].hi+1 {
 				return nil, nil, fmt.Errorf("%w: window of volume %d out of order", ErrBadEpochTable, v)
 			}
+			w.applied[i] = r
 		}
 		windows[v] = w
 	}

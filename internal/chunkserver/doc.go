@@ -99,8 +99,9 @@
 // trim and write-zeroes per copyset (api.Header.Seq, the same on every
 // attempt) and says which numbers it settled (Settled: it sends none below
 // again). Per volume the state machine keeps the current writer's window: the
-// highest Settled seen and the numbers at or above it applied (at most
-// maxUnsettled). Apply records a new number and applies the command; a number
+// highest Settled seen and the ranges of numbers at or above it applied
+// (consecutive numbers are one range, so only gaps cost: at most
+// maxSeqRanges). Apply records a new number and applies the command; a number
 // in the window is a retry of an applied request, answered OK without applying
 // it; a number below Settled is refused with STALE_REQUEST (a copy of an
 // attempt the client gave up on cannot land after the writes that followed

@@ -3,6 +3,7 @@ package chunkserver
 import (
 	"bytes"
 	"errors"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/basalt-storage/basalt/pkg/api"
@@ -114,29 +115,49 @@ func TestRetriedWindowSurvivesRestartAndSnapshot(t *testing.T) {
 	}
 }
 
-// TestRetriedWindowBounded: a request left unanswered while more than
-// maxUnsettled newer ones were applied is forgotten — its retry is refused
-// (STALE_REQUEST: the writer reports an error), never applied late — and the
-// window stays bounded.
+// TestRetriedWindowBounded: numbers applied one after another are one range,
+// so a request left unanswered while 100,000 newer ones were applied is still
+// applied when it comes (not refused), and the window stays one range beside
+// it. Only gaps cost: with more than maxSeqRanges of them open the oldest
+// range is settled by the copyset, and a retry in it is refused
+// (STALE_REQUEST: the writer reports an error), never applied late.
 func TestRetriedWindowBounded(t *testing.T) {
 	st := newMemStore(testChunk)
 	sm := newStateMachine(1, testChunk, st, nil)
-	i := uint64(1)
-	if err := sm.Apply(i, numberedWrite(1, 8, 1, 1, 'a')); err != nil {
-		t.Fatal(err)
-	}
-	for seq := uint64(2); seq <= maxUnsettled+1; seq++ {
+	i := uint64(0)
+	apply := func(seq, settled uint64, off uint64) error {
 		i++
-		if err := sm.Apply(i, numberedWrite(1, 4096, seq, 1, 'x')); err != nil {
+		return sm.Apply(i, numberedWrite(1, off, seq, settled, 'x'))
+	}
+	for seq := uint64(2); seq <= 100_001; seq++ { // number 1 is outstanding
+		if err := apply(seq, 1, 4096); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := len(sm.windows[7].applied); n != maxUnsettled {
-		t.Fatalf("window holds %d numbers, want the bound %d", n, maxUnsettled)
+	if got := sm.windows[7].applied; len(got) != 1 || got[0] != (seqRange{2, 100_001}) {
+		t.Fatalf("window %v, want one range 2..100001", got)
 	}
-	i++
-	if err := sm.Apply(i, numberedWrite(1, 8, 1, 1, 'a')); !errors.Is(err, api.ErrStaleRequest) {
-		t.Fatalf("retry of a forgotten request: %v, want STALE_REQUEST", err)
+	if err := apply(1, 1, 8); err != nil {
+		t.Fatalf("the outstanding request 1: %v, want applied", err)
+	}
+	if err := apply(100_001, 1, 8); err != nil || readBack(t, st, 7, 8, 1)[0] != 'x' {
+		t.Fatalf("retry of 100001: %v", err)
+	}
+	// Gaps: every other number from here on stays unanswered.
+	first := uint64(200_000)
+	for k := uint64(0); k <= maxSeqRanges; k++ {
+		if err := apply(first+2*k, 100_002, 4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(sm.windows[7].applied); n != maxSeqRanges {
+		t.Fatalf("window holds %d ranges, want the bound %d", n, maxSeqRanges)
+	}
+	if err := apply(first, 100_002, 4096); !errors.Is(err, api.ErrStaleRequest) {
+		t.Fatalf("retry in the range the copyset settled: %v, want STALE_REQUEST", err)
+	}
+	if err := apply(first+2, 100_002, 4096); err != nil {
+		t.Fatalf("retry of a remembered number: %v, want OK", err)
 	}
 }
 
@@ -194,4 +215,43 @@ func TestClusterRetriedWriteAcrossLeaderChange(t *testing.T) {
 	}
 	tc.start(stopped) // it catches up and decides as the others did
 	tc.converged()
+}
+
+// TestSeqWindowAgainstModel drives a window with random numbers and settled
+// marks and checks every decision against a plain set of applied numbers.
+func TestSeqWindowAgainstModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var w seqWindow
+	applied := map[uint64]bool{}
+	settled := uint64(0)
+	for step := range 200_000 {
+		if rng.IntN(50) == 0 {
+			settled += uint64(rng.IntN(8))
+		}
+		seq := settled + uint64(rng.IntN(64)) - 4 // sometimes below settled
+		if seq == 0 || seq > 1<<62 {
+			continue
+		}
+		apply, err := w.admit(seq, settled)
+		switch {
+		case seq < settled:
+			if apply || !errors.Is(err, api.ErrStaleRequest) {
+				t.Fatalf("step %d: settled number %d (settled %d): %v %v", step, seq, settled, apply, err)
+			}
+		case applied[seq]:
+			if apply || err != nil {
+				t.Fatalf("step %d: applied number %d again: %v %v", step, seq, apply, err)
+			}
+		default:
+			if !apply || err != nil {
+				t.Fatalf("step %d: new number %d refused: %v", step, seq, err)
+			}
+			applied[seq] = true
+		}
+		for k, r := range w.applied {
+			if r.lo > r.hi || r.lo < w.settled || k > 0 && r.lo <= w.applied[k-1].hi+1 {
+				t.Fatalf("step %d: window breaks its invariant: %v (settled %d)", step, w.applied, w.settled)
+			}
+		}
+	}
 }

@@ -619,7 +619,7 @@ func TestCommandGolden(t *testing.T) {
 		}
 	}
 	tbl := encodeEpochs(map[uint64]uint64{9: 2, 3: 1},
-		map[uint64]*seqWindow{9: {settled: 5, applied: []uint64{5, 7}}, 3: {settled: 2}})
+		map[uint64]*seqWindow{9: {settled: 5, applied: []seqRange{{5, 5}, {7, 9}}}, 3: {settled: 2}})
 	fmt.Fprintf(&out, "%-12s %s\n", "epochs", hex.EncodeToString(tbl))
 	fmt.Fprintf(&out, "%-12s %s\n", "meta", hex.EncodeToString(encodeMeta(1234, tbl)))
 	path := filepath.Join("testdata", "command.golden")
@@ -643,7 +643,7 @@ func TestCommandGolden(t *testing.T) {
 		}
 	}
 	e, w, err := decodeEpochs(tbl)
-	if err != nil || len(e) != 2 || e[9] != 2 || len(w) != 2 || w[9].settled != 5 || !slices.Equal(w[9].applied, []uint64{5, 7}) {
+	if err != nil || len(e) != 2 || e[9] != 2 || len(w) != 2 || w[9].settled != 5 || !slices.Equal(w[9].applied, []seqRange{{5, 5}, {7, 9}}) {
 		t.Fatalf("epoch table round trip: %v %v %v", e, w, err)
 	}
 }
