@@ -338,7 +338,7 @@ func TestTargetCHAPPrecedence(t *testing.T) {
 	own := &CHAP{User: "bob", Secret: "bob-secret-0123"}
 	var down atomic.Bool
 	var logs testutil.LogBuffer
-	_, addr := startServer(t, memExports{"own": newMem(1 << 20), "plain": newMem(1 << 20)}, Config{
+	_, addr := startServer(t, frontendtest.Disks{"own": frontendtest.NewDisk(1 << 20), "plain": frontendtest.NewDisk(1 << 20)}, Config{
 		CHAP:   chapConfig(),
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 		TargetCHAP: func(_ context.Context, volume string) (*CHAP, error) {
