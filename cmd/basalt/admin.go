@@ -217,7 +217,94 @@ func volumeCommand() *cobra.Command {
 			return deleted{Deleted: args[0]}, nil
 		})
 	}
-	cmd.AddCommand(create, ls, info, resize, rm)
+	cmd.AddCommand(create, ls, info, resize, rm, volumeCHAPCommand())
+	return cmd
+}
+
+// chapShown is `basalt volume chap show`: the user names, never a secret.
+type chapShown struct {
+	Volume     string `json:"volume"`
+	CHAP       bool   `json:"chap"`
+	User       string `json:"user,omitempty"`
+	MutualUser string `json:"mutual_user,omitempty"`
+}
+
+func (c chapShown) table(w io.Writer) {
+	switch {
+	case !c.CHAP:
+		fmt.Fprintf(w, "volume %s: no CHAP of its own (the portals' --chap-user, if any, applies)\n", c.Volume)
+	case c.MutualUser == "":
+		fmt.Fprintf(w, "volume %s: CHAP user %s (secret set), no mutual CHAP\n", c.Volume, c.User)
+	default:
+		fmt.Fprintf(w, "volume %s: CHAP user %s, mutual user %s (secrets set)\n", c.Volume, c.User, c.MutualUser)
+	}
+}
+
+// volumeCHAPCommand is `basalt volume chap set|clear|show`: the CHAP of a
+// volume's iSCSI target, kept in the MDS for every access node.
+func volumeCHAPCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "chap", Short: "Set, clear or show the CHAP a volume's iSCSI target requires (docs/iscsi.md)"}
+
+	set := &cobra.Command{Use: "set VOLUME", Short: "Require CHAP (and answer mutual CHAP) at logins to the volume's target, on every access node", Args: cobra.ExactArgs(1)}
+	sf := addAdminFlags(set)
+	user := set.Flags().String("user", "", "the user name initiators log in with (required)")
+	secretFile := set.Flags().String("secret-file", "", "file holding the secret initiators must know, 12 to 255 bytes (required)")
+	mutualUser := set.Flags().String("mutual-user", "", "mutual CHAP: the name the target answers with")
+	mutualSecretFile := set.Flags().String("mutual-secret-file", "", "mutual CHAP: file holding the secret the target answers with")
+	set.RunE = func(_ *cobra.Command, args []string) error {
+		if *user == "" {
+			return fmt.Errorf("--user is required")
+		}
+		secret, err := readSecret(*secretFile, "--secret-file")
+		if err != nil {
+			return err
+		}
+		chap := &api.TargetCHAP{User: *user, Secret: []byte(secret)}
+		if *mutualUser != "" || *mutualSecretFile != "" {
+			if *mutualUser == "" {
+				return fmt.Errorf("--mutual-user is required with --mutual-secret-file")
+			}
+			ms, err := readSecret(*mutualSecretFile, "--mutual-secret-file")
+			if err != nil {
+				return err
+			}
+			chap.MutualUser, chap.MutualSecret = *mutualUser, []byte(ms)
+		}
+		return sf.call(func(ctx context.Context, c api.MDSClient) (any, error) {
+			if _, err := c.SetTargetCHAP(ctx, &api.SetTargetCHAPRequest{Volume: args[0], Chap: chap}); err != nil {
+				return nil, err
+			}
+			return chapShown{Volume: args[0], CHAP: true, User: chap.User, MutualUser: chap.MutualUser}, nil
+		})
+	}
+
+	clr := &cobra.Command{Use: "clear VOLUME", Short: "Remove the volume's own CHAP (the portals' --chap-user, if any, applies again)", Args: cobra.ExactArgs(1)}
+	cf := addAdminFlags(clr)
+	clr.RunE = func(_ *cobra.Command, args []string) error {
+		return cf.call(func(ctx context.Context, c api.MDSClient) (any, error) {
+			if _, err := c.SetTargetCHAP(ctx, &api.SetTargetCHAPRequest{Volume: args[0]}); err != nil {
+				return nil, err
+			}
+			return chapShown{Volume: args[0]}, nil
+		})
+	}
+
+	show := &cobra.Command{Use: "show VOLUME", Short: "Show the CHAP user names of the volume's target (never the secrets)", Args: cobra.ExactArgs(1)}
+	hf := addAdminFlags(show)
+	show.RunE = func(_ *cobra.Command, args []string) error {
+		return hf.call(func(ctx context.Context, c api.MDSClient) (any, error) {
+			r, err := c.GetTargetCHAP(ctx, &api.GetTargetCHAPRequest{Volume: args[0]})
+			if err != nil {
+				return nil, err
+			}
+			out := chapShown{Volume: args[0]}
+			if r.Chap != nil {
+				out.CHAP, out.User, out.MutualUser = true, r.Chap.User, r.Chap.MutualUser
+			}
+			return out, nil
+		})
+	}
+	cmd.AddCommand(set, clr, show)
 	return cmd
 }
 

@@ -92,7 +92,7 @@ func iscsiCommand() *cobra.Command {
 	listen := f.String("listen", "127.0.0.1:3260", "the portal's TCP address")
 	cluster := f.String("cluster", "basalt", "the cluster's name in target names")
 	readOnly := f.Bool("read-only", false, "open volumes read-only (alongside another writer)")
-	chapUser := f.String("chap-user", "", "require CHAP: the user name initiators log in with")
+	chapUser := f.String("chap-user", "", "require CHAP of every target without its own (basalt volume chap set, which takes precedence): the user name initiators log in with")
 	chapSecretFile := f.String("chap-secret-file", "", "file holding the CHAP secret initiators must know (with --chap-user)")
 	mutualUser := f.String("chap-mutual-user", "", "mutual CHAP: the name this target answers with")
 	mutualSecretFile := f.String("chap-mutual-secret-file", "", "file holding the secret this target answers mutual CHAP with")

@@ -110,7 +110,8 @@ func startNode(d *Driver) (*Node, error) {
 		acfg.NVMf = access.NVMfConfig{Listen: "127.0.0.1:0"}
 	}
 	if iscsiOK {
-		acfg.ISCSI = access.ISCSIConfig{Listen: "127.0.0.1:0", Cluster: iscsiCluster}
+		// Loopback too; the targets' CHAP is for remote initiators.
+		acfg.ISCSI = access.ISCSIConfig{Listen: "127.0.0.1:0", Cluster: iscsiCluster, IgnoreTargetCHAP: true}
 	}
 	front, err := access.Start(acfg)
 	if err != nil {

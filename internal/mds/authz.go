@@ -56,6 +56,12 @@ var rpcRoles = map[string][]identity.Role{
 	// write the volumes anyway); an admin may read and clear them.
 	"GetReservation":   {identity.RoleClient, identity.RoleAccess, identity.RoleAdmin},
 	"ApplyReservation": {identity.RoleClient, identity.RoleAccess, identity.RoleAdmin},
+	// iSCSI target CHAP: set by an admin; read, secrets included, by the
+	// access nodes that check logins (`basalt iscsi` may run with a client
+	// certificate, which may read and write every volume's data anyway, so
+	// the secret lends it nothing it lacks).
+	"SetTargetCHAP": admin,
+	"GetTargetCHAP": {identity.RoleClient, identity.RoleAccess, identity.RoleAdmin},
 	// The CSI driver: its node plugin registers its node; its controller
 	// (an admin, since it also creates and deletes volumes) attaches.
 	"RegisterNode": {identity.RoleAccess, identity.RoleAdmin},

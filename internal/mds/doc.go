@@ -65,6 +65,9 @@
 //	                                 (the NQN path-escaped; absent: inherit)
 //	/basalt/reservations/<volume-id> {state, last_request}: a volume's persistent reservations
 //	                                 (internal/reservation.State), deleted with the volume
+//	/basalt/chap/<volume-id>         {user, secret, mutual_user?, mutual_secret?}: the CHAP of the
+//	                                 volume's iSCSI target (chap.go), deleted with the volume;
+//	                                 secrets in clear (a target needs them), never logged
 //	/basalt/ana-assignments          [{subsystem, host, nsid, optimized, non_optimized}, ...]:
 //	                                 the ANA paths of every host and namespace (ana.go)
 //

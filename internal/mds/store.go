@@ -32,6 +32,7 @@ const (
 	nvmfSubsysPrefix  = prefix + "nvmf-subsystems/"
 	anaKey            = prefix + "ana-assignments"
 	reservationPrefix = prefix + "reservations/"
+	chapPrefix        = prefix + "chap/"
 )
 
 // Id counters (idsPrefix + kind).

@@ -272,6 +272,7 @@ func (h *handler) DeleteVolume(ctx context.Context, req *api.DeleteVolumeRequest
 		stm.Del(volumeKey(v.ID))
 		stm.Del(volumeNameKey(v.Name))
 		stm.Del(reservationKey(v.ID))
+		stm.Del(chapKey(v.ID))
 		bumpVolumesRevision(stm, "delete "+v.Name)
 		return nil
 	})

@@ -4220,6 +4220,255 @@ func (x *ApplyReservationResponse) GetErrorField() uint32 {
 	return 0
 }
 
+// TargetCHAP is what an initiator must prove (user, secret) and, for mutual
+// CHAP, what the target answers with (mutual_user, mutual_secret; both
+// empty: mutual CHAP is refused). Secrets are never logged.
+type TargetCHAP struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	User          string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	Secret        []byte                 `protobuf:"bytes,2,opt,name=secret,proto3" json:"secret,omitempty"`
+	MutualUser    string                 `protobuf:"bytes,3,opt,name=mutual_user,json=mutualUser,proto3" json:"mutual_user,omitempty"`
+	MutualSecret  []byte                 `protobuf:"bytes,4,opt,name=mutual_secret,json=mutualSecret,proto3" json:"mutual_secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TargetCHAP) Reset() {
+	*x = TargetCHAP{}
+	mi := &file_mds_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TargetCHAP) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TargetCHAP) ProtoMessage() {}
+
+func (x *TargetCHAP) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TargetCHAP.ProtoReflect.Descriptor instead.
+func (*TargetCHAP) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *TargetCHAP) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *TargetCHAP) GetSecret() []byte {
+	if x != nil {
+		return x.Secret
+	}
+	return nil
+}
+
+func (x *TargetCHAP) GetMutualUser() string {
+	if x != nil {
+		return x.MutualUser
+	}
+	return ""
+}
+
+func (x *TargetCHAP) GetMutualSecret() []byte {
+	if x != nil {
+		return x.MutualSecret
+	}
+	return nil
+}
+
+// SetTargetCHAPRequest sets a volume's target CHAP; chap unset clears it.
+type SetTargetCHAPRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Chap          *TargetCHAP            `protobuf:"bytes,2,opt,name=chap,proto3" json:"chap,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetTargetCHAPRequest) Reset() {
+	*x = SetTargetCHAPRequest{}
+	mi := &file_mds_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetTargetCHAPRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetTargetCHAPRequest) ProtoMessage() {}
+
+func (x *SetTargetCHAPRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetTargetCHAPRequest.ProtoReflect.Descriptor instead.
+func (*SetTargetCHAPRequest) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *SetTargetCHAPRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *SetTargetCHAPRequest) GetChap() *TargetCHAP {
+	if x != nil {
+		return x.Chap
+	}
+	return nil
+}
+
+type SetTargetCHAPResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetTargetCHAPResponse) Reset() {
+	*x = SetTargetCHAPResponse{}
+	mi := &file_mds_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetTargetCHAPResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetTargetCHAPResponse) ProtoMessage() {}
+
+func (x *SetTargetCHAPResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetTargetCHAPResponse.ProtoReflect.Descriptor instead.
+func (*SetTargetCHAPResponse) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{69}
+}
+
+type GetTargetCHAPRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTargetCHAPRequest) Reset() {
+	*x = GetTargetCHAPRequest{}
+	mi := &file_mds_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTargetCHAPRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTargetCHAPRequest) ProtoMessage() {}
+
+func (x *GetTargetCHAPRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTargetCHAPRequest.ProtoReflect.Descriptor instead.
+func (*GetTargetCHAPRequest) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *GetTargetCHAPRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+// GetTargetCHAPResponse: chap unset when the volume has none.
+type GetTargetCHAPResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Chap          *TargetCHAP            `protobuf:"bytes,1,opt,name=chap,proto3" json:"chap,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTargetCHAPResponse) Reset() {
+	*x = GetTargetCHAPResponse{}
+	mi := &file_mds_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTargetCHAPResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTargetCHAPResponse) ProtoMessage() {}
+
+func (x *GetTargetCHAPResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTargetCHAPResponse.ProtoReflect.Descriptor instead.
+func (*GetTargetCHAPResponse) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *GetTargetCHAPResponse) GetChap() *TargetCHAP {
+	if x != nil {
+		return x.Chap
+	}
+	return nil
+}
+
 var File_mds_proto protoreflect.FileDescriptor
 
 const file_mds_proto_rawDesc = "" +
@@ -4541,7 +4790,22 @@ const file_mds_proto_rawDesc = "" +
 	"\n" +
 	"error_code\x18\x02 \x01(\rR\terrorCode\x12\x1f\n" +
 	"\verror_field\x18\x03 \x01(\rR\n" +
-	"errorField*d\n" +
+	"errorField\"~\n" +
+	"\n" +
+	"TargetCHAP\x12\x12\n" +
+	"\x04user\x18\x01 \x01(\tR\x04user\x12\x16\n" +
+	"\x06secret\x18\x02 \x01(\fR\x06secret\x12\x1f\n" +
+	"\vmutual_user\x18\x03 \x01(\tR\n" +
+	"mutualUser\x12#\n" +
+	"\rmutual_secret\x18\x04 \x01(\fR\fmutualSecret\"]\n" +
+	"\x14SetTargetCHAPRequest\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\x12-\n" +
+	"\x04chap\x18\x02 \x01(\v2\x19.basalt.api.v1.TargetCHAPR\x04chap\"\x17\n" +
+	"\x15SetTargetCHAPResponse\".\n" +
+	"\x14GetTargetCHAPRequest\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\"F\n" +
+	"\x15GetTargetCHAPResponse\x12-\n" +
+	"\x04chap\x18\x01 \x01(\v2\x19.basalt.api.v1.TargetCHAPR\x04chap*d\n" +
 	"\tDiskState\x12\x16\n" +
 	"\x12DISK_STATE_UNKNOWN\x10\x00\x12\x11\n" +
 	"\rDISK_STATE_OK\x10\x01\x12\x13\n" +
@@ -4549,7 +4813,7 @@ const file_mds_proto_rawDesc = "" +
 	"\x13DISK_STATE_IO_ERROR\x10\x03*;\n" +
 	"\tANAPolicy\x12\x16\n" +
 	"\x12ANA_POLICY_INHERIT\x10\x00\x12\x16\n" +
-	"\x12ANA_POLICY_BALANCE\x10\x012\x8a\x11\n" +
+	"\x12ANA_POLICY_BALANCE\x10\x012\xc2\x12\n" +
 	"\x03MDS\x12l\n" +
 	"\x13RegisterChunkServer\x12).basalt.api.v1.RegisterChunkServerRequest\x1a*.basalt.api.v1.RegisterChunkServerResponse\x12N\n" +
 	"\tHeartbeat\x12\x1f.basalt.api.v1.HeartbeatRequest\x1a .basalt.api.v1.HeartbeatResponse\x12c\n" +
@@ -4576,7 +4840,9 @@ const file_mds_proto_rawDesc = "" +
 	"\x10SetNVMfSubsystem\x12&.basalt.api.v1.SetNVMfSubsystemRequest\x1a'.basalt.api.v1.SetNVMfSubsystemResponse\x12H\n" +
 	"\aListANA\x12\x1d.basalt.api.v1.ListANARequest\x1a\x1e.basalt.api.v1.ListANAResponse\x12]\n" +
 	"\x0eGetReservation\x12$.basalt.api.v1.GetReservationRequest\x1a%.basalt.api.v1.GetReservationResponse\x12c\n" +
-	"\x10ApplyReservation\x12&.basalt.api.v1.ApplyReservationRequest\x1a'.basalt.api.v1.ApplyReservationResponseB*Z(github.com/basalt-storage/basalt/pkg/apib\x06proto3"
+	"\x10ApplyReservation\x12&.basalt.api.v1.ApplyReservationRequest\x1a'.basalt.api.v1.ApplyReservationResponse\x12Z\n" +
+	"\rSetTargetCHAP\x12#.basalt.api.v1.SetTargetCHAPRequest\x1a$.basalt.api.v1.SetTargetCHAPResponse\x12Z\n" +
+	"\rGetTargetCHAP\x12#.basalt.api.v1.GetTargetCHAPRequest\x1a$.basalt.api.v1.GetTargetCHAPResponseB*Z(github.com/basalt-storage/basalt/pkg/apib\x06proto3"
 
 var (
 	file_mds_proto_rawDescOnce sync.Once
@@ -4591,7 +4857,7 @@ func file_mds_proto_rawDescGZIP() []byte {
 }
 
 var file_mds_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_mds_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
+var file_mds_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
 var file_mds_proto_goTypes = []any{
 	(DiskState)(0),                      // 0: basalt.api.v1.DiskState
 	(ANAPolicy)(0),                      // 1: basalt.api.v1.ANAPolicy
@@ -4662,7 +4928,12 @@ var file_mds_proto_goTypes = []any{
 	(*GetReservationResponse)(nil),      // 66: basalt.api.v1.GetReservationResponse
 	(*ApplyReservationRequest)(nil),     // 67: basalt.api.v1.ApplyReservationRequest
 	(*ApplyReservationResponse)(nil),    // 68: basalt.api.v1.ApplyReservationResponse
-	nil,                                 // 69: basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
+	(*TargetCHAP)(nil),                  // 69: basalt.api.v1.TargetCHAP
+	(*SetTargetCHAPRequest)(nil),        // 70: basalt.api.v1.SetTargetCHAPRequest
+	(*SetTargetCHAPResponse)(nil),       // 71: basalt.api.v1.SetTargetCHAPResponse
+	(*GetTargetCHAPRequest)(nil),        // 72: basalt.api.v1.GetTargetCHAPRequest
+	(*GetTargetCHAPResponse)(nil),       // 73: basalt.api.v1.GetTargetCHAPResponse
+	nil,                                 // 74: basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
 }
 var file_mds_proto_depIdxs = []int32{
 	0,  // 0: basalt.api.v1.ChunkServer.disk_state:type_name -> basalt.api.v1.DiskState
@@ -4694,7 +4965,7 @@ var file_mds_proto_depIdxs = []int32{
 	2,  // 26: basalt.api.v1.ClusterStatusResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
 	12, // 27: basalt.api.v1.ClusterStatusResponse.pools:type_name -> basalt.api.v1.Pool
 	13, // 28: basalt.api.v1.ClusterStatusResponse.copysets:type_name -> basalt.api.v1.Copyset
-	69, // 29: basalt.api.v1.ClusterStatusResponse.leaders_per_chunkserver:type_name -> basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
+	74, // 29: basalt.api.v1.ClusterStatusResponse.leaders_per_chunkserver:type_name -> basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
 	51, // 30: basalt.api.v1.AccessNodeHeartbeatRequest.hosts:type_name -> basalt.api.v1.NVMfHost
 	1,  // 31: basalt.api.v1.NVMfSubsystem.policy:type_name -> basalt.api.v1.ANAPolicy
 	48, // 32: basalt.api.v1.AccessNodeHeartbeatResponse.nodes:type_name -> basalt.api.v1.AccessNode
@@ -4714,59 +4985,65 @@ var file_mds_proto_depIdxs = []int32{
 	60, // 46: basalt.api.v1.ApplyReservationRequest.from:type_name -> basalt.api.v1.PRNexus
 	64, // 47: basalt.api.v1.ApplyReservationRequest.action:type_name -> basalt.api.v1.PRAction
 	63, // 48: basalt.api.v1.ApplyReservationResponse.state:type_name -> basalt.api.v1.PRState
-	3,  // 49: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
-	6,  // 50: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
-	10, // 51: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
-	15, // 52: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
-	17, // 53: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
-	19, // 54: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
-	23, // 55: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
-	25, // 56: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
-	27, // 57: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
-	29, // 58: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
-	31, // 59: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
-	33, // 60: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
-	35, // 61: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
-	37, // 62: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
-	46, // 63: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
-	40, // 64: basalt.api.v1.MDS.RegisterNode:input_type -> basalt.api.v1.RegisterNodeRequest
-	42, // 65: basalt.api.v1.MDS.AttachVolume:input_type -> basalt.api.v1.AttachVolumeRequest
-	44, // 66: basalt.api.v1.MDS.DetachVolume:input_type -> basalt.api.v1.DetachVolumeRequest
-	49, // 67: basalt.api.v1.MDS.RegisterAccessNode:input_type -> basalt.api.v1.RegisterAccessNodeRequest
-	52, // 68: basalt.api.v1.MDS.AccessNodeHeartbeat:input_type -> basalt.api.v1.AccessNodeHeartbeatRequest
-	56, // 69: basalt.api.v1.MDS.SetNVMfSubsystem:input_type -> basalt.api.v1.SetNVMfSubsystemRequest
-	58, // 70: basalt.api.v1.MDS.ListANA:input_type -> basalt.api.v1.ListANARequest
-	65, // 71: basalt.api.v1.MDS.GetReservation:input_type -> basalt.api.v1.GetReservationRequest
-	67, // 72: basalt.api.v1.MDS.ApplyReservation:input_type -> basalt.api.v1.ApplyReservationRequest
-	4,  // 73: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
-	7,  // 74: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
-	11, // 75: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
-	16, // 76: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
-	18, // 77: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
-	20, // 78: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
-	24, // 79: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
-	26, // 80: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
-	28, // 81: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
-	30, // 82: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
-	32, // 83: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
-	34, // 84: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
-	36, // 85: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
-	38, // 86: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
-	47, // 87: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
-	41, // 88: basalt.api.v1.MDS.RegisterNode:output_type -> basalt.api.v1.RegisterNodeResponse
-	43, // 89: basalt.api.v1.MDS.AttachVolume:output_type -> basalt.api.v1.AttachVolumeResponse
-	45, // 90: basalt.api.v1.MDS.DetachVolume:output_type -> basalt.api.v1.DetachVolumeResponse
-	50, // 91: basalt.api.v1.MDS.RegisterAccessNode:output_type -> basalt.api.v1.RegisterAccessNodeResponse
-	55, // 92: basalt.api.v1.MDS.AccessNodeHeartbeat:output_type -> basalt.api.v1.AccessNodeHeartbeatResponse
-	57, // 93: basalt.api.v1.MDS.SetNVMfSubsystem:output_type -> basalt.api.v1.SetNVMfSubsystemResponse
-	59, // 94: basalt.api.v1.MDS.ListANA:output_type -> basalt.api.v1.ListANAResponse
-	66, // 95: basalt.api.v1.MDS.GetReservation:output_type -> basalt.api.v1.GetReservationResponse
-	68, // 96: basalt.api.v1.MDS.ApplyReservation:output_type -> basalt.api.v1.ApplyReservationResponse
-	73, // [73:97] is the sub-list for method output_type
-	49, // [49:73] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	69, // 49: basalt.api.v1.SetTargetCHAPRequest.chap:type_name -> basalt.api.v1.TargetCHAP
+	69, // 50: basalt.api.v1.GetTargetCHAPResponse.chap:type_name -> basalt.api.v1.TargetCHAP
+	3,  // 51: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
+	6,  // 52: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
+	10, // 53: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
+	15, // 54: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
+	17, // 55: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
+	19, // 56: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
+	23, // 57: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
+	25, // 58: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
+	27, // 59: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
+	29, // 60: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
+	31, // 61: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
+	33, // 62: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
+	35, // 63: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
+	37, // 64: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
+	46, // 65: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
+	40, // 66: basalt.api.v1.MDS.RegisterNode:input_type -> basalt.api.v1.RegisterNodeRequest
+	42, // 67: basalt.api.v1.MDS.AttachVolume:input_type -> basalt.api.v1.AttachVolumeRequest
+	44, // 68: basalt.api.v1.MDS.DetachVolume:input_type -> basalt.api.v1.DetachVolumeRequest
+	49, // 69: basalt.api.v1.MDS.RegisterAccessNode:input_type -> basalt.api.v1.RegisterAccessNodeRequest
+	52, // 70: basalt.api.v1.MDS.AccessNodeHeartbeat:input_type -> basalt.api.v1.AccessNodeHeartbeatRequest
+	56, // 71: basalt.api.v1.MDS.SetNVMfSubsystem:input_type -> basalt.api.v1.SetNVMfSubsystemRequest
+	58, // 72: basalt.api.v1.MDS.ListANA:input_type -> basalt.api.v1.ListANARequest
+	65, // 73: basalt.api.v1.MDS.GetReservation:input_type -> basalt.api.v1.GetReservationRequest
+	67, // 74: basalt.api.v1.MDS.ApplyReservation:input_type -> basalt.api.v1.ApplyReservationRequest
+	70, // 75: basalt.api.v1.MDS.SetTargetCHAP:input_type -> basalt.api.v1.SetTargetCHAPRequest
+	72, // 76: basalt.api.v1.MDS.GetTargetCHAP:input_type -> basalt.api.v1.GetTargetCHAPRequest
+	4,  // 77: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
+	7,  // 78: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
+	11, // 79: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
+	16, // 80: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
+	18, // 81: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
+	20, // 82: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
+	24, // 83: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
+	26, // 84: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
+	28, // 85: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
+	30, // 86: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
+	32, // 87: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
+	34, // 88: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
+	36, // 89: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
+	38, // 90: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
+	47, // 91: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
+	41, // 92: basalt.api.v1.MDS.RegisterNode:output_type -> basalt.api.v1.RegisterNodeResponse
+	43, // 93: basalt.api.v1.MDS.AttachVolume:output_type -> basalt.api.v1.AttachVolumeResponse
+	45, // 94: basalt.api.v1.MDS.DetachVolume:output_type -> basalt.api.v1.DetachVolumeResponse
+	50, // 95: basalt.api.v1.MDS.RegisterAccessNode:output_type -> basalt.api.v1.RegisterAccessNodeResponse
+	55, // 96: basalt.api.v1.MDS.AccessNodeHeartbeat:output_type -> basalt.api.v1.AccessNodeHeartbeatResponse
+	57, // 97: basalt.api.v1.MDS.SetNVMfSubsystem:output_type -> basalt.api.v1.SetNVMfSubsystemResponse
+	59, // 98: basalt.api.v1.MDS.ListANA:output_type -> basalt.api.v1.ListANAResponse
+	66, // 99: basalt.api.v1.MDS.GetReservation:output_type -> basalt.api.v1.GetReservationResponse
+	68, // 100: basalt.api.v1.MDS.ApplyReservation:output_type -> basalt.api.v1.ApplyReservationResponse
+	71, // 101: basalt.api.v1.MDS.SetTargetCHAP:output_type -> basalt.api.v1.SetTargetCHAPResponse
+	73, // 102: basalt.api.v1.MDS.GetTargetCHAP:output_type -> basalt.api.v1.GetTargetCHAPResponse
+	77, // [77:103] is the sub-list for method output_type
+	51, // [51:77] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_mds_proto_init() }
@@ -4780,7 +5057,7 @@ func file_mds_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mds_proto_rawDesc), len(file_mds_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   68,
+			NumMessages:   73,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

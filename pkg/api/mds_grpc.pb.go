@@ -47,6 +47,8 @@ const (
 	MDS_ListANA_FullMethodName             = "/basalt.api.v1.MDS/ListANA"
 	MDS_GetReservation_FullMethodName      = "/basalt.api.v1.MDS/GetReservation"
 	MDS_ApplyReservation_FullMethodName    = "/basalt.api.v1.MDS/ApplyReservation"
+	MDS_SetTargetCHAP_FullMethodName       = "/basalt.api.v1.MDS/SetTargetCHAP"
+	MDS_GetTargetCHAP_FullMethodName       = "/basalt.api.v1.MDS/GetTargetCHAP"
 )
 
 // MDSClient is the client API for MDS service.
@@ -87,6 +89,10 @@ type MDSClient interface {
 	// one state per volume, shared by every access node (docs/iscsi.md).
 	GetReservation(ctx context.Context, in *GetReservationRequest, opts ...grpc.CallOption) (*GetReservationResponse, error)
 	ApplyReservation(ctx context.Context, in *ApplyReservationRequest, opts ...grpc.CallOption) (*ApplyReservationResponse, error)
+	// CHAP credentials of a volume's iSCSI target, read by every access node
+	// at login (docs/iscsi.md, "Access control").
+	SetTargetCHAP(ctx context.Context, in *SetTargetCHAPRequest, opts ...grpc.CallOption) (*SetTargetCHAPResponse, error)
+	GetTargetCHAP(ctx context.Context, in *GetTargetCHAPRequest, opts ...grpc.CallOption) (*GetTargetCHAPResponse, error)
 }
 
 type mDSClient struct {
@@ -337,6 +343,26 @@ func (c *mDSClient) ApplyReservation(ctx context.Context, in *ApplyReservationRe
 	return out, nil
 }
 
+func (c *mDSClient) SetTargetCHAP(ctx context.Context, in *SetTargetCHAPRequest, opts ...grpc.CallOption) (*SetTargetCHAPResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetTargetCHAPResponse)
+	err := c.cc.Invoke(ctx, MDS_SetTargetCHAP_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *mDSClient) GetTargetCHAP(ctx context.Context, in *GetTargetCHAPRequest, opts ...grpc.CallOption) (*GetTargetCHAPResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetTargetCHAPResponse)
+	err := c.cc.Invoke(ctx, MDS_GetTargetCHAP_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MDSServer is the server API for MDS service.
 // All implementations must embed UnimplementedMDSServer
 // for forward compatibility.
@@ -375,6 +401,10 @@ type MDSServer interface {
 	// one state per volume, shared by every access node (docs/iscsi.md).
 	GetReservation(context.Context, *GetReservationRequest) (*GetReservationResponse, error)
 	ApplyReservation(context.Context, *ApplyReservationRequest) (*ApplyReservationResponse, error)
+	// CHAP credentials of a volume's iSCSI target, read by every access node
+	// at login (docs/iscsi.md, "Access control").
+	SetTargetCHAP(context.Context, *SetTargetCHAPRequest) (*SetTargetCHAPResponse, error)
+	GetTargetCHAP(context.Context, *GetTargetCHAPRequest) (*GetTargetCHAPResponse, error)
 	mustEmbedUnimplementedMDSServer()
 }
 
@@ -456,6 +486,12 @@ func (UnimplementedMDSServer) GetReservation(context.Context, *GetReservationReq
 }
 func (UnimplementedMDSServer) ApplyReservation(context.Context, *ApplyReservationRequest) (*ApplyReservationResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ApplyReservation not implemented")
+}
+func (UnimplementedMDSServer) SetTargetCHAP(context.Context, *SetTargetCHAPRequest) (*SetTargetCHAPResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetTargetCHAP not implemented")
+}
+func (UnimplementedMDSServer) GetTargetCHAP(context.Context, *GetTargetCHAPRequest) (*GetTargetCHAPResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetTargetCHAP not implemented")
 }
 func (UnimplementedMDSServer) mustEmbedUnimplementedMDSServer() {}
 func (UnimplementedMDSServer) testEmbeddedByValue()             {}
@@ -910,6 +946,42 @@ func _MDS_ApplyReservation_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MDS_SetTargetCHAP_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetTargetCHAPRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MDSServer).SetTargetCHAP(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MDS_SetTargetCHAP_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MDSServer).SetTargetCHAP(ctx, req.(*SetTargetCHAPRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _MDS_GetTargetCHAP_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetTargetCHAPRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MDSServer).GetTargetCHAP(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MDS_GetTargetCHAP_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MDSServer).GetTargetCHAP(ctx, req.(*GetTargetCHAPRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // MDS_ServiceDesc is the grpc.ServiceDesc for MDS service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1012,6 +1084,14 @@ var MDS_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ApplyReservation",
 			Handler:    _MDS_ApplyReservation_Handler,
+		},
+		{
+			MethodName: "SetTargetCHAP",
+			Handler:    _MDS_SetTargetCHAP_Handler,
+		},
+		{
+			MethodName: "GetTargetCHAP",
+			Handler:    _MDS_GetTargetCHAP_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

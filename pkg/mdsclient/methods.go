@@ -274,3 +274,25 @@ func (c *Client) ApplyReservation(ctx context.Context, in *api.ApplyReservationR
 	})
 	return out, err
 }
+
+// SetTargetCHAP calls SetTargetCHAP on the active MDS.
+func (c *Client) SetTargetCHAP(ctx context.Context, in *api.SetTargetCHAPRequest, opts ...grpc.CallOption) (*api.SetTargetCHAPResponse, error) {
+	var out *api.SetTargetCHAPResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.SetTargetCHAP(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
+// GetTargetCHAP calls GetTargetCHAP on the active MDS.
+func (c *Client) GetTargetCHAP(ctx context.Context, in *api.GetTargetCHAPRequest, opts ...grpc.CallOption) (*api.GetTargetCHAPResponse, error) {
+	var out *api.GetTargetCHAPResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.GetTargetCHAP(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}

@@ -51,6 +51,10 @@ type Config struct {
 	// a PERSISTENT RESERVE OUT waits before it completes; default
 	// DefaultReservationTTL.
 	ReservationTTL time.Duration
+	// CHAPTTL is how long this node uses a target's CHAP record (or its
+	// absence) before reading it from the MDS again; default
+	// DefaultCHAPTTL.
+	CHAPTTL time.Duration
 
 	NBD   NBDConfig
 	NVMf  NVMfConfig
@@ -78,10 +82,16 @@ type ISCSIConfig struct {
 	Listen string // TCP address (the portal)
 	// Cluster names the cluster in target names: iqn.2026-11.io.basalt:CLUSTER:VOLUME.
 	Cluster string
-	// CHAP, if set, is required of every normal session; Initiators, if not
-	// empty, are the only initiator names allowed (iscsi.Config).
+	// CHAP, if set, is required of every normal session to a target
+	// without CHAP of its own in the MDS (`basalt volume chap set`), which
+	// takes precedence; Initiators, if not empty, are the only initiator
+	// names allowed (iscsi.Config).
 	CHAP       *iscsi.CHAP
 	Initiators []string
+	// IgnoreTargetCHAP: do not read the targets' CHAP from the MDS. For a
+	// loopback portal whose one host is this machine's kernel (the CSI
+	// node plugin's), which no remote initiator reaches.
+	IgnoreTargetCHAP bool
 	// TargetPort is this portal's relative target port identifier in
 	// persistent reservations, which must differ between the access nodes
 	// serving a volume; 0: derived from the host name and the listener's
@@ -126,6 +136,8 @@ type Node struct {
 	stopANA chan struct{} // closed by Close: ends anaLoop
 	// reservations are the volumes' persistent reservations, in the MDS.
 	reservations *reservation.Cached
+	// chaps are the targets' CHAP records, in the MDS.
+	chaps *targetCHAPs
 
 	closeOnce sync.Once
 	closeErr  error
@@ -155,8 +167,12 @@ func Start(cfg Config) (*Node, error) {
 	if cfg.ReservationTTL <= 0 {
 		cfg.ReservationTTL = DefaultReservationTTL
 	}
+	if cfg.CHAPTTL <= 0 {
+		cfg.CHAPTTL = DefaultCHAPTTL
+	}
 	n := &Node{log: cfg.Logger, mds: mc, stopANA: make(chan struct{}),
-		reservations: reservation.NewCached(MDSReservations{MDS: mc}, cfg.ReservationTTL)}
+		reservations: reservation.NewCached(MDSReservations{MDS: mc}, cfg.ReservationTTL),
+		chaps:        newTargetCHAPs(mc, cfg.CHAPTTL)}
 	n.exports = frontend.NewExports(frontend.ExportsConfig{
 		Logger: cfg.Logger,
 		Opener: volumes.New(volumes.Config{
@@ -288,11 +304,15 @@ func (n *Node) startISCSI(cfg ISCSIConfig) error {
 		h.Write([]byte(host + "/" + ln.Addr().String()))
 		cfg.TargetPort = uint16(h.Sum32()%0xffff) + 1
 	}
-	srv, err := iscsi.NewServer(iscsi.Config{
+	icfg := iscsi.Config{
 		Exports: n.exports, Cluster: cfg.Cluster, Logger: n.log,
 		CHAP: cfg.CHAP, Initiators: cfg.Initiators,
 		Reservations: n.reservations, TargetPort: cfg.TargetPort,
-	})
+	}
+	if !cfg.IgnoreTargetCHAP {
+		icfg.TargetCHAP = n.chaps.get
+	}
+	srv, err := iscsi.NewServer(icfg)
 	if err != nil {
 		ln.Close()
 		return err
@@ -300,7 +320,7 @@ func (n *Node) startISCSI(cfg ISCSIConfig) error {
 	n.iscsi = srv
 	n.addrs = append(n.addrs, ln.Addr())
 	n.log.Info("serving iSCSI", "portal", ln.Addr().String(), "targets", iscsi.TargetName(cfg.Cluster, "VOLUME"),
-		"chap", cfg.CHAP != nil, "initiators_allowed", len(cfg.Initiators), "target_port", cfg.TargetPort)
+		"chap", cfg.CHAP != nil, "target_chap", !cfg.IgnoreTargetCHAP, "initiators_allowed", len(cfg.Initiators), "target_port", cfg.TargetPort)
 	go srv.Serve(ln)
 	return nil
 }

@@ -6,7 +6,9 @@ import (
 	"crypto/sha1"
 	"crypto/sha256"
 	"crypto/subtle"
+	"fmt"
 	"hash"
+	"log/slog"
 	"strconv"
 	"strings"
 )
@@ -21,6 +23,18 @@ type CHAP struct {
 	// initiator challenges it. Empty: mutual CHAP is refused.
 	MutualUser, MutualSecret string
 }
+
+// String names the users, never the secrets, so a CHAP printed by mistake
+// leaks nothing.
+func (c CHAP) String() string {
+	if c.MutualUser == "" {
+		return fmt.Sprintf("CHAP{user %q}", c.User)
+	}
+	return fmt.Sprintf("CHAP{user %q, mutual user %q}", c.User, c.MutualUser)
+}
+
+// LogValue is String for log/slog.
+func (c CHAP) LogValue() slog.Value { return slog.StringValue(c.String()) }
 
 // CHAP_A algorithm numbers (IANA "PPP Authentication Algorithms").
 const (

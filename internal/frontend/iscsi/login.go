@@ -56,7 +56,8 @@ func refuse(status uint16, format string, args ...any) *loginFailure {
 // loginState is what one login has learnt so far.
 type loginState struct {
 	chap        chapState
-	authDone    bool // the security stage is complete (CHAP verified, or none needed)
+	creds       *CHAP // the credentials this login must prove (Config.CHAP or the target's own); nil: none
+	authDone    bool  // the security stage is complete (CHAP verified, or none needed)
 	needAuth    bool
 	declared    bool // our MaxRecvDataSegmentLength was sent
 	sentTPGT    bool
@@ -229,7 +230,21 @@ func (c *conn) negotiate(st *loginState, p *pdu, keys []kv) (resp []byte, transi
 				return nil, false, refuse(statusAuthorization, "initiator not on the allow-list")
 			}
 		}
-		st.needAuth = cfg.CHAP != nil && !c.discovery
+		st.creds = cfg.CHAP
+		if !c.discovery && cfg.TargetCHAP != nil {
+			// The target's own CHAP, if it has one, replaces the node-wide
+			// one. Not knowing it fails closed: the initiator retries.
+			ctx, cancel := c.loginContext()
+			tc, err := cfg.TargetCHAP(ctx, c.volume)
+			cancel()
+			if err != nil {
+				return nil, false, refuse(statusUnavailable, "reading the target's CHAP: %v", err)
+			}
+			if tc != nil {
+				st.creds = tc
+			}
+		}
+		st.needAuth = st.creds != nil && !c.discovery
 	}
 
 	for _, x := range keys {
@@ -285,11 +300,10 @@ func (c *conn) negotiate(st *loginState, p *pdu, keys []kv) (resp []byte, transi
 
 // security runs the security stage's keys: AuthMethod, then CHAP.
 func (c *conn) security(st *loginState, get func(string) (string, bool), resp []byte) ([]byte, error) {
-	cfg := &c.s.cfg
 	ch := &st.chap
 	if v, ok := get("AuthMethod"); ok && ch.step == 0 {
 		switch {
-		case cfg.CHAP != nil && listHas(v, "CHAP") && !(c.discovery && listHas(v, "None")):
+		case st.creds != nil && listHas(v, "CHAP") && !(c.discovery && listHas(v, "None")):
 			resp = appendText(resp, "AuthMethod", "CHAP")
 			ch.step = 1
 		case !st.needAuth && listHas(v, "None"):
@@ -320,8 +334,8 @@ func (c *conn) security(st *loginState, get func(string) (string, bool), resp []
 			return nil, refuse(statusInitiatorError, "CHAP_N/CHAP_R out of turn")
 		}
 		got, ok := parseBinary(r)
-		want := chapResponse(ch.alg, ch.id, cfg.CHAP.Secret, ch.challenge)
-		if name != cfg.CHAP.User || !ok || !constEq(got, want) {
+		want := chapResponse(ch.alg, ch.id, st.creds.Secret, ch.challenge)
+		if name != st.creds.User || !ok || !constEq(got, want) {
 			return nil, refuse(statusAuthFailure, "CHAP: wrong user or secret (user %q)", name)
 		}
 		ch.step = 3
@@ -329,7 +343,7 @@ func (c *conn) security(st *loginState, get func(string) (string, bool), resp []
 		idv, hasI := get("CHAP_I")
 		cv, hasC := get("CHAP_C")
 		if hasI || hasC {
-			if cfg.CHAP.MutualSecret == "" {
+			if st.creds.MutualSecret == "" {
 				return nil, refuse(statusAuthFailure, "mutual CHAP asked for but not configured")
 			}
 			id, okI := parseNumber(idv)
@@ -337,8 +351,8 @@ func (c *conn) security(st *loginState, get func(string) (string, bool), resp []
 			if !hasI || !hasC || !okI || id > 255 || !okC || len(chal) == 0 || constEq(chal, ch.challenge) {
 				return nil, refuse(statusAuthFailure, "mutual CHAP: bad CHAP_I or CHAP_C")
 			}
-			resp = appendText(resp, "CHAP_N", cfg.CHAP.MutualUser)
-			resp = appendText(resp, "CHAP_R", hexValue(chapResponse(ch.alg, byte(id), cfg.CHAP.MutualSecret, chal)))
+			resp = appendText(resp, "CHAP_N", st.creds.MutualUser)
+			resp = appendText(resp, "CHAP_R", hexValue(chapResponse(ch.alg, byte(id), st.creds.MutualSecret, chal)))
 		}
 	}
 	if ch.step == 0 && !st.needAuth {

@@ -2,9 +2,12 @@ package iscsi
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"log/slog"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -324,5 +327,71 @@ func TestSessionMemoryBound(t *testing.T) {
 	}
 	if r2ts != 4 {
 		t.Fatalf("%d R2Ts, want 4", r2ts)
+	}
+}
+
+// A target's own CHAP (Config.TargetCHAP, the MDS's record) takes
+// precedence over the node-wide one; a target without one falls back to
+// it; not knowing a target's CHAP refuses the login (0x0301), and
+// discovery keeps the node-wide rule.
+func TestTargetCHAPPrecedence(t *testing.T) {
+	own := &CHAP{User: "bob", Secret: "bob-secret-0123"}
+	var down atomic.Bool
+	var logs testutil.LogBuffer
+	_, addr := startServer(t, frontendtest.Disks{"own": frontendtest.NewDisk(1 << 20), "plain": frontendtest.NewDisk(1 << 20)}, Config{
+		CHAP:   chapConfig(),
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		TargetCHAP: func(_ context.Context, volume string) (*CHAP, error) {
+			if down.Load() {
+				return nil, errors.New("the MDS cannot be reached")
+			}
+			if volume == "own" {
+				return own, nil
+			}
+			return nil, nil
+		},
+	})
+	ownT, plainT := TargetName(testCluster, "own"), TargetName(testCluster, "plain")
+	for _, tc := range []struct {
+		name, target, user, secret string
+		want                       uint16
+	}{
+		{"own target, its secret", ownT, "bob", own.Secret, statusSuccess},
+		{"own target, the node's secret", ownT, "alice", chapConfig().Secret, statusAuthFailure},
+		{"own target, wrong secret", ownT, "bob", "bob-secret-0124", statusAuthFailure},
+		{"plain target, the node's secret", plainT, "alice", chapConfig().Secret, statusSuccess},
+		{"plain target, the other target's secret", plainT, "bob", own.Secret, statusAuthFailure},
+	} {
+		c := dialClient(t, addr)
+		if st, _ := chapLogin(c, tc.target, "5", tc.user, tc.secret, false); st != tc.want {
+			t.Errorf("%s: status %#04x, want %#04x", tc.name, st, tc.want)
+		}
+		c.nc.Close()
+	}
+	// Mutual CHAP asked of a target whose record has none is refused.
+	c := dialClient(t, addr)
+	if st, _ := chapLogin(c, ownT, "5", "bob", own.Secret, true); st != statusAuthFailure {
+		t.Errorf("mutual CHAP with a one-way target record: status %#04x, want %#04x", st, statusAuthFailure)
+	}
+	c.nc.Close()
+
+	down.Store(true)
+	for _, target := range []string{ownT, plainT} {
+		c := dialClient(t, addr)
+		st, _, _ := c.login(0, 1, false, "InitiatorName", testInitiator, "SessionType", "Normal",
+			"TargetName", target, "AuthMethod", "CHAP,None")
+		if st != statusUnavailable {
+			t.Errorf("%s with its CHAP unknown: status %#04x, want %#04x (fail closed)", target, st, statusUnavailable)
+		}
+		c.expectClosed()
+	}
+	c = dialClient(t, addr)
+	if st, _, keys := c.login(0, 1, false, "InitiatorName", testInitiator, "SessionType", "Discovery",
+		"AuthMethod", "None"); st != 0 || keys["AuthMethod"] != "None" {
+		t.Errorf("discovery while target CHAP is unknown: status %#04x, AuthMethod %q", st, keys["AuthMethod"])
+	}
+	c.nc.Close()
+	if out := logs.String(); strings.Contains(out, own.Secret) || strings.Contains(out, chapConfig().Secret) {
+		t.Errorf("a CHAP secret was logged")
 	}
 }

@@ -36,8 +36,16 @@ type Config struct {
 	Logger  *slog.Logger // default slog.Default()
 
 	// CHAP, if set, is required of every login (security negotiation), for
-	// every target; nil: no authentication.
+	// every target without its own (TargetCHAP); nil: no authentication.
 	CHAP *CHAP
+	// TargetCHAP, if set, returns the CHAP a volume's target requires (kept
+	// in the MDS; access.Node reads it through a short cache), asked at
+	// each normal session's login. A target's own credentials take
+	// precedence over CHAP; nil, nil: it has none, and CHAP applies. An
+	// error refuses the login with status 0x0301 (service unavailable,
+	// which initiators retry): not knowing a target's CHAP fails closed.
+	// Discovery sessions use CHAP alone.
+	TargetCHAP func(ctx context.Context, volume string) (*CHAP, error)
 	// Initiators, if not empty, are the only initiator names (IQNs, compared
 	// case-insensitively) allowed to log in to a normal session; others are
 	// refused with "authorization failure". Discovery is open to all.
