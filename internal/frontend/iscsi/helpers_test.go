@@ -14,14 +14,36 @@ import (
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
-// memBackend is an in-memory frontend.Backend (as package nbd's tests use).
+// memBackend is an in-memory frontend.Backend (as package nbd's tests use),
+// thin like a chunk file: a write allocates the api.MapGranule granules it
+// touches, a trim or write-zeroes deallocates those it covers whole
+// (frontend.Mapper).
 type memBackend struct {
 	mu       sync.Mutex
 	data     []byte
+	alloc    []bool // per api.MapGranule
 	readOnly bool
 }
 
-func newMem(size int) *memBackend { return &memBackend{data: make([]byte, size)} }
+func newMem(size int) *memBackend {
+	return &memBackend{data: make([]byte, size), alloc: make([]bool, (size+api.MapGranule-1)/api.MapGranule)}
+}
+
+func (m *memBackend) Mapped(bits []byte, off, length int64, done func(error)) {
+	if off%api.MapAlign != 0 || length%api.MapAlign != 0 || off+length > int64(len(m.data)) || int64(len(bits)) != api.MappedBytes(length) {
+		done(fmt.Errorf("memBackend: mapped [%d, +%d) with %d bytes: %w", off, length, len(bits), frontend.ErrInvalid))
+		return
+	}
+	m.mu.Lock()
+	clear(bits)
+	for i := range length / api.MapGranule {
+		if m.alloc[off/api.MapGranule+i] {
+			bits[i/8] |= 1 << (i % 8)
+		}
+	}
+	m.mu.Unlock()
+	done(nil)
+}
 
 func (m *memBackend) Info() frontend.Info {
 	return frontend.Info{
@@ -45,8 +67,14 @@ func (m *memBackend) Submit(op api.Op, buf []byte, off, length int64, done func(
 		copy(buf, m.data[off:off+length])
 	case api.OpWrite:
 		copy(m.data[off:], buf)
+		for g := off / api.MapGranule; g < (off+length+api.MapGranule-1)/api.MapGranule; g++ {
+			m.alloc[g] = true
+		}
 	case api.OpTrim, api.OpWriteZeroes:
 		clear(m.data[off : off+length])
+		for g := (off + api.MapGranule - 1) / api.MapGranule; g < (off+length)/api.MapGranule; g++ {
+			m.alloc[g] = false
+		}
 	}
 	m.mu.Unlock()
 	done(nil)
