@@ -134,6 +134,13 @@ func loadDir(t *testing.T, dir string) objects {
 // quote.
 func renderChart(t *testing.T, dir, namespace string) objects {
 	t.Helper()
+	return renderChartWith(t, dir, namespace, nil)
+}
+
+// renderChartWith is renderChart with values.yaml changed by set first (as
+// `helm template --set` would).
+func renderChartWith(t *testing.T, dir, namespace string, set func(values map[string]any)) objects {
+	t.Helper()
 	var values, chart map[string]any
 	for name, into := range map[string]*map[string]any{"values.yaml": &values, "Chart.yaml": &chart} {
 		b, err := os.ReadFile(filepath.Join(dir, name))
@@ -143,6 +150,9 @@ func renderChart(t *testing.T, dir, namespace string) objects {
 		if err := yaml.Unmarshal(b, into); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
+	}
+	if set != nil {
+		set(values)
 	}
 	data := map[string]any{
 		"Values":  values,
@@ -469,6 +479,27 @@ func TestHelmChart(t *testing.T) {
 	dep := get[*appsv1.Deployment](t, chart, "Deployment/basalt-csi-controller")
 	if img := container(t, dep.Spec.Template.Spec, "basalt-csi").Image; !strings.HasSuffix(img, ":"+ch.AppVersion) {
 		t.Errorf("the chart's appVersion %s is not its image's tag (%s)", ch.AppVersion, img)
+	}
+}
+
+// The chart's node.nvmfDiscovery reaches the node plugin as the flag that
+// makes NVMe/TCP stages multipath, and `basalt csi` has that flag; unset, the
+// flag is not given (TestHelmChart: the chart renders deploy/kubernetes).
+func TestHelmChartNVMfDiscovery(t *testing.T) {
+	const disc = "basalt-access.basalt-system.svc:8009"
+	chart := renderChartWith(t, filepath.Join("helm", "basalt-csi"), "basalt-system", func(v map[string]any) {
+		v["node"].(map[string]any)["nvmfDiscovery"] = disc
+	})
+	ds := get[*appsv1.DaemonSet](t, chart, "DaemonSet/basalt-csi-node")
+	if got := flagValue(container(t, ds.Spec.Template.Spec, "basalt-csi").Args, "nvmf-discovery"); got != disc {
+		t.Fatalf("node plugin --nvmf-discovery=%q, want %q", got, disc)
+	}
+	help, err := exec.Command(testcluster.Binary(t), "csi", "--help").CombinedOutput()
+	if err != nil {
+		t.Fatalf("basalt csi --help: %v\n%s", err, help)
+	}
+	if !strings.Contains(string(help), "-nvmf-discovery ") {
+		t.Fatal("`basalt csi` has no --nvmf-discovery flag")
 	}
 }
 

@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
 
 	"github.com/basalt-storage/basalt/internal/bufpool"
 	"github.com/basalt-storage/basalt/internal/raftstore"
@@ -51,11 +51,17 @@ func (o cmdOp) String() string {
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
 
-// cmdVersion is the command format version (byte 0 of every command).
-const cmdVersion = 1
+// cmdVersion is the command format version (byte 0 of every command) this
+// code writes. Version 1 (no Seq, Settled) is still read: a WAL written before
+// version 2 replays.
+const cmdVersion = 2
 
 // cmdHeaderSize is the fixed part of a command; see doc.go for the layout.
-const cmdHeaderSize = 32
+// cmdHeaderSizeV1 is that of version 1.
+const (
+	cmdHeaderSize   = 48
+	cmdHeaderSizeV1 = 32
+)
 
 // command is one decoded replicated operation.
 type command struct {
@@ -64,7 +70,10 @@ type command struct {
 	Epoch  uint64
 	Offset uint64 // byte offset in the volume
 	Length uint32
-	Data   []byte // cmdWrite only; len(Data) == Length
+	// Seq and Settled are the request's api.Header.Seq and Settled (retried.go);
+	// 0 in commands that are no request and in version-1 commands.
+	Seq, Settled uint64
+	Data         []byte // cmdWrite only; len(Data) == Length
 }
 
 // Errors of the command and epoch-table codecs. Both formats are produced only by
@@ -119,16 +128,24 @@ func appendCommandHeader(b []byte, c command) []byte {
 	b = be.AppendUint32(b, c.Length)
 	b = be.AppendUint64(b, c.Volume)
 	b = be.AppendUint64(b, c.Epoch)
-	return be.AppendUint64(b, c.Offset)
+	b = be.AppendUint64(b, c.Offset)
+	b = be.AppendUint64(b, c.Seq)
+	return be.AppendUint64(b, c.Settled)
 }
 
 // decodeCommand parses b. Data aliases b.
 func decodeCommand(b []byte) (command, error) {
-	if len(b) < cmdHeaderSize {
-		return command{}, fmt.Errorf("%w: %d bytes", ErrBadCommand, len(b))
-	}
-	if b[0] != cmdVersion {
+	size := cmdHeaderSize
+	switch {
+	case len(b) == 0:
+		return command{}, fmt.Errorf("%w: empty", ErrBadCommand)
+	case b[0] == 1:
+		size = cmdHeaderSizeV1
+	case b[0] != cmdVersion:
 		return command{}, fmt.Errorf("%w: version %d", ErrBadCommand, b[0])
+	}
+	if len(b) < size {
+		return command{}, fmt.Errorf("%w: %d bytes", ErrBadCommand, len(b))
 	}
 	be := binary.BigEndian
 	if be.Uint16(b[2:]) != 0 {
@@ -141,7 +158,10 @@ func decodeCommand(b []byte) (command, error) {
 		Epoch:  be.Uint64(b[16:]),
 		Offset: be.Uint64(b[24:]),
 	}
-	data := b[cmdHeaderSize:]
+	if size == cmdHeaderSize {
+		c.Seq, c.Settled = be.Uint64(b[32:]), be.Uint64(b[40:])
+	}
+	data := b[size:]
 	switch c.Op {
 	case cmdWrite:
 		if len(data) != int(c.Length) {
@@ -158,48 +178,108 @@ func decodeCommand(b []byte) (command, error) {
 	return c, nil
 }
 
-// epochTableVersion is byte 0 of an encoded epoch table.
-const epochTableVersion = 1
+// epochTableVersion is byte 0 of an encoded epoch table this code writes.
+// Version 1 (epochs only) is still read.
+const epochTableVersion = 2
 
-// encodeEpochs encodes the per-volume highest epochs, sorted by volume id so that
-// equal tables encode to equal bytes.
-func encodeEpochs(m map[uint64]uint64) []byte {
-	vols := make([]uint64, 0, len(m))
-	for v := range m {
-		vols = append(vols, v)
+// encodeEpochs encodes the per-volume highest epochs and the current writers'
+// request windows, sorted by volume id so that equal tables encode to equal
+// bytes: version, the epochs (count, then volume and epoch), the windows
+// (count, then volume, settled, count and the ranges of applied numbers, each
+// first and last).
+func encodeEpochs(epochs map[uint64]uint64, windows map[uint64]*seqWindow) []byte {
+	be := binary.BigEndian
+	n := 9 + 16*len(epochs)
+	for _, w := range windows {
+		n += 20 + 16*len(w.applied)
 	}
-	sort.Slice(vols, func(i, j int) bool { return vols[i] < vols[j] })
-	b := make([]byte, 5+16*len(vols))
-	b[0] = epochTableVersion
-	binary.BigEndian.PutUint32(b[1:], uint32(len(vols)))
-	p := b[5:]
-	for _, v := range vols {
-		binary.BigEndian.PutUint64(p, v)
-		binary.BigEndian.PutUint64(p[8:], m[v])
-		p = p[16:]
+	b := make([]byte, 0, n)
+	b = append(b, epochTableVersion)
+	b = be.AppendUint32(b, uint32(len(epochs)))
+	for _, v := range sortedKeys(epochs) {
+		b = be.AppendUint64(b, v)
+		b = be.AppendUint64(b, epochs[v])
+	}
+	b = be.AppendUint32(b, uint32(len(windows)))
+	for _, v := range sortedKeys(windows) {
+		w := windows[v]
+		b = be.AppendUint64(b, v)
+		b = be.AppendUint64(b, w.settled)
+		b = be.AppendUint32(b, uint32(len(w.applied)))
+		for _, r := range w.applied {
+			b = be.AppendUint64(b, r.lo)
+			b = be.AppendUint64(b, r.hi)
+		}
 	}
 	return b
 }
 
+func sortedKeys[V any](m map[uint64]V) []uint64 {
+	keys := make([]uint64, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
 // decodeEpochs parses an epoch table. An empty b is the empty table (a copyset
 // that never persisted anything).
-func decodeEpochs(b []byte) (map[uint64]uint64, error) {
-	m := make(map[uint64]uint64)
+func decodeEpochs(b []byte) (map[uint64]uint64, map[uint64]*seqWindow, error) {
+	epochs, windows := make(map[uint64]uint64), make(map[uint64]*seqWindow)
 	if len(b) == 0 {
-		return m, nil
+		return epochs, windows, nil
 	}
-	if len(b) < 5 || b[0] != epochTableVersion {
-		return nil, fmt.Errorf("%w: header", ErrBadEpochTable)
+	be := binary.BigEndian
+	version := b[0]
+	if version != 1 && version != epochTableVersion {
+		return nil, nil, fmt.Errorf("%w: version %d", ErrBadEpochTable, version)
 	}
-	n := binary.BigEndian.Uint32(b[1:])
-	p := b[5:]
-	if uint64(len(p)) != 16*uint64(n) {
-		return nil, fmt.Errorf("%w: %d entries in %d bytes", ErrBadEpochTable, n, len(p))
+	p := b[1:]
+	if len(p) < 4 {
+		return nil, nil, fmt.Errorf("%w: header", ErrBadEpochTable)
 	}
-	for ; len(p) > 0; p = p[16:] {
-		m[binary.BigEndian.Uint64(p)] = binary.BigEndian.Uint64(p[8:])
+	n := uint64(be.Uint32(p))
+	p = p[4:]
+	if uint64(len(p)) < 16*n || version == 1 && uint64(len(p)) != 16*n {
+		return nil, nil, fmt.Errorf("%w: %d epochs in %d bytes", ErrBadEpochTable, n, len(p))
 	}
-	return m, nil
+	for ; n > 0; n-- {
+		epochs[be.Uint64(p)] = be.Uint64(p[8:])
+		p = p[16:]
+	}
+	if version == 1 {
+		return epochs, windows, nil
+	}
+	if len(p) < 4 {
+		return nil, nil, fmt.Errorf("%w: no window count", ErrBadEpochTable)
+	}
+	n = uint64(be.Uint32(p))
+	p = p[4:]
+	for ; n > 0; n-- {
+		if len(p) < 20 {
+			return nil, nil, fmt.Errorf("%w: short window", ErrBadEpochTable)
+		}
+		v, w, k := be.Uint64(p), &seqWindow{settled: be.Uint64(p[8:])}, uint64(be.Uint32(p[16:]))
+		p = p[20:]
+		if k > maxSeqRanges || uint64(len(p)) < 16*k {
+			return nil, nil, fmt.Errorf("%w: window of %d ranges in %d bytes", ErrBadEpochTable, k, len(p))
+		}
+		w.applied = make([]seqRange, k)
+		for i := range w.applied {
+			r := seqRange{be.Uint64(p), be.Uint64(p[8:])}
+			p = p[16:]
+			if r.lo > r.hi || r.lo < w.settled || i > 0 && r.lo <= w.applied[i-1].hi+1 {
+				return nil, nil, fmt.Errorf("%w: window of volume %d out of order", ErrBadEpochTable, v)
+			}
+			w.applied[i] = r
+		}
+		windows[v] = w
+	}
+	if len(p) != 0 {
+		return nil, nil, fmt.Errorf("%w: %d trailing bytes", ErrBadEpochTable, len(p))
+	}
+	return epochs, windows, nil
 }
 
 // metaVersion is byte 0 of the copyset meta record saved through SaveMeta.
@@ -219,7 +299,7 @@ func decodeMeta(b []byte) (uint64, []byte, error) {
 		return 0, nil, fmt.Errorf("%w: meta record of %d bytes", ErrBadEpochTable, len(b))
 	}
 	state := b[9:]
-	if _, err := decodeEpochs(state); err != nil {
+	if _, _, err := decodeEpochs(state); err != nil {
 		return 0, nil, err
 	}
 	return binary.BigEndian.Uint64(b[1:]), state, nil

@@ -60,15 +60,20 @@
 //
 // Every normal entry of a copyset's log is one command; all integers big-endian:
 //
-//	 0  uint8   version (1)
+//	 0  uint8   version (2)
 //	 1  uint8   op: 1 write, 2 trim, 3 write-zeroes, 4 fence, 5 delete-volume
 //	 2  uint16  reserved, 0
 //	 4  uint32  length: bytes of the IO (0 for fence and delete-volume)
 //	 8  uint64  volume id
 //	16  uint64  epoch of the writer (docs/design.md §6); 0 for delete-volume
 //	24  uint64  offset: byte offset in the volume
-//	32  ...     data: exactly length bytes for write, nothing otherwise
+//	32  uint64  seq: the request's number (api.Header.Seq); 0: not numbered
+//	40  uint64  settled: the request's api.Header.Settled
+//	48  ...     data: exactly length bytes for write, nothing otherwise
 //
+// Version 1 (no seq and settled: the data at 32) is still read, as unnumbered
+// commands, so a WAL written before version 2 replays; a version-1 replica
+// cannot read version 2 (upgrade every chunkserver together).
 // The chunk is offset / chunkSize; a command never crosses a chunk (the
 // handler refuses such IO, and Apply answers OUT_OF_RANGE should one appear).
 // testdata/command.golden freezes the format.
@@ -85,6 +90,24 @@
 // raftstore stops the group, and the heartbeat's disk state becomes FULL or
 // IO_ERROR (api.DiskState; raftstore.DiskFailure tells a full disk from other
 // errors, for the state machine and the raft host alike).
+//
+// # Retried requests (retried.go)
+//
+// Blind overwrites converge under replay, but not under a client's retry: a
+// retry is a new entry, and when the first attempt was applied too (its answer
+// lost with its leader) the retry lands after any newer write to the block
+// acknowledged meanwhile, and undoes it. So the client numbers each write,
+// trim and write-zeroes per copyset (api.Header.Seq, the same on every
+// attempt) and says which numbers it settled (Settled: it sends none below
+// again). Per volume the state machine keeps the current writer's window: the
+// highest Settled seen and the ranges of numbers at or above it applied
+// (consecutive numbers are one range, so only gaps cost: at most
+// maxSeqRanges). Apply records a new number and applies the command; a number
+// in the window is a retry of an applied request, answered OK without applying
+// it; a number below Settled is refused with STALE_REQUEST (a copy of an
+// attempt the client gave up on cannot land after the writes that followed
+// it). A new epoch (a new writer) drops the window. The windows travel with
+// the epoch table (meta records, snapshots), so every replica decides alike.
 //
 // Deleting a volume is a command too (deletes.go). The leader of a copyset
 // reads the volumes it has epochs or chunks of, then a fresh volume list from

@@ -395,6 +395,10 @@ func (hd *handler) validate(h api.Header, payload []byte) (*replica, volumeInfo,
 	if !reads(h.Op) && h.Epoch == 0 {
 		return nil, vi, api.StatusReadOnly
 	}
+	if h.Settled > h.Seq || h.Seq != 0 && h.Op == api.OpRead {
+		// A request is unsettled while it is sent; reads are not numbered.
+		return nil, vi, api.StatusBadRequest
+	}
 	if err := r.sm.Failed(); err != nil {
 		// This replica stopped after a disk error and serves nothing more; the
 		// other members elect a leader without it. NO_SPACE / IO_ERROR sends the
@@ -460,6 +464,7 @@ func (hd *handler) serveIO(rw transport.ReplyWriter, h api.Header, payload []byt
 		c = command{Op: cmdWriteZeroes}
 	}
 	c.Volume, c.Epoch, c.Offset, c.Length = h.Volume, h.Epoch, h.Offset, h.Length
+	c.Seq, c.Settled = h.Seq, h.Settled
 	// Without in, the payload is copied: it is not ours after return.
 	propose(hd.host, r.group, c, in, func(err error) { hd.replyErr(rw, h, err, start) })
 }

@@ -65,7 +65,7 @@ type stateMachine struct {
 	applied atomic.Uint64
 	failed  atomic.Pointer[error]
 
-	mu sync.Mutex // guards epochs
+	mu sync.Mutex // guards epochs and windows
 	// epochs: highest epoch applied per volume; tombstoneEpoch for a deleted
 	// volume.
 	// INVARIANT: epochs[v] never decreases, except when InstallSnapshot replaces
@@ -74,6 +74,10 @@ type stateMachine struct {
 	// here again (every command of v is refused), and Recover sweeps any chunk
 	// of v a crash left behind.
 	epochs map[uint64]uint64
+	// windows: per volume, the numbered requests of the writer of epochs[v]
+	// (retried.go).
+	// INVARIANT: windows[v] belongs to epochs[v]: raising the epoch drops it.
+	windows map[uint64]*seqWindow
 	// copysets returns the copyset count of the group's pool, which decides
 	// the chunks a received snapshot may hold; nil: not checked (tests).
 	copysets func() (uint32, bool)
@@ -90,6 +94,7 @@ func newStateMachine(group uint64, chunkSize int64, store chunkStore, onFail fun
 		log:       slog.Default(),
 		onFail:    onFail,
 		epochs:    make(map[uint64]uint64),
+		windows:   make(map[uint64]*seqWindow),
 	}
 }
 
@@ -154,6 +159,20 @@ func (sm *stateMachine) apply(c command, uncached bool) (error, error) {
 	}
 	if c.Epoch > high {
 		sm.epochs[c.Volume] = c.Epoch
+		delete(sm.windows, c.Volume) // a new writer numbers its requests afresh
+	}
+	if c.Seq != 0 {
+		w := sm.windows[c.Volume]
+		if w == nil {
+			w = &seqWindow{}
+			sm.windows[c.Volume] = w
+		}
+		if apply, res := w.admit(c.Seq, c.Settled); !apply {
+			sm.mu.Unlock()
+			sm.log.Info("retried request not applied again", "copyset", sm.group, "volume", c.Volume,
+				"epoch", c.Epoch, "seq", c.Seq, "op", c.Op, "offset", c.Offset, "answer", statusText(res))
+			return res, nil
+		}
 	}
 	sm.mu.Unlock()
 	if c.Op == cmdFence {
@@ -186,6 +205,7 @@ func (sm *stateMachine) apply(c command, uncached bool) (error, error) {
 func (sm *stateMachine) deleteVolume(volume uint64) error {
 	sm.mu.Lock()
 	sm.epochs[volume] = tombstoneEpoch
+	delete(sm.windows, volume)
 	sm.mu.Unlock()
 	if err := sm.store.DeleteVolume(volume); err != nil {
 		return err
@@ -266,11 +286,12 @@ func (sm *stateMachine) epochOf(volume uint64) uint64 {
 // Applied returns the index of the last applied entry.
 func (sm *stateMachine) Applied() uint64 { return sm.applied.Load() }
 
-// Capture returns the encoded epoch table as of the last applied entry.
+// Capture returns the encoded epoch table (with the writers' request
+// windows) as of the last applied entry.
 func (sm *stateMachine) Capture() []byte {
 	sm.mu.Lock()
 	defer sm.mu.Unlock()
-	return encodeEpochs(sm.epochs)
+	return encodeEpochs(sm.epochs, sm.windows)
 }
 
 // Persist makes every applied effect durable, then records (index, state).
@@ -298,9 +319,9 @@ func (sm *stateMachine) Recover() (uint64, []byte, error) {
 	if err != nil {
 		return 0, nil, fmt.Errorf("copyset %#x recover: %w", sm.group, err)
 	}
-	epochs, _ := decodeEpochs(state) // checked by decodeMeta
+	epochs, windows, _ := decodeEpochs(state) // checked by decodeMeta
 	sm.mu.Lock()
-	sm.epochs = epochs
+	sm.epochs, sm.windows = epochs, windows
 	sm.mu.Unlock()
 	if err := sm.sweepTombstoned(); err != nil {
 		return 0, nil, fmt.Errorf("copyset %#x recover: %w", sm.group, err)
@@ -339,7 +360,7 @@ func (sm *stateMachine) ReceiveSnapshot(index uint64, r io.Reader) error {
 // can have two snapshots staged (overlapping streams), and installing the
 // other one's data under this index made its replica differ from the others.
 func (sm *stateMachine) InstallSnapshot(index uint64, state []byte) error {
-	epochs, err := decodeEpochs(state)
+	epochs, windows, err := decodeEpochs(state)
 	if err != nil {
 		return sm.fail(fmt.Errorf("copyset %#x install snapshot %d: %w", sm.group, index, err))
 	}
@@ -361,11 +382,17 @@ func (sm *stateMachine) InstallSnapshot(index uint64, state []byte) error {
 		return sm.fail(fmt.Errorf("copyset %#x install snapshot %d: %w", sm.group, index, err))
 	}
 	sm.mu.Lock()
-	sm.epochs = epochs
+	sm.epochs, sm.windows = epochs, windows
 	sm.mu.Unlock()
 	if err := sm.sweepTombstoned(); err != nil {
 		return sm.fail(fmt.Errorf("copyset %#x install snapshot %d: %w", sm.group, index, err))
 	}
 	sm.applied.Store(index)
 	return nil
+}
+
+// statusText names the answer a result gives ("OK" for nil).
+func statusText(res error) string {
+	st, _ := statusOf(res)
+	return st.String()
 }

@@ -10,6 +10,7 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -591,7 +592,7 @@ func TestCapturePersistRecoverSnapshot(t *testing.T) {
 	if idx, _, _ := newStateMachine(1, testChunk, fst, nil).Recover(); idx != 200 {
 		t.Fatalf("install did not record index: %d", idx)
 	}
-	if _, err := decodeEpochs([]byte{1, 0, 0, 0, 2, 0}); !errors.Is(err, ErrBadEpochTable) {
+	if _, _, err := decodeEpochs([]byte{1, 0, 0, 0, 2, 0}); !errors.Is(err, ErrBadEpochTable) {
 		t.Fatalf("bad table: %v", err)
 	}
 }
@@ -601,9 +602,9 @@ func TestCapturePersistRecoverSnapshot(t *testing.T) {
 // a deliberate format change.
 func TestCommandGolden(t *testing.T) {
 	cmds := []command{
-		{Op: cmdWrite, Volume: 0x0102030405060708, Epoch: 3, Offset: 16<<20 + 4096, Length: 5, Data: []byte("hello")},
-		{Op: cmdTrim, Volume: 7, Epoch: 1, Offset: 512, Length: 65536},
-		{Op: cmdWriteZeroes, Volume: 7, Epoch: 2, Offset: 0, Length: 4096},
+		{Op: cmdWrite, Volume: 0x0102030405060708, Epoch: 3, Offset: 16<<20 + 4096, Length: 5, Seq: 12, Settled: 10, Data: []byte("hello")},
+		{Op: cmdTrim, Volume: 7, Epoch: 1, Offset: 512, Length: 65536, Seq: 1, Settled: 1},
+		{Op: cmdWriteZeroes, Volume: 7, Epoch: 2, Offset: 0, Length: 4096, Seq: 1 << 40, Settled: 1<<40 - 3},
 		{Op: cmdFence, Volume: 7, Epoch: 9},
 		{Op: cmdDeleteVolume, Volume: 7},
 	}
@@ -612,12 +613,13 @@ func TestCommandGolden(t *testing.T) {
 		b := encodeCommand(c)
 		fmt.Fprintf(&out, "%-12v %s\n", c.Op, hex.EncodeToString(b))
 		d, err := decodeCommand(b)
-		if err != nil || d.Op != c.Op || d.Volume != c.Volume || d.Epoch != c.Epoch ||
-			d.Offset != c.Offset || d.Length != c.Length || !bytes.Equal(d.Data, c.Data) {
+		if err != nil || d.Op != c.Op || d.Volume != c.Volume || d.Epoch != c.Epoch || d.Offset != c.Offset ||
+			d.Length != c.Length || d.Seq != c.Seq || d.Settled != c.Settled || !bytes.Equal(d.Data, c.Data) {
 			t.Fatalf("round trip of %+v: %+v %v", c, d, err)
 		}
 	}
-	tbl := encodeEpochs(map[uint64]uint64{9: 2, 3: 1})
+	tbl := encodeEpochs(map[uint64]uint64{9: 2, 3: 1},
+		map[uint64]*seqWindow{9: {settled: 5, applied: []seqRange{{5, 5}, {7, 9}}}, 3: {settled: 2}})
 	fmt.Fprintf(&out, "%-12s %s\n", "epochs", hex.EncodeToString(tbl))
 	fmt.Fprintf(&out, "%-12s %s\n", "meta", hex.EncodeToString(encodeMeta(1234, tbl)))
 	path := filepath.Join("testdata", "command.golden")
@@ -633,11 +635,51 @@ func TestCommandGolden(t *testing.T) {
 	if out.String() != string(want) {
 		t.Fatalf("encoding changed:\n got:\n%s\nwant:\n%s", out.String(), want)
 	}
-	for _, bad := range [][]byte{nil, make([]byte, 31), append([]byte{2}, make([]byte, 31)...),
-		append([]byte{1, 9}, make([]byte, 30)...), append(encodeCommand(cmds[0]), 'x'),
-		append(encodeCommand(cmds[3]), 'x')} {
+	for _, bad := range [][]byte{nil, make([]byte, 31), append([]byte{2}, make([]byte, 40)...),
+		append([]byte{3}, make([]byte, 47)...), append([]byte{1, 9}, make([]byte, 30)...),
+		append(encodeCommand(cmds[0]), 'x'), append(encodeCommand(cmds[3]), 'x')} {
 		if _, err := decodeCommand(bad); !errors.Is(err, ErrBadCommand) {
 			t.Fatalf("decode %x: %v", bad, err)
+		}
+	}
+	e, w, err := decodeEpochs(tbl)
+	if err != nil || len(e) != 2 || e[9] != 2 || len(w) != 2 || w[9].settled != 5 || !slices.Equal(w[9].applied, []seqRange{{5, 5}, {7, 9}}) {
+		t.Fatalf("epoch table round trip: %v %v %v", e, w, err)
+	}
+}
+
+// TestCommandV1Decodes: commands, epoch tables and meta records written
+// before version 2 (testdata/command_v1.golden, frozen) are still read, as
+// unnumbered requests: a WAL and chunk directory from before replay.
+func TestCommandV1Decodes(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("testdata", "command_v1.golden"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.Fields(line)
+		raw, err := hex.DecodeString(f[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch f[0] {
+		case "epochs":
+			e, w, err := decodeEpochs(raw)
+			if err != nil || len(e) != 2 || e[3] != 1 || e[9] != 2 || len(w) != 0 {
+				t.Fatalf("v1 epoch table: %v %v %v", e, w, err)
+			}
+		case "meta":
+			if idx, _, err := decodeMeta(raw); err != nil || idx != 1234 {
+				t.Fatalf("v1 meta: %d %v", idx, err)
+			}
+		default:
+			c, err := decodeCommand(raw)
+			if err != nil || c.Op.String() != f[0] || c.Volume == 0 && c.Op != cmdDeleteVolume || c.Seq != 0 {
+				t.Fatalf("v1 %s: %+v %v", f[0], c, err)
+			}
+			if c.Op == cmdWrite && string(c.Data) != "hello" {
+				t.Fatalf("v1 write carries %q", c.Data)
+			}
 		}
 	}
 }

@@ -13,63 +13,17 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
+	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
 	"github.com/basalt-storage/basalt/internal/frontend/nvmf"
-	"github.com/basalt-storage/basalt/pkg/api"
 )
 
-// memDisk is an in-memory frontend.Backend.
-type memDisk struct {
-	mu   sync.Mutex
-	data []byte
-}
-
-func (m *memDisk) Info() frontend.Info {
-	return frontend.Info{Size: int64(len(m.data)), CanFlush: true, CanFUA: true, BlockSizes: frontend.BlockSizes{Minimum: 512}}
-}
-func (m *memDisk) Check(context.Context) error { return nil }
-func (m *memDisk) Close() error                { return nil }
-func (m *memDisk) Submit(op api.Op, buf []byte, off, n int64, done func(error)) {
-	m.mu.Lock()
-	switch op {
-	case api.OpRead:
-		copy(buf, m.data[off:off+n])
-	case api.OpWrite:
-		copy(m.data[off:], buf)
-	}
-	m.mu.Unlock()
-	done(nil)
-}
-
-// at copies n bytes at off.
-func (m *memDisk) at(off int64, n int) []byte {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return bytes.Clone(m.data[off : off+int64(n)])
-}
-
-type memOpener struct{ d *memDisk }
-
-func (o memOpener) Open(_ context.Context, name string) (frontend.Backend, error) {
-	if name != "vol" {
-		return nil, frontend.ErrNoSuchExport
-	}
-	return o.d, nil
-}
-func (o memOpener) Stat(_ context.Context, name string) (frontend.Info, error) {
-	if name != "vol" {
-		return frontend.Info{}, frontend.ErrNoSuchExport
-	}
-	return o.d.Info(), nil
-}
-func (o memOpener) List(context.Context) ([]string, error) { return []string{"vol"}, nil }
-func (o memOpener) Classify(err error) error               { return err }
-
 // startTarget serves an 8 MiB volume "vol" on a free loopback port.
-func startTarget(t *testing.T) (addr string, disk *memDisk) {
+func startTarget(t *testing.T) (addr string, disk *frontendtest.Disk) {
 	t.Helper()
-	disk = &memDisk{data: make([]byte, 8<<20)}
+	disk = frontendtest.NewDisk(8 << 20)
+	disk.BlockSizes.Minimum = 512
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ex := frontend.NewExports(frontend.ExportsConfig{Opener: memOpener{disk}, Logger: quiet})
+	ex := frontend.NewExports(frontend.ExportsConfig{Opener: frontendtest.Disks{"vol": disk}, Logger: quiet})
 	s, err := nvmf.NewServer(nvmf.Config{Exports: ex, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +40,7 @@ func startTarget(t *testing.T) (addr string, disk *memDisk) {
 // exercise connects a host with two I/O queues and runs writes (in the
 // capsule, by R2T, larger than MDTS) and reads with many commands in flight
 // on each queue, checking every byte read against what was written.
-func exercise(t *testing.T, addr string, disk *memDisk, o Options) {
+func exercise(t *testing.T, addr string, disk *frontendtest.Disk, o Options) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -96,7 +50,7 @@ func exercise(t *testing.T, addr string, disk *memDisk, o Options) {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	if h.Size() != int64(len(disk.data)) || h.BlockSize != 512 || len(h.IO) != 2 || h.MaxTransfer == 0 || h.InCapsule < 4096 {
+	if h.Size() != disk.Info().Size || h.BlockSize != 512 || len(h.IO) != 2 || h.MaxTransfer == 0 || h.InCapsule < 4096 {
 		t.Fatalf("host: size %d block %d queues %d MDTS %d in-capsule %d", h.Size(), h.BlockSize, len(h.IO), h.MaxTransfer, h.InCapsule)
 	}
 	// Sizes: 4 KiB (in the capsule unless NoInCapsule), 64 KiB (R2T), and
@@ -133,7 +87,7 @@ func exercise(t *testing.T, addr string, disk *memDisk, o Options) {
 	}
 	run(func(q int, x io) error { return h.WriteAt(q, x.data, x.off) })
 	for _, x := range ios {
-		if !bytes.Equal(disk.at(x.off, len(x.data)), x.data) {
+		if !bytes.Equal(disk.Bytes(int(x.off), len(x.data)), x.data) {
 			t.Fatalf("write of %d bytes at %d: the volume differs", len(x.data), x.off)
 		}
 	}

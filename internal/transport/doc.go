@@ -6,7 +6,7 @@
 //
 // # Frames
 //
-// The frame format — a 64-byte header (api.Header), then PayloadLen bytes of
+// The frame format — an 80-byte header (api.Header), then PayloadLen bytes of
 // payload — is part of the public wire API and is specified in package api
 // (pkg/api), with its ops and flags; this package moves frames.
 //

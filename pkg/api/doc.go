@@ -13,12 +13,12 @@
 //
 // # Frame format
 //
-// A frame is a fixed 64-byte header followed by PayloadLen bytes of payload. All
+// A frame is a fixed 80-byte header followed by PayloadLen bytes of payload. All
 // integers are big-endian:
 //
 //	offset size  field
 //	 0     4     Magic       0x42534c54 ("BSLT")
-//	 4     1     Version     1
+//	 4     1     Version     2
 //	 5     1     Op          1 read, 2 write, 3 trim, 4 write-zeroes, 5 flush, 6 ping,
 //	                         7 checksum, 8 fence, 16 raft (one-way), 17 snapshot (peer traffic)
 //	 6     2     Flags       bit 0 FUA, bit 15 reply
@@ -31,6 +31,15 @@
 //	48     4     Length      byte count of the IO
 //	52     4     Copyset     copyset id within the volume's pool
 //	56     8     Hint        NOT_LEADER: leader's chunkserver id; OpRaft: sender's id
+//	64     8     Seq         write, trim, write-zeroes: the writer's request number in
+//	                         the copyset, the same on every retry (0: not numbered)
+//	72     8     Settled     with Seq: the writer sends no request below it again
+//
+// Seq and Settled make a retried request apply once: a copyset applies each
+// number of a writer session (volume, epoch) at most once, answers a repeat
+// OK without applying it, and refuses a number below the highest Settled it
+// has seen with STALE_REQUEST (internal/chunkserver's doc.go, "Retried
+// requests").
 //
 // Payloads: a write carries Length bytes of data; the reply to a read carries
 // Length bytes; the other IO ops carry none. Peer traffic (OpRaft, OpSnapshot)

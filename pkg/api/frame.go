@@ -8,13 +8,14 @@ import (
 )
 
 // HeaderSize is the fixed size of every frame header.
-const HeaderSize = 64
+const HeaderSize = 80
 
 // Magic opens every frame: "BSLT" read as a big-endian uint32.
 const Magic uint32 = 0x42534c54
 
-// Version is the frame format version this code speaks.
-const Version uint8 = 1
+// Version is the frame format version this code speaks (2 added Seq and
+// Settled; a version-1 peer's frames are refused).
+const Version uint8 = 2
 
 // MaxPayload bounds the payload a peer may announce. Larger frames are refused
 // before any memory is allocated for them.
@@ -109,8 +110,11 @@ const (
 //	48  uint32  Length    byte count of the IO
 //	52  uint32  Copyset   copyset id within the volume's pool
 //	56  uint64  Hint      NOT_LEADER: leader chunkserver id; OpRaft: sender's id
+//	64  uint64  Seq       write, trim, write-zeroes: the writer's number of this request in its copyset (0: none)
+//	72  uint64  Settled   with Seq: every request of the writer to the copyset numbered below it is settled
 //
 // A request for one IO never crosses a chunk boundary: the client splits first.
+// Seq and Settled let a copyset apply a retried request once (see Seq).
 type Header struct {
 	Op         Op
 	Flags      Flags
@@ -123,6 +127,17 @@ type Header struct {
 	Length     uint32
 	Copyset    uint32
 	Hint       uint64
+	// Seq numbers a writer session's (one epoch's) write, trim and
+	// write-zeroes requests to one copyset, from 1; every retry of a request
+	// carries its number, so a copyset that applied it once does not apply it
+	// again (a retry lands as a new raft entry, possibly after newer writes to
+	// the same block). 0: not numbered, never deduplicated.
+	Seq uint64
+	// Settled: the writer will never send again any request to this copyset
+	// numbered below it (each was answered, or given up on). A copyset refuses
+	// such a request if it arrives later (STALE), so a copy of a write the
+	// writer gave up on cannot land after the writes that followed it.
+	Settled uint64
 }
 
 // Errors returned by DecodeHeader. A connection that yields one of them is closed:
@@ -153,6 +168,8 @@ func (h *Header) Encode(b []byte) {
 	be.PutUint32(b[48:], h.Length)
 	be.PutUint32(b[52:], h.Copyset)
 	be.PutUint64(b[56:], h.Hint)
+	be.PutUint64(b[64:], h.Seq)
+	be.PutUint64(b[72:], h.Settled)
 }
 
 // DecodeHeader parses a header from b (at least HeaderSize bytes). It checks only
@@ -181,6 +198,8 @@ func DecodeHeader(b []byte) (Header, error) {
 		Length:     be.Uint32(b[48:]),
 		Copyset:    be.Uint32(b[52:]),
 		Hint:       be.Uint64(b[56:]),
+		Seq:        be.Uint64(b[64:]),
+		Settled:    be.Uint64(b[72:]),
 	}
 	if h.PayloadLen > MaxPayload {
 		return Header{}, fmt.Errorf("%w: %d bytes", ErrFrameTooLarge, h.PayloadLen)

@@ -21,7 +21,7 @@ var goldenHeaders = []struct {
 }{
 	{"zero", Header{}},
 	{"write_request", Header{Op: OpWrite, Flags: FlagFUA, ID: 7, PayloadLen: 4096,
-		Volume: 42, Epoch: 3, Offset: 16<<20 + 8192, Length: 4096, Copyset: 17}},
+		Volume: 42, Epoch: 3, Offset: 16<<20 + 8192, Length: 4096, Copyset: 17, Seq: 12, Settled: 10}},
 	{"read_reply_not_leader", Header{Op: OpRead, Flags: FlagReply, ID: 0x0102030405060708,
 		Status: StatusNotLeader, Volume: 0xdeadbeefcafe, Epoch: 1, Offset: 1 << 40,
 		Length: 65536, Copyset: 0xffffffff, Hint: 9}},
@@ -103,9 +103,28 @@ func TestDecodeHeaderRejects(t *testing.T) {
 		t.Fatalf("bad magic: %v", err)
 	}
 	bad = b
-	bad[4] = 2
+	bad[4] = 3
 	if _, err := DecodeHeader(bad[:]); !errors.Is(err, ErrBadVersion) {
 		t.Fatalf("bad version: %v", err)
+	}
+	// A version-1 peer's frames (testdata/v1, frozen when version 2 came) are
+	// refused by their version, whatever follows them.
+	v1, _ := filepath.Glob(filepath.Join("testdata", "v1", "*.golden"))
+	if len(v1) == 0 {
+		t.Fatal("no testdata/v1 headers")
+	}
+	for _, path := range v1 {
+		want, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := hex.DecodeString(strings.Join(strings.Fields(string(want)), ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := DecodeHeader(append(raw, make([]byte, HeaderSize)...)); !errors.Is(err, ErrBadVersion) {
+			t.Fatalf("%s: %v, want ErrBadVersion", path, err)
+		}
 	}
 	(&Header{Op: OpWrite, PayloadLen: MaxPayload + 1}).Encode(bad[:])
 	if _, err := DecodeHeader(bad[:]); !errors.Is(err, ErrFrameTooLarge) {

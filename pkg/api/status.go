@@ -34,6 +34,11 @@ const (
 	// peer-only op from a client), or the volume has no valid capability
 	// attached on this connection (docs/security.md).
 	StatusDenied Status = 11
+	// StatusStaleRequest: a numbered request (Header.Seq) arrived after the
+	// copyset settled it — the writer had given up on it, or it was retried
+	// after more than a window of newer requests completed. It was not
+	// applied now; whether an earlier copy of it was is unknown.
+	StatusStaleRequest Status = 12
 )
 
 var statusNames = map[Status]string{
@@ -49,6 +54,7 @@ var statusNames = map[Status]string{
 	StatusNoSpace:       "NO_SPACE",
 	StatusReadOnly:      "READ_ONLY",
 	StatusDenied:        "DENIED",
+	StatusStaleRequest:  "STALE_REQUEST",
 }
 
 func (s Status) String() string {
@@ -86,6 +92,7 @@ var (
 	ErrNoSpace       = &Error{Status: StatusNoSpace}
 	ErrReadOnly      = &Error{Status: StatusReadOnly}
 	ErrDenied        = &Error{Status: StatusDenied}
+	ErrStaleRequest  = &Error{Status: StatusStaleRequest}
 )
 
 // StatusError returns nil for StatusOK and an *Error otherwise.

@@ -118,6 +118,7 @@ type Volume struct {
 	csCount   uint32
 	maxPiece  int64
 
+	seqs   []seqCounter // per copyset; nil when read-only
 	routes routeTable
 	conns  *transport.ConnCache[uint64] // one connection per chunkserver id
 	// capToken is the session's capability (the MDS's signed token; nil
@@ -201,6 +202,9 @@ func Open(ctx context.Context, cfg Config) (*Volume, error) {
 		v.epoch = 0
 	}
 	v.maxPiece = min(v.chunkSize, maxPieceBytes)
+	if !cfg.ReadOnly {
+		v.seqs = make([]seqCounter, v.csCount)
+	}
 	v.routes.init(v, pool.GetId(), resp.GetCopysets(), resp.GetChunkservers())
 	if tok := resp.GetCapability(); len(tok) > 0 {
 		v.capToken.Store(&tok)

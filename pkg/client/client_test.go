@@ -287,7 +287,7 @@ func TestFinalStatuses(t *testing.T) {
 	c := newFakeCluster(t)
 	v := c.open(t, nil)
 	for _, st := range []api.Status{api.StatusIOError, api.StatusNoSpace, api.StatusNoSuchVolume,
-		api.StatusReadOnly, api.StatusBadRequest} { // OUT_OF_RANGE: TestStaleSizeRetried
+		api.StatusReadOnly, api.StatusBadRequest, api.StatusStaleRequest} { // OUT_OF_RANGE: TestStaleSizeRetried
 		disk := st == api.StatusIOError || st == api.StatusNoSpace
 		c.mu.Lock()
 		c.force, c.forceAll = st, api.StatusOK

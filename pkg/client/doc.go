@@ -56,11 +56,18 @@
 //	                          cannot commit: its leader, if any, has no quorum)
 //	OUT_OF_RANGE              like BUSY: the client checked the range, so the chunkserver
 //	                          has not heard of a grow yet (it learns at its next heartbeat)
-//	NO_SUCH_VOLUME, READ_ONLY, BAD_REQUEST
+//	NO_SUCH_VOLUME, READ_ONLY, BAD_REQUEST, STALE_REQUEST
 //	                          final: returned as *api.Error (errors.Is works)
 //
-// Writes are idempotent overwrites, so retrying one whose first attempt may have
-// landed is safe.
+// A retry is a new raft entry at the copyset, so a write whose first attempt
+// landed (its answer lost) would be applied twice — after any newer write to
+// the same block that was acknowledged in between, undoing it. So every
+// write, trim and write-zeroes piece has a number in its copyset
+// (Header.Seq, seq.go), the same on every attempt, and each attempt says
+// which numbers are settled (Header.Settled: the lowest still outstanding).
+// The copyset applies a number once, answers a repeat OK, and refuses a
+// settled one (STALE_REQUEST), so an attempt given up on cannot land later
+// either (internal/chunkserver's doc.go, "Retried requests").
 //
 // # Flush
 //

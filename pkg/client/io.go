@@ -116,6 +116,9 @@ func (v *Volume) split(o *ioOp, buf []byte, off, length int64) []piece {
 			p.buf = buf[pos : pos+n]
 		}
 		p.cs = api.CopysetOf(v.id, uint64(p.off/v.chunkSize), v.csCount)
+		if o.write {
+			p.seq = v.seqs[p.cs].take()
+		}
 		pos += n
 	}
 	return ps
@@ -170,6 +173,7 @@ func (o *ioOp) pieceDone(err error) {
 type piece struct {
 	op     *ioOp
 	cs     uint32
+	seq    uint64 // a write, trim or write-zeroes: its number in the copyset (seq.go)
 	off, n int64
 	buf    []byte
 
@@ -243,6 +247,9 @@ func (p *piece) request() (h api.Header, payload, readBuf []byte) {
 		Offset:  uint64(p.off),
 		Length:  uint32(p.n),
 		Copyset: p.cs,
+	}
+	if p.seq != 0 {
+		h.Seq, h.Settled = p.seq, v.seqs[p.cs].settled()
 	}
 	switch p.op.op {
 	case api.OpRead, api.OpMapped:
@@ -460,6 +467,9 @@ func (p *piece) afterRound(r *copysetRoute) {
 // finish completes the piece.
 func (p *piece) finish(err error) {
 	p.buf = nil
+	if p.seq != 0 {
+		p.op.v.seqs[p.cs].release(p.seq)
+	}
 	if err != nil && p.op.op == api.OpFence {
 		err = fmt.Errorf("copyset %d: %w", p.cs, err)
 	}

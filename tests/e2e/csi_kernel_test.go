@@ -22,19 +22,28 @@ import (
 
 // The kubelet's sequence when a pod's node dies, with a real kernel as node
 // A: the volume is published to A, whose kernel (the QEMU guest, kernel NBD
-// through the playground's front end) makes ext4 and writes files; A is
-// given up for dead and the volume is published to node B (the host's `basalt
-// csi` node plugin), which stages it, finds every file as A wrote it and
-// writes; A's kernel, still attached, gets an IO error for its late write.
-// The figure: publish to B → first write on B durable.
+// through the playground's front end) makes ext4, writes files and runs fio
+// with verify; A is given up for dead and the volume is published to node B
+// (the host's `basalt csi` node plugin), which stages it, finds every file as
+// A wrote it, verifies every block of A's fio job (fio --verify_only) and
+// goes on with fio with verify; A's kernel, still attached, gets an IO error
+// for its late write. The figure: publish to B → first write on B durable.
 func TestCSIReattachFromKernelNode(t *testing.T) {
 	requireKernelAttach(t)
 	h := testhost.Start(t, testhost.Config{
-		Tools:   []string{"nbd-client", "mkfs.ext4", "sha256sum", "dd"},
+		Tools:   []string{"nbd-client", "mkfs.ext4", "sha256sum", "dd", "fio"},
 		Modules: []string{"nbd", "ext4"},
 	})
 	p := startPlayground(t, "1GiB")
 	sock := startCSI(t, p, "node-b")
+	// The pod's workload: random 4 KiB writes, each block with a checksum and
+	// its offset, read back and checked at the end (--verify_only: checked
+	// only, on the node the pod moved to).
+	fioArgs := func(file string) []string {
+		return []string{"--name=pod", "--filename=" + file, "--size=4m", "--rw=randwrite", "--bs=4k",
+			"--ioengine=psync", "--direct=1", "--verify=crc32c", "--verify_fatal=1", "--randseed=11",
+			"--verify_state_save=0", "--output-format=terse"}
+	}
 	guest := func(timeout time.Duration, script string) (string, error) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -85,6 +94,7 @@ func TestCSIReattachFromKernelNode(t *testing.T) {
 		for n in 1 300 3000; do dd if=/dev/urandom of=/mnt/vol/file-$n bs=1k count=$n 2>/dev/null; done
 		sync`)
 	sums := must(time.Minute, "cd /mnt/vol && sha256sum file-*")
+	must(5*time.Minute, "fio "+strings.Join(fioArgs("/mnt/vol/fio.dat"), " ")+" && sync")
 
 	// Node A is given up for dead: the volume goes to node B.
 	lost := time.Now()
@@ -124,6 +134,13 @@ func TestCSIReattachFromKernelNode(t *testing.T) {
 			t.Fatalf("%s on node B: %s, node A wrote %s", name, got, want)
 		}
 	}
+	// Every block of A's fio job reads back as A wrote it, and the pod's fio
+	// goes on on B.
+	verified := run(t, 5*time.Minute, "fio", append(fioArgs(filepath.Join(target, "fio.dat")), "--verify_only")...)
+	if f := strings.Split(verified, ";"); len(f) < 6 || f[5] != "4096" { // terse: read KiB
+		t.Fatalf("fio --verify_only on node B did not read A's 4 MiB back:\n%s", verified)
+	}
+	run(t, 5*time.Minute, "fio", fioArgs(filepath.Join(target, "fio-b.dat"))...)
 	// Node A's late write, straight to the device, is refused.
 	if out, err := guest(2*time.Minute, "dd if=/dev/urandom of=/dev/nbd0 bs=4k count=1 seek=30000 oflag=direct"); err == nil {
 		t.Fatalf("node A's late write after the publish to B succeeded:\n%s", out)

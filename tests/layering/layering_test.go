@@ -67,6 +67,8 @@ var rules = []rule{
 		why: "the one builder of front ends: protocols over the volumes adapter"},
 	{pkg: "internal/frontend/iscsi", may: withLeaves("internal/frontend", "internal/frontend/iscsi/scsi", "internal/reservation", "pkg/api"),
 		why: "the iSCSI transport over its own SCSI command set, both parsers and mappers over the backend interface"},
+	{pkg: "internal/frontend/frontendtest", may: withLeaves("internal/frontend", "pkg/api"),
+		why: "test support: the in-memory backend the protocol servers' tests share"},
 	{pkg: "internal/frontend/...", may: withLeaves("internal/frontend", "internal/reservation", "pkg/api"),
 		why: "a protocol server is a parser and a mapper over the backend interface"},
 	{pkg: "internal/csi", may: withLeaves("internal/frontend", "internal/frontend/...", "pkg/api", "pkg/client", "pkg/mdsclient"),
@@ -88,7 +90,8 @@ var rules = []rule{
 
 // testSupport: these packages and those under them support tests; production code
 // never imports them.
-var testSupport = []string{"internal/testcluster", "internal/testhost", "internal/testutil", "internal/linearize", "internal/lazyfs"}
+var testSupport = []string{"internal/testcluster", "internal/testhost", "internal/testutil", "internal/linearize", "internal/lazyfs",
+	"internal/frontend/frontendtest"}
 
 func isTestSupport(rel string) bool {
 	for _, t := range testSupport {

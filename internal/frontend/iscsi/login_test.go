@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
 	"github.com/basalt-storage/basalt/internal/testutil"
 )
 
@@ -68,7 +69,7 @@ func chapLogin(c *testClient, target, algs, user, secret string, mutual bool) (u
 // and SHA-256, one-way and mutual).
 func TestLoginStatus(t *testing.T) {
 	var logs testutil.LogBuffer
-	_, addr := startServer(t, memExports{"disk": newMem(1 << 20)}, Config{
+	_, addr := startServer(t, frontendtest.Disks{"disk": frontendtest.NewDisk(1 << 20)}, Config{
 		CHAP:       chapConfig(),
 		Initiators: []string{testInitiator},
 		Logger:     slog.New(slog.NewTextHandler(&logs, nil)),
@@ -155,7 +156,7 @@ func TestLoginStatus(t *testing.T) {
 // name off the allow-list.
 func TestLibiscsiLogin(t *testing.T) {
 	testutil.RequireTool(t, "iscsi-inq")
-	_, addr := startServer(t, memExports{"disk": newMem(1 << 20)}, Config{
+	_, addr := startServer(t, frontendtest.Disks{"disk": frontendtest.NewDisk(1 << 20)}, Config{
 		CHAP: chapConfig(), Initiators: []string{testInitiator},
 	})
 	target := TargetName(testCluster, "disk")
@@ -189,7 +190,7 @@ func TestLibiscsiLogin(t *testing.T) {
 
 // A login that never finishes is cut off at LoginTimeout.
 func TestLoginDeadline(t *testing.T) {
-	_, addr := startServer(t, memExports{"disk": newMem(1 << 20)}, Config{LoginTimeout: 500 * time.Millisecond})
+	_, addr := startServer(t, frontendtest.Disks{"disk": frontendtest.NewDisk(1 << 20)}, Config{LoginTimeout: 500 * time.Millisecond})
 	c := dialClient(t, addr)
 	c.nc.Write([]byte{0x43, 0x87}) // the start of a login PDU, and then nothing
 	c.expectClosed()
@@ -201,7 +202,7 @@ func TestLoginDeadline(t *testing.T) {
 // sessions go on.
 func TestMalformedPDUClosesOnlyItsConnection(t *testing.T) {
 	var logs testutil.LogBuffer
-	_, addr := startServer(t, memExports{"disk": newMem(1 << 20)}, Config{
+	_, addr := startServer(t, frontendtest.Disks{"disk": frontendtest.NewDisk(1 << 20)}, Config{
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)), MaxRecvDataSegment: 8192,
 	})
 	target := TargetName(testCluster, "disk")
@@ -258,7 +259,7 @@ func TestMalformedPDUClosesOnlyItsConnection(t *testing.T) {
 // CRC32C header and data digests: negotiated, checked both ways; a data
 // digest error is rejected and the session goes on.
 func TestDigests(t *testing.T) {
-	_, addr := startServer(t, memExports{"disk": newMem(1 << 20)}, Config{})
+	_, addr := startServer(t, frontendtest.Disks{"disk": frontendtest.NewDisk(1 << 20)}, Config{})
 	c := dialClient(t, addr)
 	keys := c.loginNormal(testInitiator, TargetName(testCluster, "disk"),
 		"HeaderDigest", "CRC32C,None", "DataDigest", "CRC32C,None", "ImmediateData", "Yes", "InitialR2T", "No")
@@ -299,7 +300,7 @@ func TestDigests(t *testing.T) {
 // The buffers a session holds are bounded: writes whose data has not come
 // yet hold their buffers, and one past MaxSessionBytes gets TASK SET FULL.
 func TestSessionMemoryBound(t *testing.T) {
-	_, addr := startServer(t, memExports{"disk": newMem(8 << 20)}, Config{MaxSessionBytes: 256 << 10})
+	_, addr := startServer(t, frontendtest.Disks{"disk": frontendtest.NewDisk(8 << 20)}, Config{MaxSessionBytes: 256 << 10})
 	c := dialClient(t, addr)
 	c.loginNormal(testInitiator, TargetName(testCluster, "disk"), "InitialR2T", "Yes", "ImmediateData", "No")
 	const blocks = 128 // 64 KiB per write: four fit
@@ -337,7 +338,7 @@ func TestTargetCHAPPrecedence(t *testing.T) {
 	own := &CHAP{User: "bob", Secret: "bob-secret-0123"}
 	var down atomic.Bool
 	var logs testutil.LogBuffer
-	_, addr := startServer(t, memExports{"own": newMem(1 << 20), "plain": newMem(1 << 20)}, Config{
+	_, addr := startServer(t, frontendtest.Disks{"own": frontendtest.NewDisk(1 << 20), "plain": frontendtest.NewDisk(1 << 20)}, Config{
 		CHAP:   chapConfig(),
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 		TargetCHAP: func(_ context.Context, volume string) (*CHAP, error) {

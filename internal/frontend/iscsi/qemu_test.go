@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
 	"github.com/basalt-storage/basalt/internal/testutil"
 )
 
@@ -59,7 +60,7 @@ func fileSum(t *testing.T, path string) [32]byte {
 func TestQemuImgConvert(t *testing.T) {
 	requireQemuISCSI(t)
 	const size = 24 << 20
-	_, addr := startServer(t, memExports{"disk": newMem(size)}, Config{})
+	_, addr := startServer(t, frontendtest.Disks{"disk": frontendtest.NewDisk(size)}, Config{})
 	target := TargetName(testCluster, "disk")
 	url := "iscsi://" + addr + "/" + target + "/0"
 

@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"io"
 	"testing"
+
+	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
 )
 
 func BenchmarkRequest(b *testing.B) {
@@ -27,7 +29,7 @@ func BenchmarkRequest(b *testing.B) {
 
 func benchRequests(b *testing.B, write bool, bs, qd int) {
 	const size = 64 << 20
-	ts := startServer(b, Config{Exports: memExports{"disk": newMem(size)}.exports()})
+	ts := startServer(b, Config{Exports: frontendtest.Disks{"disk": frontendtest.NewDisk(size)}.Exports()})
 	c := open(b, ts.sock, "disk")
 	blocks := uint64(size / bs)
 

@@ -7,12 +7,13 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
+	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
 )
 
 // gatedExports counts opens per name and holds the opens of gated names until
 // their gate closes (an export whose cluster answers slowly).
 type gatedExports struct {
-	memExports
+	frontendtest.Disks
 	gates map[string]chan struct{}
 
 	mu    sync.Mutex
@@ -30,7 +31,7 @@ func (g *gatedExports) Open(ctx context.Context, name string) (frontend.Backend,
 			return nil, ctx.Err()
 		}
 	}
-	return g.memExports.Open(ctx, name)
+	return g.Disks.Open(ctx, name)
 }
 
 func (g *gatedExports) openCount(name string) int {
@@ -44,9 +45,9 @@ func (g *gatedExports) openCount(name string) int {
 func TestSlowOpenDoesNotStallOtherHandshakes(t *testing.T) {
 	gate := make(chan struct{})
 	g := &gatedExports{
-		memExports: memExports{"disk": newMem(1 << 20), "slow": newMem(1 << 20)},
-		gates:      map[string]chan struct{}{"slow": gate},
-		opens:      map[string]int{},
+		Disks: frontendtest.Disks{"disk": frontendtest.NewDisk(1 << 20), "slow": frontendtest.NewDisk(1 << 20)},
+		gates: map[string]chan struct{}{"slow": gate},
+		opens: map[string]int{},
 	}
 	ts := startServer(t, Config{Exports: frontend.NewExports(frontend.ExportsConfig{Opener: g, Logger: quietLogger()})})
 
@@ -98,8 +99,8 @@ func TestSlowOpenDoesNotStallOtherHandshakes(t *testing.T) {
 // NBD_OPT_INFO describes an export without opening it; NBD_OPT_GO opens it,
 // connections share it, and the last one to leave closes it.
 func TestInfoDoesNotOpenAndLastConnectionCloses(t *testing.T) {
-	disk := newMem(1 << 20)
-	g := &gatedExports{memExports: memExports{"disk": disk}, opens: map[string]int{}}
+	disk := frontendtest.NewDisk(1 << 20)
+	g := &gatedExports{Disks: frontendtest.Disks{"disk": disk}, opens: map[string]int{}}
 	ts := startServer(t, Config{Exports: frontend.NewExports(frontend.ExportsConfig{Opener: g, Logger: quietLogger()})})
 
 	for range 3 {
@@ -123,9 +124,9 @@ func TestInfoDoesNotOpenAndLastConnectionCloses(t *testing.T) {
 		c.expectEOF()
 	}
 	deadline := time.Now().Add(60 * time.Second)
-	for disk.closes.Load() != 1 {
+	for disk.Closes.Load() != 1 {
 		if time.Now().After(deadline) {
-			t.Fatalf("backend closed %d times after both connections left, want 1", disk.closes.Load())
+			t.Fatalf("backend closed %d times after both connections left, want 1", disk.Closes.Load())
 		}
 		time.Sleep(time.Millisecond)
 	}

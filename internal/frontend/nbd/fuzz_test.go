@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
 	"github.com/basalt-storage/basalt/internal/identity"
 )
 
@@ -72,12 +73,12 @@ const (
 	fuzzMaxPayload = 64 << 10
 )
 
-func fuzzServer(t *testing.T, exports memExports) *Server {
+func fuzzServer(t *testing.T, exports frontendtest.Disks) *Server {
 	return fuzzServerTLS(t, exports, nil)
 }
 
-func fuzzServerTLS(t *testing.T, exports memExports, tc *tls.Config) *Server {
-	s, err := NewServer(Config{Exports: exports.exports(), Logger: quietLogger(), MaxPayload: fuzzMaxPayload, MaxInFlight: 8, TLS: tc})
+func fuzzServerTLS(t *testing.T, exports frontendtest.Disks, tc *tls.Config) *Server {
+	s, err := NewServer(Config{Exports: exports.Exports(), Logger: quietLogger(), MaxPayload: fuzzMaxPayload, MaxInFlight: 8, TLS: tc})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,20 +130,20 @@ func FuzzHandshake(f *testing.F) {
 	serverTLS := fuzzTLS(f)
 	f.Fuzz(func(t *testing.T, in []byte) {
 		for _, p := range []TLSPolicy{TLSOff, TLSAllow, TLSRequire} {
-			disk, ro := newMem(fuzzSize), newMem(fuzzSize)
-			ro.readOnly = true
-			s := fuzzServerTLS(t, memExports{"disk": disk, "ro": ro}, serverTLS)
+			disk, ro := frontendtest.NewDisk(fuzzSize), frontendtest.NewDisk(fuzzSize)
+			ro.ReadOnly = true
+			s := fuzzServerTLS(t, frontendtest.Disks{"disk": disk, "ro": ro}, serverTLS)
 			s.ServeConnTLS(&scriptConn{r: bytes.NewReader(in)}, p)
-			if v := disk.violations.Load() + ro.violations.Load(); v != 0 {
+			if v := disk.Violations.Load() + ro.Violations.Load(); v != 0 {
 				t.Fatalf("TLS %v: %d calls broke the Backend contract", p, v)
 			}
-			if ro.mutations.Load() != 0 {
+			if ro.Mutations.Load() != 0 {
 				t.Fatalf("TLS %v: a read-only export was modified", p)
 			}
-			if p == TLSRequire && disk.mutations.Load()+disk.submitted.Load() != 0 {
+			if p == TLSRequire && disk.Mutations.Load()+disk.Submitted.Load() != 0 {
 				t.Fatal("TLS required: a plaintext client reached the export")
 			}
-			if disk.pending.Load() != 0 {
+			if disk.Pending.Load() != 0 {
 				t.Fatalf("TLS %v: backend IO still pending after the connection ended", p)
 			}
 		}
@@ -220,22 +221,23 @@ func FuzzRequests(f *testing.F) {
 	f.Add(append(reqBytes(cmdFlush, 0, 0, 0, nil), reqBytes(cmdDisc, 0, 0, 0, nil)...))
 	f.Add(reqBytes(cmdWrite, 0, 0, 1<<30, []byte("huge")))
 	f.Fuzz(func(t *testing.T, stream []byte) {
-		disk := newMem(fuzzSize)
+		disk := frontendtest.NewDisk(fuzzSize)
 		// Start from a pattern so that trims and zeroes are visible.
-		for i := range disk.data {
-			disk.data[i] = byte(i*7 + 1)
+		want := make([]byte, fuzzSize)
+		for i := range want {
+			want[i] = byte(i*7 + 1)
 		}
-		want := bytes.Clone(disk.data)
-		s := fuzzServer(t, memExports{"disk": disk})
+		disk.Put(0, want)
+		s := fuzzServer(t, frontendtest.Disks{"disk": disk})
 		s.ServeConn(&scriptConn{r: bytes.NewReader(append(goPrefix(), stream...))})
-		if v := disk.violations.Load(); v != 0 {
+		if v := disk.Violations.Load(); v != 0 {
 			t.Fatalf("%d calls broke the Backend contract", v)
 		}
-		if disk.pending.Load() != 0 {
+		if disk.Pending.Load() != 0 {
 			t.Fatal("backend IO still pending after the connection ended")
 		}
 		modelApply(stream, want)
-		if !bytes.Equal(disk.data, want) {
+		if !bytes.Equal(disk.Bytes(0, fuzzSize), want) {
 			t.Fatal("export content differs from the model: an invalid or torn request was applied, or a valid one was lost")
 		}
 	})

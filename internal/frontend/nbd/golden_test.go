@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
@@ -17,9 +19,9 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden")
 // NBD_OPT_LIST, NBD_OPT_GO with every info, a write, a read, a rejected read and
 // DISC. A change to any of them is a protocol change and must be deliberate.
 func TestWireGolden(t *testing.T) {
-	disk := newMem(1 << 16)
-	disk.desc = "golden"
-	s := fuzzServer(t, memExports{"disk": disk})
+	disk := frontendtest.NewDisk(1 << 16)
+	disk.Description = "golden"
+	s := fuzzServer(t, frontendtest.Disks{"disk": disk})
 
 	in := binary.BigEndian.AppendUint32(nil, flagCFixedNewstyle|flagCNoZeroes)
 	for _, o := range []struct {

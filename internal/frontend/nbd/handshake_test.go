@@ -5,14 +5,16 @@ import (
 	"encoding/binary"
 	"strings"
 	"testing"
+
+	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
 )
 
 func handshakeServer(t *testing.T) *testServer {
-	disk := newMem(1 << 20)
-	disk.desc = "test disk"
-	ro := newMem(64 << 10)
-	ro.readOnly = true
-	return startServer(t, Config{Exports: memExports{"disk": disk, "ro": ro}.exports()})
+	disk := frontendtest.NewDisk(1 << 20)
+	disk.Description = "test disk"
+	ro := frontendtest.NewDisk(64 << 10)
+	ro.ReadOnly = true
+	return startServer(t, Config{Exports: frontendtest.Disks{"disk": disk, "ro": ro}.Exports()})
 }
 
 func TestGoReportsExportInfo(t *testing.T) {

@@ -2,173 +2,17 @@ package nbd
 
 import (
 	"bufio"
-	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
-	"sort"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/basalt-storage/basalt/internal/frontend"
-	"github.com/basalt-storage/basalt/pkg/api"
 )
-
-// memBackend is an in-memory frontend.Backend for protocol tests, with optional
-// injected errors, delays and a gate that holds completions.
-type memBackend struct {
-	mu   sync.Mutex
-	data []byte // guarded by mu
-
-	readOnly bool
-	desc     string
-	minBlock uint32 // BlockSizes.Minimum; 0: the default
-	// fail, if set, decides an error per IO (nil: do the IO).
-	fail func(op api.Op, off, length int64) error
-	// delay, if set, completes the IO on another goroutine after the duration.
-	delay func(op api.Op, off, length int64) time.Duration
-	// gate, if set, holds every completion until a value is received from it.
-	gate chan struct{}
-
-	submitted  atomic.Int64 // every Submit
-	mutations  atomic.Int64 // Submits of write, trim, write-zeroes
-	violations atomic.Int64 // Submits that break the Backend contract
-	pending    atomic.Int64 // submitted, done not yet called
-	closes     atomic.Int64 // Close calls
-}
-
-func newMem(size int) *memBackend { return &memBackend{data: make([]byte, size)} }
-
-func (m *memBackend) Info() frontend.Info {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return frontend.Info{
-		Size: int64(len(m.data)), ReadOnly: m.readOnly, Description: m.desc,
-		CanFlush: true, CanFUA: true, CanTrim: true, CanWriteZeroes: true,
-		BlockSizes: frontend.BlockSizes{Minimum: m.minBlock},
-	}
-}
-
-func (m *memBackend) Check(context.Context) error { return nil }
-
-func (m *memBackend) Close() error {
-	m.closes.Add(1)
-	return nil
-}
-
-func (m *memBackend) Submit(op api.Op, buf []byte, off, length int64, done func(error)) {
-	m.submitted.Add(1)
-	m.pending.Add(1)
-	switch op {
-	case api.OpWrite, api.OpTrim, api.OpWriteZeroes:
-		m.mutations.Add(1)
-	}
-	bad := off < 0 || length < 0 || off+length > int64(len(m.data))
-	switch op {
-	case api.OpRead, api.OpWrite:
-		bad = bad || length == 0 || int64(len(buf)) != length
-	case api.OpTrim, api.OpWriteZeroes:
-		bad = bad || length == 0 || buf != nil
-	case api.OpFlush:
-		bad = bad || buf != nil || off != 0 || length != 0
-	default:
-		bad = true
-	}
-	if bad || (m.readOnly && op != api.OpRead && op != api.OpFlush) {
-		m.violations.Add(1)
-		m.finish(done, errors.New("memBackend: contract violation"))
-		return
-	}
-	var d time.Duration
-	if m.delay != nil {
-		d = m.delay(op, off, length)
-	}
-	switch {
-	case d > 0:
-		time.AfterFunc(d, func() { m.run(op, buf, off, length, done) })
-	case m.gate != nil:
-		go m.run(op, buf, off, length, done)
-	default:
-		m.run(op, buf, off, length, done)
-	}
-}
-
-func (m *memBackend) run(op api.Op, buf []byte, off, length int64, done func(error)) {
-	if m.gate != nil {
-		<-m.gate
-	}
-	if m.fail != nil {
-		if err := m.fail(op, off, length); err != nil {
-			m.finish(done, err)
-			return
-		}
-	}
-	m.mu.Lock()
-	switch op {
-	case api.OpRead:
-		copy(buf, m.data[off:off+length])
-	case api.OpWrite:
-		copy(m.data[off:], buf)
-	case api.OpTrim, api.OpWriteZeroes:
-		clear(m.data[off : off+length])
-	}
-	m.mu.Unlock()
-	m.finish(done, nil)
-}
-
-func (m *memBackend) finish(done func(error), err error) {
-	m.pending.Add(-1)
-	done(err)
-}
-
-func (m *memBackend) snapshot(off, n int) []byte {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return append([]byte(nil), m.data[off:off+n]...)
-}
-
-// memExports is a frontend.Opener over a fixed set of memBackends; Open
-// returns the same one for a name every time.
-type memExports map[string]frontend.Backend
-
-func (e memExports) Open(_ context.Context, name string) (frontend.Backend, error) {
-	if b, ok := e[name]; ok {
-		return b, nil
-	}
-	return nil, fmt.Errorf("%w: %q", frontend.ErrNoSuchExport, name)
-}
-
-func (e memExports) Stat(ctx context.Context, name string) (frontend.Info, error) {
-	b, err := e.Open(ctx, name)
-	if err != nil {
-		return frontend.Info{}, err
-	}
-	return b.Info(), nil
-}
-
-func (e memExports) List(context.Context) ([]string, error) {
-	names := make([]string, 0, len(e))
-	for n := range e {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names, nil
-}
-
-// Classify leaves errors as they are: tests inject classified ones.
-func (e memExports) Classify(err error) error { return err }
-
-// exports wraps e in the export lifecycle a Server serves.
-func (e memExports) exports() *frontend.Exports {
-	return frontend.NewExports(frontend.ExportsConfig{Opener: e, Logger: quietLogger()})
-}
 
 // testServer is a Server on a Unix socket in a short temp dir.
 type testServer struct {
@@ -377,17 +221,6 @@ func waitFor(t testing.TB, within time.Duration, what string, cond func() error)
 		}
 		time.Sleep(time.Millisecond)
 	}
-}
-
-// waitSubmitted waits until the backend got at least n requests.
-func (m *memBackend) waitSubmitted(t testing.TB, n int64) {
-	t.Helper()
-	waitFor(t, 60*time.Second, "requests submitted to the backend", func() error {
-		if got := m.submitted.Load(); got < n {
-			return fmt.Errorf("%d of %d", got, n)
-		}
-		return nil
-	})
 }
 
 // reply reads one simple reply; dataLen says how many payload bytes follow a

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
 	"github.com/basalt-storage/basalt/internal/testutil"
 )
 
@@ -38,9 +39,9 @@ func run(t *testing.T, name string, args ...string) []byte {
 
 func TestNbdinfo(t *testing.T) {
 	testutil.RequireTool(t, "nbdinfo")
-	ro := newMem(1 << 20)
-	ro.readOnly = true
-	ts := startServer(t, Config{Exports: memExports{"disk": newMem(48 << 20), "ro": ro}.exports()})
+	ro := frontendtest.NewDisk(1 << 20)
+	ro.ReadOnly = true
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": frontendtest.NewDisk(48 << 20), "ro": ro}.Exports()})
 
 	var info struct {
 		Exports []map[string]any `json:"exports"`
@@ -93,8 +94,8 @@ func TestNbdinfo(t *testing.T) {
 func TestQemuImgConvertRoundTrip(t *testing.T) {
 	testutil.RequireTool(t, "qemu-img")
 	const size = 24 << 20
-	disk := newMem(size)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
+	disk := frontendtest.NewDisk(size)
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports()})
 
 	dir := t.TempDir()
 	src := filepath.Join(dir, "src.img")
@@ -113,7 +114,7 @@ func TestQemuImgConvertRoundTrip(t *testing.T) {
 	}
 	uri := nbdURI(ts.sock, "disk")
 	run(t, "qemu-img", "convert", "-n", "-f", "raw", "-O", "raw", src, uri)
-	if !bytes.Equal(disk.snapshot(0, size), img) {
+	if !bytes.Equal(disk.Bytes(0, size), img) {
 		t.Fatal("export content differs from the image written by qemu-img")
 	}
 	run(t, "qemu-img", "convert", "-f", "raw", "-O", "raw", uri, dst)
@@ -133,8 +134,8 @@ func TestQemuImgConvertRoundTrip(t *testing.T) {
 func TestFioMultiConnVerify(t *testing.T) {
 	testutil.RequireTool(t, "fio")
 	const jobs, region = 4, 8 << 20
-	disk := newMem(jobs * region)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
+	disk := frontendtest.NewDisk(jobs * region)
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports()})
 	out := run(t, "fio",
 		"--name=nbdverify", "--ioengine=nbd", "--uri="+nbdURI(ts.sock, "disk"),
 		"--rw=randwrite", "--bssplit=4k/70:64k/30", "--iodepth=16",

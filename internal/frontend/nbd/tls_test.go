@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
 	"github.com/basalt-storage/basalt/internal/identity"
 )
 
@@ -44,10 +45,10 @@ func newTLSFixture(t *testing.T) *tlsFixture {
 }
 
 // startTLSServer serves one in-memory export on a Unix socket with policy p.
-func startTLSServer(t *testing.T, f *tlsFixture, p TLSPolicy, recheck func(tls.ConnectionState) error) (*testServer, *memBackend) {
+func startTLSServer(t *testing.T, f *tlsFixture, p TLSPolicy, recheck func(tls.ConnectionState) error) (*testServer, *frontendtest.Disk) {
 	t.Helper()
-	disk := newMem(1 << 20)
-	s, err := NewServer(Config{Exports: memExports{"disk": disk}.exports(), Logger: quietLogger(),
+	disk := frontendtest.NewDisk(1 << 20)
+	s, err := NewServer(Config{Exports: frontendtest.Disks{"disk": disk}.Exports(), Logger: quietLogger(),
 		TLS: f.server.ServerTLS(identity.RoleClient), TLSRecheck: recheck})
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +117,7 @@ func TestTLSRequire(t *testing.T) {
 	if errno, data := c.do(cmdRead, 0, 4096, 5, nil); errno != 0 || string(data) != "hello" {
 		t.Fatalf("read over TLS: errno %d data %q", errno, data)
 	}
-	if got := disk.snapshot(4096, 5); string(got) != "hello" {
+	if got := disk.Bytes(4096, 5); string(got) != "hello" {
 		t.Fatalf("export holds %q", got)
 	}
 
@@ -157,7 +158,7 @@ func TestTLSAllowAndOff(t *testing.T) {
 		t.Fatalf("STARTTLS on an off listener: %#x, want NBD_REP_ERR_UNSUP", r.typ)
 	}
 
-	s, err := NewServer(Config{Exports: memExports{}.exports(), Logger: quietLogger()})
+	s, err := NewServer(Config{Exports: frontendtest.Disks{}.Exports(), Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +219,7 @@ func TestTLSRefusals(t *testing.T) {
 	if len(out) > 20 { // at most STARTTLS's ACK, if the server read the two apart
 		t.Errorf("plaintext after STARTTLS was answered: % x", out)
 	}
-	if disk.mutations.Load() != 0 {
+	if disk.Mutations.Load() != 0 {
 		t.Fatal("the export changed")
 	}
 }

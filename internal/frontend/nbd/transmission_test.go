@@ -15,12 +15,13 @@ import (
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
+	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 func TestCommandsRoundTrip(t *testing.T) {
-	disk := newMem(1 << 20)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
+	disk := frontendtest.NewDisk(1 << 20)
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports()})
 	c := open(t, ts.sock, "disk")
 
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -56,7 +57,7 @@ func TestCommandsRoundTrip(t *testing.T) {
 	if errno, got := c.do(cmdRead, 0, 4096, uint32(len(data)), nil); errno != 0 || !bytes.Equal(got, want) {
 		t.Fatalf("trimmed and zeroed ranges do not read back as zeros (errno %d)", errno)
 	}
-	if got := disk.snapshot(1<<20-3, 3); string(got) != "end" {
+	if got := disk.Bytes(1<<20-3, 3); string(got) != "end" {
 		t.Fatalf("last bytes %q", got)
 	}
 	c.send(cmdDisc, 0, 9, 0, 0, nil)
@@ -66,9 +67,9 @@ func TestCommandsRoundTrip(t *testing.T) {
 func TestValidationRejectsBeforeBackend(t *testing.T) {
 	for _, minBlock := range []uint32{1, 512} {
 		t.Run(fmt.Sprintf("min%d", minBlock), func(t *testing.T) {
-			disk := newMem(1 << 20)
-			disk.minBlock = minBlock
-			ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports(), MaxPayload: 1 << 20})
+			disk := frontendtest.NewDisk(1 << 20)
+			disk.BlockSizes.Minimum = minBlock
+			ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports(), MaxPayload: 1 << 20})
 			c := open(t, ts.sock, "disk")
 			type tc struct {
 				name    string
@@ -107,7 +108,7 @@ func TestValidationRejectsBeforeBackend(t *testing.T) {
 					tc{"unaligned trim", cmdTrim, 0, 512, 700, false, EINVAL},
 				)
 			}
-			before := disk.submitted.Load()
+			before := disk.Submitted.Load()
 			for _, tc := range cases {
 				var payload []byte
 				if tc.payload {
@@ -117,7 +118,7 @@ func TestValidationRejectsBeforeBackend(t *testing.T) {
 					t.Errorf("%s: errno %d, want %d", tc.name, errno, tc.want)
 				}
 			}
-			if n := disk.submitted.Load() - before; n != 0 {
+			if n := disk.Submitted.Load() - before; n != 0 {
 				t.Errorf("%d invalid requests reached the backend", n)
 			}
 			// The payloads of rejected writes were skipped: the stream is in step
@@ -130,22 +131,22 @@ func TestValidationRejectsBeforeBackend(t *testing.T) {
 }
 
 func TestOversizedWriteClosesWithoutWriting(t *testing.T) {
-	disk := newMem(64 << 20)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports(), MaxPayload: 1 << 20})
+	disk := frontendtest.NewDisk(64 << 20)
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports(), MaxPayload: 1 << 20})
 	c := open(t, ts.sock, "disk")
 	c.send(cmdWrite, 0, 5, 0, 2<<20, bytes.Repeat([]byte{1}, 4096))
 	if cookie, errno, _ := c.reply(nil); cookie != 5 || errno != EINVAL {
 		t.Errorf("oversized write: cookie %d errno %d, want 5 EINVAL", cookie, errno)
 	}
 	c.expectEOF()
-	if n := disk.submitted.Load(); n != 0 {
+	if n := disk.Submitted.Load(); n != 0 {
 		t.Errorf("backend got %d requests", n)
 	}
 }
 
 func TestTornWriteIsNotSubmitted(t *testing.T) {
-	disk := newMem(1 << 20)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
+	disk := frontendtest.NewDisk(1 << 20)
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports()})
 	c := open(t, ts.sock, "disk")
 	c.send(cmdWrite, 0, 1, 0, 8192, bytes.Repeat([]byte{1}, 5000))
 	c.nc.Close()
@@ -161,7 +162,7 @@ func TestTornWriteIsNotSubmitted(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if n := disk.mutations.Load(); n != 0 {
+	if n := disk.Mutations.Load(); n != 0 {
 		t.Errorf("a torn write reached the backend (%d mutations)", n)
 	}
 }
@@ -179,9 +180,9 @@ func TestBackendErrorsMapped(t *testing.T) {
 		8 * 4096: frontend.ErrUnavailable,
 		9 * 4096: frontend.ErrIO,
 	}
-	disk := newMem(1 << 20)
-	disk.fail = func(op api.Op, off, length int64) error { return injected[off] }
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
+	disk := frontendtest.NewDisk(1 << 20)
+	disk.Fail = func(op api.Op, off, length int64) error { return injected[off] }
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports()})
 	c := open(t, ts.sock, "disk")
 	want := []uint32{EPERM, ENOSPC, EINVAL, EIO, EPERM, ENOTSUP, ESHUTDOWN, EINVAL, EIO, EIO, 0}
 	for i, w := range want {
@@ -198,18 +199,18 @@ func TestBackendErrorsMapped(t *testing.T) {
 // requests after it. The read completes only after the 8 writes sent after it
 // were answered, so a server that replied in order would never answer.
 func TestRepliesOutOfOrder(t *testing.T) {
-	disk := newMem(1 << 20)
+	disk := frontendtest.NewDisk(1 << 20)
 	release := make(chan struct{})
 	// Every IO completes on a goroutine of its own; the read of block 0
 	// waits for release.
-	disk.delay = func(op api.Op, off, length int64) time.Duration { return time.Millisecond }
-	disk.fail = func(op api.Op, off, length int64) error {
+	disk.Delay = func(op api.Op, off, length int64) time.Duration { return time.Millisecond }
+	disk.Fail = func(op api.Op, off, length int64) error {
 		if off == 0 {
 			<-release
 		}
 		return nil
 	}
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports()})
 	c := open(t, ts.sock, "disk")
 	c.nc.SetReadDeadline(time.Now().Add(60 * time.Second))
 	c.send(cmdRead, 0, 100, 0, 4096, nil)
@@ -238,9 +239,9 @@ func TestRepliesOutOfOrder(t *testing.T) {
 }
 
 func TestDiscAnswersInFlightFirst(t *testing.T) {
-	disk := newMem(1 << 20)
-	disk.delay = func(op api.Op, off, length int64) time.Duration { return 50 * time.Millisecond }
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
+	disk := frontendtest.NewDisk(1 << 20)
+	disk.Delay = func(op api.Op, off, length int64) time.Duration { return 50 * time.Millisecond }
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports()})
 	c := open(t, ts.sock, "disk")
 	for i := range uint64(16) {
 		c.send(cmdWrite, 0, i, i*4096, 4096, bytes.Repeat([]byte{byte(i + 1)}, 4096))
@@ -259,27 +260,27 @@ func TestDiscAnswersInFlightFirst(t *testing.T) {
 		t.Fatalf("got %d distinct replies", len(seen))
 	}
 	for i := range 16 {
-		if got := disk.snapshot(i*4096, 1); got[0] != byte(i+1) {
+		if got := disk.Bytes(i*4096, 1); got[0] != byte(i+1) {
 			t.Errorf("block %d holds %d after DISC", i, got[0])
 		}
 	}
 }
 
 func TestInFlightIsBounded(t *testing.T) {
-	disk := newMem(1 << 20)
-	disk.gate = make(chan struct{})
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports(), MaxInFlight: 4})
+	disk := frontendtest.NewDisk(1 << 20)
+	disk.Gate = make(chan struct{})
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports(), MaxInFlight: 4})
 	c := open(t, ts.sock, "disk")
 	for i := range uint64(10) {
 		c.send(cmdRead, 0, i, i*4096, 4096, nil)
 	}
-	disk.waitSubmitted(t, 4)
+	disk.WaitSubmitted(t, 4)
 	time.Sleep(100 * time.Millisecond) // time to (wrongly) submit more
-	if n := disk.submitted.Load(); n != 4 {
+	if n := disk.Submitted.Load(); n != 4 {
 		t.Fatalf("%d requests submitted with MaxInFlight 4", n)
 	}
 	for range 10 {
-		disk.gate <- struct{}{}
+		disk.Gate <- struct{}{}
 	}
 	for range 10 {
 		if _, errno, _ := c.reply(func(uint64) int { return 4096 }); errno != 0 {
@@ -289,8 +290,8 @@ func TestInFlightIsBounded(t *testing.T) {
 }
 
 func TestMultiConnSharesBackend(t *testing.T) {
-	disk := newMem(1 << 20)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
+	disk := frontendtest.NewDisk(1 << 20)
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports()})
 	a := open(t, ts.sock, "disk")
 	b := open(t, ts.sock, "disk")
 	if a.flags&flagCanMultiConn == 0 {
@@ -305,14 +306,14 @@ func TestMultiConnSharesBackend(t *testing.T) {
 }
 
 func TestShutdownFinishesInFlight(t *testing.T) {
-	disk := newMem(1 << 20)
-	disk.delay = func(op api.Op, off, length int64) time.Duration { return 100 * time.Millisecond }
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
+	disk := frontendtest.NewDisk(1 << 20)
+	disk.Delay = func(op api.Op, off, length int64) time.Duration { return 100 * time.Millisecond }
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports()})
 	c := open(t, ts.sock, "disk")
 	idle := dial(t, ts.sock) // still in the handshake
 	idle.greet(flagCFixedNewstyle)
 	c.send(cmdWrite, 0, 1, 0, 4, []byte("data"))
-	disk.waitSubmitted(t, 1) // in flight when Shutdown begins
+	disk.WaitSubmitted(t, 1) // in flight when Shutdown begins
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	done := make(chan error, 1)
@@ -328,25 +329,25 @@ func TestShutdownFinishesInFlight(t *testing.T) {
 	if err := <-ts.serveCh; !errors.Is(err, ErrServerClosed) {
 		t.Fatalf("Serve returned %v", err)
 	}
-	if got := disk.snapshot(0, 4); string(got) != "data" {
+	if got := disk.Bytes(0, 4); string(got) != "data" {
 		t.Fatalf("write lost: %q", got)
 	}
-	if disk.pending.Load() != 0 {
+	if disk.Pending.Load() != 0 {
 		t.Fatal("backend IO still pending after Shutdown")
 	}
 }
 
 func TestShutdownAnswersBufferedWithESHUTDOWN(t *testing.T) {
-	disk := newMem(1 << 20)
-	disk.gate = make(chan struct{})
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports(), MaxInFlight: 1})
+	disk := frontendtest.NewDisk(1 << 20)
+	disk.Gate = make(chan struct{})
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports(), MaxInFlight: 1})
 	c := open(t, ts.sock, "disk")
 	// First read is held by the gate; the second waits in the server's buffer
 	// because only one request may be in flight. Both go in one write, so the
 	// server's first read of the socket takes both: the second is read from its
 	// buffer however long after Shutdown's grace the gate opens.
 	c.write(append(encodeRequest(cmdRead, 0, 1, 0, 512, nil), encodeRequest(cmdRead, 0, 2, 512, 512, nil)...))
-	disk.waitSubmitted(t, 1)
+	disk.WaitSubmitted(t, 1)
 	done := make(chan error, 1)
 	go func() { done <- ts.Shutdown(context.Background()) }()
 	waitFor(t, 60*time.Second, "Shutdown begun", func() error {
@@ -355,7 +356,7 @@ func TestShutdownAnswersBufferedWithESHUTDOWN(t *testing.T) {
 		}
 		return nil
 	})
-	disk.gate <- struct{}{}
+	disk.Gate <- struct{}{}
 	got := map[uint64]uint32{}
 	for range 2 {
 		cookie, errno, _ := c.reply(func(uint64) int { return 512 })
@@ -371,22 +372,22 @@ func TestShutdownAnswersBufferedWithESHUTDOWN(t *testing.T) {
 }
 
 func TestCloseDropsReplies(t *testing.T) {
-	disk := newMem(1 << 20)
-	disk.delay = func(op api.Op, off, length int64) time.Duration { return 50 * time.Millisecond }
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
+	disk := frontendtest.NewDisk(1 << 20)
+	disk.Delay = func(op api.Op, off, length int64) time.Duration { return 50 * time.Millisecond }
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports()})
 	c := open(t, ts.sock, "disk")
 	c.send(cmdRead, 0, 1, 0, 4096, nil)
-	disk.waitSubmitted(t, 1) // in the backend when Close begins
+	disk.WaitSubmitted(t, 1) // in the backend when Close begins
 	ts.Close()
-	if disk.pending.Load() != 0 {
+	if disk.Pending.Load() != 0 {
 		t.Fatal("Close returned before the backend called back")
 	}
 	c.expectEOF()
 }
 
 func TestBadRequestMagicCloses(t *testing.T) {
-	disk := newMem(1 << 20)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
+	disk := frontendtest.NewDisk(1 << 20)
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports()})
 	c := open(t, ts.sock, "disk")
 	c.write(make([]byte, requestHeaderLen))
 	c.expectEOF()
@@ -395,8 +396,8 @@ func TestBadRequestMagicCloses(t *testing.T) {
 func TestNewServerRejectsBadConfig(t *testing.T) {
 	for _, cfg := range []Config{
 		{},
-		{Exports: memExports{}.exports(), MaxPayload: 64 << 20},
-		{Exports: memExports{}.exports(), MaxPayload: 2048},
+		{Exports: frontendtest.Disks{}.Exports(), MaxPayload: 64 << 20},
+		{Exports: frontendtest.Disks{}.Exports(), MaxPayload: 2048},
 	} {
 		if _, err := NewServer(cfg); !errors.Is(err, ErrBadConfig) {
 			t.Errorf("NewServer(%+v) = %v, want ErrBadConfig", cfg, err)
@@ -405,12 +406,12 @@ func TestNewServerRejectsBadConfig(t *testing.T) {
 }
 
 func TestShutdownDeadlineClosesHard(t *testing.T) {
-	disk := newMem(1 << 20)
-	disk.gate = make(chan struct{})
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
+	disk := frontendtest.NewDisk(1 << 20)
+	disk.Gate = make(chan struct{})
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports()})
 	c := open(t, ts.sock, "disk")
 	c.send(cmdRead, 0, 1, 0, 512, nil)
-	disk.waitSubmitted(t, 1) // held by the gate
+	disk.WaitSubmitted(t, 1) // held by the gate
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	done := make(chan error, 1)
@@ -421,15 +422,15 @@ func TestShutdownDeadlineClosesHard(t *testing.T) {
 		t.Fatalf("Shutdown returned %v while the backend still held a buffer", err)
 	case <-time.After(50 * time.Millisecond):
 	}
-	disk.gate <- struct{}{}
+	disk.Gate <- struct{}{}
 	if err := <-done; !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Shutdown = %v, want DeadlineExceeded", err)
 	}
 }
 
 func TestServeTCP(t *testing.T) {
-	disk := newMem(1 << 20)
-	s, err := NewServer(Config{Exports: memExports{"disk": disk}.exports(), Logger: quietLogger()})
+	disk := frontendtest.NewDisk(1 << 20)
+	s, err := NewServer(Config{Exports: frontendtest.Disks{"disk": disk}.Exports(), Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -476,15 +477,15 @@ func TestServeTCP(t *testing.T) {
 // a scrambled order and in batches; every reply must match its request.
 func TestPipelinedRandomIO(t *testing.T) {
 	const conns, blocks, bs, depth = 4, 256, 4096, 48
-	disk := newMem(conns * blocks * bs)
+	disk := frontendtest.NewDisk(conns * blocks * bs)
 	var mu sync.Mutex
 	rng := rand.New(rand.NewPCG(7, 8))
-	disk.delay = func(op api.Op, off, length int64) time.Duration {
+	disk.Delay = func(op api.Op, off, length int64) time.Duration {
 		mu.Lock()
 		defer mu.Unlock()
 		return time.Duration(rng.IntN(2000)) * time.Microsecond
 	}
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports(), MaxInFlight: 32})
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports(), MaxInFlight: 32})
 	pattern := func(block int) []byte {
 		return bytes.Repeat([]byte{byte(block), byte(block >> 8), 0xa5, 0x5a}, bs/4)
 	}
@@ -573,8 +574,8 @@ func pipeline(c *client, first int, order []int, pattern func(int) []byte, depth
 }
 
 func TestClientThatStopsReadingIsDisconnected(t *testing.T) {
-	disk := newMem(32 << 20)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports(), WriteTimeout: 100 * time.Millisecond})
+	disk := frontendtest.NewDisk(32 << 20)
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports(), WriteTimeout: 100 * time.Millisecond})
 	c := open(t, ts.sock, "disk")
 	// 64 reads of 1 MiB: far more than the socket buffers hold; never read.
 	for i := range uint64(64) {
@@ -594,20 +595,20 @@ func TestClientThatStopsReadingIsDisconnected(t *testing.T) {
 }
 
 func TestInFlightBytesAreBounded(t *testing.T) {
-	disk := newMem(1 << 20)
-	disk.gate = make(chan struct{})
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports(), MaxInFlightBytes: 3 * 4096})
+	disk := frontendtest.NewDisk(1 << 20)
+	disk.Gate = make(chan struct{})
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports(), MaxInFlightBytes: 3 * 4096})
 	c := open(t, ts.sock, "disk")
 	for i := range uint64(6) {
 		c.send(cmdRead, 0, i, i*4096, 4096, nil)
 	}
-	disk.waitSubmitted(t, 3)
+	disk.WaitSubmitted(t, 3)
 	time.Sleep(100 * time.Millisecond) // time to (wrongly) submit more
-	if n := disk.submitted.Load(); n != 3 {
+	if n := disk.Submitted.Load(); n != 3 {
 		t.Fatalf("%d reads of 4 KiB submitted with a 12 KiB budget", n)
 	}
 	for range 6 {
-		disk.gate <- struct{}{}
+		disk.Gate <- struct{}{}
 	}
 	for range 6 {
 		if _, errno, _ := c.reply(func(uint64) int { return 4096 }); errno != 0 {
@@ -620,22 +621,24 @@ func TestInFlightBytesAreBounded(t *testing.T) {
 // later: the writer waits for the socket until the client reads. The reply and
 // the replies after it must arrive whole and correct.
 func TestLargeReplyToASlowReader(t *testing.T) {
-	disk := newMem(17 << 20)
+	disk := frontendtest.NewDisk(17 << 20)
 	rng := rand.New(rand.NewPCG(3, 4))
-	for i := range disk.data {
-		disk.data[i] = byte(rng.Uint32())
+	fill := make([]byte, 17<<20)
+	for i := range fill {
+		fill[i] = byte(rng.Uint32())
 	}
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports(), MaxPayload: 16 << 20})
+	disk.Put(0, fill)
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports(), MaxPayload: 16 << 20})
 	c := open(t, ts.sock, "disk")
 	c.send(cmdRead, 0, 1, 1<<20, 16<<20, nil)
 	time.Sleep(50 * time.Millisecond) // the reply waits in the socket, partly written
 	cookie, errno, got := c.reply(func(uint64) int { return 16 << 20 })
-	if cookie != 1 || errno != 0 || !bytes.Equal(got, disk.snapshot(1<<20, 16<<20)) {
-		t.Fatalf("16 MiB read: cookie %d, errno %d, data equal %v", cookie, errno, bytes.Equal(got, disk.snapshot(1<<20, 16<<20)))
+	if cookie != 1 || errno != 0 || !bytes.Equal(got, disk.Bytes(1<<20, 16<<20)) {
+		t.Fatalf("16 MiB read: cookie %d, errno %d, data equal %v", cookie, errno, bytes.Equal(got, disk.Bytes(1<<20, 16<<20)))
 	}
 	for i := range 50 {
 		off := uint64(i) * 4096
-		if errno, got := c.do(cmdRead, 0, off, 4096, nil); errno != 0 || !bytes.Equal(got, disk.snapshot(int(off), 4096)) {
+		if errno, got := c.do(cmdRead, 0, off, 4096, nil); errno != 0 || !bytes.Equal(got, disk.Bytes(int(off), 4096)) {
 			t.Fatalf("4 KiB read %d after the large one: errno %d", i, errno)
 		}
 	}
@@ -646,15 +649,13 @@ func TestLargeReplyToASlowReader(t *testing.T) {
 // size with NBD_SET_SIZE sends it there); before it grew, the same request
 // is refused.
 func TestExportGrowsWhileAttached(t *testing.T) {
-	disk := newMem(1 << 20)
-	ts := startServer(t, Config{Exports: memExports{"disk": disk}.exports()})
+	disk := frontendtest.NewDisk(1 << 20)
+	ts := startServer(t, Config{Exports: frontendtest.Disks{"disk": disk}.Exports()})
 	c := open(t, ts.sock, "disk")
 	if errno, _ := c.do(cmdRead, 0, 1<<20, 4096, nil); errno != EINVAL {
 		t.Fatalf("read past the end: errno %d, want EINVAL", errno)
 	}
-	disk.mu.Lock()
-	disk.data = append(disk.data, make([]byte, 1<<20)...)
-	disk.mu.Unlock()
+	disk.Grow(1 << 20)
 	payload := bytes.Repeat([]byte{0x77}, 4096)
 	waitFor(t, 60*time.Second, "a write in the part the export grew by", func() error {
 		if errno, _ := c.do(cmdWrite, 0, 1<<20, 4096, payload); errno != 0 {
@@ -662,7 +663,7 @@ func TestExportGrowsWhileAttached(t *testing.T) {
 		}
 		return nil
 	})
-	if got := disk.snapshot(1<<20, 4096); !bytes.Equal(got, payload) {
+	if got := disk.Bytes(1<<20, 4096); !bytes.Equal(got, payload) {
 		t.Fatal("the write in the added part did not land")
 	}
 	if errno, _ := c.do(cmdRead, 0, 2<<20, 4096, nil); errno != EINVAL {

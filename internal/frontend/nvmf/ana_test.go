@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
+	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
 )
 
 // send writes one command without waiting for its response (an AER).
@@ -81,7 +82,7 @@ func TestMultipathANA(t *testing.T) {
 	if st, _ := anaLogState(t, admin, false); st != byte(ANANonOptimized) {
 		t.Fatalf("ANA state %d, want non-optimized", st)
 	}
-	if disk.opens() != 0 {
+	if disk.Opens.Load() != 0 {
 		t.Fatal("the volume was attached before any I/O")
 	}
 	admin.must(admin.do(newSQE(adminSetFeatures, 0, 0x0b, aenANAEnabled), nil, false, 0))
@@ -98,8 +99,8 @@ func TestMultipathANA(t *testing.T) {
 	data := make([]byte, 4096)
 	data[0] = 0xab
 	ioq.must(ioq.do(rw(ioWrite, 8, 8), data, true, 0))
-	if disk.opens() != 1 {
-		t.Fatalf("%d opens after the first write, want 1", disk.opens())
+	if disk.Opens.Load() != 1 {
+		t.Fatalf("%d opens after the first write, want 1", disk.Opens.Load())
 	}
 	// Inaccessible: I/O gets ANA Inaccessible (no DNR: the host retries on
 	// another path); the notice waits for the next AER.
@@ -136,10 +137,10 @@ func TestMultipathANA(t *testing.T) {
 // NSID i is the i-th volume, each namespace its own ANA group with its own
 // state, I/O goes to each namespace's volume.
 func TestGroupSubsystem(t *testing.T) {
-	disk2 := &memDisk{data: make([]byte, 2<<20)}
+	disk2 := newDisk(2 << 20)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	disk1 := &memDisk{data: make([]byte, 1<<20)}
-	ex := frontend.NewExports(frontend.ExportsConfig{Opener: memOpener{"a": disk1, "b": disk2}, Logger: quiet})
+	disk1 := newDisk(1 << 20)
+	ex := frontend.NewExports(frontend.ExportsConfig{Opener: frontendtest.Disks{"a": disk1, "b": disk2}, Logger: quiet})
 	s, err := NewServer(Config{Exports: ex, Logger: quiet, Multipath: true, NodeID: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -186,7 +187,7 @@ func TestGroupSubsystem(t *testing.T) {
 	data := make([]byte, 4096)
 	data[0] = 0x5a
 	ioq.must(ioq.do(rw(ioWrite, 0, 8), data, true, 0))
-	if disk1.snapshotAt(0, 1)[0] != 0x5a || disk2.opens() != 0 {
+	if disk1.Bytes(0, 1)[0] != 0x5a || disk2.Opens.Load() != 0 {
 		t.Fatal("the write to namespace 1 did not reach volume a alone")
 	}
 	w2 := rw(ioWrite, 0, 8)
@@ -199,7 +200,7 @@ func TestGroupSubsystem(t *testing.T) {
 		States: map[PathKey]ANAState{{group, hostA, 1}: ANAOptimized, {group, hostA, 2}: ANANonOptimized},
 	})
 	ioq.must(ioq.do(w2, data, true, 0))
-	if disk2.snapshotAt(0, 1)[0] != 0x5a {
+	if disk2.Bytes(0, 1)[0] != 0x5a {
 		t.Fatal("the write to namespace 2 did not reach volume b")
 	}
 	if h := s.Hosts(); len(h) != 1 || len(h[0].NSIDs) != 2 {

@@ -5,76 +5,20 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
+	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
 	"github.com/basalt-storage/basalt/internal/nvmfhost"
-	"github.com/basalt-storage/basalt/pkg/api"
 )
 
-// memDisk is an in-memory frontend.Backend.
-type memDisk struct {
-	mu    sync.Mutex
-	data  []byte
-	ro    bool
-	nOpen int // Open calls
+// newDisk is an in-memory volume of size bytes with 512-byte blocks.
+func newDisk(size int) *frontendtest.Disk {
+	d := frontendtest.NewDisk(size)
+	d.BlockSizes.Minimum = 512
+	return d
 }
-
-func (m *memDisk) opens() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.nOpen
-}
-
-func (m *memDisk) Info() frontend.Info {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return frontend.Info{Size: int64(len(m.data)), ReadOnly: m.ro, CanFlush: true, CanFUA: true,
-		CanTrim: true, CanWriteZeroes: true, BlockSizes: frontend.BlockSizes{Minimum: 512}}
-}
-func (m *memDisk) Check(context.Context) error { return nil }
-func (m *memDisk) Close() error                { return nil }
-func (m *memDisk) Submit(op api.Op, buf []byte, off, n int64, done func(error)) {
-	m.mu.Lock()
-	switch op {
-	case api.OpRead:
-		copy(buf, m.data[off:off+n])
-	case api.OpWrite:
-		copy(m.data[off:], buf)
-	case api.OpTrim, api.OpWriteZeroes:
-		clear(m.data[off : off+n])
-	}
-	m.mu.Unlock()
-	done(nil)
-}
-
-type memOpener map[string]*memDisk
-
-func (o memOpener) Open(_ context.Context, name string) (frontend.Backend, error) {
-	if d, ok := o[name]; ok {
-		d.mu.Lock()
-		d.nOpen++
-		d.mu.Unlock()
-		return d, nil
-	}
-	return nil, frontend.ErrNoSuchExport
-}
-func (o memOpener) Stat(ctx context.Context, name string) (frontend.Info, error) {
-	if d, ok := o[name]; ok {
-		return d.Info(), nil
-	}
-	return frontend.Info{}, frontend.ErrNoSuchExport
-}
-func (o memOpener) List(context.Context) ([]string, error) {
-	var names []string
-	for n := range o {
-		names = append(names, n)
-	}
-	return names, nil
-}
-func (o memOpener) Classify(err error) error { return err }
 
 const (
 	hostA = "nqn.2014-08.org.nvmexpress:uuid:aaaaaaaa-0000-0000-0000-000000000001"
@@ -82,11 +26,11 @@ const (
 )
 
 // startServer serves volume "vol" (1 MiB) to hostA only.
-func startServer(t testing.TB, mod func(*Config)) (*Server, string, *memDisk) {
+func startServer(t testing.TB, mod func(*Config)) (*Server, string, *frontendtest.Disk) {
 	t.Helper()
-	disk := &memDisk{data: make([]byte, 1<<20)}
+	disk := newDisk(1 << 20)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ex := frontend.NewExports(frontend.ExportsConfig{Opener: memOpener{"vol": disk}, Logger: quiet})
+	ex := frontend.NewExports(frontend.ExportsConfig{Opener: frontendtest.Disks{"vol": disk}, Logger: quiet})
 	cfg := Config{Exports: ex, AllowedHosts: []string{hostA}, Logger: quiet}
 	if mod != nil {
 		mod(&cfg)

@@ -116,7 +116,7 @@ func TestIODigestsAndR2T(t *testing.T) {
 					wr[51] |= 0x40 // FUA
 				}
 				ioq.must(ioq.do(wr, data, n*512 <= 8192, 0))
-				if got := disk.snapshotAt(int(slba)*512, len(data)); !bytes.Equal(got, data) {
+				if got := disk.Bytes(int(slba)*512, len(data)); !bytes.Equal(got, data) {
 					t.Fatalf("write of %d blocks did not land", n)
 				}
 				r := ioq.must(ioq.do(rw(ioRead, slba, n), nil, false, n*512))
@@ -138,7 +138,7 @@ func TestIODigestsAndR2T(t *testing.T) {
 			binary.LittleEndian.PutUint64(dsm[8:], 300)
 			ioq.must(ioq.do(newSQE(ioDSM, 1, 0, 4), dsm, true, 0))
 			for _, at := range []int{0, 300 * 512} {
-				if got := disk.snapshotAt(at, 4096); !bytes.Equal(got, make([]byte, 4096)) {
+				if got := disk.Bytes(at, 4096); !bytes.Equal(got, make([]byte, 4096)) {
 					t.Fatalf("blocks at %d not zero after write zeroes / deallocate", at)
 				}
 			}
@@ -155,12 +155,6 @@ func TestIODigestsAndR2T(t *testing.T) {
 			ioq.must(ioq.do(rw(ioRead, 0, 1), nil, false, 512))
 		})
 	}
-}
-
-func (m *memDisk) snapshotAt(off, n int) []byte {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return bytes.Clone(m.data[off : off+n])
 }
 
 func TestCommandsBeforeConnect(t *testing.T) {

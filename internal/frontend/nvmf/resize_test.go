@@ -25,10 +25,8 @@ func TestNamespaceGrows(t *testing.T) {
 	admin.must(admin.do(newSQE(adminSetFeatures, 0, 0x0b, aenNSEnabled|aenANAEnabled), nil, false, 0))
 	aer := admin.send(newSQE(adminAsyncEvent, 0))
 
-	disk.mu.Lock()
-	disk.data = append(disk.data, make([]byte, 2<<20)...)
-	disk.data[len(disk.data)-1] = 0x5a
-	disk.mu.Unlock()
+	disk.Grow(2 << 20)
+	disk.Put(3<<20-1, []byte{0x5a})
 	// The read deadline of the initiator's connection (60 s) bounds the wait.
 	if st, dw0 := admin.response(aer); st != scSuccess || dw0 != aenNSChanged {
 		t.Fatalf("AER: status %#x dw0 %#x, want a namespace attribute notice %#x", st, dw0, aenNSChanged)
@@ -60,7 +58,7 @@ func TestNamespaceGrows(t *testing.T) {
 	data := make([]byte, 4096)
 	data[0] = 0xab
 	ioq.must(ioq.do(rw(ioWrite, oldLBAs, 8), data, true, 0))
-	if got := disk.snapshotAt(1<<20, 1); got[0] != 0xab {
+	if got := disk.Bytes(1<<20, 1); got[0] != 0xab {
 		t.Fatalf("a write in the added part landed as %#x", got[0])
 	}
 }

@@ -28,7 +28,7 @@ var (
 // of the volume, reported once each; INQUIRY and REPORT LUNS neither report
 // nor clear it; a closed session's LU is no longer in the group.
 func TestResetRaisesAttentionOnEveryNexus(t *testing.T) {
-	b := &memBackend{t: t, data: make([]byte, 1<<20)}
+	b := newDisk(t, 1<<20, false)
 	g := NewGroup()
 	open := func() *LU {
 		return New(Config{Backend: b, Info: b.Info(), ID: 42, TargetName: "iqn.2026-11.io.basalt:c:v", Group: g})
@@ -87,7 +87,7 @@ func TestRequestSenseReturnsAndClearsAttention(t *testing.T) {
 // A resize is reported to each session once, as CAPACITY DATA HAS CHANGED,
 // and READ CAPACITY then returns the new size.
 func TestCapacityChangeRaisesAttention(t *testing.T) {
-	b := &memBackend{t: t, data: make([]byte, 1<<20)}
+	b := newDisk(t, 1<<20, false)
 	g := NewGroup()
 	lus := []*LU{
 		New(Config{Backend: b, Info: b.Info(), Group: g}),
@@ -96,9 +96,7 @@ func TestCapacityChangeRaisesAttention(t *testing.T) {
 	if r := run(t, lus[0], cdbTUR, nil); r.Status != StatusGood {
 		t.Fatalf("TUR before the resize: sense %x", senseOf(r))
 	}
-	b.mu.Lock()
-	b.data = append(b.data, make([]byte, 1<<20)...)
-	b.mu.Unlock()
+	b.Grow(1 << 20)
 	for i, lu := range lus {
 		r := run(t, lu, cdbTUR, nil)
 		if r.Status != StatusCheckCondition || senseOf(r) != uaCapacity {

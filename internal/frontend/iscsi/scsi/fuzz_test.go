@@ -1,64 +1,25 @@
 package scsi
 
 import (
-	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
-	"github.com/basalt-storage/basalt/pkg/api"
+	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
 )
 
-// memBackend is a small in-memory backend that checks the Backend contract.
-type memBackend struct {
-	t    testing.TB
-	mu   sync.Mutex
-	data []byte
-	ro   bool
-}
-
-func (m *memBackend) Info() frontend.Info {
-	m.mu.Lock()
-	size := len(m.data)
-	m.mu.Unlock()
-	return frontend.Info{Size: int64(size), ReadOnly: m.ro, CanFlush: true, CanTrim: !m.ro, CanWriteZeroes: !m.ro,
-		BlockSizes: frontend.BlockSizes{Minimum: 1, Preferred: 4096}}
-}
-func (m *memBackend) Check(context.Context) error { return nil }
-func (m *memBackend) Close() error                { return nil }
-func (m *memBackend) Submit(op api.Op, buf []byte, off, n int64, done func(error)) {
-	bad := off < 0 || n < 0 || off+n > int64(len(m.data))
-	switch op {
-	case api.OpRead, api.OpWrite:
-		bad = bad || n == 0 || int64(len(buf)) != n || (op == api.OpWrite && m.ro)
-	case api.OpTrim, api.OpWriteZeroes:
-		bad = bad || n == 0 || buf != nil || m.ro
-	case api.OpFlush:
-		bad = bad || buf != nil || off != 0 || n != 0
-	default:
-		bad = true
-	}
-	if bad {
-		m.t.Errorf("backend contract broken: op %v off %d len %d buf %d", op, off, n, len(buf))
-		done(frontend.ErrInvalid)
-		return
-	}
-	m.mu.Lock()
-	switch op {
-	case api.OpRead:
-		copy(buf, m.data[off:])
-	case api.OpWrite:
-		copy(m.data[off:], buf)
-	case api.OpTrim, api.OpWriteZeroes:
-		clear(m.data[off : off+n])
-	}
-	m.mu.Unlock()
-	done(nil)
+// newDisk is an in-memory backend of size bytes that fails t when the LU
+// breaks the Backend contract; an LU takes its Info as it is, so the block
+// sizes are set.
+func newDisk(t testing.TB, size int, ro bool) *frontendtest.Disk {
+	d := frontendtest.NewDisk(size)
+	d.T, d.ReadOnly = t, ro
+	d.BlockSizes = frontend.BlockSizes{Minimum: 1, Preferred: 4096}
+	return d
 }
 
 func newLU(t testing.TB, size int, ro bool) *LU {
-	b := &memBackend{t: t, data: make([]byte, size), ro: ro}
+	b := newDisk(t, size, ro)
 	info := b.Info()
 	return New(Config{Backend: b, Info: info, ID: 42, TargetName: "iqn.2026-11.io.basalt:c:v", MaxTransfer: 64 << 10})
 }

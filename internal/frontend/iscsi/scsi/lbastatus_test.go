@@ -3,61 +3,13 @@ package scsi
 import (
 	"encoding/binary"
 	"fmt"
+	"sync/atomic"
 	"testing"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
+	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
-
-// mapBackend is memBackend with a map (frontend.Mapper): a write allocates
-// the granules it touches, a trim frees those it covers whole.
-type mapBackend struct {
-	memBackend
-	alloc []bool
-	fail  error
-}
-
-func (m *mapBackend) Submit(op api.Op, buf []byte, off, n int64, done func(error)) {
-	m.memBackend.Submit(op, buf, off, n, func(err error) {
-		if err == nil {
-			m.mu.Lock()
-			switch op {
-			case api.OpWrite:
-				for g := off / api.MapGranule; g < (off+n+api.MapGranule-1)/api.MapGranule; g++ {
-					m.alloc[g] = true
-				}
-			case api.OpTrim, api.OpWriteZeroes:
-				for g := (off + api.MapGranule - 1) / api.MapGranule; g < (off+n)/api.MapGranule; g++ {
-					m.alloc[g] = false
-				}
-			}
-			m.mu.Unlock()
-		}
-		done(err)
-	})
-}
-
-func (m *mapBackend) Mapped(bits []byte, off, length int64, done func(error)) {
-	if off%api.MapAlign != 0 || length%api.MapAlign != 0 || length == 0 || off+length > int64(len(m.data)) ||
-		int64(len(bits)) != api.MappedBytes(length) {
-		m.t.Errorf("Mapper contract broken: off %d len %d bits %d", off, length, len(bits))
-		done(frontend.ErrInvalid)
-		return
-	}
-	if m.fail != nil {
-		done(m.fail)
-		return
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	clear(bits)
-	for i := range length / api.MapGranule {
-		if m.alloc[off/api.MapGranule+i] {
-			bits[i/8] |= 1 << (i % 8)
-		}
-	}
-	done(nil)
-}
 
 func getLBAStatus(lba uint64, alloc uint32) []byte {
 	cdb := make([]byte, 16)
@@ -89,7 +41,15 @@ func descriptors(t *testing.T, r Result) []string {
 // takes; the device's tail the map does not cover is mapped.
 func TestGetLBAStatusFromTheMap(t *testing.T) {
 	const size = 1<<20 + 8<<10 // 2064 blocks: the last 16 past the last whole MapAlign
-	b := &mapBackend{memBackend: memBackend{t: t, data: make([]byte, size)}, alloc: make([]bool, size/api.MapGranule)}
+	b := frontendtest.NewDisk(size) // thin: frontendtest.Disk.Mapped
+	b.T = t
+	var fail atomic.Pointer[error]
+	b.Fail = func(op api.Op, _, _ int64) error {
+		if p := fail.Load(); p != nil && op == api.OpMapped {
+			return *p
+		}
+		return nil
+	}
 	lu := New(Config{Backend: b, Info: b.Info(), ID: 1, TargetName: "iqn.2026-11.io.basalt:c:v"})
 	want := func(what string, got []string, w ...string) {
 		t.Helper()
@@ -127,7 +87,8 @@ func TestGetLBAStatusFromTheMap(t *testing.T) {
 	if r := run(t, lu, getLBAStatus(size/512, 1024), nil); r.Status != StatusCheckCondition {
 		t.Errorf("GET LBA STATUS past the end: status %#x", r.Status)
 	}
-	b.fail = fmt.Errorf("%w: the chunkservers are away", frontend.ErrUnavailable)
+	away := fmt.Errorf("%w: the chunkservers are away", frontend.ErrUnavailable)
+	fail.Store(&away)
 	if r := run(t, lu, getLBAStatus(0, 1024), nil); r.Status != StatusCheckCondition || r.Sense == nil {
 		t.Errorf("GET LBA STATUS with the map unreadable: status %#x", r.Status)
 	} else if s := senseOf(r); s[0] != 0x02 {

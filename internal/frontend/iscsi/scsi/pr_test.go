@@ -25,7 +25,7 @@ var cdbRead10 = []byte{0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0}
 // group) over one store: a reservation made through one is enforced on the
 // other; a preemption raises REGISTRATIONS PREEMPTED there once.
 func TestPersistentReservationAcrossNexuses(t *testing.T) {
-	b := &memBackend{t: t, data: make([]byte, 1<<20)}
+	b := newDisk(t, 1<<20, false)
 	store := reservation.NewMemStore()
 	open := func(initiator string, port uint16) *LU {
 		return New(Config{Backend: b, Info: b.Info(), ID: 42, TargetName: "iqn.2026-11.io.basalt:c:v",
@@ -94,7 +94,7 @@ func TestPersistentReservationAcrossNexuses(t *testing.T) {
 
 // Without a store the commands are not served.
 func TestPersistentReserveWithoutStore(t *testing.T) {
-	b := &memBackend{t: t, data: make([]byte, 1<<20)}
+	b := newDisk(t, 1<<20, false)
 	lu := New(Config{Backend: b, Info: b.Info(), ID: 42, TargetName: "iqn.2026-11.io.basalt:c:v"})
 	if r := run(t, lu, prIn(0), nil); r.Status != StatusCheckCondition || senseOf(r) != [3]byte{KeyIllegalRequest, 0x20, 0} {
 		t.Fatalf("PERSISTENT RESERVE IN without a store: %#x %x", r.Status, senseOf(r))
@@ -117,7 +117,7 @@ func TestTransportID(t *testing.T) {
 // RELEASE are exempt); nexus loss and a reset drop the reservation; a
 // registered persistent reservation key makes RESERVE(6) conflict.
 func TestReserve6AcrossNexuses(t *testing.T) {
-	b := &memBackend{t: t, data: make([]byte, 1<<20)}
+	b := newDisk(t, 1<<20, false)
 	store := reservation.NewMemStore()
 	open := func(initiator string, port uint16) *LU {
 		return New(Config{Backend: b, Info: b.Info(), ID: 42, TargetName: "iqn.2026-11.io.basalt:c:v",
