@@ -13,7 +13,12 @@
 //     once a directory it changed is fsynced. Before that, Cut undoes it, in
 //     reverse order: created names are removed, unlinked files come back (they
 //     are kept aside until then), renames are reversed. An fsync of a file
-//     does not make its name durable.
+//     does not make its name durable. A durable rmdir makes the changes
+//     inside that directory durable too (it had to be empty).
+//   - A full disk (SetFull): while it is set, every write, fallocate and
+//     truncate that grows a file, and every create and mkdir, fails with
+//     ENOSPC and changes nothing; reads, fsyncs, hole punches, unlinks and
+//     renames go on.
 //   - Not modelled: reordering among unsynced writes (a cut keeps none of
 //     them, never a subset), torn sectors, metadata other than size (modes,
 //     times, xattrs), hard links and symlinks (passed through, never undone).
@@ -28,18 +33,23 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 )
 
 // FS is one lazyfs instance over a backing directory.
 type FS struct {
 	backing string // the directory passed through
 	trash   string // unlinked files kept until a cut or their directory's sync
+
+	full atomic.Bool // SetFull: writes fail with ENOSPC
 
 	mu     sync.Mutex
 	files  map[uint64]*fileUndo // by backing inode number
@@ -127,6 +137,20 @@ func (z *FS) Unmount() error {
 	_ = syscall.Unmount(z.mnt, syscall.MNT_DETACH)
 	z.server = nil
 	return fmt.Errorf("lazyfs: unmount %s: %w (detached)", z.mnt, err)
+}
+
+// SetFull makes the file system full (or no longer full): while it is,
+// every write, fallocate and growing truncate, and every create and mkdir,
+// fails with ENOSPC and changes nothing, as on a disk with no free block.
+// It may be called while mounted.
+func (z *FS) SetFull(full bool) { z.full.Store(full) }
+
+// noSpace is ENOSPC while the file system is full.
+func (z *FS) noSpace() syscall.Errno {
+	if z.full.Load() {
+		return syscall.ENOSPC
+	}
+	return 0
 }
 
 // Sync makes everything durable (as a sync(2) would): the undo state is
@@ -253,6 +277,22 @@ func (z *FS) saveRange(fd int, off, n int64) syscall.Errno {
 	return 0
 }
 
+// growNoSpace is ENOSPC while the file system is full and a truncate of the
+// file at p to size would grow it.
+func (z *FS) growNoSpace(p string, size int64) syscall.Errno {
+	if !z.full.Load() {
+		return 0
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(p, &st); err != nil {
+		return fs.ToErrno(err)
+	}
+	if size > st.Size {
+		return syscall.ENOSPC
+	}
+	return 0
+}
+
 func (z *FS) synced(fd int) {
 	var st syscall.Stat_t
 	if syscall.Fstat(fd, &st) != nil {
@@ -266,14 +306,29 @@ func (z *FS) synced(fd int) {
 func (z *FS) dirSynced(ino uint64) {
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	kept := z.ns[:0]
-	for _, op := range z.ns {
-		durable := false
+	durable := make([]bool, len(z.ns))
+	var gone []string // directories whose removal is now durable
+	for i, op := range z.ns {
 		for _, d := range op.dirs {
-			durable = durable || d == ino
+			durable[i] = durable[i] || d == ino
 		}
+		if durable[i] && op.kind == nsRmdir {
+			gone = append(gone, op.path+string(filepath.Separator))
+		}
+	}
+	// A directory durably removed durably lost what it held: the changes
+	// made inside it (before its rmdir, which needs it empty) are durable
+	// too, or a cut would try to put back a file into a directory that is no
+	// longer there.
+	for i, op := range z.ns {
+		for _, g := range gone {
+			durable[i] = durable[i] || strings.HasPrefix(op.path, g)
+		}
+	}
+	kept := z.ns[:0]
+	for i, op := range z.ns {
 		switch {
-		case !durable:
+		case !durable[i]:
 			kept = append(kept, op)
 		case op.trash != "":
 			os.RemoveAll(op.trash)
@@ -327,6 +382,11 @@ func (n *node) dir() string {
 func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	p := filepath.Join(n.dir(), name)
 	_, existed := os.Lstat(p)
+	if existed != nil {
+		if errno := n.z.noSpace(); errno != 0 {
+			return nil, nil, 0, errno
+		}
+	}
 	in, fh, ff, errno := n.LoopbackNode.Create(ctx, name, flags, mode, out)
 	if errno != 0 {
 		return in, fh, ff, errno
@@ -357,6 +417,9 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := n.z.noSpace(); errno != 0 {
+		return nil, errno
+	}
 	in, errno := n.LoopbackNode.Mkdir(ctx, name, mode, out)
 	if errno == 0 {
 		n.z.addNS(nsOp{kind: nsCreate, path: n.z.rel(filepath.Join(n.dir(), name)), dirs: []uint64{ino(n.dir())}})
@@ -466,6 +529,9 @@ func (n *node) Fsync(ctx context.Context, f fs.FileHandle, flags uint32) syscall
 
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if sz, ok := in.GetSize(); ok {
+		if errno := n.z.growNoSpace(n.dir(), int64(sz)); errno != 0 {
+			return errno
+		}
 		fd, err := syscall.Open(n.dir(), syscall.O_RDONLY, 0)
 		if err != nil {
 			return fs.ToErrno(err)
@@ -498,6 +564,9 @@ func (f *file) Read(ctx context.Context, buf []byte, off int64) (fuse.ReadResult
 }
 
 func (f *file) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	if errno := f.z.noSpace(); errno != 0 {
+		return 0, errno
+	}
 	if errno := f.z.saveRange(f.fd, off, int64(len(data))); errno != 0 {
 		return 0, errno
 	}
@@ -530,6 +599,9 @@ func (f *file) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, sy
 
 func (f *file) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if sz, ok := in.GetSize(); ok {
+		if errno := f.z.growNoSpace(fmt.Sprintf("/proc/self/fd/%d", f.fd), int64(sz)); errno != 0 {
+			return errno
+		}
 		if errno := f.z.saveRange(f.fd, int64(sz), 1<<62); errno != 0 {
 			return errno
 		}
@@ -538,6 +610,11 @@ func (f *file) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOu
 }
 
 func (f *file) Allocate(ctx context.Context, off, size uint64, mode uint32) syscall.Errno {
+	if mode&unix.FALLOC_FL_PUNCH_HOLE == 0 { // punching a hole frees space
+		if errno := f.z.noSpace(); errno != 0 {
+			return errno
+		}
+	}
 	if errno := f.z.saveRange(f.fd, int64(off), int64(size)); errno != 0 {
 		return errno
 	}

@@ -2,6 +2,7 @@ package lazyfs
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -168,5 +169,87 @@ func TestDirectoryEntries(t *testing.T) {
 	cut(t, z, mnt)
 	if got := string(read(t, filepath.Join(mnt, "old"))); got != "new content" {
 		t.Errorf("old = %q after a durable rename and a cut", got)
+	}
+}
+
+// SetFull: writes, fallocate, growing truncates, creates and mkdirs fail with
+// ENOSPC and change nothing; reads, fsyncs, shrinking truncates, hole punches
+// and unlinks go on; clearing it lets writes through again.
+func TestFull(t *testing.T) {
+	z, mnt := mount(t)
+	p := filepath.Join(mnt, "f")
+	if err := os.WriteFile(p, bytes.Repeat([]byte("a"), 8192), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	z.SetFull(true)
+	if _, err := f.WriteAt([]byte("b"), 0); !errors.Is(err, unix.ENOSPC) {
+		t.Errorf("write on a full disk: %v, want ENOSPC", err)
+	}
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, 1<<20); !errors.Is(err, unix.ENOSPC) {
+		t.Errorf("fallocate on a full disk: %v, want ENOSPC", err)
+	}
+	if err := f.Truncate(1 << 20); !errors.Is(err, unix.ENOSPC) {
+		t.Errorf("growing truncate on a full disk: %v, want ENOSPC", err)
+	}
+	if _, err := os.Create(filepath.Join(mnt, "g")); !errors.Is(err, unix.ENOSPC) {
+		t.Errorf("create on a full disk: %v, want ENOSPC", err)
+	}
+	if err := os.Mkdir(filepath.Join(mnt, "d"), 0o755); !errors.Is(err, unix.ENOSPC) {
+		t.Errorf("mkdir on a full disk: %v, want ENOSPC", err)
+	}
+	if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 4096, 4096); err != nil {
+		t.Errorf("punch hole on a full disk: %v", err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Errorf("fsync on a full disk: %v", err)
+	}
+	if err := f.Truncate(6000); err != nil {
+		t.Errorf("shrinking truncate on a full disk: %v", err)
+	}
+	if got := read(t, p); len(got) != 6000 || got[0] != 'a' || got[4096] != 0 {
+		t.Errorf("full disk: file is %d bytes, [0]=%q [4096]=%q; want 6000, 'a', 0", len(got), got[0], got[4096])
+	}
+	z.SetFull(false)
+	if _, err := f.WriteAt([]byte("b"), 0); err != nil {
+		t.Errorf("write after the disk was freed: %v", err)
+	}
+	if err := os.Mkdir(filepath.Join(mnt, "d"), 0o755); err != nil {
+		t.Errorf("mkdir after the disk was freed: %v", err)
+	}
+}
+
+// A directory's removal made durable makes durable the unlinks inside it:
+// the cut neither fails nor brings the directory or its files back (a
+// chunkserver removes a copyset's directory this way; the power cut of
+// TestLinearizable after a move found the cut failing here).
+func TestDurableRmdirTakesItsContent(t *testing.T) {
+	z, mnt := mount(t)
+	d := filepath.Join(mnt, "d")
+	os.Mkdir(d, 0o755)
+	os.WriteFile(filepath.Join(d, "f"), []byte("f"), 0o644)
+	syncDir(t, d)
+	syncDir(t, mnt)
+	os.Rename(d, d+".removed")
+	syncDir(t, mnt)
+	if err := os.Remove(filepath.Join(d+".removed", "f")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(d + ".removed"); err != nil {
+		t.Fatal(err)
+	}
+	syncDir(t, mnt) // the rmdir is durable, the unlink's own directory never synced
+	if _, entries := z.Pending(); entries != 0 {
+		t.Errorf("%d directory changes still pending after the durable rmdir", entries)
+	}
+	cut(t, z, mnt)
+	for _, p := range []string{d, d + ".removed"} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s after the cut: %v, want gone", p, err)
+		}
 	}
 }

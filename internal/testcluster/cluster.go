@@ -44,6 +44,10 @@ type Options struct {
 	PrepareChunkserver func(i int, dir string)
 	// SlowDiskKnob gives every chunkserver a --fault-slow-disk-file; see SetSlowDisk.
 	SlowDiskKnob bool
+	// Proxy puts a TCP proxy of the test process in front of every
+	// chunkserver, so that Isolate can cut it off its peers and clients
+	// without root (proxy.go). The chunkservers then serve over TCP only.
+	Proxy bool
 	// TLSDir holds the cluster CA and certificates (identity.EnsureCerts);
 	// give StartEtcd's when the MDS use that etcd. Default: DIR/tls, made
 	// here. Every process runs with TLS, as a user deploys it.
@@ -85,6 +89,9 @@ type Cluster struct {
 	ca     *identity.CA
 	// IOTimeout and OpTimeout are given to volumes Open opens (0: the defaults).
 	IOTimeout, OpTimeout time.Duration
+
+	prepare func(i int, dir string) // Options.PrepareChunkserver
+	proxies *proxyNet               // Options.Proxy; nil without
 }
 
 var (
@@ -144,7 +151,14 @@ func Start(t testing.TB, opts Options) *Cluster {
 	if opts.MDSCount > 1 && len(opts.EtcdEndpoints) == 0 {
 		t.Fatal("testcluster: several MDS need Options.EtcdEndpoints")
 	}
-	c := &Cluster{t: t, Dir: t.TempDir(), Binary: Binary(t), TLSDir: opts.TLSDir}
+	c := &Cluster{t: t, Dir: t.TempDir(), Binary: Binary(t), TLSDir: opts.TLSDir, prepare: opts.PrepareChunkserver}
+	if opts.Proxy {
+		if opts.Net != nil {
+			t.Fatal("testcluster: Options.Proxy and Options.Net do not mix")
+		}
+		c.proxies = newProxyNet(func() []*Proc { return c.CS })
+		t.Cleanup(c.proxies.close) // after stopAll: a chunkserver drains through its peers
+	}
 	t.Cleanup(c.stopAll)
 	if c.TLSDir == "" {
 		c.TLSDir = filepath.Join(c.Dir, "tls")
@@ -209,6 +223,10 @@ func Start(t testing.TB, opts Options) *Cluster {
 		args = append(args, opts.ChunkserverFlags...)
 		p := c.newProc(name, dir, args...)
 		p.Addr = a
+		if c.proxies != nil {
+			p.Addr = c.proxies.listen(t, p, a)
+			p.Args = append(p.Args, "--advertise", p.Addr, "--tcp-only")
+		}
 		if opts.Net != nil {
 			p.NetNS = opts.Net.NS(name)
 		}
@@ -415,6 +433,7 @@ func (c *Cluster) stopAll() {
 	if c.API != nil {
 		c.API.Close()
 	}
+	c.Heal() // a chunkserver drains its leaderships to its peers on SIGTERM
 	for _, p := range c.CS {
 		c.Resume(p) // a paused process ignores SIGTERM until continued
 		c.Stop(p)

@@ -14,7 +14,8 @@ import (
 )
 
 // AddChunkserver starts one more chunkserver, named cs<N+1> in zone<N+1> on
-// host<N+1>, with the flags the others were started with plus extra, waits
+// host<N+1>, with the flags the others were started with plus extra (behind
+// a proxy of its own with Options.Proxy, after Options.PrepareChunkserver), waits
 // until the MDS sees it online and returns it. Not for clusters in network
 // namespaces.
 func (c *Cluster) AddChunkserver(extra ...string) *Proc {
@@ -26,8 +27,13 @@ func (c *Cluster) AddChunkserver(extra ...string) *Proc {
 	name := fmt.Sprintf("cs%d", n)
 	dir := filepath.Join(c.Dir, name)
 	addr := testutil.FreeAddr(c.t)
+	p := &Proc{Name: name}
+	advertise := addr
+	if c.proxies != nil {
+		advertise = c.proxies.listen(c.t, p, addr)
+	}
 	repl := map[string]string{
-		"--data": dir, "--listen": addr, "--zone": fmt.Sprintf("zone%d", n), "--server": fmt.Sprintf("host%d", n),
+		"--data": dir, "--listen": addr, "--advertise": advertise, "--zone": fmt.Sprintf("zone%d", n), "--server": fmt.Sprintf("host%d", n),
 		"--fault-slow-disk-file": filepath.Join(c.Dir, name+".slow"),
 		"--tls-cert":             c.Issue(identity.RoleChunkserver, strconv.Itoa(n)),
 	}
@@ -39,8 +45,11 @@ func (c *Cluster) AddChunkserver(extra ...string) *Proc {
 		}
 	}
 	args = append(args, extra...)
-	p := c.newProc(name, dir, args...)
-	p.Addr = addr
+	np := c.newProc(name, dir, args...)
+	p.Args, p.DataDir, p.LogPath, p.Addr = np.Args, np.DataDir, np.LogPath, advertise
+	if c.prepare != nil {
+		c.prepare(len(c.CS), dir)
+	}
 	c.CS = append(c.CS, p)
 	c.Start(p)
 	c.Eventually(30*time.Second, name+" online", func(ctx context.Context) error {
@@ -49,11 +58,11 @@ func (c *Cluster) AddChunkserver(extra ...string) *Proc {
 			return err
 		}
 		for _, cs := range r.Chunkservers {
-			if cs.Addr == addr && cs.Online {
+			if cs.Addr == advertise && cs.Online {
 				return nil
 			}
 		}
-		return fmt.Errorf("%s (%s) not online", name, addr)
+		return fmt.Errorf("%s (%s) not online", name, advertise)
 	})
 	return p
 }

@@ -2,9 +2,12 @@ package proof
 
 import (
 	"context"
+	"fmt"
 	"math/rand"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,7 +21,72 @@ import (
 const (
 	linClients = 4
 	linBlocks  = 8
+	// linFaultsCI faults of linFaults run in one test-command run.
+	linFaultsCI = 5
 )
+
+// linFaults are TestLinearizable's faults (see there).
+var linFaults = []string{"kill", "pause", "takeover", "mds", "partition", "diskfull", "move", "powercut"}
+
+// chooseFaults returns the faults of this run, in their order:
+// BASALT_PROOF_FAULTS (all, or a comma-separated list), or a seeded choice
+// of linFaultsCI. Without lazyfs, diskfull and powercut cannot run.
+func chooseFaults(t *testing.T, rng *rand.Rand, lazy bool) []string {
+	t.Helper()
+	var out []string
+	for _, f := range linFaults {
+		if lazy || (f != "diskfull" && f != "powercut") {
+			out = append(out, f)
+		}
+	}
+	if len(out) < len(linFaults) {
+		t.Logf("no lazyfs here: diskfull and powercut left out")
+	}
+	rng.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	switch e := os.Getenv("BASALT_PROOF_FAULTS"); e {
+	case "all":
+	case "":
+		out = out[:min(linFaultsCI, len(out))]
+	default:
+		var chosen []string
+		for _, f := range strings.Split(e, ",") {
+			if !slices.Contains(linFaults, f) {
+				t.Fatalf("BASALT_PROOF_FAULTS: no fault %q (have %v)", f, linFaults)
+			}
+			if slices.Contains(out, f) {
+				chosen = append(chosen, f)
+			}
+		}
+		out = chosen
+	}
+	t.Logf("faults in order: %v", out)
+	return out
+}
+
+// diskFull waits until the MDS hears chunkserver p (MDS id id) report a full
+// disk, failing the test if p exits instead: a full disk must stop replicas,
+// never the process.
+func diskFull(t *testing.T, c *testcluster.Cluster, p *testcluster.Proc, id uint64) {
+	t.Helper()
+	start := time.Now()
+	c.Eventually(90*time.Second, p.Name+" reporting a full disk", func(ctx context.Context) error {
+		if code, exited := p.ExitCode(); exited {
+			log := p.Log()
+			t.Fatalf("%s exited (code %d) on a full disk; log tail:\n%s", p, code, log[max(0, len(log)-6000):])
+		}
+		st, err := c.API.ClusterStatus(ctx, &api.ClusterStatusRequest{})
+		if err != nil {
+			return err
+		}
+		for _, cs := range st.Chunkservers {
+			if cs.Id == id && cs.DiskState == api.DiskState_DISK_STATE_FULL {
+				return nil
+			}
+		}
+		return fmt.Errorf("%s does not report a full disk", p)
+	})
+	t.Logf("%s reports a full disk after %s", p, time.Since(start).Round(time.Millisecond))
+}
 
 // blockOffset places block b in chunk 2b (8 of the volume's 16 chunks, so
 // most copysets hold one), at a different 4 KiB slot in each.
@@ -28,23 +96,46 @@ func blockOffset(b int) int64 {
 
 // TestLinearizable runs concurrent clients writing and reading 8 blocks
 // (porcupine's per-block register model, internal/linearize) while faults hit
-// a three-chunkserver cluster, in a seeded order: kill -9 of a chunkserver,
-// SIGSTOP of the busiest leader for 4 s, a writer takeover (a second session
-// opens the volume; the first is fenced), kill -9 and restart of the MDS.
-// The whole history must be linearizable. On failure, porcupine's HTML view
-// and the cluster's directories are kept (the path is logged).
+// a cluster of three chunkservers, each on a lazyfs and behind a TCP proxy of
+// the test, in a seeded order (docs/reliability.md, "Proof: a
+// linearizability checker"):
 //
-// Every client reads every block, but writes only the blocks it owns (b mod
-// 4): a write in flight is never concurrent with another write to its block.
-// A retried write can be applied twice today (docs/reliability.md, "A retried
-// write applied twice"), which only a concurrent write to the same block can
-// see; BASALT_PROOF_SHARED_WRITES=1 lets every client write every block and
-// finds it.
+//	kill       kill -9 of a chunkserver, restarted 1–3 s later
+//	pause      SIGSTOP of the busiest leader for 4 s
+//	takeover   a second session opens the volume; the first is fenced
+//	mds        kill -9 and restart of the MDS
+//	partition  the busiest leader cut off its peers and clients (both ways,
+//	           testcluster.Isolate) until it leads nothing, then healed
+//	diskfull   one chunkserver's lazyfs fails every write with ENOSPC until
+//	           the MDS hears "disk full"; then space is freed and it restarts
+//	move       a fourth chunkserver joins; the scheduler moves copyset
+//	           replicas onto it (two moves done before the next fault)
+//	powercut   every chunkserver loses power at once (kill -9, lazyfs forgets
+//	           what was not fsynced, restart)
+//
+// The test command runs a seeded choice of linFaultsCI of them; soak runs all
+// (BASALT_PROOF_FAULTS=all, or a comma-separated list). Without FUSE, diskfull
+// and powercut are left out (logged). The whole history must be linearizable.
+// On failure, porcupine's HTML view and the cluster's directories are kept
+// (the path is logged).
+//
+// Every client reads and writes every block, so writes to a block are
+// concurrent with each other: a write retried after its leader died must not
+// land again after newer ones (docs/reliability.md, "a retried write applied
+// twice", which this found).
 func TestLinearizable(t *testing.T) {
 	s0 := seed(t)
-	shared := os.Getenv("BASALT_PROOF_SHARED_WRITES") != ""
 	rng := rand.New(rand.NewSource(s0))
-	c := testcluster.Start(t, testcluster.Options{ChunkSize: chunkSize})
+	c, fss := startOnLazyfs(t, testcluster.Options{ChunkSize: chunkSize, Proxy: true,
+		MDSFlags: []string{"--schedule-interval=1s"}})
+	faults := chooseFaults(t, rng, fss != nil)
+	t.Cleanup(c.Heal)
+	kept := false
+	t.Cleanup(func() { // a fault that failed the test: keep what the cluster left
+		if t.Failed() && !kept {
+			keepArtifacts(t, c, nil)
+		}
+	})
 	c.CreateVolume("lin", volSize)
 	sess := newSession(t, c, "lin")
 	rec := linearize.NewRecorder()
@@ -67,9 +158,6 @@ func TestLinearizable(t *testing.T) {
 				v := sess.current()
 				b := r.Intn(linBlocks)
 				write := r.Intn(2) == 0
-				if write && !shared {
-					b = i + linClients*r.Intn(linBlocks/linClients)
-				}
 				var err error
 				if write {
 					val := uint64(i+1)<<40 | seq
@@ -109,12 +197,10 @@ func TestLinearizable(t *testing.T) {
 	}
 	t.Cleanup(stopClients)
 
-	faults := []string{"kill", "pause", "takeover", "mds"}
-	rng.Shuffle(len(faults), func(i, j int) { faults[i], faults[j] = faults[j], faults[i] })
-	t.Logf("faults in order: %v", faults)
 	pace := func() { time.Sleep(time.Duration(1000+rng.Intn(2000)) * time.Millisecond) }
 	pace()
 	for _, f := range faults {
+		start := time.Now()
 		switch f {
 		case "kill":
 			p := c.CS[rng.Intn(len(c.CS))]
@@ -142,8 +228,66 @@ func TestLinearizable(t *testing.T) {
 				_, err := c.API.ClusterStatus(ctx, &api.ClusterStatusRequest{})
 				return err
 			})
+		case "partition":
+			p := c.MostLeaders()
+			t.Logf("FAULT partition: %s (leads %d copysets) cut off its peers and clients", p, c.Leaders()[p])
+			in, out := c.Isolate(p)
+			t.Logf("cut %d connections to %s and %d from it to its peers", in, p, out)
+			// Proof that the cut is real: the others elect new leaders.
+			c.Eventually(90*time.Second, p.Name+" leading nothing", func(context.Context) error {
+				if n := c.Leaders()[p]; n > 0 {
+					return fmt.Errorf("%s still leads %d copysets", p, n)
+				}
+				return nil
+			})
+			t.Logf("%s leads nothing after %s", p, time.Since(start).Round(time.Millisecond))
+			pace()
+			c.Heal()
+			c.WaitHealthy(90 * time.Second)
+		case "diskfull":
+			i := rng.Intn(len(c.CS))
+			p, id := c.CS[i], c.IDOf(c.CS[i])
+			t.Logf("FAULT disk full: %s's file system fails every write with ENOSPC", p)
+			fss.fs(i).SetFull(true)
+			diskFull(t, c, p, id)
+			t.Logf("%s's log: %d raft groups stopped by a disk error", p, c.CountLog(p, "group stopped by a disk error"))
+			pace()
+			fss.fs(i).SetFull(false)
+			// Its stopped replicas come back with a restart (SIGTERM: a
+			// clean stop must work on a full disk too).
+			stopStart := time.Now()
+			c.Stop(p)
+			code, _ := p.ExitCode()
+			t.Logf("space freed; %s stopped in %s (exit code %d), restarting it", p, time.Since(stopStart).Round(time.Millisecond), code)
+			c.Start(p)
+			c.WaitHealthy(90 * time.Second)
+		case "move":
+			t.Logf("FAULT membership moves: a fourth chunkserver joins")
+			p := c.AddChunkserver()
+			id := c.IDOf(p)
+			c.Eventually(120*time.Second, "two copysets moved onto "+p.Name, func(context.Context) error {
+				if n := c.Placement().Members[id]; n < 2 {
+					return fmt.Errorf("%s is a member of %d copysets", p, n)
+				}
+				return nil
+			})
+			t.Logf("%s holds %d replicas after %s", p, c.Placement().Members[id], time.Since(start).Round(time.Millisecond))
+		case "powercut":
+			t.Logf("FAULT power cut of all %d chunkservers", len(c.CS))
+			files, entries := fss.cut(t, c)
+			t.Logf("the power cut took back unsynced data of %d files and %d directory changes", files, entries)
+			c.WaitHealthy(90 * time.Second)
 		}
-		t.Logf("HEALED %s", f)
+		// Healed means IO flows again (the MDS may not have noticed a
+		// chunkserver gone and back when WaitHealthy returns).
+		w0, _, r0 := rec.Counts()
+		c.Eventually(90*time.Second, "IO after "+f, func(context.Context) error {
+			if w, _, r := rec.Counts(); w < w0+20 || r < r0+20 {
+				return fmt.Errorf("%d writes and %d reads acknowledged since", w-w0, r-r0)
+			}
+			return nil
+		})
+		t.Logf("HEALED %s in %s", f, time.Since(start).Round(time.Millisecond))
 		pace()
 	}
 	stopClients()
@@ -176,6 +320,7 @@ func TestLinearizable(t *testing.T) {
 	t.Logf("porcupine: %s in %s", res, time.Since(start).Round(time.Millisecond))
 	if res != porcupine.Ok {
 		t.Errorf("the history is not linearizable (%s), seed %d:\n%s", res, s0, linearize.Explain(ops, 25, time.Minute))
+		kept = true
 		keepArtifacts(t, c, func(dir string) {
 			p := filepath.Join(dir, "history.html")
 			if err := linearize.Visualize(info, p); err != nil {
@@ -184,5 +329,8 @@ func TestLinearizable(t *testing.T) {
 				t.Logf("porcupine's view of the history: %s", p)
 			}
 		})
+		return
 	}
+	// After full disks, power cuts and moves: every copyset's replicas agree.
+	c.CompareReplicas(90 * time.Second)
 }

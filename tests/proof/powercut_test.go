@@ -38,38 +38,9 @@ func TestPowerCut(t *testing.T) {
 		cuts = n
 	}
 
-	// The test's temporary directory is removed by a cleanup registered at
-	// its first use: use it first, so the unmounts below run before that.
-	_ = t.TempDir()
-	var mu sync.Mutex
-	fss := map[int]*lazyfs.FS{}
-	// Registered before the cluster's own cleanup, so it runs after it:
-	// the chunkservers are stopped before their file systems go.
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, z := range fss {
-			if err := z.Unmount(); err != nil {
-				t.Log(err)
-			}
-		}
-	})
-	skip := ""
-	c := testcluster.Start(t, testcluster.Options{ChunkSize: chunkSize, PrepareChunkserver: func(i int, dir string) {
-		z, err := lazyfs.New(dir + ".lazyfs")
-		if err == nil {
-			err = z.Mount(dir)
-		}
-		if err != nil {
-			skip = err.Error()
-			return
-		}
-		mu.Lock()
-		fss[i] = z
-		mu.Unlock()
-	}})
-	if skip != "" {
-		t.Skipf("cannot mount lazyfs (FUSE needs root or fusermount3): %s", skip)
+	c, fss := startOnLazyfs(t, testcluster.Options{ChunkSize: chunkSize})
+	if fss == nil {
+		t.Skip("cannot mount lazyfs (FUSE needs root or fusermount3)")
 	}
 	c.CreateVolume("vol", volSize)
 	v := c.Open("vol", false)
@@ -79,32 +50,9 @@ func TestPowerCut(t *testing.T) {
 	for n := 1; n <= cuts; n++ {
 		time.Sleep(time.Duration(500+rng.Intn(3000)) * time.Millisecond)
 		acked := w.Acked()
-		var wg sync.WaitGroup
-		for _, p := range c.CS {
-			wg.Add(1)
-			go func() { defer wg.Done(); c.Kill(p) }()
-		}
-		wg.Wait()
-		files, entries := 0, 0
-		for i, p := range c.CS {
-			z := fss[i]
-			if err := z.Unmount(); err != nil {
-				t.Fatalf("%s: %v", p, err)
-			}
-			f, e, err := z.Cut()
-			if err != nil {
-				t.Errorf("%s: %v", p, err)
-			}
-			files, entries = files+f, entries+e
-			if err := z.Mount(p.DataDir); err != nil {
-				t.Fatalf("%s: remount: %v", p, err)
-			}
-		}
+		files, entries := fss.cut(t, c)
 		t.Logf("CUT %d: power cut to all three chunkservers after %d acknowledged IOs; lost unsynced data of %d files and %d directory changes",
 			n, acked, files, entries)
-		for _, p := range c.CS {
-			c.Start(p)
-		}
 		c.WaitHealthy(90 * time.Second)
 		w.AwaitProgress(c, "after the power came back")
 	}
@@ -118,4 +66,95 @@ func TestPowerCut(t *testing.T) {
 			_ = os.WriteFile(filepath.Join(dir, "seed"), []byte(strconv.FormatInt(s0, 10)), 0o644)
 		})
 	}
+}
+
+// lazySet is the lazyfs of each chunkserver of a cluster, by its index in c.CS.
+type lazySet struct {
+	mu  sync.Mutex
+	fss map[int]*lazyfs.FS
+}
+
+func (l *lazySet) fs(i int) *lazyfs.FS {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.fss[i]
+}
+
+// startOnLazyfs starts a cluster whose chunkservers (also any added later)
+// each run on a lazyfs of their own. It returns a nil lazySet, with the
+// reason logged, when lazyfs cannot be mounted here. Every file system is
+// unmounted once the cluster stopped, and made not full.
+func startOnLazyfs(t *testing.T, opts testcluster.Options) (*testcluster.Cluster, *lazySet) {
+	t.Helper()
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Logf("lazyfs: /dev/fuse is missing (Debian: apt-get install fuse3)")
+		return testcluster.Start(t, opts), nil
+	}
+	// The test's temporary directory is removed by a cleanup registered at
+	// its first use: use it first, so the unmounts below run before that.
+	_ = t.TempDir()
+	l := &lazySet{fss: map[int]*lazyfs.FS{}}
+	// Registered before the cluster's own cleanup, so it runs after it:
+	// the chunkservers are stopped before their file systems go.
+	t.Cleanup(func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		for _, z := range l.fss {
+			z.SetFull(false)
+			if err := z.Unmount(); err != nil {
+				t.Log(err)
+			}
+		}
+	})
+	failed := ""
+	opts.PrepareChunkserver = func(i int, dir string) {
+		z, err := lazyfs.New(dir + ".lazyfs")
+		if err == nil {
+			err = z.Mount(dir)
+		}
+		if err != nil {
+			failed = err.Error()
+			return
+		}
+		l.mu.Lock()
+		l.fss[i] = z
+		l.mu.Unlock()
+	}
+	c := testcluster.Start(t, opts)
+	if failed != "" {
+		t.Logf("lazyfs: cannot mount (FUSE needs root or fusermount3): %s", failed)
+		return c, nil
+	}
+	return c, l
+}
+
+// cut cuts the power of every chunkserver of c at once: kill -9 of each,
+// then each lazyfs forgets what was not durable; then they restart. It
+// returns how many files' data and directory changes were taken back.
+func (l *lazySet) cut(t *testing.T, c *testcluster.Cluster) (files, entries int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for _, p := range c.CS {
+		wg.Add(1)
+		go func() { defer wg.Done(); c.Kill(p) }()
+	}
+	wg.Wait()
+	for i, p := range c.CS {
+		z := l.fs(i)
+		if err := z.Unmount(); err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		f, e, err := z.Cut()
+		if err != nil {
+			t.Errorf("%s: %v", p, err)
+		}
+		files, entries = files+f, entries+e
+		if err := z.Mount(p.DataDir); err != nil {
+			t.Fatalf("%s: remount: %v", p, err)
+		}
+	}
+	for _, p := range c.CS {
+		c.Start(p)
+	}
+	return files, entries
 }
