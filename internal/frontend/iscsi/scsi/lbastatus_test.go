@@ -40,7 +40,7 @@ func descriptors(t *testing.T, r Result) []string {
 // deallocated, from the starting LBA, as many runs as the allocation length
 // takes; the device's tail the map does not cover is mapped.
 func TestGetLBAStatusFromTheMap(t *testing.T) {
-	const size = 1<<20 + 8<<10 // 2064 blocks: the last 16 past the last whole MapAlign
+	const size = 1<<20 + 8<<10      // 2064 blocks: the last 16 past the last whole MapAlign
 	b := frontendtest.NewDisk(size) // thin: frontendtest.Disk.Mapped
 	b.T = t
 	var fail atomic.Pointer[error]
