@@ -21,7 +21,7 @@ const nbdSetSize = 0xab<<8 | 2
 
 // growWait bounds how long growDevice waits for an NVMe/TCP namespace to
 // show the new size: the target re-reads sizes every 5 s
-// (nvmf.Config.ResizeCheck) and the kernel rescans on its notice.
+// (frontend.ExportsConfig.SizeCheck) and the kernel rescans on its notice.
 const growWait = 2 * time.Minute
 
 // growDevice makes the attached device show at least want bytes of the

@@ -56,7 +56,15 @@
 //     stays with the attachments that hold it, whose IO keeps failing with
 //     ErrFenced until their clients reconnect, and the newcomer gets a freshly
 //     opened backend; a log line says so.
-//   - Close (process shutdown) closes every backend, held or not.
+//   - WatchSize subscribes a protocol to an export's size: one watcher per
+//     watched name re-reads it every ExportsConfig.SizeCheck (Check on the
+//     open backend, or Opener.Stat when none is open) and calls every
+//     subscriber, so a resize reaches the hosts attached now — iSCSI raises
+//     CAPACITY DATA HAS CHANGED, NVMe/TCP a Namespace Attribute Changed
+//     notice — without each session or controller polling on its own
+//     (sizewatch.go).
+//   - Close (process shutdown) ends the watches and closes every backend,
+//     held or not.
 //
 // # The writer role
 //

@@ -16,6 +16,10 @@ type ExportsConfig struct {
 	// OpenTimeout bounds one Opener.Open, which every attacher of that name
 	// waits for. Default 30 s.
 	OpenTimeout time.Duration
+	// SizeCheck is how often a watched export's size is re-read (WatchSize),
+	// so that a resize reaches the hosts as a unit attention or a namespace
+	// notice (online expansion). Default 5 s; negative: never.
+	SizeCheck time.Duration
 }
 
 // Exports is the export lifecycle that every protocol server of a process
@@ -27,6 +31,9 @@ type Exports struct {
 	opener      Opener
 	log         *slog.Logger
 	openTimeout time.Duration
+	sizeCheck   time.Duration   // 0: no size watches
+	ctx         context.Context // ends at Close: bounds the watches' re-reads
+	cancel      context.CancelFunc
 
 	// mu guards the fields below and every export's refs, done and closed. It is
 	// never held across a call to the Opener or a Backend.
@@ -35,7 +42,8 @@ type Exports struct {
 	live    map[*export]bool   // exports whose backend is open or opening
 	// releasing counts, per name, backends release is closing right now.
 	releasing map[string]int
-	closing   bool // Close was called
+	watches   map[string]*sizeWatch // one per watched name (sizewatch.go)
+	closing   bool                  // Close was called
 }
 
 // export is one opening of a backend, shared by its attachments.
@@ -59,12 +67,23 @@ func NewExports(cfg ExportsConfig) *Exports {
 	if cfg.OpenTimeout <= 0 {
 		cfg.OpenTimeout = 30 * time.Second
 	}
+	switch {
+	case cfg.SizeCheck == 0:
+		cfg.SizeCheck = 5 * time.Second
+	case cfg.SizeCheck < 0:
+		cfg.SizeCheck = 0
+	}
+	ctx, cancel := context.WithCancel(context.Background())
 	return &Exports{
 		opener:      cfg.Opener,
 		log:         cfg.Logger,
 		openTimeout: cfg.OpenTimeout,
+		sizeCheck:   cfg.SizeCheck,
+		ctx:         ctx,
+		cancel:      cancel,
 		current:     map[string]*export{},
 		live:        map[*export]bool{},
+		watches:     map[string]*sizeWatch{},
 	}
 }
 
@@ -270,12 +289,18 @@ func (e *Exports) Describe(ctx context.Context, name string) (Info, error) {
 // List returns the names of the exports that can be attached.
 func (e *Exports) List(ctx context.Context) ([]string, error) { return e.opener.List(ctx) }
 
-// Close refuses new attachments and closes every open backend, also those that
-// attachments still hold (their IO then fails): call it after the protocol
-// servers closed. A backend still opening is closed when its open finishes.
+// Close refuses new attachments, ends the size watches and closes every open
+// backend, also those that attachments still hold (their IO then fails): call
+// it after the protocol servers closed. A backend still opening is closed when
+// its open finishes.
 func (e *Exports) Close() error {
+	e.cancel()
 	e.mu.Lock()
 	e.closing = true
+	for name, w := range e.watches {
+		delete(e.watches, name)
+		close(w.stop)
+	}
 	var open []*export
 	for x := range e.live {
 		if x.done && !x.closed {

@@ -314,6 +314,11 @@ func TestLinearizable(t *testing.T) {
 	if w < 100 || reads < 100 {
 		t.Errorf("too little IO completed to judge: %d writes, %d reads", w, reads)
 	}
+	retried := 0
+	for _, p := range c.CS {
+		retried += c.CountLog(p, "retried request not applied again")
+	}
+	t.Logf("retried requests a replica did not apply again (answered OK or STALE_REQUEST): %d", retried)
 	start := time.Now()
 	ops := rec.Operations()
 	res, info := linearize.Check(ops, 5*time.Minute)

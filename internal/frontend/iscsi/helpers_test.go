@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
 	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
@@ -18,13 +19,20 @@ const testCluster = "test"
 // 127.0.0.1:0 and returns the portal address.
 func startServer(t testing.TB, vols frontendtest.Disks, cfg Config) (*Server, string) {
 	t.Helper()
+	return startServerSized(t, vols, 0, cfg)
+}
+
+// startServerSized is startServer over exports that re-read watched sizes
+// every sizeCheck (0: the default).
+func startServerSized(t testing.TB, vols frontendtest.Disks, sizeCheck time.Duration, cfg Config) (*Server, string) {
+	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = quietLogger()
 	}
 	if cfg.Cluster == "" {
 		cfg.Cluster = testCluster
 	}
-	cfg.Exports = frontend.NewExports(frontend.ExportsConfig{Opener: vols, Logger: cfg.Logger})
+	cfg.Exports = frontend.NewExports(frontend.ExportsConfig{Opener: vols, Logger: cfg.Logger, SizeCheck: sizeCheck})
 	s, err := NewServer(cfg)
 	if err != nil {
 		t.Fatal(err)

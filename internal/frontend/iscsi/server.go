@@ -82,10 +82,6 @@ type Config struct {
 	// MaxRecvDataSegment is the MaxRecvDataSegmentLength this target
 	// declares. Default 256 KiB.
 	MaxRecvDataSegment int
-	// ResizeCheck is how often the size of each volume with sessions here
-	// is re-read (Backend.Check), so a resize reaches its sessions as a
-	// CAPACITY DATA HAS CHANGED unit attention. Default 5 s; negative: never.
-	ResizeCheck time.Duration
 }
 
 func (c *Config) setDefaults() error {
@@ -118,12 +114,6 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxTransfer <= 0 {
 		c.MaxTransfer = 32 << 20
-	}
-	switch {
-	case c.ResizeCheck == 0:
-		c.ResizeCheck = 5 * time.Second
-	case c.ResizeCheck < 0:
-		c.ResizeCheck = 0
 	}
 	if c.MaxRecvDataSegment <= 0 {
 		c.MaxRecvDataSegment = 256 << 10
@@ -195,35 +185,33 @@ func (s *Server) allowed(initiator string) bool {
 	return false
 }
 
-// volumeGroup is a volume's LUs in this process and the watch on its size.
+// volumeGroup is a volume's LUs in this process and its subscription to the
+// volume's size.
 type volumeGroup struct {
-	lus  *scsi.Group
-	stop chan struct{}
-	// backend is the latest session's (a fenced one is replaced for the next
-	// attach); guarded by Server.groupMu.
-	backend frontend.Backend
+	lus *scsi.Group
+	// unwatch ends the subscription (frontend.Exports.WatchSize). The
+	// watch keeps the open backend's size fresh; each LU reads it for every
+	// command and reports a change once to its session, as a CAPACITY DATA
+	// HAS CHANGED unit attention, so the watch needs no callback.
+	unwatch func()
 }
 
 // openLU opens a session's logical unit for volume in the volume's group;
-// the first one starts the watch on the volume's size.
+// the first one subscribes the group to the volume's size.
 func (s *Server) openLU(volume string, cfg scsi.Config) *scsi.LU {
 	s.groupMu.Lock()
 	defer s.groupMu.Unlock()
 	g := s.groups[volume]
 	if g == nil {
-		g = &volumeGroup{lus: scsi.NewGroup(), stop: make(chan struct{})}
+		g = &volumeGroup{lus: scsi.NewGroup(), unwatch: s.cfg.Exports.WatchSize(volume, nil)}
 		s.groups[volume] = g
-		if s.cfg.ResizeCheck > 0 {
-			go s.watchSize(volume, g)
-		}
 	}
-	g.backend = cfg.Backend
 	cfg.Group = g.lus
 	return scsi.New(cfg)
 }
 
 // closeLU closes a session's logical unit; the volume's last one ends the
-// group and its watch.
+// group and its subscription.
 func (s *Server) closeLU(volume string, lu *scsi.LU) {
 	// The I_T nexus is gone: so is an SPC-2 reservation it held (SPC-2
 	// 5.5.1); an unreachable store keeps it until a reset or RELEASE.
@@ -232,33 +220,8 @@ func (s *Server) closeLU(volume string, lu *scsi.LU) {
 	defer s.groupMu.Unlock()
 	lu.Close()
 	if g := s.groups[volume]; g != nil && g.lus.Len() == 0 {
-		close(g.stop)
+		g.unwatch()
 		delete(s.groups, volume)
-	}
-}
-
-// watchSize re-reads a volume's size every ResizeCheck (Check refreshes it
-// from the MDS) until stop; each LU then sees a new size on its session's
-// next command and reports it once as a unit attention.
-func (s *Server) watchSize(volume string, g *volumeGroup) {
-	t := time.NewTicker(s.cfg.ResizeCheck)
-	defer t.Stop()
-	for {
-		select {
-		case <-g.stop:
-			return
-		case <-s.ctx.Done():
-			return
-		case <-t.C:
-		}
-		s.groupMu.Lock()
-		b := g.backend
-		s.groupMu.Unlock()
-		ctx, cancel := context.WithTimeout(s.ctx, min(s.cfg.ResizeCheck, 10*time.Second))
-		if err := b.Check(ctx); err != nil {
-			s.log.Debug("iscsi: re-reading the volume's size failed", "volume", volume, "err", err)
-		}
-		cancel()
 	}
 }
 

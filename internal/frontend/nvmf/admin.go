@@ -131,7 +131,7 @@ func (c *conn) connect(cmd *command) {
 		}
 		ctrl.join(c)
 		go ctrl.keepAlive()
-		go ctrl.watchSizes()
+		ctrl.watchSizes()
 		log.Info("nvmf: controller created", "cntlid", ctrl.id, "kato", kato, "discovery", ctrl.discovery,
 			"hdgst", c.hdgst, "ddgst", c.ddgst)
 	} else {

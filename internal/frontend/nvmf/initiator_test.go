@@ -28,9 +28,16 @@ const (
 // startServer serves volume "vol" (1 MiB) to hostA only.
 func startServer(t testing.TB, mod func(*Config)) (*Server, string, *frontendtest.Disk) {
 	t.Helper()
+	return startServerSized(t, 0, mod)
+}
+
+// startServerSized is startServer over exports that re-read watched sizes
+// every sizeCheck (0: the default).
+func startServerSized(t testing.TB, sizeCheck time.Duration, mod func(*Config)) (*Server, string, *frontendtest.Disk) {
+	t.Helper()
 	disk := newDisk(1 << 20)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ex := frontend.NewExports(frontend.ExportsConfig{Opener: frontendtest.Disks{"vol": disk}, Logger: quiet})
+	ex := frontend.NewExports(frontend.ExportsConfig{Opener: frontendtest.Disks{"vol": disk}, Logger: quiet, SizeCheck: sizeCheck})
 	cfg := Config{Exports: ex, AllowedHosts: []string{hostA}, Logger: quiet}
 	if mod != nil {
 		mod(&cfg)

@@ -1,20 +1,19 @@
 package nvmf
 
-import (
-	"context"
-	"slices"
-	"time"
-)
+import "slices"
 
 // Online growth. A volume may grow while a host uses it (CSI
-// ControllerExpandVolume, `basalt volume resize`). Every ResizeCheck each I/O
-// controller re-reads the sizes of its namespaces' volumes; a namespace whose
-// volume grew takes the new size (Identify Namespace NSZE/NCAP/NUSE and the
-// LBA range check), goes on the Changed Namespace List (log page 04h), and the
-// controller sends a Namespace Attribute Changed notice on an Asynchronous
-// Event Request. The Linux host then reads the list (clearing it), rescans
-// and updates the block device's capacity in place: a mounted file system
-// can grow into it (resize2fs, xfs_growfs).
+// ControllerExpandVolume, `basalt volume resize`). Each I/O controller
+// subscribes its namespaces to their volumes' sizes (frontend.Exports.
+// WatchSize: one watcher per volume re-reads it every ExportsConfig.
+// SizeCheck, from the open backend or, before a Multipath controller's first
+// I/O, from the metadata). A namespace whose volume grew takes the new size
+// (Identify Namespace NSZE/NCAP/NUSE and the LBA range check), goes on the
+// Changed Namespace List (log page 04h), and the controller sends a
+// Namespace Attribute Changed notice on an Asynchronous Event Request. The
+// Linux host then reads the list (clearing it), rescans and updates the
+// block device's capacity in place: a mounted file system can grow into it
+// (resize2fs, xfs_growfs).
 
 // aenNSChanged is the completion dword 0 of an Asynchronous Event Request
 // reporting a namespace change: type notice (2), information 0x00 (Namespace
@@ -29,69 +28,29 @@ const aenNSEnabled = 1 << 8
 // reported as the single entry 0xffffffff ("more than 1024: rescan all").
 const maxChangedNS = 1024
 
-// watchSizes re-reads the sizes of c's namespaces every Config.ResizeCheck
-// until the controller ends. It runs on its own goroutine, one per I/O
-// controller.
+// watchSizes subscribes c's namespaces to their volumes' sizes until the
+// controller ends (kill). A discovery controller has none.
 func (c *controller) watchSizes() {
-	every := c.s.cfg.ResizeCheck
-	if c.discovery || every <= 0 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead {
 		return
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.stopKA:
-			return
-		case <-t.C:
-		}
-		c.checkSizes(min(every, 10*time.Second))
-	}
-}
-
-// checkSizes grows the namespaces whose volumes grew and notifies the host.
-func (c *controller) checkSizes(timeout time.Duration) {
-	var grown []uint32
 	for _, ns := range c.nss {
-		size, ok := c.volumeSize(ns, timeout)
-		if !ok {
-			continue
-		}
-		nlb := uint64(size) >> ns.lbaShift
-		old := ns.nlb.Load()
-		if nlb <= old || !ns.nlb.CompareAndSwap(old, nlb) {
-			continue // volumes only grow; a smaller answer is stale
-		}
-		c.s.log.Info("nvmf: namespace grew", "cntlid", c.id, "nsid", ns.nsid, "volume", ns.volume,
-			"old_bytes", old<<ns.lbaShift, "bytes", nlb<<ns.lbaShift)
-		grown = append(grown, ns.nsid)
-	}
-	if len(grown) > 0 {
-		c.notifyNSChanged(grown)
+		c.unwatch = append(c.unwatch, c.s.cfg.Exports.WatchSize(ns.volume, func(size int64) { c.sizeIs(ns, size) }))
 	}
 }
 
-// volumeSize is ns's volume's size now: from its open backend (Check
-// re-reads it) or, before the first I/O of a Multipath controller, from the
-// volume's metadata. ok is false when it cannot be known now.
-func (c *controller) volumeSize(ns *namespace, timeout time.Duration) (int64, bool) {
-	c.mu.Lock()
-	att := ns.att
-	c.mu.Unlock()
-	ctx, cancel := context.WithTimeout(c.s.conns.Context(), timeout)
-	defer cancel()
-	if att != nil {
-		b := att.Backend()
-		if err := b.Check(ctx); err != nil {
-			return 0, false // fenced or deleted: its IO fails anyway
-		}
-		return b.Info().Size, true
+// sizeIs grows ns if its volume grew to size and notifies the host.
+func (c *controller) sizeIs(ns *namespace, size int64) {
+	nlb := uint64(size) >> ns.lbaShift
+	old := ns.nlb.Load()
+	if nlb <= old || !ns.nlb.CompareAndSwap(old, nlb) {
+		return // volumes only grow; a smaller answer is stale
 	}
-	info, err := c.s.cfg.Exports.Describe(ctx, ns.volume)
-	if err != nil {
-		return 0, false
-	}
-	return info.Size, true
+	c.s.log.Info("nvmf: namespace grew", "cntlid", c.id, "nsid", ns.nsid, "volume", ns.volume,
+		"old_bytes", old<<ns.lbaShift, "bytes", nlb<<ns.lbaShift)
+	c.notifyNSChanged([]uint32{ns.nsid})
 }
 
 // notifyNSChanged puts nsids on the Changed Namespace List and delivers a

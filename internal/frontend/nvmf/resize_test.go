@@ -12,7 +12,7 @@ import (
 // by a read without RAE), reports the new size in Identify Namespace and
 // serves I/O in the part that was added.
 func TestNamespaceGrows(t *testing.T) {
-	_, addr, disk := startServer(t, func(c *Config) { c.ResizeCheck = 20 * time.Millisecond })
+	_, addr, disk := startServerSized(t, 20*time.Millisecond, nil)
 	admin, ioq := session(t, addr, false, false)
 	id := admin.must(admin.do(newSQE(adminIdentify, 0, 1), nil, false, 4096)).data
 	if oaes := binary.LittleEndian.Uint32(id[92:]); oaes&aenNSEnabled == 0 {

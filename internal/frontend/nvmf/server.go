@@ -71,12 +71,6 @@ type Config struct {
 	// of a cluster (ids unique mod 15) give out distinct ones.
 	Multipath bool
 	NodeID    uint64
-	// ResizeCheck is how often a controller re-reads the sizes of its
-	// namespaces' volumes (Backend.Check, or Exports.Describe before the
-	// first I/O); a volume that grew raises a Namespace Attribute Changed
-	// notice, and the host rescans and sees the new capacity while the
-	// namespace stays in use (online expansion). Default 5 s; negative: never.
-	ResizeCheck time.Duration
 	// HostsChanged, if set, is called (on its own goroutine) when a
 	// controller of an I/O subsystem is created or ends: Hosts changed.
 	HostsChanged func()
@@ -117,12 +111,6 @@ func (c *Config) setDefaults() error {
 	}
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = 60 * time.Second
-	}
-	switch {
-	case c.ResizeCheck == 0:
-		c.ResizeCheck = 5 * time.Second
-	case c.ResizeCheck < 0:
-		c.ResizeCheck = 0
 	}
 	switch {
 	case c.KeepAliveGrace == 0:
@@ -249,6 +237,7 @@ type controller struct {
 	refs       int // connections attached, until their IO drained
 	dead       bool
 	stopKA     chan struct{}
+	unwatch    []func()   // the namespaces' size subscriptions, ended by kill
 	aers       []*command // Asynchronous Event Requests held
 	anaPending bool       // an ANA change notice waits for an AER
 	anaMasked  bool       // a notice was sent; none until the host reads the ANA log
@@ -263,7 +252,7 @@ type namespace struct {
 	volume string
 	nsInfo
 	// nlb is the namespace's size in LBAs: the volume's size at Connect, grown
-	// by watchSizes when the volume grows (it never shrinks).
+	// by sizeIs when the volume grows (it never shrinks).
 	nlb   atomic.Uint64
 	attMu sync.Mutex // serializes attaching (controller.attachment); taken before controller.mu
 	// att (under controller.mu) is nil (Multipath) until the first I/O
@@ -356,7 +345,12 @@ func (c *controller) kill(why string) {
 	for cn := range c.conns {
 		conns = append(conns, cn)
 	}
+	unwatch := c.unwatch
+	c.unwatch = nil
 	c.mu.Unlock()
+	for _, stop := range unwatch {
+		stop()
+	}
 	c.s.mu.Lock()
 	delete(c.s.ctrls, c.id)
 	c.s.mu.Unlock()
