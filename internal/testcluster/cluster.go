@@ -156,7 +156,7 @@ func Start(t testing.TB, opts Options) *Cluster {
 		if opts.Net != nil {
 			t.Fatal("testcluster: Options.Proxy and Options.Net do not mix")
 		}
-		c.proxies = newProxyNet(func() []*Proc { return c.CS })
+		c.proxies = newProxyNet()
 		t.Cleanup(c.proxies.close) // after stopAll: a chunkserver drains through its peers
 	}
 	t.Cleanup(c.stopAll)

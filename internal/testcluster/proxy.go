@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,11 +38,11 @@ type proxyNet struct {
 	lns      []net.Listener
 	conns    map[net.Conn]link // both ends' connections of every proxied link
 	closed   bool
-	procs    func() []*Proc // the chunkservers, to find a connection's source
+	procs    []*Proc // the chunkservers behind the proxies, to find a connection's source
 }
 
-func newProxyNet(procs func() []*Proc) *proxyNet {
-	n := &proxyNet{isolated: map[*Proc]bool{}, conns: map[net.Conn]link{}, procs: procs}
+func newProxyNet() *proxyNet {
+	n := &proxyNet{isolated: map[*Proc]bool{}, conns: map[net.Conn]link{}}
 	n.cond = sync.NewCond(&n.mu)
 	return n
 }
@@ -56,6 +57,7 @@ func (n *proxyNet) listen(t testing.TB, to *Proc, backend string) string {
 	}
 	n.mu.Lock()
 	n.lns = append(n.lns, ln)
+	n.procs = append(n.procs, to)
 	n.mu.Unlock()
 	go func() {
 		for {
@@ -159,7 +161,10 @@ func (n *proxyNet) sourceOf(c net.Conn) *Proc {
 		return nil
 	}
 	want := "socket:[" + inode + "]"
-	for _, p := range n.procs() {
+	n.mu.Lock()
+	procs := slices.Clone(n.procs)
+	n.mu.Unlock()
+	for _, p := range procs {
 		pid := p.PID()
 		if pid == 0 {
 			continue

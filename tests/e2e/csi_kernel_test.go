@@ -11,13 +11,9 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/basalt-storage/basalt/internal/testcluster"
 	"github.com/basalt-storage/basalt/internal/testhost"
-	"github.com/basalt-storage/basalt/pkg/api"
-	"github.com/basalt-storage/basalt/pkg/mdsclient"
 )
 
 // The kubelet's sequence when a pod's node dies, with a real kernel as node
@@ -60,32 +56,8 @@ func TestCSIReattachFromKernelNode(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	mc, err := mdsclient.Dial([]string{p.st.MDS}, adminTLS(t, p.st.TLSDir))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mc.Close()
-	if _, err := mc.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: "node-a"}}); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctl, node := csi.NewControllerClient(conn), csi.NewNodeClient(conn)
-	rwo := &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-	}
 	const vol = "pvc-moves"
-	if _, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: vol, CapacityRange: &csi.CapacityRange{RequiredBytes: 128 << 20},
-		VolumeCapabilities: []*csi.VolumeCapability{rwo}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: vol, NodeId: "node-a", VolumeCapability: rwo}); err != nil {
-		t.Fatal(err)
-	}
+	ctl, node, rwo := setupCSIVolume(t, ctx, p, csiVolume{Sock: sock, Other: "node-a", Name: vol, Size: 128 << 20, PublishTo: "node-a"})
 	// Node A: its kernel attaches, formats, writes.
 	t.Cleanup(func() { _, _ = guest(30*time.Second, "umount -l /mnt/vol; nbd-client -d /dev/nbd0") })
 	must(time.Minute, fmt.Sprintf("nbd-client 10.0.2.2 %d /dev/nbd0 -N %s -b 4096", p.nbdPort, vol))
@@ -205,33 +177,9 @@ func testExpandOnline(t *testing.T, proto string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	mc, err := mdsclient.Dial([]string{p.st.MDS}, adminTLS(t, p.st.TLSDir))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mc.Close()
-	if _, err := mc.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: "node-a"}}); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctl := csi.NewControllerClient(conn)
-	rwo := &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-	}
 	vol := "pvc-grows-" + proto
 	const before, after = 128 << 20, 512 << 20
-	if _, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: vol, CapacityRange: &csi.CapacityRange{RequiredBytes: before},
-		VolumeCapabilities: []*csi.VolumeCapability{rwo}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: vol, NodeId: "node-a", VolumeCapability: rwo}); err != nil {
-		t.Fatal(err)
-	}
+	ctl, _, rwo := setupCSIVolume(t, ctx, p, csiVolume{Sock: sock, Other: "node-a", Name: vol, Size: before, PublishTo: "node-a"})
 
 	// Node A stages: attach, mkfs, mount; the pod writes.
 	dev, attach, detach, leftover := "/dev/nvme0n1",

@@ -147,6 +147,58 @@ func requireKernelAttach(t *testing.T) {
 	}
 }
 
+// dialCSI connects to the CSI plugin on sock for the rest of the test.
+func dialCSI(t *testing.T, sock string) (csi.ControllerClient, csi.NodeClient) {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return csi.NewControllerClient(conn), csi.NewNodeClient(conn)
+}
+
+// csiVolume is what setupCSIVolume makes.
+type csiVolume struct {
+	Sock      string // the CSI plugin's socket
+	Other     string // a node besides the plugin's own, registered with the MDS ("": none)
+	Name      string
+	Size      int64
+	PublishTo string // the node it is published to ("": not published)
+}
+
+// setupCSIVolume is the common start of the tests that move, fence or grow a
+// volume: it connects to the plugin, registers the other node, creates the
+// volume (ReadWriteOnce, mounted ext4: the returned rwo) and publishes it.
+func setupCSIVolume(t *testing.T, ctx context.Context, p *pg, v csiVolume) (ctl csi.ControllerClient, node csi.NodeClient, rwo *csi.VolumeCapability) {
+	t.Helper()
+	if v.Other != "" {
+		mc, err := mdsclient.Dial([]string{p.st.MDS}, adminTLS(t, p.st.TLSDir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer mc.Close()
+		if _, err := mc.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: v.Other}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctl, node = dialCSI(t, v.Sock)
+	rwo = &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+	if _, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: v.Name, CapacityRange: &csi.CapacityRange{RequiredBytes: v.Size},
+		VolumeCapabilities: []*csi.VolumeCapability{rwo}}); err != nil {
+		t.Fatal(err)
+	}
+	if v.PublishTo != "" {
+		if _, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: v.Name, NodeId: v.PublishTo, VolumeCapability: rwo}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ctl, node, rwo
+}
+
 // csi-sanity, controller and node, against `basalt csi` backed by a
 // playground: every volume it stages is a real /dev/loopN over nbdfuse over
 // the NBD front end, with a real ext4 on it.
@@ -192,12 +244,7 @@ func attachLimit(t *testing.T, sock, node string, limit int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctl := csi.NewControllerClient(conn)
+	ctl, _ := dialCSI(t, sock)
 	rwo := &csi.VolumeCapability{
 		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
@@ -253,32 +300,8 @@ func TestCSIPublishFencesOldWriter(t *testing.T) {
 	sock := startCSI(t, p, "node-a")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	mc, err := mdsclient.Dial([]string{p.st.MDS}, adminTLS(t, p.st.TLSDir))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mc.Close()
-	if _, err := mc.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: "node-b"}}); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctl := csi.NewControllerClient(conn)
-	rwo := &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-	}
 	const vol = "pvc-fence"
-	if _, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: vol, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
-		VolumeCapabilities: []*csi.VolumeCapability{rwo}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: vol, NodeId: "node-a", VolumeCapability: rwo}); err != nil {
-		t.Fatal(err)
-	}
+	ctl, _, rwo := setupCSIVolume(t, ctx, p, csiVolume{Sock: sock, Other: "node-b", Name: vol, Size: 64 << 20, PublishTo: "node-a"})
 	// Node A's writer (what its kernel's IO becomes through the front end).
 	a, err := client.Open(ctx, client.Config{MDS: []string{p.st.MDS}, MDSTLS: adminTLS(t, p.st.TLSDir), DataTLS: adminDataTLS(t, p.st.TLSDir), Volume: vol, ClientName: "node-a"})
 	if err != nil {
@@ -348,21 +371,8 @@ func TestCSIExpand(t *testing.T) {
 	sock := startCSI(t, p, "node-a")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctl, node := csi.NewControllerClient(conn), csi.NewNodeClient(conn)
-	rwo := &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-	}
 	const vol = "pvc-grow"
-	if _, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: vol, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
-		VolumeCapabilities: []*csi.VolumeCapability{rwo}}); err != nil {
-		t.Fatal(err)
-	}
+	ctl, node, rwo := setupCSIVolume(t, ctx, p, csiVolume{Sock: sock, Name: vol, Size: 64 << 20})
 	dir := t.TempDir()
 	t.Cleanup(func() { releaseUnder(t, dir) })
 	staging, target := filepath.Join(dir, "staging"), filepath.Join(dir, "target")
