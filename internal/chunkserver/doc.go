@@ -7,6 +7,7 @@
 //	network ──▶ transport.Server ──▶ handler (validate at the edge)
 //	                                   │ write/trim/zeroes: raftstore.Host.Propose
 //	                                   │ read: [fence] → ReadBarrier → Copyset.ReadAt
+//	                                   │ mapped: [fence] → ReadBarrier → Copyset.DataExtents
 //	                                   │ OpRaft, OpSnapshot: raftnet.Receiver → Host.Step,
 //	                                   │                     Host.ReceiveSnapshot
 //	                                   ▼
@@ -176,7 +177,9 @@
 // the WAL's), ErrIO and any failed read → IO_ERROR. A read
 // whose epoch is newer than the copyset's first commits a fence, then waits
 // for Host.ReadBarrier (lease read, or ReadIndex) and reads the chunk file
-// into a pooled buffer that is released once the reply was written. Flush and
+// into a pooled buffer that is released once the reply was written. OpMapped
+// takes the same way to the chunk file and answers its data extents
+// (SEEK_DATA, on a goroutine) as a bitmap (api.MapGranule). Flush and
 // Ping answer OK (an acknowledged write is already durable). Nothing a client
 // sends can crash the process: a malformed frame closes the connection
 // (transport), anything else gets a status. Raft traffic is another matter:

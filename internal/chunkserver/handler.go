@@ -36,6 +36,9 @@ type replicaStore interface {
 	ReadAtCached(id chunkID, p []byte, off int64) (bool, error)
 	Chunks() ([]chunkID, error)
 	Checksum(id chunkID) (uint32, error)
+	// DataExtents reports which of a chunk's range holds data
+	// (datastore.Copyset.DataExtents).
+	DataExtents(id chunkID, off, n int64, fn func(off, n int64)) error
 }
 
 // replica is one copyset hosted by this chunkserver.
@@ -184,7 +187,7 @@ func (hd *handler) capStatus(rw transport.ReplyWriter, h api.Header) api.Status 
 			at.mu.Unlock()
 		}
 	}
-	write := h.Op != api.OpRead
+	write := !reads(h.Op)
 	if !found || time.Now().After(c.Expiry.Add(capability.Skew)) || !c.Allows(write, h.Epoch) {
 		who, _ := transport.PeerOf(rw)
 		hd.logDeniedCap(who.String(), h, errNoCapability)
@@ -236,7 +239,7 @@ func (hd *handler) ServeFrame(rw transport.ReplyWriter, h api.Header, payload []
 			return
 		}
 		hd.fence(rw, h, true)
-	case api.OpRead, api.OpWrite, api.OpTrim, api.OpWriteZeroes:
+	case api.OpRead, api.OpWrite, api.OpTrim, api.OpWriteZeroes, api.OpMapped:
 		if st := hd.capStatus(rw, h); st != api.StatusOK {
 			hd.reply(rw, h, st, 0)
 			return
@@ -319,7 +322,7 @@ func (hd *handler) replyErr(rw transport.ReplyWriter, h api.Header, err error, s
 	h.Hint = hint
 	rw.Reply(h, nil, nil)
 	n := 0
-	if st == api.StatusOK && h.Op != api.OpRead {
+	if st == api.StatusOK && !reads(h.Op) {
 		n = int(h.Length)
 		hd.count(h, n)
 	}
@@ -357,6 +360,9 @@ func (hd *handler) validate(h api.Header, payload []byte) (*replica, volumeInfo,
 	} else if len(payload) != 0 {
 		return nil, volumeInfo{}, api.StatusBadRequest
 	}
+	if h.Op == api.OpMapped && (h.Offset%api.MapAlign != 0 || h.Length%api.MapAlign != 0) {
+		return nil, volumeInfo{}, api.StatusBadRequest
+	}
 	vi, ok := hd.vols.lookup(h.Volume)
 	if !ok {
 		return nil, vi, api.StatusNoSuchVolume
@@ -386,7 +392,7 @@ func (hd *handler) validate(h api.Header, payload []byte) (*replica, volumeInfo,
 	if uint64(r.chunkSize) != vi.ChunkSize {
 		return nil, vi, api.StatusBadRequest // cannot happen: pools never change chunk size
 	}
-	if h.Op != api.OpRead && h.Epoch == 0 {
+	if !reads(h.Op) && h.Epoch == 0 {
 		return nil, vi, api.StatusReadOnly
 	}
 	if h.Settled > h.Seq || h.Seq != 0 && h.Op == api.OpRead {
@@ -447,7 +453,7 @@ func (hd *handler) serveIO(rw transport.ReplyWriter, h api.Header, payload []byt
 	}
 	var c command
 	switch h.Op {
-	case api.OpRead:
+	case api.OpRead, api.OpMapped:
 		hd.read(rw, h, r, start)
 		return
 	case api.OpWrite:
@@ -469,6 +475,10 @@ func (hd *handler) read(rw transport.ReplyWriter, h api.Header, r *replica, star
 	doRead := func(err error) {
 		if err != nil {
 			hd.replyErr(rw, h, err, start)
+			return
+		}
+		if h.Op == api.OpMapped {
+			go hd.mapped(rw, h, r, start) // seeks in the chunk file: off the worker
 			return
 		}
 		hd.readNow(rw, h, r, start)
@@ -520,6 +530,40 @@ func (hd *handler) readNow(rw transport.ReplyWriter, h api.Header, r *replica, s
 		err := r.store.ReadAt(id, buf, off)
 		hd.readDone(rw, h, r, buf, release, err, start)
 	}()
+}
+
+// reads reports whether op only reads a volume (a read-only session may
+// make it, and it changes nothing).
+func reads(op api.Op) bool { return op == api.OpRead || op == api.OpMapped }
+
+// mapped answers OpMapped after the read barrier: a bit per MapGranule of
+// the range, set where the chunk file holds data.
+func (hd *handler) mapped(rw transport.ReplyWriter, h api.Header, r *replica, start time.Time) {
+	n := int(api.MappedBytes(int64(h.Length)))
+	var bits []byte
+	if d, ok := rw.(interface{ readBuffer(n int) []byte }); ok {
+		bits = d.readBuffer(n)
+	}
+	if bits == nil {
+		bits = make([]byte, n)
+	}
+	clear(bits)
+	id := chunkID{Volume: h.Volume, Index: h.Offset / uint64(r.chunkSize)}
+	base := int64(h.Offset % uint64(r.chunkSize))
+	err := r.store.DataExtents(id, base, int64(h.Length), func(off, n int64) {
+		for g := (off - base) / api.MapGranule; g < (off-base+n+api.MapGranule-1)/api.MapGranule; g++ {
+			bits[g/8] |= 1 << (g % 8)
+		}
+	})
+	if err != nil {
+		hd.log.Warn("mapped: seeking the chunk file failed", "copyset", r.group, "volume", h.Volume, "offset", h.Offset, "err", err)
+		hd.replyErr(rw, h, err, start)
+		return
+	}
+	h.Status = api.StatusOK
+	h.Hint = 0
+	rw.Reply(h, bits, nil)
+	hd.metrics.done(h.Op, api.StatusOK, 0, start)
 }
 
 // readDone replies to a read with buf (or err) and hands release to the reply.

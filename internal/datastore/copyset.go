@@ -947,6 +947,49 @@ func (c *Copyset) openChunk(id ChunkID) (ch *chunk, fd int, err error) {
 	return ch, fd, nil
 }
 
+// DataExtents calls fn for each extent of [off, off+n) of chunk id that
+// holds data in its file, in order (SEEK_DATA / SEEK_HOLE): an absent chunk
+// has none, a discarded range none at the file system's block size. Where
+// the file system cannot report holes, the whole range is data. A write or
+// discard of the chunk does not run meanwhile (the chunk's lock).
+func (c *Copyset) DataExtents(id ChunkID, off, n int64, fn func(off, n int64)) error {
+	if err := c.checkRange(off, n); err != nil {
+		return err
+	}
+	ch, fd, err := c.openChunk(id)
+	if err != nil || ch == nil {
+		return err
+	}
+	defer c.s.fds.release(ch)
+	ch.rw.RLock()
+	defer ch.rw.RUnlock()
+	end := off + n
+	for off < end {
+		d, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			return nil
+		}
+		if isUnsupported(err) {
+			fn(off, end-off)
+			return nil
+		}
+		if err != nil {
+			return ioError("seek data", err)
+		}
+		if d >= end {
+			return nil
+		}
+		h, err := unix.Seek(fd, d, unix.SEEK_HOLE)
+		if err != nil {
+			return ioError("seek hole", err)
+		}
+		h = min(h, end)
+		fn(d, h-d)
+		off = h
+	}
+	return nil
+}
+
 // Checksum returns the crc32c (Castagnoli) of the whole chunk, holes and
 // absent chunks counted as zeros, so that replicas can be compared whatever
 // their allocation.

@@ -3,10 +3,12 @@ package datastore
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -1045,5 +1047,51 @@ func TestPoolPerChunkSize(t *testing.T) {
 	}
 	if _, err := s.Copyset(3, 1000); err == nil {
 		t.Fatal("a chunk size that is not a multiple of 512 was accepted")
+	}
+}
+
+// DataExtents reports where a chunk file holds data: nothing for an absent
+// chunk or a fresh pool file, the written range (at the file system's block
+// size) after a write, and a hole after a discard.
+func TestDataExtents(t *testing.T) {
+	for _, prealloc := range []int{0, 2} {
+		t.Run(fmt.Sprintf("prealloc=%d", prealloc), func(t *testing.T) {
+			s := openStore(t, t.TempDir(), prealloc, Knobs{})
+			defer s.Close()
+			cs := mustCopyset(t, s, 7)
+			id := ChunkID{1, 0}
+			extents := func(off, n int64) string {
+				t.Helper()
+				var b strings.Builder
+				if err := cs.DataExtents(id, off, n, func(o, k int64) { fmt.Fprintf(&b, "[%d,%d)", o, o+k) }); err != nil {
+					t.Fatal(err)
+				}
+				return b.String()
+			}
+			if got := extents(0, testChunk); got != "" {
+				t.Fatalf("absent chunk: %s", got)
+			}
+			if err := cs.WriteAt(id, bytes.Repeat([]byte{1}, 8192), 64<<10); err != nil {
+				t.Fatal(err)
+			}
+			if got := extents(0, testChunk); got != "[65536,73728)" {
+				if got == fmt.Sprintf("[0,%d)", testChunk) {
+					t.Skip("this file system reports no holes (SEEK_DATA)")
+				}
+				t.Fatalf("after a write: %s", got)
+			}
+			if got := extents(68<<10, 64<<10); got != "[69632,73728)" {
+				t.Fatalf("a range from inside the data: %s", got)
+			}
+			if err := cs.Discard(id, 64<<10, 4096); err != nil {
+				t.Fatal(err)
+			}
+			if got := extents(0, testChunk); got != "[69632,73728)" {
+				t.Fatalf("after a discard: %s", got)
+			}
+			if err := cs.DataExtents(id, testChunk-4096, 8192, func(int64, int64) {}); err == nil {
+				t.Fatal("a range past the chunk's end")
+			}
+		})
 	}
 }

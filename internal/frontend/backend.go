@@ -32,6 +32,18 @@ type Backend interface {
 	Close() error
 }
 
+// Mapper is an optional Backend ability of a thin device: which of its
+// blocks hold data (the iSCSI GET LBA STATUS command). Blocks that hold none
+// read as zeros.
+type Mapper interface {
+	// Mapped fills bits with one bit per api.MapGranule of [off,
+	// off+length): bit i (byte i/8, bit i%8 from the least significant) set
+	// when the granule at off + i*api.MapGranule may hold data, clear when
+	// it holds none. off and length are multiples of api.MapAlign; bits
+	// has api.MappedBytes(length) bytes. done runs once, as Submit's.
+	Mapped(bits []byte, off, length int64, done func(error))
+}
+
 // Info is what a protocol advertises about an export before any IO.
 type Info struct {
 	Size     int64

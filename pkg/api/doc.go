@@ -50,13 +50,18 @@
 // capability for Volume (internal/capability's token) and is answered OK or
 // DENIED; on an authenticated connection a chunkserver serves a volume's IO
 // only under a valid capability attached to that connection, at an epoch no
-// higher than the signed one. A request for one IO never crosses a chunk boundary (the client
+// higher than the signed one. OpMapped reads like OpRead (on the leader, after
+// its read barrier; a read-only session may) and its reply carries
+// MappedBytes(Length) bytes: a bit per MapGranule of the range, set where the
+// chunk file holds data (SEEK_DATA); Offset and Length are multiples of
+// MapAlign. A request for one IO never crosses a chunk boundary (the client
 // splits). A reply repeats its request's header with FlagReply set, Status (and
 // Hint) filled in and its own PayloadLen. The encoding is frozen by
 // testdata/*.golden (TestHeaderGolden): changing it is a new Version.
 //
 // Op is basalt's one operation enum: the block IO ops 1–5 are also what
-// client.Volume.Submit and every front end's backend take.
+// client.Volume.Submit and every front end's backend take (Submit takes
+// OpMapped too; a backend that can answers it as frontend.Mapper).
 //
 // # Routing (docs/design.md §2)
 //

@@ -41,13 +41,15 @@ const (
 	OpChecksum    Op = 7  // per-chunk checksums of one copyset replica (scrub, tests)
 	OpFence       Op = 8  // raise Volume's epoch to Epoch in copyset Copyset, through its raft log (writer takeover)
 	OpAttach      Op = 9  // payload: the session capability for Volume, for the rest of this connection (docs/security.md)
+	OpMapped      Op = 10 // which of [Offset, Offset+Length) holds data (MapGranule, MappedBytes); read on the leader
 	OpRaft        Op = 16 // payload: a batch of raft messages (peer to peer, no reply)
 	OpSnapshot    Op = 17 // snapshot transfer between replicas (see raftstore)
 )
 
 var opNames = [...]string{
 	OpRead: "read", OpWrite: "write", OpTrim: "trim", OpWriteZeroes: "write_zeroes", OpFlush: "flush",
-	OpPing: "ping", OpChecksum: "checksum", OpFence: "fence", OpAttach: "attach", OpRaft: "raft", OpSnapshot: "snapshot",
+	OpPing: "ping", OpChecksum: "checksum", OpFence: "fence", OpAttach: "attach", OpMapped: "mapped", OpRaft: "raft",
+	OpSnapshot: "snapshot",
 }
 
 // String is the op's name as logs and metric labels show it ("write_zeroes").
@@ -57,6 +59,21 @@ func (o Op) String() string {
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
+
+// MapGranule is the unit OpMapped reports: a bit per 4 KiB, set when any of
+// it holds data in the chunk file (SEEK_DATA / SEEK_HOLE on the leader's
+// replica: a chunk never written, or a range trimmed away, holds none; such
+// ranges read as zeros). An OpMapped request's Offset and Length are
+// multiples of MapAlign; its reply payload is MappedBytes(Length) bytes, bit
+// i (byte i/8, bit i%8 from the least significant) for the granule at
+// Offset + i*MapGranule.
+const (
+	MapGranule = 4096
+	MapAlign   = 8 * MapGranule
+)
+
+// MappedBytes is the size of OpMapped's reply for length bytes.
+func MappedBytes(length int64) int64 { return length / MapAlign }
 
 // IsBlockIO reports whether op is one of the block IO ops a volume serves
 // (OpRead to OpFlush).

@@ -28,7 +28,10 @@ const (
 // Submit starts one IO and calls done exactly once: with nil, an *api.Error (a
 // final chunkserver refusal, errors.Is against api.ErrFenced, ...), or one of this
 // package's errors. buf is the read destination or write source (len(buf) >=
-// length); Flush, Trim and WriteZeroes take nil. A request refused before anything
+// length); Flush, Trim and WriteZeroes take nil; OpMapped fills buf with the
+// bitmap of which 4 KiB granules hold data (api.MapGranule: offset and length
+// multiples of api.MapAlign, api.MappedBytes(length) bytes; it reads, as a
+// read-only session may). A request refused before anything
 // is sent (past the end, closed volume, expired lease) calls done before Submit
 // returns; otherwise done runs on a library goroutine and must not block.
 func (v *Volume) Submit(op api.Op, buf []byte, off, length int64, done func(error)) {
@@ -46,11 +49,18 @@ func (v *Volume) Submit(op api.Op, buf []byte, off, length int64, done func(erro
 			return
 		}
 	case api.OpTrim, api.OpWriteZeroes:
+	case api.OpMapped:
+		if off%api.MapAlign != 0 || length%api.MapAlign != 0 || int64(len(buf)) < api.MappedBytes(length) {
+			done(fmt.Errorf("%w: mapped [%d, +%d) with %d bytes: offset and length must be multiples of %d, the buffer of length/%d bytes",
+				api.ErrBadRequest, off, length, len(buf), api.MapAlign, api.MapAlign))
+			return
+		}
 	default:
 		done(fmt.Errorf("%w: unknown op %d", api.ErrBadRequest, op))
 		return
 	}
-	if op != api.OpRead && v.cfg.ReadOnly {
+	reads := op == api.OpRead || op == api.OpMapped
+	if !reads && v.cfg.ReadOnly {
 		done(api.ErrReadOnly)
 		return
 	}
@@ -66,7 +76,7 @@ func (v *Volume) Submit(op api.Op, buf []byte, off, length int64, done func(erro
 	if v.m != nil {
 		o.start = time.Now()
 	}
-	if op != api.OpRead {
+	if !reads {
 		o.gen = v.flushes.begin()
 		o.write = true
 	}
@@ -97,7 +107,12 @@ func (v *Volume) split(o *ioOp, buf []byte, off, length int64) []piece {
 		p.off = off + pos
 		n := min(length-pos, v.maxPiece-p.off%v.maxPiece)
 		p.n = n
-		if buf != nil {
+		switch {
+		case buf == nil:
+		case o.op == api.OpMapped:
+			// Pieces start at multiples of MapAlign: chunks and maxPieceBytes are.
+			p.buf = buf[api.MappedBytes(pos):api.MappedBytes(pos+n)]
+		default:
 			p.buf = buf[pos : pos+n]
 		}
 		p.cs = api.CopysetOf(v.id, uint64(p.off/v.chunkSize), v.csCount)
@@ -237,7 +252,7 @@ func (p *piece) request() (h api.Header, payload, readBuf []byte) {
 		h.Seq, h.Settled = p.seq, v.seqs[p.cs].settled()
 	}
 	switch p.op.op {
-	case api.OpRead:
+	case api.OpRead, api.OpMapped:
 		readBuf = p.buf
 	case api.OpWrite:
 		payload = p.buf
@@ -318,6 +333,10 @@ func (p *piece) handleReply(h api.Header, err error) {
 		}
 		if p.op.op == api.OpRead && int64(h.PayloadLen) != p.n {
 			p.finish(fmt.Errorf("%w: read of %d bytes answered with %d", api.ErrIO, p.n, h.PayloadLen))
+			return
+		}
+		if p.op.op == api.OpMapped && int64(h.PayloadLen) != int64(len(p.buf)) {
+			p.finish(fmt.Errorf("%w: mapped of %d bytes answered with %d bytes, not %d", api.ErrIO, p.n, h.PayloadLen, len(p.buf)))
 			return
 		}
 		p.finish(nil)

@@ -43,8 +43,9 @@ type Disk struct {
 	Closes     atomic.Int64 // Close calls
 	Opens      atomic.Int64 // Disks.Open calls that returned this disk
 
-	mu   sync.Mutex
-	data []byte // guarded by mu
+	mu    sync.Mutex
+	data  []byte // guarded by mu
+	alloc []bool // per api.MapGranule: holds data (Mapped); guarded by mu
 }
 
 // NewDisk returns a zeroed disk of size bytes.
@@ -144,11 +145,55 @@ func (d *Disk) run(op api.Op, buf []byte, off, length int64, done func(error)) {
 		copy(buf, d.data[off:off+length])
 	case api.OpWrite:
 		copy(d.data[off:], buf)
+		for g := off / api.MapGranule; g < (off+length+api.MapGranule-1)/api.MapGranule; g++ {
+			for int64(len(d.alloc)) <= g {
+				d.alloc = append(d.alloc, false)
+			}
+			d.alloc[g] = true
+		}
 	case api.OpTrim, api.OpWriteZeroes:
 		clear(d.data[off : off+length])
+		for g := (off + api.MapGranule - 1) / api.MapGranule; g < (off+length)/api.MapGranule && g < int64(len(d.alloc)); g++ {
+			d.alloc[g] = false
+		}
 	}
 	d.mu.Unlock()
 	d.finish(done, nil)
+}
+
+// Mapped implements frontend.Mapper as a thin device would (a chunk file):
+// a write allocates the api.MapGranule granules it touches, a trim or
+// write-zeroes frees those it covers whole. Fail is asked with api.OpMapped.
+func (d *Disk) Mapped(bits []byte, off, length int64, done func(error)) {
+	d.mu.Lock()
+	size := int64(len(d.data))
+	d.mu.Unlock()
+	if off < 0 || length <= 0 || off%api.MapAlign != 0 || length%api.MapAlign != 0 || off+length > size ||
+		int64(len(bits)) != api.MappedBytes(length) {
+		d.Violations.Add(1)
+		err := fmt.Errorf("%w: frontendtest: the Mapper contract is broken: off %d length %d bits %d, size %d",
+			frontend.ErrInvalid, off, length, len(bits), size)
+		if d.T != nil {
+			d.T.Errorf("%v", err)
+		}
+		done(err)
+		return
+	}
+	if d.Fail != nil {
+		if err := d.Fail(api.OpMapped, off, length); err != nil {
+			done(err)
+			return
+		}
+	}
+	d.mu.Lock()
+	clear(bits)
+	for i := range length / api.MapGranule {
+		if g := off/api.MapGranule + i; g < int64(len(d.alloc)) && d.alloc[g] {
+			bits[i/8] |= 1 << (i % 8)
+		}
+	}
+	d.mu.Unlock()
+	done(nil)
 }
 
 func (d *Disk) finish(done func(error), err error) {

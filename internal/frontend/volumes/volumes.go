@@ -194,6 +194,12 @@ func (b *backend) Submit(op api.Op, buf []byte, off, length int64, done func(err
 	b.beforeClaim(pendingIO{op, buf, off, length, done})
 }
 
+// Mapped implements frontend.Mapper: the chunkservers answer from the
+// chunks that exist (client OpMapped), through the session IO goes to.
+func (b *backend) Mapped(bits []byte, off, length int64, done func(error)) {
+	b.session().Submit(api.OpMapped, bits, off, length, done)
+}
+
 // beforeClaim handles a mutation or flush that found no writer session: it
 // waits for the claim, which it starts if none runs. A flush with no claim
 // running has no write to wait for and completes on the read-only session.

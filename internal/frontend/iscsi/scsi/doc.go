@@ -27,8 +27,10 @@
 //     WRITE.
 //   - Unmapped blocks read as zeros (api.OpTrim), so READ CAPACITY(16) sets
 //     LBPME and LBPRZ when the backend can trim.
-//   - GET LBA STATUS reports every block mapped: the front end does not yet
-//     learn which chunks exist.
+//   - GET LBA STATUS answers from the backend's map (frontend.Mapper: for a
+//     basalt volume, the chunk files' data extents on each chunk's leader):
+//     blocks without data are deallocated. Without a map, every block is
+//     mapped.
 //   - COMPARE AND WRITE holds a lock that serializes it only against other
 //     COMPARE AND WRITEs through the same process (Config.Group). A
 //     plain WRITE, or a writer on another access node, can change the blocks

@@ -417,17 +417,105 @@ func (lu *LU) slow(c *Command, dataOut []byte) Result {
 		return lu.unmap(dataOut[:c.DataOut])
 
 	case kGetLBAStatus:
-		// basalt does not tell this front end which chunks exist yet: every
-		// block is reported mapped.
-		total := lu.blocks()
-		d := make([]byte, 24)
-		binary.BigEndian.PutUint32(d[0:], 20)
-		binary.BigEndian.PutUint64(d[8:], c.lba)
-		binary.BigEndian.PutUint32(d[16:], uint32(min(total-c.lba, 0xffffffff)))
-		d[20] = 0 // mapped
-		return good(cut(d, c.alloc))
+		return lu.lbaStatus(c)
 	}
 	return check(sense(senseInternalError))
+}
+
+// lbaStatusWindow bounds the range one GET LBA STATUS looks at (from its
+// starting LBA): a few chunks, one backend request each.
+const lbaStatusWindow = 64 << 20
+
+// lbaRun is one LBA status descriptor's worth: n blocks from lba.
+type lbaRun struct {
+	lba, n      uint64
+	deallocated bool
+}
+
+// lbaStatus answers GET LBA STATUS (SBC-3 5.8) from the backend's map of the
+// blocks that hold data (frontend.Mapper): runs of mapped and deallocated
+// blocks from the starting LBA, as many descriptors as the allocation length
+// takes, over at most lbaStatusWindow bytes. A backend without a map (or
+// that cannot trim: LBPME is off) has every block mapped.
+func (lu *LU) lbaStatus(c *Command) Result {
+	total := lu.blocks()
+	runs := []lbaRun{{lba: c.lba, n: total - c.lba}}
+	if m, ok := lu.b.(frontend.Mapper); ok && lu.canTrim {
+		var err error
+		if runs, err = lu.mapRuns(m, c.lba, total, max((c.alloc-8)/16, 1)); err != nil {
+			return check(ErrorSense(err, false))
+		}
+	}
+	d := make([]byte, 8, 8+16*len(runs))
+	for _, r := range runs {
+		for r.n > 0 { // a descriptor counts at most 2^32-1 blocks
+			k := min(r.n, 0xffffffff)
+			var e [16]byte
+			binary.BigEndian.PutUint64(e[0:], r.lba)
+			binary.BigEndian.PutUint32(e[8:], uint32(k))
+			if r.deallocated {
+				e[12] = 1 // PROVISIONING STATUS: deallocated
+			}
+			d = append(d, e[:]...)
+			r.lba, r.n = r.lba+k, r.n-k
+		}
+	}
+	binary.BigEndian.PutUint32(d[0:], uint32(len(d)-4))
+	return good(cut(d, c.alloc))
+}
+
+// mapRuns reads the backend's map from block lba on (at most
+// lbaStatusWindow bytes) and returns at most maxRuns runs of mapped or
+// deallocated blocks, the first starting at lba. A block is mapped if any
+// of it may hold data. The device's tail past its last whole api.MapAlign,
+// which the map does not cover, is reported mapped.
+func (lu *LU) mapRuns(m frontend.Mapper, lba, total uint64, maxRuns int) ([]lbaRun, error) {
+	bs := int64(lu.bs)
+	size := int64(total) * bs
+	whole := size / api.MapAlign * api.MapAlign // the part the map covers
+	from := int64(lba) * bs / api.MapAlign * api.MapAlign
+	to := min(from+lbaStatusWindow, whole)
+	if to <= from || uint64(to/bs) <= lba {
+		return []lbaRun{{lba: lba, n: total - lba}}, nil // all in the tail
+	}
+	bits := make([]byte, api.MappedBytes(to-from))
+	ch := make(chan error, 1)
+	m.Mapped(bits, from, to-from, func(err error) { ch <- err })
+	if err := <-ch; err != nil {
+		return nil, lu.cfg.Classify(err)
+	}
+	mapped := func(b uint64) bool { // block b, wholly inside [from, to)
+		g0 := (int64(b)*bs - from) / api.MapGranule
+		g1 := ((int64(b)+1)*bs - from + api.MapGranule - 1) / api.MapGranule
+		for g := g0; g < g1; g++ {
+			if bits[g/8]&(1<<(g%8)) != 0 {
+				return true
+			}
+		}
+		return false
+	}
+	end := uint64(to / bs) // the blocks wholly inside the map
+	var runs []lbaRun
+	add := func(b, n uint64, dealloc bool) bool {
+		if k := len(runs); k > 0 && runs[k-1].deallocated == dealloc {
+			runs[k-1].n += n
+			return true
+		}
+		if len(runs) == maxRuns {
+			return false
+		}
+		runs = append(runs, lbaRun{lba: b, n: n, deallocated: dealloc})
+		return true
+	}
+	for b := lba; b < end; b++ {
+		if !add(b, 1, !mapped(b)) {
+			return runs, nil
+		}
+	}
+	if to == whole && end < total {
+		add(end, total-end, false)
+	}
+	return runs, nil
 }
 
 // unmap runs UNMAP's parameter list (SBC-3 5.28.2).
