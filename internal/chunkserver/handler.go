@@ -667,11 +667,14 @@ func (hd *handler) checksum(rw transport.ReplyWriter, h api.Header) {
 		return
 	}
 	go func() {
-		defer hd.checksums.release(who)
 		if f := hd.beforeChecksum.Load(); f != nil {
 			(*f)()
 		}
 		b, err := checksumList(r)
+		// Free the slot before answering: a peer that sends its next
+		// checksum request on this answer must find it free (it got BUSY
+		// now and then while the release ran after the reply).
+		hd.checksums.release(who)
 		if err != nil {
 			hd.replyErr(rw, h, err, time.Time{})
 			return

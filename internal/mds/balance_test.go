@@ -225,7 +225,10 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() error)
 // even, with moves in flight never above the limits (2 in all, 1 per
 // chunkserver); then leaders are evened out by transfers.
 func TestSchedulerBalanceNewChunkserver(t *testing.T) {
-	r := startMDS(t, Config{HeartbeatTimeout: time.Second, RecoveryGrace: time.Hour,
+	// The heartbeat timeout only has to outlast registering three chunkservers
+	// and creating the pool before the simulation heartbeats them (over 1 s
+	// under the race detector on a loaded machine: "2 chunkservers online").
+	r := startMDS(t, Config{HeartbeatTimeout: 5 * time.Second, RecoveryGrace: time.Hour,
 		ScheduleInterval: 100 * time.Millisecond, MaxRecoveryMoves: 2, MaxMovesPerChunkserver: 1})
 	defer r.stop(t)
 	waitActive(t, r, 30*time.Second)
@@ -278,7 +281,7 @@ func TestSchedulerBalanceNewChunkserver(t *testing.T) {
 // reporting itself stopped on a healthy chunkserver is moved too, and
 // neither goes to a chunkserver in trouble.
 func TestSchedulerDiskTrouble(t *testing.T) {
-	r := startMDS(t, Config{HeartbeatTimeout: time.Second, RecoveryGrace: time.Hour,
+	r := startMDS(t, Config{HeartbeatTimeout: 5 * time.Second, RecoveryGrace: time.Hour,
 		ScheduleInterval: 100 * time.Millisecond, MaxRecoveryMoves: 4, DisableBalance: true})
 	defer r.stop(t)
 	waitActive(t, r, 30*time.Second)
