@@ -125,3 +125,49 @@ func TestHeartbeatRunsKeepHighestContext(t *testing.T) {
 		t.Fatal("no run of two: want nil (nothing to do)")
 	}
 }
+
+// TestTicksAfterMessages: a leader's worker busy for a second (a catch-up
+// read of the WAL) finds, in one round, a second of ticks and the answers
+// its followers sent meanwhile. It must step the answers before the ticks:
+// taking the ticks first, it reached its quorum check (the previous check
+// had cleared every follower's activity) before seeing the answers waiting
+// beside them, and stepped down for lack of a quorum it had — the paused-
+// leader residue of docs/reliability.md (healthy chunkservers' leaders
+// stepping down after a peer resumed).
+func TestTicksAfterMessages(t *testing.T) {
+	c := newCluster(t, 5, 3, map[uint64][]uint64{1: {1, 2, 3}}, nil)
+	defer c.stop()
+	lead := c.waitLeader(1)
+	c.run(50)
+	ticks := c.hosts[lead].cfg.ElectionTicks
+	// One election timeout with the answers to the leader held in the
+	// network: the leader goes on ticking and heartbeating, passes one quorum
+	// check on its followers' earlier answers, which clears their activity.
+	c.net.paused[lead] = true
+	for range ticks * c.tickEvery {
+		c.net.now++
+		if c.net.now%c.tickEvery == 0 {
+			for _, id := range c.ids {
+				c.hosts[id].Tick()
+			}
+		}
+		c.net.deliver()
+		for _, id := range c.ids {
+			c.hosts[id].ProcessReady()
+		}
+	}
+	if st, _ := c.hosts[lead].Status(1); !st.IsLeader {
+		t.Fatalf("node %d lost the leadership while its followers' answers were only delayed one election timeout", lead)
+	}
+	// The busy round: the held answers and one more election timeout of
+	// ticks reach the leader together.
+	delete(c.net.paused, lead)
+	c.net.deliver()
+	for range ticks {
+		c.hosts[lead].Tick()
+	}
+	c.hosts[lead].ProcessReady()
+	if st, _ := c.hosts[lead].Status(1); !st.IsLeader {
+		t.Fatalf("node %d stepped down for lack of quorum with its followers' answers in the same round", lead)
+	}
+}
