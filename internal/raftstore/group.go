@@ -229,34 +229,6 @@ func newGroup(h *Host, id uint64, peers []uint64, sm StateMachine, join bool) (*
 	return g, nil
 }
 
-// stepMessages steps a drained batch of peer messages into raft.
-func (g *group) stepMessages(msgs []*raftpb.Message) {
-	// A backlog of heartbeats (answers) from one peer is stepped once
-	// (heartbeat.go): each answer can make raft read and send a MsgApp.
-	hb := newHeartbeatRuns(msgs)
-	for i, m := range msgs {
-		if why := g.screen(m); why != "" && !g.h.noScreen {
-			g.dropped(m, why)
-			continue
-		}
-		if g.voteBlock > 0 && (m.GetType() == raftpb.MsgVote || m.GetType() == raftpb.MsgPreVote) {
-			continue
-		}
-		if hb.skip(i, m) {
-			continue
-		}
-		if m.GetType() == raftpb.MsgTimeoutNow {
-			if g.h.draining.Load() {
-				continue // handing leaderships away: take none (Host.SetDraining)
-			}
-			g.timeoutNow = true
-		}
-		// Errors here are messages from peers raft no longer knows; dropping them
-		// is what raft wants.
-		_ = g.rn.Step(m)
-	}
-}
-
 // prepare drains the inbox into raft and returns the Ready to handle, if any.
 func (g *group) prepare() (rd raft.Ready, ok bool) {
 	if g.failed != nil || g.removed {
@@ -282,17 +254,35 @@ func (g *group) prepare() (rd raft.Ready, ok bool) {
 			return raft.Ready{}, false
 		}
 	}
-	// Messages before ticks: both arrived while this worker was busy (a
-	// catch-up read of the WAL can hold it ~1 s), and a leader that took the
-	// ticks first reached its quorum check before stepping the answers
-	// waiting beside them — it stepped down for lack of a quorum it had
-	// (TestTicksAfterMessages; docs/reliability.md, "Leader paused").
-	g.stepMessages(ev.msgs)
 	for range ev.ticks {
 		g.rn.Tick()
 		if g.voteBlock > 0 {
 			g.voteBlock--
 		}
+	}
+	// A backlog of heartbeats (answers) from one peer is stepped once
+	// (heartbeat.go): each answer can make raft read and send a MsgApp.
+	hb := newHeartbeatRuns(ev.msgs)
+	for i, m := range ev.msgs {
+		if why := g.screen(m); why != "" && !g.h.noScreen {
+			g.dropped(m, why)
+			continue
+		}
+		if g.voteBlock > 0 && (m.GetType() == raftpb.MsgVote || m.GetType() == raftpb.MsgPreVote) {
+			continue
+		}
+		if hb.skip(i, m) {
+			continue
+		}
+		if m.GetType() == raftpb.MsgTimeoutNow {
+			if g.h.draining.Load() {
+				continue // handing leaderships away: take none (Host.SetDraining)
+			}
+			g.timeoutNow = true
+		}
+		// Errors here are messages from peers raft no longer knows; dropping them
+		// is what raft wants.
+		_ = g.rn.Step(m)
 	}
 	for _, r := range ev.snapReports {
 		st := raft.SnapshotFinish
