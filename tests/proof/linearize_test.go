@@ -97,13 +97,15 @@ func blockOffset(b int) int64 {
 // TestLinearizable runs concurrent clients writing and reading 8 blocks
 // (porcupine's per-block register model, internal/linearize) while faults hit
 // a cluster of three chunkservers, each on a lazyfs and behind a TCP proxy of
-// the test, in a seeded order (docs/reliability.md, "Proof: a
+// the test, and two MDS (active and standby), in a seeded order (docs/reliability.md, "Proof: a
 // linearizability checker"):
 //
 //	kill       kill -9 of a chunkserver, restarted 1–3 s later
 //	pause      SIGSTOP of the busiest leader for 4 s
 //	takeover   a second session opens the volume; the first is fenced
-//	mds        kill -9 and restart of the MDS
+//	mds        MDS failover: kill -9 of the active MDS of two (on an external
+//	           etcd); the standby takes over (the time until it answers is
+//	           logged), the killed one is restarted 1–3 s later as the standby
 //	partition  the busiest leader cut off its peers and clients (both ways,
 //	           testcluster.Isolate) until it leads nothing, then healed
 //	diskfull   one chunkserver's lazyfs fails every write with ENOSPC until
@@ -126,7 +128,10 @@ func blockOffset(b int) int64 {
 func TestLinearizable(t *testing.T) {
 	s0 := seed(t)
 	rng := rand.New(rand.NewSource(s0))
+	// Two MDS on an external etcd, for the mds fault's failover.
+	etcd := testcluster.StartEtcd(t, 1)
 	c, fss := startOnLazyfs(t, testcluster.Options{ChunkSize: chunkSize, Proxy: true,
+		MDSCount: 2, EtcdEndpoints: etcd.Endpoints, TLSDir: etcd.TLSDir,
 		MDSFlags: []string{"--schedule-interval=1s"}})
 	faults := chooseFaults(t, rng, fss != nil)
 	t.Cleanup(c.Heal)
@@ -220,14 +225,21 @@ func TestLinearizable(t *testing.T) {
 			t.Logf("FAULT writer takeover: a second session opens the volume")
 			sess.takeOver()
 		case "mds":
-			t.Logf("FAULT kill -9 the MDS, restart it")
-			c.Kill(c.MDS)
+			old := c.ActiveMDS()
+			t.Logf("FAULT MDS failover: kill -9 the active MDS %s", old)
+			c.Kill(old)
+			p, took := c.AwaitFailover(old, start, 90*time.Second)
+			elected := "?"
+			if at, ok := c.LogTimeAfter(p, "MDS became active", start); ok {
+				elected = at.Sub(start).Round(time.Millisecond).String()
+			}
+			// A figure, never asserted: about the election TTL (3 s).
+			t.Logf("MDS FAILOVER: %s active %s after the kill, first call answered after %s",
+				p, elected, took.Round(time.Millisecond))
 			pace()
-			c.Start(c.MDS)
-			c.Eventually(90*time.Second, "the MDS back", func(ctx context.Context) error {
-				_, err := c.API.ClusterStatus(ctx, &api.ClusterStatusRequest{})
-				return err
-			})
+			c.Start(old)
+			c.AwaitStandby(old, p, 90*time.Second)
+			t.Logf("%s restarted, a standby of %s", old, p)
 		case "partition":
 			p := c.MostLeaders()
 			t.Logf("FAULT partition: %s (leads %d copysets) cut off its peers and clients", p, c.Leaders()[p])
