@@ -423,33 +423,13 @@ func TestKillActiveMDS(t *testing.T) {
 	skipShort(t)
 	etcd := testcluster.StartEtcd(t, 3)
 	f := start(t, testcluster.Options{MDSCount: 3, EtcdEndpoints: etcd.Endpoints, TLSDir: etcd.TLSDir})
-	active := f.c.Status().ActiveMds
-	var victim *testcluster.Proc
-	for _, p := range f.c.MDSs {
-		if p.Addr == active {
-			victim = p
-		}
-	}
-	if victim == nil {
-		t.Fatalf("active MDS %q is none of %s", active, f.c.MDSAddr)
-	}
+	victim := f.c.ActiveMDS()
 	f.run(testcluster.WorkloadOptions{Seed: 9})
 	killed := time.Now()
 	f.c.Kill(victim)
 	f.fault("kill -9 the active MDS %s", victim)
-	var takeover time.Duration
-	f.c.Eventually(60*time.Second, "a standby MDS to take over", func(ctx context.Context) error {
-		st, err := f.c.API.ClusterStatus(ctx, &api.ClusterStatusRequest{})
-		if err != nil {
-			return err
-		}
-		if st.ActiveMds == victim.Addr || st.ActiveMds == "" {
-			return fmt.Errorf("active is still %q", st.ActiveMds)
-		}
-		takeover = time.Since(killed)
-		t.Logf("%s took over after %s", st.ActiveMds, takeover.Round(time.Millisecond))
-		return nil
-	})
+	active, takeover := f.c.AwaitFailover(victim, killed, 60*time.Second)
+	t.Logf("%s took over after %s", active, takeover.Round(time.Millisecond))
 	// The new active MDS serves the control plane: a new volume opens, and the
 	// workload's session lease (6 s) is renewed past its end.
 	f.c.CreateVolume("after-failover", 16<<20)
@@ -466,6 +446,7 @@ func TestKillActiveMDS(t *testing.T) {
 	}
 	f.progress(10*time.Second, "after the MDS failover")
 	f.c.Start(victim)
+	f.c.AwaitStandby(victim, active, 60*time.Second)
 	f.c.WaitHealthy(60 * time.Second)
 	f.healed()
 	f.finish(note)
