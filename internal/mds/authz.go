@@ -43,6 +43,7 @@ var rpcRoles = map[string][]identity.Role{
 	"CreateVolume":        admin,
 	"ResizeVolume":        admin,
 	"DeleteVolume":        admin,
+	"SetVolumeMeta":       admin,
 	"OpenVolume":          sessionRoles,
 	"RenewSession":        sessionRoles,
 	"CloseSession":        sessionRoles,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 
@@ -100,6 +101,8 @@ type volumeRecord struct {
 	Writer uint64 `json:"writer,omitempty"`
 	// Attachments: the nodes the volume is published to (AttachVolume).
 	Attachments []attachmentRecord `json:"attachments,omitempty"`
+	// Meta: settings kept with the volume (SetVolumeMeta).
+	Meta map[string]string `json:"meta,omitempty"`
 }
 
 // attachmentRecord is one node a volume is published to.
@@ -237,7 +240,7 @@ func (r poolRecord) proto() *api.Pool {
 
 func (r volumeRecord) proto() *api.Volume {
 	v := &api.Volume{Id: r.ID, Name: r.Name, Size: r.Size, PoolId: r.PoolID, PoolName: r.PoolName,
-		CreatedUnixMs: r.CreatedMs, Epoch: r.Epoch}
+		CreatedUnixMs: r.CreatedMs, Epoch: r.Epoch, Meta: maps.Clone(r.Meta)}
 	for _, a := range r.Attachments {
 		v.Attachments = append(v.Attachments, &api.Attachment{Node: a.Node, ReadOnly: a.ReadOnly, AttachedUnixMs: a.AttachedMs})
 	}

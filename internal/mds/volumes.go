@@ -3,6 +3,8 @@ package mds
 import (
 	"context"
 	"fmt"
+	"maps"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -228,6 +230,75 @@ func (h *handler) ResizeVolume(ctx context.Context, req *api.ResizeVolumeRequest
 		s.log.Info("volume resized", "volume", rec.ID, "name", rec.Name, "old_size", old, "size", rec.Size)
 	}
 	return &api.ResizeVolumeResponse{Volume: rec.proto()}, nil
+}
+
+// Limits of a volume's metadata (SetVolumeMeta): settings, not data.
+const (
+	maxMetaKeys  = 64
+	maxMetaValue = 1024
+)
+
+var metaKeyRE = regexp.MustCompile(`^[A-Za-z0-9._/-]{1,63}$`)
+
+// SetVolumeMeta sets or (with an empty value) removes keys of a volume's
+// metadata. Setting what is there already changes nothing and writes nothing.
+func (h *handler) SetVolumeMeta(ctx context.Context, req *api.SetVolumeMetaRequest) (*api.SetVolumeMetaResponse, error) {
+	s := h.s
+	if err := checkName("volume", req.Name); err != nil {
+		return nil, err
+	}
+	for k, v := range req.Meta {
+		if !metaKeyRE.MatchString(k) {
+			return nil, fmt.Errorf("%w: metadata key %q: 1-63 characters of A-Z a-z 0-9 . _ / -", ErrInvalidArgument, k)
+		}
+		if len(v) > maxMetaValue {
+			return nil, fmt.Errorf("%w: metadata %q: value of %d bytes, at most %d", ErrInvalidArgument, k, len(v), maxMetaValue)
+		}
+	}
+	var rec volumeRecord
+	changed := false
+	err := s.txn(ctx, func(stm concurrency.STM) error {
+		v, err := volumeByName(stm, req.Name)
+		if err != nil {
+			return err
+		}
+		rec, changed = v, false
+		meta := maps.Clone(v.Meta)
+		if meta == nil {
+			meta = map[string]string{}
+		}
+		for k, val := range req.Meta {
+			old, ok := meta[k]
+			switch {
+			case val == "" && ok:
+				delete(meta, k)
+			case val != "" && old != val:
+				meta[k] = val
+			default:
+				continue
+			}
+			changed = true
+		}
+		if !changed {
+			return nil
+		}
+		if len(meta) > maxMetaKeys {
+			return fmt.Errorf("%w: volume %q would have %d metadata keys, at most %d", ErrInvalidArgument, req.Name, len(meta), maxMetaKeys)
+		}
+		if len(meta) == 0 {
+			meta = nil
+		}
+		rec.Meta = meta
+		stm.Put(volumeKey(rec.ID), encode(rec))
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if changed {
+		s.log.Info("volume metadata set", "volume", rec.ID, "name", rec.Name, "meta", rec.Meta)
+	}
+	return &api.SetVolumeMetaResponse{Volume: rec.proto()}, nil
 }
 
 // DeleteVolume deletes a volume that no live session holds open, as `rbd rm`

@@ -1429,8 +1429,9 @@ type Volume struct {
 	PoolId        uint32                 `protobuf:"varint,4,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
 	PoolName      string                 `protobuf:"bytes,5,opt,name=pool_name,json=poolName,proto3" json:"pool_name,omitempty"`
 	CreatedUnixMs int64                  `protobuf:"varint,6,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`            // current writer epoch
-	Attachments   []*Attachment          `protobuf:"bytes,8,rep,name=attachments,proto3" json:"attachments,omitempty"` // the nodes it is published to (AttachVolume)
+	Epoch         uint64                 `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`                                                                        // current writer epoch
+	Attachments   []*Attachment          `protobuf:"bytes,8,rep,name=attachments,proto3" json:"attachments,omitempty"`                                                             // the nodes it is published to (AttachVolume)
+	Meta          map[string]string      `protobuf:"bytes,9,rep,name=meta,proto3" json:"meta,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // settings kept with it (SetVolumeMeta)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1517,6 +1518,13 @@ func (x *Volume) GetEpoch() uint64 {
 func (x *Volume) GetAttachments() []*Attachment {
 	if x != nil {
 		return x.Attachments
+	}
+	return nil
+}
+
+func (x *Volume) GetMeta() map[string]string {
+	if x != nil {
+		return x.Meta
 	}
 	return nil
 }
@@ -1966,6 +1974,105 @@ func (x *ResizeVolumeResponse) GetVolume() *Volume {
 	return nil
 }
 
+// SetVolumeMetaRequest sets each key of meta to its value; an empty value
+// removes the key. Keys: 1-63 characters of [A-Za-z0-9._/-]; values at most
+// 1024 bytes; at most 64 keys a volume.
+type SetVolumeMetaRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Meta          map[string]string      `protobuf:"bytes,2,rep,name=meta,proto3" json:"meta,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetVolumeMetaRequest) Reset() {
+	*x = SetVolumeMetaRequest{}
+	mi := &file_mds_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetVolumeMetaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetVolumeMetaRequest) ProtoMessage() {}
+
+func (x *SetVolumeMetaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetVolumeMetaRequest.ProtoReflect.Descriptor instead.
+func (*SetVolumeMetaRequest) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *SetVolumeMetaRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SetVolumeMetaRequest) GetMeta() map[string]string {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
+type SetVolumeMetaResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        *Volume                `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetVolumeMetaResponse) Reset() {
+	*x = SetVolumeMetaResponse{}
+	mi := &file_mds_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetVolumeMetaResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetVolumeMetaResponse) ProtoMessage() {}
+
+func (x *SetVolumeMetaResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetVolumeMetaResponse.ProtoReflect.Descriptor instead.
+func (*SetVolumeMetaResponse) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *SetVolumeMetaResponse) GetVolume() *Volume {
+	if x != nil {
+		return x.Volume
+	}
+	return nil
+}
+
 type DeleteVolumeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1975,7 +2082,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_mds_proto_msgTypes[29]
+	mi := &file_mds_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1987,7 +2094,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[29]
+	mi := &file_mds_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2000,7 +2107,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{29}
+	return file_mds_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DeleteVolumeRequest) GetName() string {
@@ -2018,7 +2125,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_mds_proto_msgTypes[30]
+	mi := &file_mds_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2030,7 +2137,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[30]
+	mi := &file_mds_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2043,7 +2150,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{30}
+	return file_mds_proto_rawDescGZIP(), []int{32}
 }
 
 type OpenVolumeRequest struct {
@@ -2057,7 +2164,7 @@ type OpenVolumeRequest struct {
 
 func (x *OpenVolumeRequest) Reset() {
 	*x = OpenVolumeRequest{}
-	mi := &file_mds_proto_msgTypes[31]
+	mi := &file_mds_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2069,7 +2176,7 @@ func (x *OpenVolumeRequest) String() string {
 func (*OpenVolumeRequest) ProtoMessage() {}
 
 func (x *OpenVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[31]
+	mi := &file_mds_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2082,7 +2189,7 @@ func (x *OpenVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenVolumeRequest.ProtoReflect.Descriptor instead.
 func (*OpenVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{31}
+	return file_mds_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *OpenVolumeRequest) GetName() string {
@@ -2125,7 +2232,7 @@ type OpenVolumeResponse struct {
 
 func (x *OpenVolumeResponse) Reset() {
 	*x = OpenVolumeResponse{}
-	mi := &file_mds_proto_msgTypes[32]
+	mi := &file_mds_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2137,7 +2244,7 @@ func (x *OpenVolumeResponse) String() string {
 func (*OpenVolumeResponse) ProtoMessage() {}
 
 func (x *OpenVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[32]
+	mi := &file_mds_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2150,7 +2257,7 @@ func (x *OpenVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenVolumeResponse.ProtoReflect.Descriptor instead.
 func (*OpenVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{32}
+	return file_mds_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *OpenVolumeResponse) GetVolume() *Volume {
@@ -2218,7 +2325,7 @@ type RenewSessionRequest struct {
 
 func (x *RenewSessionRequest) Reset() {
 	*x = RenewSessionRequest{}
-	mi := &file_mds_proto_msgTypes[33]
+	mi := &file_mds_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2230,7 +2337,7 @@ func (x *RenewSessionRequest) String() string {
 func (*RenewSessionRequest) ProtoMessage() {}
 
 func (x *RenewSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[33]
+	mi := &file_mds_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2243,7 +2350,7 @@ func (x *RenewSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSessionRequest.ProtoReflect.Descriptor instead.
 func (*RenewSessionRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{33}
+	return file_mds_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RenewSessionRequest) GetSessionId() uint64 {
@@ -2263,7 +2370,7 @@ type RenewSessionResponse struct {
 
 func (x *RenewSessionResponse) Reset() {
 	*x = RenewSessionResponse{}
-	mi := &file_mds_proto_msgTypes[34]
+	mi := &file_mds_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2275,7 +2382,7 @@ func (x *RenewSessionResponse) String() string {
 func (*RenewSessionResponse) ProtoMessage() {}
 
 func (x *RenewSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[34]
+	mi := &file_mds_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2288,7 +2395,7 @@ func (x *RenewSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSessionResponse.ProtoReflect.Descriptor instead.
 func (*RenewSessionResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{34}
+	return file_mds_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RenewSessionResponse) GetLeaseMs() int64 {
@@ -2314,7 +2421,7 @@ type CloseSessionRequest struct {
 
 func (x *CloseSessionRequest) Reset() {
 	*x = CloseSessionRequest{}
-	mi := &file_mds_proto_msgTypes[35]
+	mi := &file_mds_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2326,7 +2433,7 @@ func (x *CloseSessionRequest) String() string {
 func (*CloseSessionRequest) ProtoMessage() {}
 
 func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[35]
+	mi := &file_mds_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2339,7 +2446,7 @@ func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
 func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{35}
+	return file_mds_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CloseSessionRequest) GetSessionId() uint64 {
@@ -2357,7 +2464,7 @@ type CloseSessionResponse struct {
 
 func (x *CloseSessionResponse) Reset() {
 	*x = CloseSessionResponse{}
-	mi := &file_mds_proto_msgTypes[36]
+	mi := &file_mds_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2369,7 +2476,7 @@ func (x *CloseSessionResponse) String() string {
 func (*CloseSessionResponse) ProtoMessage() {}
 
 func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[36]
+	mi := &file_mds_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2382,7 +2489,7 @@ func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionResponse.ProtoReflect.Descriptor instead.
 func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{36}
+	return file_mds_proto_rawDescGZIP(), []int{38}
 }
 
 // Node is a host that attaches volumes (a Kubernetes node running the CSI
@@ -2405,7 +2512,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_mds_proto_msgTypes[37]
+	mi := &file_mds_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2417,7 +2524,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[37]
+	mi := &file_mds_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2430,7 +2537,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{37}
+	return file_mds_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Node) GetId() string {
@@ -2484,7 +2591,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_mds_proto_msgTypes[38]
+	mi := &file_mds_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2496,7 +2603,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[38]
+	mi := &file_mds_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2509,7 +2616,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{38}
+	return file_mds_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RegisterNodeRequest) GetNode() *Node {
@@ -2528,7 +2635,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_mds_proto_msgTypes[39]
+	mi := &file_mds_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2540,7 +2647,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[39]
+	mi := &file_mds_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2553,7 +2660,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{39}
+	return file_mds_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RegisterNodeResponse) GetNode() *Node {
@@ -2585,7 +2692,7 @@ type AttachVolumeRequest struct {
 
 func (x *AttachVolumeRequest) Reset() {
 	*x = AttachVolumeRequest{}
-	mi := &file_mds_proto_msgTypes[40]
+	mi := &file_mds_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2597,7 +2704,7 @@ func (x *AttachVolumeRequest) String() string {
 func (*AttachVolumeRequest) ProtoMessage() {}
 
 func (x *AttachVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[40]
+	mi := &file_mds_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2610,7 +2717,7 @@ func (x *AttachVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachVolumeRequest.ProtoReflect.Descriptor instead.
 func (*AttachVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{40}
+	return file_mds_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AttachVolumeRequest) GetName() string {
@@ -2658,7 +2765,7 @@ type AttachVolumeResponse struct {
 
 func (x *AttachVolumeResponse) Reset() {
 	*x = AttachVolumeResponse{}
-	mi := &file_mds_proto_msgTypes[41]
+	mi := &file_mds_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2670,7 +2777,7 @@ func (x *AttachVolumeResponse) String() string {
 func (*AttachVolumeResponse) ProtoMessage() {}
 
 func (x *AttachVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[41]
+	mi := &file_mds_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2683,7 +2790,7 @@ func (x *AttachVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachVolumeResponse.ProtoReflect.Descriptor instead.
 func (*AttachVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{41}
+	return file_mds_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *AttachVolumeResponse) GetVolume() *Volume {
@@ -2712,7 +2819,7 @@ type DetachVolumeRequest struct {
 
 func (x *DetachVolumeRequest) Reset() {
 	*x = DetachVolumeRequest{}
-	mi := &file_mds_proto_msgTypes[42]
+	mi := &file_mds_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2724,7 +2831,7 @@ func (x *DetachVolumeRequest) String() string {
 func (*DetachVolumeRequest) ProtoMessage() {}
 
 func (x *DetachVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[42]
+	mi := &file_mds_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2737,7 +2844,7 @@ func (x *DetachVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DetachVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{42}
+	return file_mds_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DetachVolumeRequest) GetName() string {
@@ -2762,7 +2869,7 @@ type DetachVolumeResponse struct {
 
 func (x *DetachVolumeResponse) Reset() {
 	*x = DetachVolumeResponse{}
-	mi := &file_mds_proto_msgTypes[43]
+	mi := &file_mds_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2774,7 +2881,7 @@ func (x *DetachVolumeResponse) String() string {
 func (*DetachVolumeResponse) ProtoMessage() {}
 
 func (x *DetachVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[43]
+	mi := &file_mds_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2787,7 +2894,7 @@ func (x *DetachVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DetachVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{43}
+	return file_mds_proto_rawDescGZIP(), []int{45}
 }
 
 type ClusterStatusRequest struct {
@@ -2798,7 +2905,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_mds_proto_msgTypes[44]
+	mi := &file_mds_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2810,7 +2917,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[44]
+	mi := &file_mds_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2823,7 +2930,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{44}
+	return file_mds_proto_rawDescGZIP(), []int{46}
 }
 
 type ClusterStatusResponse struct {
@@ -2845,7 +2952,7 @@ type ClusterStatusResponse struct {
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_mds_proto_msgTypes[45]
+	mi := &file_mds_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2857,7 +2964,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[45]
+	mi := &file_mds_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2870,7 +2977,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{45}
+	return file_mds_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ClusterStatusResponse) GetActiveMds() string {
@@ -2964,7 +3071,7 @@ type AccessNode struct {
 
 func (x *AccessNode) Reset() {
 	*x = AccessNode{}
-	mi := &file_mds_proto_msgTypes[46]
+	mi := &file_mds_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2976,7 +3083,7 @@ func (x *AccessNode) String() string {
 func (*AccessNode) ProtoMessage() {}
 
 func (x *AccessNode) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[46]
+	mi := &file_mds_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2989,7 +3096,7 @@ func (x *AccessNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccessNode.ProtoReflect.Descriptor instead.
 func (*AccessNode) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{46}
+	return file_mds_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *AccessNode) GetId() uint64 {
@@ -3038,7 +3145,7 @@ type RegisterAccessNodeRequest struct {
 
 func (x *RegisterAccessNodeRequest) Reset() {
 	*x = RegisterAccessNodeRequest{}
-	mi := &file_mds_proto_msgTypes[47]
+	mi := &file_mds_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3050,7 +3157,7 @@ func (x *RegisterAccessNodeRequest) String() string {
 func (*RegisterAccessNodeRequest) ProtoMessage() {}
 
 func (x *RegisterAccessNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[47]
+	mi := &file_mds_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3063,7 +3170,7 @@ func (x *RegisterAccessNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterAccessNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterAccessNodeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{47}
+	return file_mds_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RegisterAccessNodeRequest) GetAddr() string {
@@ -3089,7 +3196,7 @@ type RegisterAccessNodeResponse struct {
 
 func (x *RegisterAccessNodeResponse) Reset() {
 	*x = RegisterAccessNodeResponse{}
-	mi := &file_mds_proto_msgTypes[48]
+	mi := &file_mds_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3101,7 +3208,7 @@ func (x *RegisterAccessNodeResponse) String() string {
 func (*RegisterAccessNodeResponse) ProtoMessage() {}
 
 func (x *RegisterAccessNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[48]
+	mi := &file_mds_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3114,7 +3221,7 @@ func (x *RegisterAccessNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterAccessNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterAccessNodeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{48}
+	return file_mds_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RegisterAccessNodeResponse) GetId() uint64 {
@@ -3136,7 +3243,7 @@ type NVMfHost struct {
 
 func (x *NVMfHost) Reset() {
 	*x = NVMfHost{}
-	mi := &file_mds_proto_msgTypes[49]
+	mi := &file_mds_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3148,7 +3255,7 @@ func (x *NVMfHost) String() string {
 func (*NVMfHost) ProtoMessage() {}
 
 func (x *NVMfHost) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[49]
+	mi := &file_mds_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3161,7 +3268,7 @@ func (x *NVMfHost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NVMfHost.ProtoReflect.Descriptor instead.
 func (*NVMfHost) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{49}
+	return file_mds_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *NVMfHost) GetSubsystem() string {
@@ -3195,7 +3302,7 @@ type AccessNodeHeartbeatRequest struct {
 
 func (x *AccessNodeHeartbeatRequest) Reset() {
 	*x = AccessNodeHeartbeatRequest{}
-	mi := &file_mds_proto_msgTypes[50]
+	mi := &file_mds_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3207,7 +3314,7 @@ func (x *AccessNodeHeartbeatRequest) String() string {
 func (*AccessNodeHeartbeatRequest) ProtoMessage() {}
 
 func (x *AccessNodeHeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[50]
+	mi := &file_mds_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3220,7 +3327,7 @@ func (x *AccessNodeHeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccessNodeHeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*AccessNodeHeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{50}
+	return file_mds_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *AccessNodeHeartbeatRequest) GetId() uint64 {
@@ -3252,7 +3359,7 @@ type ANAAssignment struct {
 
 func (x *ANAAssignment) Reset() {
 	*x = ANAAssignment{}
-	mi := &file_mds_proto_msgTypes[51]
+	mi := &file_mds_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3264,7 +3371,7 @@ func (x *ANAAssignment) String() string {
 func (*ANAAssignment) ProtoMessage() {}
 
 func (x *ANAAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[51]
+	mi := &file_mds_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3277,7 +3384,7 @@ func (x *ANAAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ANAAssignment.ProtoReflect.Descriptor instead.
 func (*ANAAssignment) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{51}
+	return file_mds_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ANAAssignment) GetSubsystem() string {
@@ -3328,7 +3435,7 @@ type NVMfSubsystem struct {
 
 func (x *NVMfSubsystem) Reset() {
 	*x = NVMfSubsystem{}
-	mi := &file_mds_proto_msgTypes[52]
+	mi := &file_mds_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3340,7 +3447,7 @@ func (x *NVMfSubsystem) String() string {
 func (*NVMfSubsystem) ProtoMessage() {}
 
 func (x *NVMfSubsystem) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[52]
+	mi := &file_mds_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3353,7 +3460,7 @@ func (x *NVMfSubsystem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NVMfSubsystem.ProtoReflect.Descriptor instead.
 func (*NVMfSubsystem) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{52}
+	return file_mds_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *NVMfSubsystem) GetNqn() string {
@@ -3389,7 +3496,7 @@ type AccessNodeHeartbeatResponse struct {
 
 func (x *AccessNodeHeartbeatResponse) Reset() {
 	*x = AccessNodeHeartbeatResponse{}
-	mi := &file_mds_proto_msgTypes[53]
+	mi := &file_mds_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3401,7 +3508,7 @@ func (x *AccessNodeHeartbeatResponse) String() string {
 func (*AccessNodeHeartbeatResponse) ProtoMessage() {}
 
 func (x *AccessNodeHeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[53]
+	mi := &file_mds_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3414,7 +3521,7 @@ func (x *AccessNodeHeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccessNodeHeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*AccessNodeHeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{53}
+	return file_mds_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *AccessNodeHeartbeatResponse) GetNodes() []*AccessNode {
@@ -3454,7 +3561,7 @@ type SetNVMfSubsystemRequest struct {
 
 func (x *SetNVMfSubsystemRequest) Reset() {
 	*x = SetNVMfSubsystemRequest{}
-	mi := &file_mds_proto_msgTypes[54]
+	mi := &file_mds_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3466,7 +3573,7 @@ func (x *SetNVMfSubsystemRequest) String() string {
 func (*SetNVMfSubsystemRequest) ProtoMessage() {}
 
 func (x *SetNVMfSubsystemRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[54]
+	mi := &file_mds_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3479,7 +3586,7 @@ func (x *SetNVMfSubsystemRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNVMfSubsystemRequest.ProtoReflect.Descriptor instead.
 func (*SetNVMfSubsystemRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{54}
+	return file_mds_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *SetNVMfSubsystemRequest) GetSubsystem() *NVMfSubsystem {
@@ -3497,7 +3604,7 @@ type SetNVMfSubsystemResponse struct {
 
 func (x *SetNVMfSubsystemResponse) Reset() {
 	*x = SetNVMfSubsystemResponse{}
-	mi := &file_mds_proto_msgTypes[55]
+	mi := &file_mds_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3509,7 +3616,7 @@ func (x *SetNVMfSubsystemResponse) String() string {
 func (*SetNVMfSubsystemResponse) ProtoMessage() {}
 
 func (x *SetNVMfSubsystemResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[55]
+	mi := &file_mds_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3522,7 +3629,7 @@ func (x *SetNVMfSubsystemResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNVMfSubsystemResponse.ProtoReflect.Descriptor instead.
 func (*SetNVMfSubsystemResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{55}
+	return file_mds_proto_rawDescGZIP(), []int{57}
 }
 
 type ListANARequest struct {
@@ -3533,7 +3640,7 @@ type ListANARequest struct {
 
 func (x *ListANARequest) Reset() {
 	*x = ListANARequest{}
-	mi := &file_mds_proto_msgTypes[56]
+	mi := &file_mds_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3545,7 +3652,7 @@ func (x *ListANARequest) String() string {
 func (*ListANARequest) ProtoMessage() {}
 
 func (x *ListANARequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[56]
+	mi := &file_mds_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3558,7 +3665,7 @@ func (x *ListANARequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListANARequest.ProtoReflect.Descriptor instead.
 func (*ListANARequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{56}
+	return file_mds_proto_rawDescGZIP(), []int{58}
 }
 
 type ListANAResponse struct {
@@ -3572,7 +3679,7 @@ type ListANAResponse struct {
 
 func (x *ListANAResponse) Reset() {
 	*x = ListANAResponse{}
-	mi := &file_mds_proto_msgTypes[57]
+	mi := &file_mds_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3584,7 +3691,7 @@ func (x *ListANAResponse) String() string {
 func (*ListANAResponse) ProtoMessage() {}
 
 func (x *ListANAResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[57]
+	mi := &file_mds_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3597,7 +3704,7 @@ func (x *ListANAResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListANAResponse.ProtoReflect.Descriptor instead.
 func (*ListANAResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{57}
+	return file_mds_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListANAResponse) GetNodes() []*AccessNode {
@@ -3634,7 +3741,7 @@ type PRNexus struct {
 
 func (x *PRNexus) Reset() {
 	*x = PRNexus{}
-	mi := &file_mds_proto_msgTypes[58]
+	mi := &file_mds_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3646,7 +3753,7 @@ func (x *PRNexus) String() string {
 func (*PRNexus) ProtoMessage() {}
 
 func (x *PRNexus) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[58]
+	mi := &file_mds_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3659,7 +3766,7 @@ func (x *PRNexus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PRNexus.ProtoReflect.Descriptor instead.
 func (*PRNexus) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{58}
+	return file_mds_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *PRNexus) GetInitiator() string {
@@ -3693,7 +3800,7 @@ type PRRegistration struct {
 
 func (x *PRRegistration) Reset() {
 	*x = PRRegistration{}
-	mi := &file_mds_proto_msgTypes[59]
+	mi := &file_mds_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3705,7 +3812,7 @@ func (x *PRRegistration) String() string {
 func (*PRRegistration) ProtoMessage() {}
 
 func (x *PRRegistration) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[59]
+	mi := &file_mds_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3718,7 +3825,7 @@ func (x *PRRegistration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PRRegistration.ProtoReflect.Descriptor instead.
 func (*PRRegistration) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{59}
+	return file_mds_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *PRRegistration) GetNexus() *PRNexus {
@@ -3748,7 +3855,7 @@ type PRAttention struct {
 
 func (x *PRAttention) Reset() {
 	*x = PRAttention{}
-	mi := &file_mds_proto_msgTypes[60]
+	mi := &file_mds_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3760,7 +3867,7 @@ func (x *PRAttention) String() string {
 func (*PRAttention) ProtoMessage() {}
 
 func (x *PRAttention) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[60]
+	mi := &file_mds_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3773,7 +3880,7 @@ func (x *PRAttention) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PRAttention.ProtoReflect.Descriptor instead.
 func (*PRAttention) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{60}
+	return file_mds_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *PRAttention) GetSeq() uint64 {
@@ -3814,7 +3921,7 @@ type PRState struct {
 
 func (x *PRState) Reset() {
 	*x = PRState{}
-	mi := &file_mds_proto_msgTypes[61]
+	mi := &file_mds_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3826,7 +3933,7 @@ func (x *PRState) String() string {
 func (*PRState) ProtoMessage() {}
 
 func (x *PRState) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[61]
+	mi := &file_mds_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3839,7 +3946,7 @@ func (x *PRState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PRState.ProtoReflect.Descriptor instead.
 func (*PRState) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{61}
+	return file_mds_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *PRState) GetGeneration() uint32 {
@@ -3921,7 +4028,7 @@ type PRAction struct {
 
 func (x *PRAction) Reset() {
 	*x = PRAction{}
-	mi := &file_mds_proto_msgTypes[62]
+	mi := &file_mds_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3933,7 +4040,7 @@ func (x *PRAction) String() string {
 func (*PRAction) ProtoMessage() {}
 
 func (x *PRAction) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[62]
+	mi := &file_mds_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3946,7 +4053,7 @@ func (x *PRAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PRAction.ProtoReflect.Descriptor instead.
 func (*PRAction) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{62}
+	return file_mds_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *PRAction) GetServiceAction() uint32 {
@@ -4007,7 +4114,7 @@ type GetReservationRequest struct {
 
 func (x *GetReservationRequest) Reset() {
 	*x = GetReservationRequest{}
-	mi := &file_mds_proto_msgTypes[63]
+	mi := &file_mds_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4019,7 +4126,7 @@ func (x *GetReservationRequest) String() string {
 func (*GetReservationRequest) ProtoMessage() {}
 
 func (x *GetReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[63]
+	mi := &file_mds_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4032,7 +4139,7 @@ func (x *GetReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReservationRequest.ProtoReflect.Descriptor instead.
 func (*GetReservationRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{63}
+	return file_mds_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *GetReservationRequest) GetVolume() string {
@@ -4051,7 +4158,7 @@ type GetReservationResponse struct {
 
 func (x *GetReservationResponse) Reset() {
 	*x = GetReservationResponse{}
-	mi := &file_mds_proto_msgTypes[64]
+	mi := &file_mds_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4063,7 +4170,7 @@ func (x *GetReservationResponse) String() string {
 func (*GetReservationResponse) ProtoMessage() {}
 
 func (x *GetReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[64]
+	mi := &file_mds_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4076,7 +4183,7 @@ func (x *GetReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReservationResponse.ProtoReflect.Descriptor instead.
 func (*GetReservationResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{64}
+	return file_mds_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *GetReservationResponse) GetState() *PRState {
@@ -4100,7 +4207,7 @@ type ApplyReservationRequest struct {
 
 func (x *ApplyReservationRequest) Reset() {
 	*x = ApplyReservationRequest{}
-	mi := &file_mds_proto_msgTypes[65]
+	mi := &file_mds_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4112,7 +4219,7 @@ func (x *ApplyReservationRequest) String() string {
 func (*ApplyReservationRequest) ProtoMessage() {}
 
 func (x *ApplyReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[65]
+	mi := &file_mds_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4125,7 +4232,7 @@ func (x *ApplyReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyReservationRequest.ProtoReflect.Descriptor instead.
 func (*ApplyReservationRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{65}
+	return file_mds_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ApplyReservationRequest) GetVolume() string {
@@ -4171,7 +4278,7 @@ type ApplyReservationResponse struct {
 
 func (x *ApplyReservationResponse) Reset() {
 	*x = ApplyReservationResponse{}
-	mi := &file_mds_proto_msgTypes[66]
+	mi := &file_mds_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4183,7 +4290,7 @@ func (x *ApplyReservationResponse) String() string {
 func (*ApplyReservationResponse) ProtoMessage() {}
 
 func (x *ApplyReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[66]
+	mi := &file_mds_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4196,7 +4303,7 @@ func (x *ApplyReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyReservationResponse.ProtoReflect.Descriptor instead.
 func (*ApplyReservationResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{66}
+	return file_mds_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ApplyReservationResponse) GetState() *PRState {
@@ -4235,7 +4342,7 @@ type TargetCHAP struct {
 
 func (x *TargetCHAP) Reset() {
 	*x = TargetCHAP{}
-	mi := &file_mds_proto_msgTypes[67]
+	mi := &file_mds_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4247,7 +4354,7 @@ func (x *TargetCHAP) String() string {
 func (*TargetCHAP) ProtoMessage() {}
 
 func (x *TargetCHAP) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[67]
+	mi := &file_mds_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4260,7 +4367,7 @@ func (x *TargetCHAP) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetCHAP.ProtoReflect.Descriptor instead.
 func (*TargetCHAP) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{67}
+	return file_mds_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *TargetCHAP) GetUser() string {
@@ -4302,7 +4409,7 @@ type SetTargetCHAPRequest struct {
 
 func (x *SetTargetCHAPRequest) Reset() {
 	*x = SetTargetCHAPRequest{}
-	mi := &file_mds_proto_msgTypes[68]
+	mi := &file_mds_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4314,7 +4421,7 @@ func (x *SetTargetCHAPRequest) String() string {
 func (*SetTargetCHAPRequest) ProtoMessage() {}
 
 func (x *SetTargetCHAPRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[68]
+	mi := &file_mds_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4327,7 +4434,7 @@ func (x *SetTargetCHAPRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTargetCHAPRequest.ProtoReflect.Descriptor instead.
 func (*SetTargetCHAPRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{68}
+	return file_mds_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *SetTargetCHAPRequest) GetVolume() string {
@@ -4352,7 +4459,7 @@ type SetTargetCHAPResponse struct {
 
 func (x *SetTargetCHAPResponse) Reset() {
 	*x = SetTargetCHAPResponse{}
-	mi := &file_mds_proto_msgTypes[69]
+	mi := &file_mds_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4364,7 +4471,7 @@ func (x *SetTargetCHAPResponse) String() string {
 func (*SetTargetCHAPResponse) ProtoMessage() {}
 
 func (x *SetTargetCHAPResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[69]
+	mi := &file_mds_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4377,7 +4484,7 @@ func (x *SetTargetCHAPResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTargetCHAPResponse.ProtoReflect.Descriptor instead.
 func (*SetTargetCHAPResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{69}
+	return file_mds_proto_rawDescGZIP(), []int{71}
 }
 
 type GetTargetCHAPRequest struct {
@@ -4389,7 +4496,7 @@ type GetTargetCHAPRequest struct {
 
 func (x *GetTargetCHAPRequest) Reset() {
 	*x = GetTargetCHAPRequest{}
-	mi := &file_mds_proto_msgTypes[70]
+	mi := &file_mds_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4401,7 +4508,7 @@ func (x *GetTargetCHAPRequest) String() string {
 func (*GetTargetCHAPRequest) ProtoMessage() {}
 
 func (x *GetTargetCHAPRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[70]
+	mi := &file_mds_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4414,7 +4521,7 @@ func (x *GetTargetCHAPRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTargetCHAPRequest.ProtoReflect.Descriptor instead.
 func (*GetTargetCHAPRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{70}
+	return file_mds_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *GetTargetCHAPRequest) GetVolume() string {
@@ -4434,7 +4541,7 @@ type GetTargetCHAPResponse struct {
 
 func (x *GetTargetCHAPResponse) Reset() {
 	*x = GetTargetCHAPResponse{}
-	mi := &file_mds_proto_msgTypes[71]
+	mi := &file_mds_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4446,7 +4553,7 @@ func (x *GetTargetCHAPResponse) String() string {
 func (*GetTargetCHAPResponse) ProtoMessage() {}
 
 func (x *GetTargetCHAPResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[71]
+	mi := &file_mds_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4459,7 +4566,7 @@ func (x *GetTargetCHAPResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTargetCHAPResponse.ProtoReflect.Descriptor instead.
 func (*GetTargetCHAPResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{71}
+	return file_mds_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *GetTargetCHAPResponse) GetChap() *TargetCHAP {
@@ -4582,7 +4689,7 @@ const file_mds_proto_rawDesc = "" +
 	"\apool_id\x18\x01 \x01(\rR\x06poolId\"\x89\x01\n" +
 	"\x13GetCopysetsResponse\x122\n" +
 	"\bcopysets\x18\x01 \x03(\v2\x16.basalt.api.v1.CopysetR\bcopysets\x12>\n" +
-	"\fchunkservers\x18\x02 \x03(\v2\x1a.basalt.api.v1.ChunkServerR\fchunkservers\"\xf1\x01\n" +
+	"\fchunkservers\x18\x02 \x03(\v2\x1a.basalt.api.v1.ChunkServerR\fchunkservers\"\xdf\x02\n" +
 	"\x06Volume\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -4591,7 +4698,11 @@ const file_mds_proto_rawDesc = "" +
 	"\tpool_name\x18\x05 \x01(\tR\bpoolName\x12&\n" +
 	"\x0fcreated_unix_ms\x18\x06 \x01(\x03R\rcreatedUnixMs\x12\x14\n" +
 	"\x05epoch\x18\a \x01(\x04R\x05epoch\x12;\n" +
-	"\vattachments\x18\b \x03(\v2\x19.basalt.api.v1.AttachmentR\vattachments\"g\n" +
+	"\vattachments\x18\b \x03(\v2\x19.basalt.api.v1.AttachmentR\vattachments\x123\n" +
+	"\x04meta\x18\t \x03(\v2\x1f.basalt.api.v1.Volume.MetaEntryR\x04meta\x1a7\n" +
+	"\tMetaEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"g\n" +
 	"\n" +
 	"Attachment\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
@@ -4616,6 +4727,14 @@ const file_mds_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\"E\n" +
 	"\x14ResizeVolumeResponse\x12-\n" +
+	"\x06volume\x18\x01 \x01(\v2\x15.basalt.api.v1.VolumeR\x06volume\"\xa6\x01\n" +
+	"\x14SetVolumeMetaRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12A\n" +
+	"\x04meta\x18\x02 \x03(\v2-.basalt.api.v1.SetVolumeMetaRequest.MetaEntryR\x04meta\x1a7\n" +
+	"\tMetaEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"F\n" +
+	"\x15SetVolumeMetaResponse\x12-\n" +
 	"\x06volume\x18\x01 \x01(\v2\x15.basalt.api.v1.VolumeR\x06volume\")\n" +
 	"\x13DeleteVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
@@ -4813,7 +4932,7 @@ const file_mds_proto_rawDesc = "" +
 	"\x13DISK_STATE_IO_ERROR\x10\x03*;\n" +
 	"\tANAPolicy\x12\x16\n" +
 	"\x12ANA_POLICY_INHERIT\x10\x00\x12\x16\n" +
-	"\x12ANA_POLICY_BALANCE\x10\x012\xc2\x12\n" +
+	"\x12ANA_POLICY_BALANCE\x10\x012\x9e\x13\n" +
 	"\x03MDS\x12l\n" +
 	"\x13RegisterChunkServer\x12).basalt.api.v1.RegisterChunkServerRequest\x1a*.basalt.api.v1.RegisterChunkServerResponse\x12N\n" +
 	"\tHeartbeat\x12\x1f.basalt.api.v1.HeartbeatRequest\x1a .basalt.api.v1.HeartbeatResponse\x12c\n" +
@@ -4826,7 +4945,8 @@ const file_mds_proto_rawDesc = "" +
 	"\tGetVolume\x12\x1f.basalt.api.v1.GetVolumeRequest\x1a .basalt.api.v1.GetVolumeResponse\x12T\n" +
 	"\vListVolumes\x12!.basalt.api.v1.ListVolumesRequest\x1a\".basalt.api.v1.ListVolumesResponse\x12W\n" +
 	"\fResizeVolume\x12\".basalt.api.v1.ResizeVolumeRequest\x1a#.basalt.api.v1.ResizeVolumeResponse\x12W\n" +
-	"\fDeleteVolume\x12\".basalt.api.v1.DeleteVolumeRequest\x1a#.basalt.api.v1.DeleteVolumeResponse\x12Q\n" +
+	"\fDeleteVolume\x12\".basalt.api.v1.DeleteVolumeRequest\x1a#.basalt.api.v1.DeleteVolumeResponse\x12Z\n" +
+	"\rSetVolumeMeta\x12#.basalt.api.v1.SetVolumeMetaRequest\x1a$.basalt.api.v1.SetVolumeMetaResponse\x12Q\n" +
 	"\n" +
 	"OpenVolume\x12 .basalt.api.v1.OpenVolumeRequest\x1a!.basalt.api.v1.OpenVolumeResponse\x12W\n" +
 	"\fRenewSession\x12\".basalt.api.v1.RenewSessionRequest\x1a#.basalt.api.v1.RenewSessionResponse\x12W\n" +
@@ -4857,7 +4977,7 @@ func file_mds_proto_rawDescGZIP() []byte {
 }
 
 var file_mds_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_mds_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
+var file_mds_proto_msgTypes = make([]protoimpl.MessageInfo, 77)
 var file_mds_proto_goTypes = []any{
 	(DiskState)(0),                      // 0: basalt.api.v1.DiskState
 	(ANAPolicy)(0),                      // 1: basalt.api.v1.ANAPolicy
@@ -4890,50 +5010,54 @@ var file_mds_proto_goTypes = []any{
 	(*ListVolumesResponse)(nil),         // 28: basalt.api.v1.ListVolumesResponse
 	(*ResizeVolumeRequest)(nil),         // 29: basalt.api.v1.ResizeVolumeRequest
 	(*ResizeVolumeResponse)(nil),        // 30: basalt.api.v1.ResizeVolumeResponse
-	(*DeleteVolumeRequest)(nil),         // 31: basalt.api.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),        // 32: basalt.api.v1.DeleteVolumeResponse
-	(*OpenVolumeRequest)(nil),           // 33: basalt.api.v1.OpenVolumeRequest
-	(*OpenVolumeResponse)(nil),          // 34: basalt.api.v1.OpenVolumeResponse
-	(*RenewSessionRequest)(nil),         // 35: basalt.api.v1.RenewSessionRequest
-	(*RenewSessionResponse)(nil),        // 36: basalt.api.v1.RenewSessionResponse
-	(*CloseSessionRequest)(nil),         // 37: basalt.api.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),        // 38: basalt.api.v1.CloseSessionResponse
-	(*Node)(nil),                        // 39: basalt.api.v1.Node
-	(*RegisterNodeRequest)(nil),         // 40: basalt.api.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),        // 41: basalt.api.v1.RegisterNodeResponse
-	(*AttachVolumeRequest)(nil),         // 42: basalt.api.v1.AttachVolumeRequest
-	(*AttachVolumeResponse)(nil),        // 43: basalt.api.v1.AttachVolumeResponse
-	(*DetachVolumeRequest)(nil),         // 44: basalt.api.v1.DetachVolumeRequest
-	(*DetachVolumeResponse)(nil),        // 45: basalt.api.v1.DetachVolumeResponse
-	(*ClusterStatusRequest)(nil),        // 46: basalt.api.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),       // 47: basalt.api.v1.ClusterStatusResponse
-	(*AccessNode)(nil),                  // 48: basalt.api.v1.AccessNode
-	(*RegisterAccessNodeRequest)(nil),   // 49: basalt.api.v1.RegisterAccessNodeRequest
-	(*RegisterAccessNodeResponse)(nil),  // 50: basalt.api.v1.RegisterAccessNodeResponse
-	(*NVMfHost)(nil),                    // 51: basalt.api.v1.NVMfHost
-	(*AccessNodeHeartbeatRequest)(nil),  // 52: basalt.api.v1.AccessNodeHeartbeatRequest
-	(*ANAAssignment)(nil),               // 53: basalt.api.v1.ANAAssignment
-	(*NVMfSubsystem)(nil),               // 54: basalt.api.v1.NVMfSubsystem
-	(*AccessNodeHeartbeatResponse)(nil), // 55: basalt.api.v1.AccessNodeHeartbeatResponse
-	(*SetNVMfSubsystemRequest)(nil),     // 56: basalt.api.v1.SetNVMfSubsystemRequest
-	(*SetNVMfSubsystemResponse)(nil),    // 57: basalt.api.v1.SetNVMfSubsystemResponse
-	(*ListANARequest)(nil),              // 58: basalt.api.v1.ListANARequest
-	(*ListANAResponse)(nil),             // 59: basalt.api.v1.ListANAResponse
-	(*PRNexus)(nil),                     // 60: basalt.api.v1.PRNexus
-	(*PRRegistration)(nil),              // 61: basalt.api.v1.PRRegistration
-	(*PRAttention)(nil),                 // 62: basalt.api.v1.PRAttention
-	(*PRState)(nil),                     // 63: basalt.api.v1.PRState
-	(*PRAction)(nil),                    // 64: basalt.api.v1.PRAction
-	(*GetReservationRequest)(nil),       // 65: basalt.api.v1.GetReservationRequest
-	(*GetReservationResponse)(nil),      // 66: basalt.api.v1.GetReservationResponse
-	(*ApplyReservationRequest)(nil),     // 67: basalt.api.v1.ApplyReservationRequest
-	(*ApplyReservationResponse)(nil),    // 68: basalt.api.v1.ApplyReservationResponse
-	(*TargetCHAP)(nil),                  // 69: basalt.api.v1.TargetCHAP
-	(*SetTargetCHAPRequest)(nil),        // 70: basalt.api.v1.SetTargetCHAPRequest
-	(*SetTargetCHAPResponse)(nil),       // 71: basalt.api.v1.SetTargetCHAPResponse
-	(*GetTargetCHAPRequest)(nil),        // 72: basalt.api.v1.GetTargetCHAPRequest
-	(*GetTargetCHAPResponse)(nil),       // 73: basalt.api.v1.GetTargetCHAPResponse
-	nil,                                 // 74: basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
+	(*SetVolumeMetaRequest)(nil),        // 31: basalt.api.v1.SetVolumeMetaRequest
+	(*SetVolumeMetaResponse)(nil),       // 32: basalt.api.v1.SetVolumeMetaResponse
+	(*DeleteVolumeRequest)(nil),         // 33: basalt.api.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),        // 34: basalt.api.v1.DeleteVolumeResponse
+	(*OpenVolumeRequest)(nil),           // 35: basalt.api.v1.OpenVolumeRequest
+	(*OpenVolumeResponse)(nil),          // 36: basalt.api.v1.OpenVolumeResponse
+	(*RenewSessionRequest)(nil),         // 37: basalt.api.v1.RenewSessionRequest
+	(*RenewSessionResponse)(nil),        // 38: basalt.api.v1.RenewSessionResponse
+	(*CloseSessionRequest)(nil),         // 39: basalt.api.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),        // 40: basalt.api.v1.CloseSessionResponse
+	(*Node)(nil),                        // 41: basalt.api.v1.Node
+	(*RegisterNodeRequest)(nil),         // 42: basalt.api.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),        // 43: basalt.api.v1.RegisterNodeResponse
+	(*AttachVolumeRequest)(nil),         // 44: basalt.api.v1.AttachVolumeRequest
+	(*AttachVolumeResponse)(nil),        // 45: basalt.api.v1.AttachVolumeResponse
+	(*DetachVolumeRequest)(nil),         // 46: basalt.api.v1.DetachVolumeRequest
+	(*DetachVolumeResponse)(nil),        // 47: basalt.api.v1.DetachVolumeResponse
+	(*ClusterStatusRequest)(nil),        // 48: basalt.api.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),       // 49: basalt.api.v1.ClusterStatusResponse
+	(*AccessNode)(nil),                  // 50: basalt.api.v1.AccessNode
+	(*RegisterAccessNodeRequest)(nil),   // 51: basalt.api.v1.RegisterAccessNodeRequest
+	(*RegisterAccessNodeResponse)(nil),  // 52: basalt.api.v1.RegisterAccessNodeResponse
+	(*NVMfHost)(nil),                    // 53: basalt.api.v1.NVMfHost
+	(*AccessNodeHeartbeatRequest)(nil),  // 54: basalt.api.v1.AccessNodeHeartbeatRequest
+	(*ANAAssignment)(nil),               // 55: basalt.api.v1.ANAAssignment
+	(*NVMfSubsystem)(nil),               // 56: basalt.api.v1.NVMfSubsystem
+	(*AccessNodeHeartbeatResponse)(nil), // 57: basalt.api.v1.AccessNodeHeartbeatResponse
+	(*SetNVMfSubsystemRequest)(nil),     // 58: basalt.api.v1.SetNVMfSubsystemRequest
+	(*SetNVMfSubsystemResponse)(nil),    // 59: basalt.api.v1.SetNVMfSubsystemResponse
+	(*ListANARequest)(nil),              // 60: basalt.api.v1.ListANARequest
+	(*ListANAResponse)(nil),             // 61: basalt.api.v1.ListANAResponse
+	(*PRNexus)(nil),                     // 62: basalt.api.v1.PRNexus
+	(*PRRegistration)(nil),              // 63: basalt.api.v1.PRRegistration
+	(*PRAttention)(nil),                 // 64: basalt.api.v1.PRAttention
+	(*PRState)(nil),                     // 65: basalt.api.v1.PRState
+	(*PRAction)(nil),                    // 66: basalt.api.v1.PRAction
+	(*GetReservationRequest)(nil),       // 67: basalt.api.v1.GetReservationRequest
+	(*GetReservationResponse)(nil),      // 68: basalt.api.v1.GetReservationResponse
+	(*ApplyReservationRequest)(nil),     // 69: basalt.api.v1.ApplyReservationRequest
+	(*ApplyReservationResponse)(nil),    // 70: basalt.api.v1.ApplyReservationResponse
+	(*TargetCHAP)(nil),                  // 71: basalt.api.v1.TargetCHAP
+	(*SetTargetCHAPRequest)(nil),        // 72: basalt.api.v1.SetTargetCHAPRequest
+	(*SetTargetCHAPResponse)(nil),       // 73: basalt.api.v1.SetTargetCHAPResponse
+	(*GetTargetCHAPRequest)(nil),        // 74: basalt.api.v1.GetTargetCHAPRequest
+	(*GetTargetCHAPResponse)(nil),       // 75: basalt.api.v1.GetTargetCHAPResponse
+	nil,                                 // 76: basalt.api.v1.Volume.MetaEntry
+	nil,                                 // 77: basalt.api.v1.SetVolumeMetaRequest.MetaEntry
+	nil,                                 // 78: basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
 }
 var file_mds_proto_depIdxs = []int32{
 	0,  // 0: basalt.api.v1.ChunkServer.disk_state:type_name -> basalt.api.v1.DiskState
@@ -4951,99 +5075,104 @@ var file_mds_proto_depIdxs = []int32{
 	13, // 12: basalt.api.v1.GetCopysetsResponse.copysets:type_name -> basalt.api.v1.Copyset
 	2,  // 13: basalt.api.v1.GetCopysetsResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
 	22, // 14: basalt.api.v1.Volume.attachments:type_name -> basalt.api.v1.Attachment
-	21, // 15: basalt.api.v1.CreateVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	21, // 16: basalt.api.v1.GetVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	21, // 17: basalt.api.v1.ListVolumesResponse.volumes:type_name -> basalt.api.v1.Volume
-	21, // 18: basalt.api.v1.ResizeVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	21, // 19: basalt.api.v1.OpenVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	12, // 20: basalt.api.v1.OpenVolumeResponse.pool:type_name -> basalt.api.v1.Pool
-	13, // 21: basalt.api.v1.OpenVolumeResponse.copysets:type_name -> basalt.api.v1.Copyset
-	2,  // 22: basalt.api.v1.OpenVolumeResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	39, // 23: basalt.api.v1.RegisterNodeRequest.node:type_name -> basalt.api.v1.Node
-	39, // 24: basalt.api.v1.RegisterNodeResponse.node:type_name -> basalt.api.v1.Node
-	21, // 25: basalt.api.v1.AttachVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	2,  // 26: basalt.api.v1.ClusterStatusResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	12, // 27: basalt.api.v1.ClusterStatusResponse.pools:type_name -> basalt.api.v1.Pool
-	13, // 28: basalt.api.v1.ClusterStatusResponse.copysets:type_name -> basalt.api.v1.Copyset
-	74, // 29: basalt.api.v1.ClusterStatusResponse.leaders_per_chunkserver:type_name -> basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
-	51, // 30: basalt.api.v1.AccessNodeHeartbeatRequest.hosts:type_name -> basalt.api.v1.NVMfHost
-	1,  // 31: basalt.api.v1.NVMfSubsystem.policy:type_name -> basalt.api.v1.ANAPolicy
-	48, // 32: basalt.api.v1.AccessNodeHeartbeatResponse.nodes:type_name -> basalt.api.v1.AccessNode
-	53, // 33: basalt.api.v1.AccessNodeHeartbeatResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
-	54, // 34: basalt.api.v1.AccessNodeHeartbeatResponse.subsystems:type_name -> basalt.api.v1.NVMfSubsystem
-	54, // 35: basalt.api.v1.SetNVMfSubsystemRequest.subsystem:type_name -> basalt.api.v1.NVMfSubsystem
-	48, // 36: basalt.api.v1.ListANAResponse.nodes:type_name -> basalt.api.v1.AccessNode
-	53, // 37: basalt.api.v1.ListANAResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
-	54, // 38: basalt.api.v1.ListANAResponse.subsystems:type_name -> basalt.api.v1.NVMfSubsystem
-	60, // 39: basalt.api.v1.PRRegistration.nexus:type_name -> basalt.api.v1.PRNexus
-	60, // 40: basalt.api.v1.PRAttention.nexus:type_name -> basalt.api.v1.PRNexus
-	61, // 41: basalt.api.v1.PRState.registrations:type_name -> basalt.api.v1.PRRegistration
-	60, // 42: basalt.api.v1.PRState.holder:type_name -> basalt.api.v1.PRNexus
-	62, // 43: basalt.api.v1.PRState.attentions:type_name -> basalt.api.v1.PRAttention
-	60, // 44: basalt.api.v1.PRState.spc2_holder:type_name -> basalt.api.v1.PRNexus
-	63, // 45: basalt.api.v1.GetReservationResponse.state:type_name -> basalt.api.v1.PRState
-	60, // 46: basalt.api.v1.ApplyReservationRequest.from:type_name -> basalt.api.v1.PRNexus
-	64, // 47: basalt.api.v1.ApplyReservationRequest.action:type_name -> basalt.api.v1.PRAction
-	63, // 48: basalt.api.v1.ApplyReservationResponse.state:type_name -> basalt.api.v1.PRState
-	69, // 49: basalt.api.v1.SetTargetCHAPRequest.chap:type_name -> basalt.api.v1.TargetCHAP
-	69, // 50: basalt.api.v1.GetTargetCHAPResponse.chap:type_name -> basalt.api.v1.TargetCHAP
-	3,  // 51: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
-	6,  // 52: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
-	10, // 53: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
-	15, // 54: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
-	17, // 55: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
-	19, // 56: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
-	23, // 57: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
-	25, // 58: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
-	27, // 59: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
-	29, // 60: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
-	31, // 61: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
-	33, // 62: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
-	35, // 63: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
-	37, // 64: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
-	46, // 65: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
-	40, // 66: basalt.api.v1.MDS.RegisterNode:input_type -> basalt.api.v1.RegisterNodeRequest
-	42, // 67: basalt.api.v1.MDS.AttachVolume:input_type -> basalt.api.v1.AttachVolumeRequest
-	44, // 68: basalt.api.v1.MDS.DetachVolume:input_type -> basalt.api.v1.DetachVolumeRequest
-	49, // 69: basalt.api.v1.MDS.RegisterAccessNode:input_type -> basalt.api.v1.RegisterAccessNodeRequest
-	52, // 70: basalt.api.v1.MDS.AccessNodeHeartbeat:input_type -> basalt.api.v1.AccessNodeHeartbeatRequest
-	56, // 71: basalt.api.v1.MDS.SetNVMfSubsystem:input_type -> basalt.api.v1.SetNVMfSubsystemRequest
-	58, // 72: basalt.api.v1.MDS.ListANA:input_type -> basalt.api.v1.ListANARequest
-	65, // 73: basalt.api.v1.MDS.GetReservation:input_type -> basalt.api.v1.GetReservationRequest
-	67, // 74: basalt.api.v1.MDS.ApplyReservation:input_type -> basalt.api.v1.ApplyReservationRequest
-	70, // 75: basalt.api.v1.MDS.SetTargetCHAP:input_type -> basalt.api.v1.SetTargetCHAPRequest
-	72, // 76: basalt.api.v1.MDS.GetTargetCHAP:input_type -> basalt.api.v1.GetTargetCHAPRequest
-	4,  // 77: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
-	7,  // 78: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
-	11, // 79: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
-	16, // 80: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
-	18, // 81: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
-	20, // 82: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
-	24, // 83: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
-	26, // 84: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
-	28, // 85: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
-	30, // 86: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
-	32, // 87: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
-	34, // 88: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
-	36, // 89: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
-	38, // 90: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
-	47, // 91: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
-	41, // 92: basalt.api.v1.MDS.RegisterNode:output_type -> basalt.api.v1.RegisterNodeResponse
-	43, // 93: basalt.api.v1.MDS.AttachVolume:output_type -> basalt.api.v1.AttachVolumeResponse
-	45, // 94: basalt.api.v1.MDS.DetachVolume:output_type -> basalt.api.v1.DetachVolumeResponse
-	50, // 95: basalt.api.v1.MDS.RegisterAccessNode:output_type -> basalt.api.v1.RegisterAccessNodeResponse
-	55, // 96: basalt.api.v1.MDS.AccessNodeHeartbeat:output_type -> basalt.api.v1.AccessNodeHeartbeatResponse
-	57, // 97: basalt.api.v1.MDS.SetNVMfSubsystem:output_type -> basalt.api.v1.SetNVMfSubsystemResponse
-	59, // 98: basalt.api.v1.MDS.ListANA:output_type -> basalt.api.v1.ListANAResponse
-	66, // 99: basalt.api.v1.MDS.GetReservation:output_type -> basalt.api.v1.GetReservationResponse
-	68, // 100: basalt.api.v1.MDS.ApplyReservation:output_type -> basalt.api.v1.ApplyReservationResponse
-	71, // 101: basalt.api.v1.MDS.SetTargetCHAP:output_type -> basalt.api.v1.SetTargetCHAPResponse
-	73, // 102: basalt.api.v1.MDS.GetTargetCHAP:output_type -> basalt.api.v1.GetTargetCHAPResponse
-	77, // [77:103] is the sub-list for method output_type
-	51, // [51:77] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	76, // 15: basalt.api.v1.Volume.meta:type_name -> basalt.api.v1.Volume.MetaEntry
+	21, // 16: basalt.api.v1.CreateVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	21, // 17: basalt.api.v1.GetVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	21, // 18: basalt.api.v1.ListVolumesResponse.volumes:type_name -> basalt.api.v1.Volume
+	21, // 19: basalt.api.v1.ResizeVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	77, // 20: basalt.api.v1.SetVolumeMetaRequest.meta:type_name -> basalt.api.v1.SetVolumeMetaRequest.MetaEntry
+	21, // 21: basalt.api.v1.SetVolumeMetaResponse.volume:type_name -> basalt.api.v1.Volume
+	21, // 22: basalt.api.v1.OpenVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	12, // 23: basalt.api.v1.OpenVolumeResponse.pool:type_name -> basalt.api.v1.Pool
+	13, // 24: basalt.api.v1.OpenVolumeResponse.copysets:type_name -> basalt.api.v1.Copyset
+	2,  // 25: basalt.api.v1.OpenVolumeResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	41, // 26: basalt.api.v1.RegisterNodeRequest.node:type_name -> basalt.api.v1.Node
+	41, // 27: basalt.api.v1.RegisterNodeResponse.node:type_name -> basalt.api.v1.Node
+	21, // 28: basalt.api.v1.AttachVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	2,  // 29: basalt.api.v1.ClusterStatusResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	12, // 30: basalt.api.v1.ClusterStatusResponse.pools:type_name -> basalt.api.v1.Pool
+	13, // 31: basalt.api.v1.ClusterStatusResponse.copysets:type_name -> basalt.api.v1.Copyset
+	78, // 32: basalt.api.v1.ClusterStatusResponse.leaders_per_chunkserver:type_name -> basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
+	53, // 33: basalt.api.v1.AccessNodeHeartbeatRequest.hosts:type_name -> basalt.api.v1.NVMfHost
+	1,  // 34: basalt.api.v1.NVMfSubsystem.policy:type_name -> basalt.api.v1.ANAPolicy
+	50, // 35: basalt.api.v1.AccessNodeHeartbeatResponse.nodes:type_name -> basalt.api.v1.AccessNode
+	55, // 36: basalt.api.v1.AccessNodeHeartbeatResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
+	56, // 37: basalt.api.v1.AccessNodeHeartbeatResponse.subsystems:type_name -> basalt.api.v1.NVMfSubsystem
+	56, // 38: basalt.api.v1.SetNVMfSubsystemRequest.subsystem:type_name -> basalt.api.v1.NVMfSubsystem
+	50, // 39: basalt.api.v1.ListANAResponse.nodes:type_name -> basalt.api.v1.AccessNode
+	55, // 40: basalt.api.v1.ListANAResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
+	56, // 41: basalt.api.v1.ListANAResponse.subsystems:type_name -> basalt.api.v1.NVMfSubsystem
+	62, // 42: basalt.api.v1.PRRegistration.nexus:type_name -> basalt.api.v1.PRNexus
+	62, // 43: basalt.api.v1.PRAttention.nexus:type_name -> basalt.api.v1.PRNexus
+	63, // 44: basalt.api.v1.PRState.registrations:type_name -> basalt.api.v1.PRRegistration
+	62, // 45: basalt.api.v1.PRState.holder:type_name -> basalt.api.v1.PRNexus
+	64, // 46: basalt.api.v1.PRState.attentions:type_name -> basalt.api.v1.PRAttention
+	62, // 47: basalt.api.v1.PRState.spc2_holder:type_name -> basalt.api.v1.PRNexus
+	65, // 48: basalt.api.v1.GetReservationResponse.state:type_name -> basalt.api.v1.PRState
+	62, // 49: basalt.api.v1.ApplyReservationRequest.from:type_name -> basalt.api.v1.PRNexus
+	66, // 50: basalt.api.v1.ApplyReservationRequest.action:type_name -> basalt.api.v1.PRAction
+	65, // 51: basalt.api.v1.ApplyReservationResponse.state:type_name -> basalt.api.v1.PRState
+	71, // 52: basalt.api.v1.SetTargetCHAPRequest.chap:type_name -> basalt.api.v1.TargetCHAP
+	71, // 53: basalt.api.v1.GetTargetCHAPResponse.chap:type_name -> basalt.api.v1.TargetCHAP
+	3,  // 54: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
+	6,  // 55: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
+	10, // 56: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
+	15, // 57: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
+	17, // 58: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
+	19, // 59: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
+	23, // 60: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
+	25, // 61: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
+	27, // 62: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
+	29, // 63: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
+	33, // 64: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
+	31, // 65: basalt.api.v1.MDS.SetVolumeMeta:input_type -> basalt.api.v1.SetVolumeMetaRequest
+	35, // 66: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
+	37, // 67: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
+	39, // 68: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
+	48, // 69: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
+	42, // 70: basalt.api.v1.MDS.RegisterNode:input_type -> basalt.api.v1.RegisterNodeRequest
+	44, // 71: basalt.api.v1.MDS.AttachVolume:input_type -> basalt.api.v1.AttachVolumeRequest
+	46, // 72: basalt.api.v1.MDS.DetachVolume:input_type -> basalt.api.v1.DetachVolumeRequest
+	51, // 73: basalt.api.v1.MDS.RegisterAccessNode:input_type -> basalt.api.v1.RegisterAccessNodeRequest
+	54, // 74: basalt.api.v1.MDS.AccessNodeHeartbeat:input_type -> basalt.api.v1.AccessNodeHeartbeatRequest
+	58, // 75: basalt.api.v1.MDS.SetNVMfSubsystem:input_type -> basalt.api.v1.SetNVMfSubsystemRequest
+	60, // 76: basalt.api.v1.MDS.ListANA:input_type -> basalt.api.v1.ListANARequest
+	67, // 77: basalt.api.v1.MDS.GetReservation:input_type -> basalt.api.v1.GetReservationRequest
+	69, // 78: basalt.api.v1.MDS.ApplyReservation:input_type -> basalt.api.v1.ApplyReservationRequest
+	72, // 79: basalt.api.v1.MDS.SetTargetCHAP:input_type -> basalt.api.v1.SetTargetCHAPRequest
+	74, // 80: basalt.api.v1.MDS.GetTargetCHAP:input_type -> basalt.api.v1.GetTargetCHAPRequest
+	4,  // 81: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
+	7,  // 82: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
+	11, // 83: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
+	16, // 84: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
+	18, // 85: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
+	20, // 86: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
+	24, // 87: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
+	26, // 88: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
+	28, // 89: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
+	30, // 90: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
+	34, // 91: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
+	32, // 92: basalt.api.v1.MDS.SetVolumeMeta:output_type -> basalt.api.v1.SetVolumeMetaResponse
+	36, // 93: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
+	38, // 94: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
+	40, // 95: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
+	49, // 96: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
+	43, // 97: basalt.api.v1.MDS.RegisterNode:output_type -> basalt.api.v1.RegisterNodeResponse
+	45, // 98: basalt.api.v1.MDS.AttachVolume:output_type -> basalt.api.v1.AttachVolumeResponse
+	47, // 99: basalt.api.v1.MDS.DetachVolume:output_type -> basalt.api.v1.DetachVolumeResponse
+	52, // 100: basalt.api.v1.MDS.RegisterAccessNode:output_type -> basalt.api.v1.RegisterAccessNodeResponse
+	57, // 101: basalt.api.v1.MDS.AccessNodeHeartbeat:output_type -> basalt.api.v1.AccessNodeHeartbeatResponse
+	59, // 102: basalt.api.v1.MDS.SetNVMfSubsystem:output_type -> basalt.api.v1.SetNVMfSubsystemResponse
+	61, // 103: basalt.api.v1.MDS.ListANA:output_type -> basalt.api.v1.ListANAResponse
+	68, // 104: basalt.api.v1.MDS.GetReservation:output_type -> basalt.api.v1.GetReservationResponse
+	70, // 105: basalt.api.v1.MDS.ApplyReservation:output_type -> basalt.api.v1.ApplyReservationResponse
+	73, // 106: basalt.api.v1.MDS.SetTargetCHAP:output_type -> basalt.api.v1.SetTargetCHAPResponse
+	75, // 107: basalt.api.v1.MDS.GetTargetCHAP:output_type -> basalt.api.v1.GetTargetCHAPResponse
+	81, // [81:108] is the sub-list for method output_type
+	54, // [54:81] is the sub-list for method input_type
+	54, // [54:54] is the sub-list for extension type_name
+	54, // [54:54] is the sub-list for extension extendee
+	0,  // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_mds_proto_init() }
@@ -5057,7 +5186,7 @@ func file_mds_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mds_proto_rawDesc), len(file_mds_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   73,
+			NumMessages:   77,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

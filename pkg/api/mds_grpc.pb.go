@@ -34,6 +34,7 @@ const (
 	MDS_ListVolumes_FullMethodName         = "/basalt.api.v1.MDS/ListVolumes"
 	MDS_ResizeVolume_FullMethodName        = "/basalt.api.v1.MDS/ResizeVolume"
 	MDS_DeleteVolume_FullMethodName        = "/basalt.api.v1.MDS/DeleteVolume"
+	MDS_SetVolumeMeta_FullMethodName       = "/basalt.api.v1.MDS/SetVolumeMeta"
 	MDS_OpenVolume_FullMethodName          = "/basalt.api.v1.MDS/OpenVolume"
 	MDS_RenewSession_FullMethodName        = "/basalt.api.v1.MDS/RenewSession"
 	MDS_CloseSession_FullMethodName        = "/basalt.api.v1.MDS/CloseSession"
@@ -69,6 +70,9 @@ type MDSClient interface {
 	ListVolumes(ctx context.Context, in *ListVolumesRequest, opts ...grpc.CallOption) (*ListVolumesResponse, error)
 	ResizeVolume(ctx context.Context, in *ResizeVolumeRequest, opts ...grpc.CallOption) (*ResizeVolumeResponse, error)
 	DeleteVolume(ctx context.Context, in *DeleteVolumeRequest, opts ...grpc.CallOption) (*DeleteVolumeResponse, error)
+	// SetVolumeMeta changes a volume's metadata: small key/value settings
+	// its users keep with it (the CSI driver's mutable parameters).
+	SetVolumeMeta(ctx context.Context, in *SetVolumeMetaRequest, opts ...grpc.CallOption) (*SetVolumeMetaResponse, error)
 	// Sessions (docs/design.md §6).
 	OpenVolume(ctx context.Context, in *OpenVolumeRequest, opts ...grpc.CallOption) (*OpenVolumeResponse, error)
 	RenewSession(ctx context.Context, in *RenewSessionRequest, opts ...grpc.CallOption) (*RenewSessionResponse, error)
@@ -207,6 +211,16 @@ func (c *mDSClient) DeleteVolume(ctx context.Context, in *DeleteVolumeRequest, o
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DeleteVolumeResponse)
 	err := c.cc.Invoke(ctx, MDS_DeleteVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *mDSClient) SetVolumeMeta(ctx context.Context, in *SetVolumeMetaRequest, opts ...grpc.CallOption) (*SetVolumeMetaResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetVolumeMetaResponse)
+	err := c.cc.Invoke(ctx, MDS_SetVolumeMeta_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -381,6 +395,9 @@ type MDSServer interface {
 	ListVolumes(context.Context, *ListVolumesRequest) (*ListVolumesResponse, error)
 	ResizeVolume(context.Context, *ResizeVolumeRequest) (*ResizeVolumeResponse, error)
 	DeleteVolume(context.Context, *DeleteVolumeRequest) (*DeleteVolumeResponse, error)
+	// SetVolumeMeta changes a volume's metadata: small key/value settings
+	// its users keep with it (the CSI driver's mutable parameters).
+	SetVolumeMeta(context.Context, *SetVolumeMetaRequest) (*SetVolumeMetaResponse, error)
 	// Sessions (docs/design.md §6).
 	OpenVolume(context.Context, *OpenVolumeRequest) (*OpenVolumeResponse, error)
 	RenewSession(context.Context, *RenewSessionRequest) (*RenewSessionResponse, error)
@@ -447,6 +464,9 @@ func (UnimplementedMDSServer) ResizeVolume(context.Context, *ResizeVolumeRequest
 }
 func (UnimplementedMDSServer) DeleteVolume(context.Context, *DeleteVolumeRequest) (*DeleteVolumeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteVolume not implemented")
+}
+func (UnimplementedMDSServer) SetVolumeMeta(context.Context, *SetVolumeMetaRequest) (*SetVolumeMetaResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetVolumeMeta not implemented")
 }
 func (UnimplementedMDSServer) OpenVolume(context.Context, *OpenVolumeRequest) (*OpenVolumeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method OpenVolume not implemented")
@@ -708,6 +728,24 @@ func _MDS_DeleteVolume_Handler(srv interface{}, ctx context.Context, dec func(in
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(MDSServer).DeleteVolume(ctx, req.(*DeleteVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _MDS_SetVolumeMeta_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetVolumeMetaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MDSServer).SetVolumeMeta(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MDS_SetVolumeMeta_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MDSServer).SetVolumeMeta(ctx, req.(*SetVolumeMetaRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1032,6 +1070,10 @@ var MDS_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteVolume",
 			Handler:    _MDS_DeleteVolume_Handler,
+		},
+		{
+			MethodName: "SetVolumeMeta",
+			Handler:    _MDS_SetVolumeMeta_Handler,
 		},
 		{
 			MethodName: "OpenVolume",

@@ -120,6 +120,17 @@ func (c *Client) ResizeVolume(ctx context.Context, in *api.ResizeVolumeRequest, 
 	return out, err
 }
 
+// SetVolumeMeta calls SetVolumeMeta on the active MDS.
+func (c *Client) SetVolumeMeta(ctx context.Context, in *api.SetVolumeMetaRequest, opts ...grpc.CallOption) (*api.SetVolumeMetaResponse, error) {
+	var out *api.SetVolumeMetaResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.SetVolumeMeta(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
 // DeleteVolume calls DeleteVolume on the active MDS.
 func (c *Client) DeleteVolume(ctx context.Context, in *api.DeleteVolumeRequest, opts ...grpc.CallOption) (*api.DeleteVolumeResponse, error) {
 	var out *api.DeleteVolumeResponse
