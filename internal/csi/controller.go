@@ -49,6 +49,7 @@ func (c *controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 		csi.ControllerServiceCapability_RPC_GET_VOLUME,
 		csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH,
 		csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH,
+		csi.ControllerServiceCapability_RPC_MODIFY_VOLUME,
 	} {
 		caps = append(caps, &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{
 			Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}})
@@ -148,6 +149,9 @@ func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err := checkParams(req.Parameters); err != nil {
 		return nil, err
 	}
+	if err := checkMutable(req.MutableParameters); err != nil {
+		return nil, err
+	}
 	size, err := sizeFor(req.CapacityRange)
 	if err != nil {
 		return nil, err
@@ -171,6 +175,11 @@ func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		}
 	default:
 		return nil, mdsErr("CreateVolume", err)
+	}
+	if len(req.MutableParameters) > 0 {
+		if vol, err = c.setMutable(ctx, vol.Name, req.MutableParameters); err != nil {
+			return nil, err
+		}
 	}
 	return &csi.CreateVolumeResponse{Volume: &csi.Volume{
 		VolumeId: vol.Name, CapacityBytes: int64(vol.Size), VolumeContext: volumeContext(req.Parameters, vol),
@@ -287,7 +296,11 @@ func (c *controller) ControllerPublishVolume(ctx context.Context, req *csi.Contr
 			return nil, err
 		}
 	}
-	return &csi.ControllerPublishVolumeResponse{PublishContext: map[string]string{"readOnly": fmt.Sprint(readOnly)}}, nil
+	pc := map[string]string{"readOnly": fmt.Sprint(readOnly)}
+	if p := vol.Meta[metaProtocol]; p != "" {
+		pc[ParamProtocol] = p // ControllerModifyVolume's choice, newer than the StorageClass's
+	}
+	return &csi.ControllerPublishVolumeResponse{PublishContext: pc}, nil
 }
 
 // fence makes sure the writer on the nodes named can land nothing more: a
@@ -473,6 +486,63 @@ func (c *controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 		return nil, mdsErr("ResizeVolume", err)
 	}
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: int64(r.Volume.Size), NodeExpansionRequired: nodeExpand}, nil
+}
+
+// The mutable parameters (VolumeAttributesClass): protocol, kept as the
+// volume's metadata in the MDS under metaProtocol. A change takes effect at
+// the volume's next stage: ControllerPublishVolume hands it to the node in
+// the publish context, which NodeStageVolume prefers to the volume context.
+const metaProtocol = "csi.basalt.io/protocol"
+
+// checkMutable validates mutable parameters: protocol only.
+func checkMutable(params map[string]string) error {
+	for k, v := range params {
+		if k != ParamProtocol {
+			return status.Errorf(codes.InvalidArgument, "mutable parameter %q is not supported (protocol)", k)
+		}
+		if err := checkParams(map[string]string{k: v}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setMutable stores valid mutable parameters with the volume.
+func (c *controller) setMutable(ctx context.Context, name string, params map[string]string) (*api.Volume, error) {
+	meta := map[string]string{}
+	for k, v := range params {
+		if k == ParamProtocol {
+			meta[metaProtocol] = v
+		}
+	}
+	r, err := c.d.mds.SetVolumeMeta(ctx, &api.SetVolumeMetaRequest{Name: name, Meta: meta})
+	if err != nil {
+		return nil, mdsErr("SetVolumeMeta", err)
+	}
+	return r.Volume, nil
+}
+
+// ControllerModifyVolume changes a volume's mutable parameters (a
+// VolumeAttributesClass): an unknown key or value is InvalidArgument and
+// changes nothing; setting what is set already succeeds again.
+func (c *controller) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
+	if req.VolumeId == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume id missing")
+	}
+	if err := checkMutable(req.MutableParameters); err != nil {
+		return nil, err
+	}
+	if _, err := c.getVolume(ctx, req.VolumeId); err != nil {
+		return nil, err
+	}
+	if len(req.MutableParameters) == 0 {
+		return &csi.ControllerModifyVolumeResponse{}, nil
+	}
+	if _, err := c.setMutable(ctx, req.VolumeId, req.MutableParameters); err != nil {
+		return nil, err
+	}
+	c.d.log.Info("volume modified", "volume", req.VolumeId, "mutable_parameters", req.MutableParameters)
+	return &csi.ControllerModifyVolumeResponse{}, nil
 }
 
 // ControllerGetVolume reports the volume and the nodes it is published to.

@@ -213,7 +213,11 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 		}
 	}
 	method := n.method
-	switch p := req.VolumeContext[ParamProtocol]; p {
+	proto := req.VolumeContext[ParamProtocol]
+	if p := req.PublishContext[ParamProtocol]; p != "" {
+		proto = p // the volume's mutable parameter (ControllerModifyVolume)
+	}
+	switch p := proto; p {
 	case ProtocolNBD, ProtocolNbdfuse:
 		method = p
 	case ProtocolNVMf:

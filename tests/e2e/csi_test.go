@@ -218,6 +218,9 @@ func TestCSISanity(t *testing.T) {
 	cfg.TestVolumeExpandSize = 128 << 20
 	cfg.IdempotentCount = 3
 	cfg.TestNodeVolumeAttachLimit = true
+	// The mutable parameter ControllerModifyVolume takes (a
+	// VolumeAttributesClass's): so csi-sanity's ModifyVolume cases run.
+	cfg.TestVolumeMutableParameters = map[string]string{"protocol": "nbdfuse"}
 	cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	sanity.Test(t, cfg)
 	if t.Failed() {
@@ -226,6 +229,7 @@ func TestCSISanity(t *testing.T) {
 	// The limit's answer is the spec's: RESOURCE_EXHAUSTED, nothing
 	// recorded; an unpublish frees a place.
 	attachLimit(t, sock, "sanity-node", 4)
+	modifyProtocol(t, sock, "sanity-node")
 	// Nothing left behind: no loop device over an nbdfuse file of the
 	// plugin's, no mount under the plugin's or the test's directories.
 	out, _ := exec.CommandContext(context.Background(), "losetup", "-a").CombinedOutput()
@@ -234,6 +238,59 @@ func TestCSISanity(t *testing.T) {
 		if strings.Contains(line, filepath.Dir(sock)) || strings.Contains(line, dir) {
 			t.Errorf("left behind: %s", line)
 		}
+	}
+}
+
+// modifyProtocol: ControllerModifyVolume's protocol (kept in the MDS) reaches
+// the node in the next publish's context, where NodeStageVolume takes it over
+// the StorageClass's; a bad value is refused and changes nothing.
+func modifyProtocol(t *testing.T, sock, node string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ctl, _ := dialCSI(t, sock)
+	rwo := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+	const vol = "pvc-modified"
+	if _, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: vol, CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{rwo}, Parameters: map[string]string{"protocol": "nbd"}}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_, _ = ctl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: vol, NodeId: node})
+		if _, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: vol}); err != nil {
+			t.Errorf("delete %s: %v", vol, err)
+		}
+	}()
+	publish := func() map[string]string {
+		t.Helper()
+		r, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: vol, NodeId: node, VolumeCapability: rwo})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.PublishContext
+	}
+	if pc := publish(); pc["protocol"] != "" {
+		t.Fatalf("publish context before any modify: %v, want no protocol (the StorageClass's holds)", pc)
+	}
+	for range 2 { // idempotent
+		if _, err := ctl.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: vol,
+			MutableParameters: map[string]string{"protocol": "iscsi"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if pc := publish(); pc["protocol"] != "iscsi" {
+		t.Fatalf("publish context after ControllerModifyVolume protocol=iscsi: %v", pc)
+	}
+	_, err := ctl.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: vol,
+		MutableParameters: map[string]string{"protocol": "carrier-pigeon"}})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("ControllerModifyVolume protocol=carrier-pigeon: %v, want InvalidArgument", err)
+	}
+	if pc := publish(); pc["protocol"] != "iscsi" {
+		t.Fatalf("publish context after a refused modify: %v, want protocol iscsi still", pc)
 	}
 }
 
