@@ -30,7 +30,8 @@ const (
 var linFaults = []string{"kill", "pause", "takeover", "mds", "partition", "diskfull", "move", "powercut"}
 
 // chooseFaults returns the faults of this run, in their order:
-// BASALT_PROOF_FAULTS (all, or a comma-separated list), or a seeded choice
+// BASALT_PROOF_FAULTS (all, or a comma-separated list, in its order; a fault
+// may repeat), or a seeded choice
 // of linFaultsCI. Without lazyfs, diskfull and powercut cannot run; with one
 // MDS (no etcd installed), mds cannot.
 func chooseFaults(t *testing.T, rng *rand.Rand, lazy, standby bool) []string {
