@@ -47,8 +47,9 @@
 //  0. Each group drains its inbox into raft: the outcomes of its log appends
 //     first (a received snapshot is installed, StateMachine.InstallSnapshot, then
 //     the append's responses to this node are stepped: raft learns what is
-//     durable), then ticks, messages, snapshot reports, transfers, proposals,
-//     reads; then it takes its Ready.
+//     durable), then ticks and messages (a leader steps the messages first,
+//     any other role the ticks: group.prepare says why), snapshot reports,
+//     transfers, proposals, reads; then it takes its Ready.
 //  1. Messages to peers go at once. A leader's MsgApp leaves before its own
 //     append is durable (docs/design.md §3.4): raft counts the leader in a commit quorum
 //     only when the append's self-acknowledgement is stepped. What must wait for

@@ -229,6 +229,44 @@ func newGroup(h *Host, id uint64, peers []uint64, sm StateMachine, join bool) (*
 	return g, nil
 }
 
+// tick advances raft's clock by n ticks.
+func (g *group) tick(n int) {
+	for range n {
+		g.rn.Tick()
+		if g.voteBlock > 0 {
+			g.voteBlock--
+		}
+	}
+}
+
+// stepMessages screens a drained batch of peer messages and steps them into raft.
+func (g *group) stepMessages(msgs []*raftpb.Message) {
+	// A backlog of heartbeats (answers) from one peer is stepped once
+	// (heartbeat.go): each answer can make raft read and send a MsgApp.
+	hb := newHeartbeatRuns(msgs)
+	for i, m := range msgs {
+		if why := g.screen(m); why != "" && !g.h.noScreen {
+			g.dropped(m, why)
+			continue
+		}
+		if g.voteBlock > 0 && (m.GetType() == raftpb.MsgVote || m.GetType() == raftpb.MsgPreVote) {
+			continue
+		}
+		if hb.skip(i, m) {
+			continue
+		}
+		if m.GetType() == raftpb.MsgTimeoutNow {
+			if g.h.draining.Load() {
+				continue // handing leaderships away: take none (Host.SetDraining)
+			}
+			g.timeoutNow = true
+		}
+		// Errors here are messages from peers raft no longer knows; dropping them
+		// is what raft wants.
+		_ = g.rn.Step(m)
+	}
+}
+
 // prepare drains the inbox into raft and returns the Ready to handle, if any.
 func (g *group) prepare() (rd raft.Ready, ok bool) {
 	if g.failed != nil || g.removed {
@@ -254,35 +292,20 @@ func (g *group) prepare() (rd raft.Ready, ok bool) {
 			return raft.Ready{}, false
 		}
 	}
-	for range ev.ticks {
-		g.rn.Tick()
-		if g.voteBlock > 0 {
-			g.voteBlock--
-		}
-	}
-	// A backlog of heartbeats (answers) from one peer is stepped once
-	// (heartbeat.go): each answer can make raft read and send a MsgApp.
-	hb := newHeartbeatRuns(ev.msgs)
-	for i, m := range ev.msgs {
-		if why := g.screen(m); why != "" && !g.h.noScreen {
-			g.dropped(m, why)
-			continue
-		}
-		if g.voteBlock > 0 && (m.GetType() == raftpb.MsgVote || m.GetType() == raftpb.MsgPreVote) {
-			continue
-		}
-		if hb.skip(i, m) {
-			continue
-		}
-		if m.GetType() == raftpb.MsgTimeoutNow {
-			if g.h.draining.Load() {
-				continue // handing leaderships away: take none (Host.SetDraining)
-			}
-			g.timeoutNow = true
-		}
-		// Errors here are messages from peers raft no longer knows; dropping them
-		// is what raft wants.
-		_ = g.rn.Step(m)
+	// Both the ticks and the messages may have piled up while this worker was
+	// busy (a catch-up read of the WAL can hold it ~1 s). A leader steps the
+	// messages first: taking a second of ticks first, it reached its quorum
+	// check before the answers waiting beside them and stepped down for lack
+	// of a quorum it had (TestTicksAfterMessages; docs/reliability.md,
+	// "Leader paused"). Any other role ticks first: a leader's heartbeat
+	// among the messages then still finds it following, or brings a
+	// (pre-)candidate back, instead of the ticks timing out after it.
+	if g.rn.BasicStatus().RaftState == raft.StateLeader {
+		g.stepMessages(ev.msgs)
+		g.tick(ev.ticks)
+	} else {
+		g.tick(ev.ticks)
+		g.stepMessages(ev.msgs)
 	}
 	for _, r := range ev.snapReports {
 		st := raft.SnapshotFinish

@@ -125,3 +125,78 @@ func TestHeartbeatRunsKeepHighestContext(t *testing.T) {
 		t.Fatal("no run of two: want nil (nothing to do)")
 	}
 }
+
+// busyRound delivers what the network holds for node id and gives it n ticks,
+// then runs it once: one round that finds both, as after its worker was busy
+// (a catch-up read of the WAL) for n tick intervals.
+func (c *cluster) busyRound(id uint64, n int) {
+	c.net.deliver()
+	for range n {
+		c.hosts[id].Tick()
+	}
+	c.hosts[id].ProcessReady()
+}
+
+// TestTicksAfterMessages: a worker busy for a second (a catch-up read of the
+// WAL) finds, in one round, a second of ticks and the messages its peers sent
+// meanwhile. A leader must step its followers' answers before the ticks:
+// taking the ticks first, it reached its quorum check (the previous check had
+// cleared every follower's activity) before seeing the answers waiting beside
+// them, and stepped down for lack of a quorum it had — the paused-leader
+// residue of docs/reliability.md (healthy chunkservers' leaders stepping down
+// after a peer resumed). A follower must take its ticks first: stepping the
+// leader's heartbeat and then an election timeout of ticks, it would give up
+// a leader it had just heard from and campaign.
+func TestTicksAfterMessages(t *testing.T) {
+	c := newCluster(t, 5, 3, map[uint64][]uint64{1: {1, 2, 3}}, nil)
+	defer c.stop()
+	lead := c.waitLeader(1)
+	c.run(50)
+	ticks := c.hosts[lead].cfg.ElectionTicks
+	// One election timeout with the answers to the leader held in the
+	// network: the leader goes on ticking and heartbeating, passes one quorum
+	// check on its followers' earlier answers, which clears their activity.
+	c.net.paused[lead] = true
+	for range ticks * c.tickEvery {
+		c.net.now++
+		if c.net.now%c.tickEvery == 0 {
+			for _, id := range c.ids {
+				c.hosts[id].Tick()
+			}
+		}
+		c.net.deliver()
+		for _, id := range c.ids {
+			c.hosts[id].ProcessReady()
+		}
+	}
+	if st, _ := c.hosts[lead].Status(1); !st.IsLeader {
+		t.Fatalf("node %d lost the leadership while its followers' answers were only delayed one election timeout", lead)
+	}
+	// The busy round: the held answers and one more election timeout of
+	// ticks reach the leader together.
+	delete(c.net.paused, lead)
+	c.busyRound(lead, ticks)
+	if st, _ := c.hosts[lead].Status(1); !st.IsLeader {
+		t.Fatalf("node %d stepped down for lack of quorum with its followers' answers in the same round", lead)
+	}
+
+	// A follower's busy round: two election timeouts of ticks (past any
+	// randomized timeout) and its leader's latest heartbeat.
+	c.run(50)
+	var follower uint64
+	for _, id := range c.ids {
+		if id != lead {
+			follower = id
+			break
+		}
+	}
+	c.net.paused[follower] = true
+	c.hosts[lead].Tick() // a heartbeat for the follower, held in the network
+	c.hosts[lead].ProcessReady()
+	c.net.now++
+	delete(c.net.paused, follower)
+	c.busyRound(follower, 2*ticks)
+	if st, _ := c.hosts[follower].Status(1); st.Leader != lead {
+		t.Fatalf("node %d left its leader %d (now %d) with the leader's heartbeat in the same round as its ticks", follower, lead, st.Leader)
+	}
+}
