@@ -183,8 +183,15 @@
 // made every effect up to that index durable (Persist returned).
 //
 // compactTo = S − CatchUpEntries, and never beyond the index of a snapshot still being
-// streamed to a follower: that follower continues from that index + 1. Host.Snapshot
-// (for groups that keep old WAL segments alive) compacts to S itself; if the group
+// streamed to a follower: that follower continues from that index + 1. A leader
+// also keeps what a live follower (heard from within two election timeouts) still
+// needs from the log, everything after its Match: one that has just installed a
+// long snapshot is behind by every write made while it streamed, and compacting
+// past it sent it snapshot after snapshot under steady writes. A follower the log
+// cannot catch up anyway, or not heard from lately, holds nothing back. The
+// snapshot-send log line says why the peer needed one (peer_match, peer_next,
+// log_first). Host.Snapshot (for groups that keep old WAL segments alive) compacts
+// to S itself, live followers or not; if the group
 // applied nothing since its last snapshot, its leader first appends an empty entry
 // so that a newer snapshot index exists (a follower waits for the leader's next
 // entry: the WAL ignores a snapshot not newer than its current one).

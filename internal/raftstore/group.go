@@ -113,6 +113,13 @@ type group struct {
 	lastSnap uint64            // index of the last snapshot created or installed
 	snapping bool              // a snapshot is being created off the worker
 	sending  map[uint64]uint64 // follower → index of the snapshot streamed to it
+	// heard: when (host clock) each peer was last heard from. A leader's
+	// compaction keeps what a follower heard from lately still needs
+	// (catchUpFloor).
+	heard map[uint64]time.Duration
+	// nextAtRound: each follower's Next as raft had it when this leader's
+	// round began, for the log line of a snapshot send (sending one resets it).
+	nextAtRound map[uint64]uint64
 	// releasePending: Host.Snapshot asked for a snapshot that compacts the whole
 	// applied log (to free WAL segments); noopProposed: this leader proposed an
 	// empty entry for it, the group having applied nothing since its last snapshot.
@@ -135,6 +142,7 @@ func newGroup(h *Host, id uint64, peers []uint64, sm StateMachine, join bool) (*
 		pending:    make(map[uint64]*proposal),
 		readIdx:    make(map[uint64]*readIndexReq),
 		sending:    make(map[uint64]uint64),
+		heard:      make(map[uint64]time.Duration),
 		confState:  &raftpb.ConfState{},
 		voteBlock:  h.cfg.ElectionTicks,
 		transferAt: -1,
@@ -244,11 +252,13 @@ func (g *group) stepMessages(msgs []*raftpb.Message) {
 	// A backlog of heartbeats (answers) from one peer is stepped once
 	// (heartbeat.go): each answer can make raft read and send a MsgApp.
 	hb := newHeartbeatRuns(msgs)
+	now := g.h.now()
 	for i, m := range msgs {
 		if why := g.screen(m); why != "" && !g.h.noScreen {
 			g.dropped(m, why)
 			continue
 		}
+		g.heard[m.GetFrom()] = now
 		if g.voteBlock > 0 && (m.GetType() == raftpb.MsgVote || m.GetType() == raftpb.MsgPreVote) {
 			continue
 		}
@@ -285,6 +295,9 @@ func (g *group) prepare() (rd raft.Ready, ok bool) {
 	}()
 	if ev.members != nil {
 		g.hint = ev.members
+	}
+	if g.isLeader {
+		g.noteNext()
 	}
 	for _, r := range ev.appended {
 		if !g.appendDone(r) {

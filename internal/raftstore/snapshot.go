@@ -3,9 +3,13 @@ package raftstore
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
+	"time"
 
+	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -65,6 +69,14 @@ func (g *group) maybeSnapshot(mode snapMode) {
 	}
 	for _, idx := range g.sending {
 		compactTo = min(compactTo, idx)
+	}
+	if mode != snapRelease {
+		// A follower that has just installed a long snapshot is behind by every
+		// write made while it streamed: compacting past it sent it another
+		// snapshot, and under steady writes another (a learner never caught up,
+		// TestFollowerCatchesUpAfterSnapshot). A release (the WAL wants its
+		// space back) still compacts everything.
+		compactTo = min(compactTo, g.catchUpFloor())
 	}
 	g.snapping = true
 	snap := &raftpb.Snapshot{
@@ -151,7 +163,18 @@ func (g *group) sendSnapshot(m *raftpb.Message) {
 		return
 	}
 	g.sending[to] = idx
-	g.log.Info("raftstore: streaming snapshot", "to", to, "index", idx)
+	// Why the peer needs one: the log no longer holds what follows what the
+	// peer has (peer_match; peer_next as raft had it when the round began,
+	// before sending a snapshot reset it).
+	var match uint64
+	g.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
+		if id == to {
+			match = pr.Match
+		}
+	})
+	first, _ := g.st.FirstIndex()
+	g.log.Info("raftstore: streaming snapshot", "to", to, "index", idx,
+		"peer_match", match, "peer_next", g.nextAtRound[to], "log_first", first)
 	h.goBackground(func() {
 		var err error
 		if g.gone.Load() {
@@ -168,6 +191,53 @@ func (g *group) sendSnapshot(m *raftpb.Message) {
 		if g.in.add(func(in *events) { in.snapReports = append(in.snapReports, snapReport{to: to, failed: err != nil}) }) == nil {
 			h.sched.signal(g)
 		}
+	})
+}
+
+// catchUpFloor is the highest index a leader may compact its log to without
+// taking from a live follower (heard from within two election timeouts) the
+// entries it still needs: those after its Match. A follower the log cannot
+// catch up anyway (it needs entries already compacted: a snapshot will
+// follow) holds nothing back, and neither does one not heard from lately —
+// a dead or paused member must not pin the log.
+func (g *group) catchUpFloor() uint64 {
+	floor := uint64(math.MaxUint64)
+	if !g.isLeader {
+		return floor
+	}
+	first, err := g.st.FirstIndex()
+	if err != nil {
+		return floor
+	}
+	h := g.h
+	live := 2 * time.Duration(h.cfg.ElectionTicks) * h.cfg.TickInterval
+	now := h.now()
+	g.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
+		at, ok := g.heard[id]
+		if id == h.cfg.NodeID || !ok || now-at > live {
+			return
+		}
+		has := pr.Match
+		if pr.State == tracker.StateProbe && has+1 < first {
+			// Probing from just after a snapshot it was sent, before its
+			// answer told the leader so (raft sets Next past the snapshot).
+			has = pr.Next - 1
+		}
+		if has+1 >= first {
+			floor = min(floor, has)
+		}
+	})
+	return floor
+}
+
+// noteNext records each follower's Next at the start of a leader's round
+// (nextAtRound).
+func (g *group) noteNext() {
+	if g.nextAtRound == nil {
+		g.nextAtRound = make(map[uint64]uint64)
+	}
+	g.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
+		g.nextAtRound[id] = pr.Next
 	})
 }
 

@@ -200,3 +200,108 @@ func TestSnapshotRelease(t *testing.T) {
 		t.Fatal("state lost")
 	}
 }
+
+// TestFollowerCatchesUpAfterSnapshot: a follower that has just installed a
+// snapshot is behind by every write since that snapshot's index (in a real
+// cluster, every write made while a throttled snapshot streamed), and
+// catches up slowly while writes go on. The leader's next automatic
+// snapshot must not compact away the entries it still needs: compacting to
+// CatchUpEntries below the new snapshot sent it a second snapshot, and under
+// steady writes a third — the learner of TestMoveKeepsRedundancy (internal/
+// testcluster) got one every ~16 s and never caught up. Once it has, a
+// follower heard from no more lets the log go.
+func TestFollowerCatchesUpAfterSnapshot(t *testing.T) {
+	const (
+		snapEvery = 100
+		catchUp   = 10
+	)
+	c := newCluster(t, 23, 3, map[uint64][]uint64{1: {1, 2, 3}}, func(cfg *Config) {
+		cfg.SnapshotEntries = snapEvery
+		cfg.CatchUpEntries = catchUp
+		// One entry per MsgApp and one MsgApp in flight: a follower catches
+		// up one entry per round trip, as a throttled one would.
+		cfg.MaxSizePerMsg = 1
+		cfg.MaxInflightMsgs = 1
+	})
+	defer c.stop()
+	l := c.waitLeader(1)
+	f := c.groups[1][0]
+	if f == l {
+		f = c.groups[1][1]
+	}
+	c.net.partition([]uint64{f})
+	// Past one automatic snapshot and most of the way to the next: the
+	// follower gets the leader's last snapshot and is then ~90 entries behind.
+	for i := range snapEvery + snapEvery*9/10 {
+		if err := c.proposeWait(l, 1, fmt.Sprintf("k%d=%d", i, i)); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+	}
+	lst, _ := c.hosts[l].Status(1)
+	cut, _ := c.hosts[f].Status(1)
+	// Not heard from, the follower pinned nothing: it needs a snapshot.
+	if first, _ := c.logs[l].Storage(1).FirstIndex(); lst.Snapshot == 0 || first <= cut.Applied+1 {
+		t.Fatalf("leader's snapshot %d, log from %d: the follower cut off at %d needs no snapshot", lst.Snapshot, first, cut.Applied)
+	}
+	c.net.heal()
+	var fst GroupStatus
+	for i := 0; fst.Snapshot == 0; i++ {
+		if i > 2000 {
+			c.fatalf("follower %d installed no snapshot", f)
+		}
+		c.step()
+		fst, _ = c.hosts[f].Status(1)
+	}
+	lst, _ = c.hosts[l].Status(1)
+	t.Logf("follower %d installed snapshot %d; leader's last index %d", f, fst.Snapshot, lst.LastIndex)
+	if lst.LastIndex-fst.Snapshot <= catchUp {
+		t.Fatalf("follower only %d entries behind after its snapshot: the test needs more than %d", lst.LastIndex-fst.Snapshot, catchUp)
+	}
+	// Steady writes, one every 4 steps (the follower catches up about one
+	// entry every 2), past the leader's next two automatic snapshots.
+	var failed error
+	answered := 0
+	const writes = 2*snapEvery + 20
+	for i := range writes {
+		c.hosts[l].Propose(1, propData(fmt.Sprintf("w%d=%d", i, i)), func(err error) {
+			answered++
+			if err != nil && failed == nil {
+				failed = err
+			}
+		})
+		c.run(4)
+	}
+	for i := 0; answered < writes; i++ {
+		if i > 2000 {
+			c.fatalf("%d of %d writes answered", answered, writes)
+		}
+		c.step()
+	}
+	if failed != nil {
+		t.Fatalf("a steady write failed: %v", failed)
+	}
+	c.waitConverged(2000)
+	lst, _ = c.hosts[l].Status(1)
+	if lst.Snapshot < fst.Snapshot+2*snapEvery {
+		t.Fatalf("leader snapshot %d: it made no two snapshots after the follower's %d", lst.Snapshot, fst.Snapshot)
+	}
+	if n := c.hosts[f].Stats().SnapshotsReceived; n != 1 {
+		t.Fatalf("follower %d received %d snapshots: the leader compacted entries it was still catching up on", f, n)
+	}
+	if v, _ := c.sms[f][1].get(fmt.Sprintf("w%d", writes-1)); v != fmt.Sprint(writes-1) {
+		t.Fatalf("follower %d missed the last write", f)
+	}
+
+	// A follower not heard from for two election timeouts holds nothing
+	// back: cut off, it does not pin the leader's log.
+	fst, _ = c.hosts[f].Status(1)
+	c.net.partition([]uint64{f})
+	for i := range 2 * snapEvery {
+		if err := c.proposeWait(l, 1, fmt.Sprintf("x%d=%d", i, i)); err != nil {
+			t.Fatalf("write %d with the follower cut off: %v", i, err)
+		}
+	}
+	if first, _ := c.logs[l].Storage(1).FirstIndex(); first <= fst.Applied+1 {
+		t.Fatalf("leader's log still starts at %d, for a follower cut off at %d", first, fst.Applied)
+	}
+}
