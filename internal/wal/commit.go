@@ -37,6 +37,7 @@ type batch struct {
 	sync  bool          // some record of the batch must be durable before its waiters return
 	res   *result       // fresh for every batch: waiters keep it after buf is reused
 	dones []func(error) // SaveAsync callbacks, in call order
+	since time.Time     // when its first call was queued (Stalled)
 }
 
 // result is how a batch's waiters learn its outcome: err is written before
@@ -82,6 +83,9 @@ func (w *WAL) enqueue(encode func(b *batch) error, done func(error)) error {
 		// callback: it must come after those of its earlier Saves.)
 		w.mu.Unlock()
 		return nil
+	}
+	if b.saves == 0 && len(b.dones) == 0 {
+		b.since = time.Now()
 	}
 	b.saves++
 	res := b.res
@@ -224,7 +228,9 @@ func (w *WAL) commitPending() {
 	next.refs = next.refs[:0]
 	next.dones = next.dones[:0]
 	next.res = newResult()
+	next.since = time.Time{}
 	w.pending = next
+	w.committing = b
 	failed := w.err
 	w.mu.Unlock()
 
@@ -246,6 +252,7 @@ func (w *WAL) commitPending() {
 		w.applyLocked(b)
 		doomed = w.detachSegmentsLocked()
 	}
+	w.committing = nil
 	w.mu.Unlock()
 	close(b.res.done)
 	for _, done := range b.dones {

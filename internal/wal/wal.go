@@ -143,7 +143,10 @@ type WAL struct {
 	tailSpare []byte
 	pending   *batch
 	spare     *batch
-	stats     Stats
+	// committing: the batch the committer is writing and syncing (nil
+	// between batches).
+	committing *batch
+	stats      Stats
 	// spareFile is the prepared next segment (nil if none); preparing is
 	// set while a prepareSpare goroutine runs (prepWG counts it).
 	spareFile *spareFile
@@ -255,6 +258,25 @@ func (w *WAL) Groups() []uint64 {
 	}
 	slices.Sort(ids)
 	return ids
+}
+
+// Stalled returns how long the oldest call not yet durable (a Save, a
+// SaveAsync, ...) has been waiting for its write and fdatasync: 0 when none
+// waits. On a healthy disk it stays below a sync's latency plus a batch's;
+// a disk whose fdatasync hangs makes it grow without bound, while every
+// other goroutine (and the process's sockets) goes on — the host watches it
+// (internal/chunkserver, --wal-stall-timeout).
+func (w *WAL) Stalled() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	b := w.committing // older than the pending batch
+	if b == nil {
+		b = w.pending
+	}
+	if b.since.IsZero() {
+		return 0
+	}
+	return time.Since(b.since)
 }
 
 // SegmentCount returns the number of segment files.

@@ -1180,3 +1180,52 @@ func TestPreallocateWithoutODirect(t *testing.T) {
 		f.Close()
 	}
 }
+
+// TestStalled: Stalled is 0 on an idle WAL, grows while a batch's fdatasync
+// hangs (the calls queued behind it do not reset it) and is 0 again once
+// everything waiting is durable.
+func TestStalled(t *testing.T) {
+	hold := make(chan struct{})
+	var held sync.Once
+	inSync := make(chan struct{})
+	w := openT(t, t.TempDir(), func(c *Config) {
+		c.Knobs.BeforeSync = func() error {
+			select {
+			case <-hold:
+			default:
+				held.Do(func() { close(inSync) })
+				<-hold
+			}
+			return nil
+		}
+	})
+	defer w.Close()
+	if d := w.Stalled(); d != 0 {
+		t.Fatalf("Stalled on an idle WAL = %s, want 0", d)
+	}
+	saved := make(chan error, 2)
+	go func() { saved <- w.Save([]Update{{Group: 1, Entries: mkEnts(1, 1, 1, 10, 1)}}) }()
+	<-inSync
+	go func() { saved <- w.Save([]Update{{Group: 1, Entries: mkEnts(2, 1, 1, 10, 2)}}) }()
+	// Poll until the hung sync shows: no bound on how fast it grows.
+	var seen time.Duration
+	for deadline := time.Now().Add(60 * time.Second); seen < 200*time.Millisecond; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Stalled = %s 60 s into a hung fdatasync", seen)
+		}
+		if d := w.Stalled(); d < seen {
+			t.Fatalf("Stalled went down from %s to %s while the sync hung", seen, d)
+		} else {
+			seen = d
+		}
+	}
+	close(hold)
+	for range 2 {
+		if err := <-saved; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := w.Stalled(); d != 0 {
+		t.Fatalf("Stalled once every Save returned = %s, want 0", d)
+	}
+}
