@@ -37,31 +37,10 @@ func (c *ChunkServer) drainLeaders() {
 	c.host.SetDraining(true)
 	start := time.Now()
 	deadline := start.Add(timeout)
-	asked := make(map[uint64]time.Time) // copyset → when its transfer was last asked
-	given := make(map[uint64]int)       // peer → leaderships handed to it (to spread them)
+	h := newHandOffs(drainRetry)
 	led, alone := 0, 0
 	for first := true; ; first = false {
-		led, alone = 0, 0
-		for _, g := range c.host.Groups() {
-			if !g.IsLeader {
-				continue
-			}
-			if len(g.Voters) <= 1 {
-				alone++ // nowhere to go
-				continue
-			}
-			led++
-			if at, ok := asked[g.ID]; ok && time.Since(at) < drainRetry {
-				continue
-			}
-			to := transferTarget(g, c.ID(), given)
-			if to == 0 {
-				continue // no peer alive now; ask again on the next look
-			}
-			asked[g.ID] = time.Now()
-			given[to]++
-			c.host.TransferLeader(g.ID, to)
-		}
+		led, alone = c.handOff(h)
 		if first {
 			c.log.Info("stopping: handing leaderships to peers", "leading", led, "timeout", timeout)
 		}
@@ -72,6 +51,48 @@ func (c *ChunkServer) drainLeaders() {
 	}
 	c.log.Info("stopping: leaderships handed over", "still_leading", led, "single_replica", alone,
 		"took", time.Since(start).Round(time.Millisecond))
+}
+
+// handOffs is the state of one hand-off of every leadership (a planned stop,
+// a stalled WAL) over its passes (handOff).
+type handOffs struct {
+	retry time.Duration        // the least time between two transfers of one copyset
+	asked map[uint64]time.Time // copyset → when its transfer was last asked
+	given map[uint64]int       // peer → leaderships handed to it (to spread them)
+}
+
+func newHandOffs(retry time.Duration) *handOffs {
+	return &handOffs{retry: retry, asked: make(map[uint64]time.Time), given: make(map[uint64]int)}
+}
+
+// handOff is one pass of a hand-off: it asks every copyset this chunkserver
+// leads to transfer its leadership to a caught-up peer (transferTarget),
+// unless that was asked less than h.retry ago (raft aborts a transfer after
+// an election timeout; the next pass asks again, perhaps another peer). It
+// returns how many copysets it leads that have another voter (led) and how
+// many have none and cannot move (alone).
+func (c *ChunkServer) handOff(h *handOffs) (led, alone int) {
+	for _, g := range c.host.Groups() {
+		if !g.IsLeader {
+			continue
+		}
+		if len(g.Voters) <= 1 {
+			alone++ // nowhere to go
+			continue
+		}
+		led++
+		if at, ok := h.asked[g.ID]; ok && time.Since(at) < h.retry {
+			continue
+		}
+		to := transferTarget(g, c.ID(), h.given)
+		if to == 0 {
+			continue // no peer alive now; ask again on the next pass
+		}
+		h.asked[g.ID] = time.Now()
+		h.given[to]++
+		c.host.TransferLeader(g.ID, to)
+	}
+	return led, alone
 }
 
 // transferTarget picks the peer to hand g's leadership to: among the voters
