@@ -137,6 +137,9 @@ func chunkserverCommand() *cobra.Command {
 				}
 				cfg.SnapshotRate = int64(n)
 			}
+			if cfg.WALStallTimeout <= 0 {
+				cfg.WALStallTimeout = -1 // the flag's 0 is off, Config's is the default
+			}
 			if slowDisk != "" {
 				cfg.Knobs.WAL.BeforeSync = slowDiskKnob(slowDisk)
 			}
@@ -232,6 +235,7 @@ func chunkserverCommand() *cobra.Command {
 	f.StringVar(&cfg.MetricsListen, "metrics", "", "Prometheus /metrics listen address (off when empty)")
 	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", time.Second, "heartbeat period")
 	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", chunkserver.DefaultDrainTimeout, "on SIGTERM, hand the leadership of every copyset led here to a caught-up peer and wait up to this long until none is led (negative: stop at once)")
+	f.DurationVar(&cfg.WALStallTimeout, "wal-stall-timeout", chunkserver.DefaultWALStallTimeout, "when the WAL has waited this long for its disk (a write or fdatasync that hangs), hand every leadership held here to a peer and report the disk as failing to the MDS until the WAL completes writes again (0: off)")
 	f.Uint64Var(&cfg.SnapshotEntries, "snapshot-entries", 0, "raft entries between snapshots of a copyset (default 10000)")
 	f.Uint64Var(&cfg.CatchUpEntries, "catchup-entries", 0, "entries kept below a snapshot for slow followers (default 1000)")
 	f.StringVar(&pidFile, "pid-file", "", "write the process id to this file")

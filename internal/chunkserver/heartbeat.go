@@ -229,7 +229,7 @@ func (c *ChunkServer) dropUnlisted(listed []*api.Copyset) {
 }
 
 // diskState is the heartbeat's disk state: OK, or why this chunkserver
-// cannot serve (a replica stopped by a disk error).
+// cannot serve (a replica stopped by a disk error, a stalled WAL).
 func (c *ChunkServer) diskState() api.DiskState {
 	c.mu.RLock()
 	err := c.diskErr
@@ -251,6 +251,9 @@ func (c *ChunkServer) diskState() api.DiskState {
 				break
 			}
 		}
+	}
+	if err == nil && c.walStalled.Load() {
+		return api.DiskState_DISK_STATE_IO_ERROR
 	}
 	return diskStateOf(err)
 }

@@ -86,6 +86,11 @@ type Config struct {
 	// to this long until it leads none, so a planned restart costs transfers,
 	// not elections (0: DefaultDrainTimeout; < 0: no hand-over).
 	DrainTimeout time.Duration
+	// WALStallTimeout: when the WAL has waited this long for a write or an
+	// fdatasync (a hung disk), every leadership held here is handed to a
+	// peer and the disk is reported failing until the WAL completes writes
+	// again (stall.go; 0: DefaultWALStallTimeout; < 0: off).
+	WALStallTimeout time.Duration
 	// Knobs are fault-injection points for tests, handed to the WAL and the
 	// datastore (slow or failing fsync, full disk).
 	Knobs Knobs
@@ -164,6 +169,8 @@ type ChunkServer struct {
 	replicas    map[uint64]*replica
 	diskErr     error           // first disk error that stopped a replica
 	confPending map[uint64]bool // copysets with a membership change in flight
+	// walStalled: the WAL has been stalled for WALStallTimeout (stall.go).
+	walStalled atomic.Bool
 
 	// unlisted: when each hosted copyset was first missing from a heartbeat
 	// response. Owned by Run's goroutine.
@@ -438,8 +445,13 @@ func (c *ChunkServer) Run(ctx context.Context) (err error) {
 	delDone := make(chan struct{})
 	go func() { defer close(delDone); c.deleteLoop(delCtx, deleteKick) }()
 	defer func() { stopDeletes(); <-delDone }() // before shutdown stops the raft host
+	stallCtx, stopStall := context.WithCancel(ctx)
+	stallDone := make(chan struct{})
+	go func() { defer close(stallDone); c.watchStall(stallCtx) }()
 	c.log.Info("chunkserver serving", "addr", c.addr, "copysets", len(c.replicaIDs()))
 	err = c.heartbeatLoop(ctx, srvDone)
+	stopStall()
+	<-stallDone // it sets the host's draining too
 	if err == nil && ctx.Err() != nil {
 		c.drainLeaders()
 	}
