@@ -22,6 +22,12 @@ import (
 //
 //   - wal-before-sync, wal-after-sync, raft-before-send: on the chunkserver
 //     leading the most copysets, mid-workload.
+//   - wal-before-sync-hang, wal-before-sync-error: the same chunkserver's
+//     WAL hangs in, or fails, an fdatasync (the process runs on). Every IO
+//     in flight then is answered within 60 s and the workload flows: the
+//     hung one hands its leaderships away (--wal-stall-timeout) and the
+//     MDS hears its disk is failing, until the hang ends; the failed one's
+//     replicas stop, the MDS hears its disk failed, and it is restarted.
 //   - snapshot-install: a follower kept down until the others compacted
 //     their logs past it is restarted armed, and crashes with half a
 //     snapshot installed (the old chunks moved aside, the new ones not in
@@ -110,6 +116,99 @@ func TestFaultPoints(t *testing.T) {
 			})
 		})
 	}
+	// fire arms spec on p and waits until it logged that the point fired (p
+	// does not exit: the point hangs or fails).
+	fire := func(t *testing.T, p *testcluster.Proc, spec string) {
+		n := c.CountLog(p, "fault point fired")
+		c.ArmFaultPoints(p, spec)
+		c.Eventually(90*time.Second, spec+" firing on "+p.Name, func(context.Context) error {
+			if c.CountLog(p, "fault point fired") <= n {
+				return fmt.Errorf("%s has not fired yet", spec)
+			}
+			return nil
+		})
+		t.Logf("%s fired on %s", spec, p)
+	}
+	// ioGoesOn fails the test unless every IO in flight now is answered
+	// within 60 s (the client's own deadline is 60 s) and the workload then
+	// flows; it logs how long the oldest took.
+	ioGoesOn := func(t *testing.T, w *testcluster.Workload, what string) {
+		since := time.Now()
+		timeouts := w.Timeouts()
+		var stall time.Duration
+		c.Eventually(60*time.Second, "every IO in flight when "+what+" answered", func(context.Context) error {
+			if o := w.OldestInFlight(); o >= time.Since(since) {
+				stall = max(stall, o)
+				return fmt.Errorf("an IO has been waiting %s", o.Round(time.Millisecond))
+			}
+			return nil
+		})
+		w.AwaitProgress(c, "the workload flowing after "+what)
+		if n := w.Timeouts() - timeouts; n > 0 {
+			t.Fatalf("%d IOs failed after waiting for an answer the client's whole deadline (%v)", n, w.LastErr())
+		}
+		t.Logf("IO stall: every IO in flight when %s was answered %s later (the oldest had waited at least %s)",
+			what, time.Since(since).Round(time.Millisecond), stall.Round(time.Millisecond))
+	}
+	// diskFailing waits until the MDS lists p's disk as failing.
+	diskFailing := func(p *testcluster.Proc) {
+		id := c.IDOf(p)
+		c.Eventually(60*time.Second, "the MDS seeing "+p.Name+"'s disk failing", func(context.Context) error {
+			for _, cs := range c.Status().Chunkservers {
+				if cs.Id == id && cs.DiskState != api.DiskState_DISK_STATE_IO_ERROR {
+					return fmt.Errorf("%s's disk state %s", p, cs.DiskState)
+				}
+			}
+			return nil
+		})
+	}
+	// A disk that hangs: the WAL's fdatasync waits for ever, the process and
+	// its sockets stay up. The stall watchdog (--wal-stall-timeout, 3 s)
+	// hands its leaderships to the others and, 10 s later, reports its disk
+	// as failing; IO goes on. Then the disk recovers.
+	t.Run("wal-before-sync-hang", func(t *testing.T) {
+		run(t, 7, func(w *testcluster.Workload) {
+			x := c.MostLeaders()
+			fire(t, x, "wal-before-sync=hang@50")
+			ioGoesOn(t, w, "the WAL hung")
+			c.Eventually(60*time.Second, x.Name+" leading no copyset", func(context.Context) error {
+				if n := c.Leaders()[x]; n > 0 {
+					return fmt.Errorf("%s leads %d copysets", x, n)
+				}
+				return nil
+			})
+			if c.CountLog(x, "WAL stalled") == 0 {
+				t.Fatalf("%s did not log the stall", x)
+			}
+			diskFailing(x)
+			c.ArmFaultPoints(x, "") // the disk answers again
+			if _, exited := x.ExitCode(); exited {
+				t.Fatalf("%s exited", x)
+			}
+		})
+	})
+	// A disk that fails an fdatasync: nothing of the failed batch is
+	// acknowledged, the WAL takes no more writes and every replica of the
+	// chunkserver stops (the process stays up and tells the MDS its disk
+	// failed); the others elect leaders and IO goes on. The operator then
+	// restarts it (the WAL is re-read from the disk).
+	t.Run("wal-before-sync-error", func(t *testing.T) {
+		run(t, 8, func(w *testcluster.Workload) {
+			x := c.MostLeaders()
+			fire(t, x, "wal-before-sync=error@50")
+			ioGoesOn(t, w, "the WAL failed")
+			if c.CountLog(x, "copyset replica stopped by a WAL error") == 0 {
+				t.Fatalf("%s did not log its replicas stopping", x)
+			}
+			diskFailing(x)
+			if _, exited := x.ExitCode(); exited {
+				t.Fatalf("%s exited", x)
+			}
+			c.ArmFaultPoints(x, "")
+			c.Kill(x)
+			c.Start(x)
+		})
+	})
 	t.Run("snapshot-install", func(t *testing.T) {
 		run(t, 4, func(w *testcluster.Workload) {
 			x := behind(w)
