@@ -223,6 +223,9 @@
 //     those refreshes run one at a time on volumeCache.runMisses, each shared
 //     by every miss that arrived before it began.
 //   - deleteLoop: the delete passes (deletes.go).
+//   - watchStall: the WAL stall watchdog (stall.go): when the WAL has waited
+//     Config.WALStallTimeout for its disk, it hands every leadership to a
+//     peer (handOff, drain.go) and refuses new ones until the disk answers.
 //   - raftstore workers: Apply/Capture/InstallSnapshot; a snapshot goroutine:
 //     Persist, WriteSnapshot, SendSnapshot.
 //   - raftnet: a sender goroutine per peer, a goroutine per incoming
