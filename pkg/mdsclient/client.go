@@ -152,6 +152,18 @@ func (c *Client) call(ctx context.Context, fn func(context.Context, api.MDSClien
 				(code == codes.DeadlineExceeded || code == codes.Canceled) {
 				// The caller's context ended during this attempt: say what the
 				// MDSes said before, as when it ends between attempts.
+				if code == codes.DeadlineExceeded && len(c.addrs) > 1 {
+					// This MDS held the call until the caller's deadline: it
+					// may hang (paused, cut off) while another is active.
+					// The next call starts at the next address, or callers
+					// whose deadlines are shorter than AttemptTimeout would
+					// wait on it for as long as it hangs.
+					c.mu.Lock()
+					if c.last == start {
+						c.last = (next + 1) % len(c.addrs)
+					}
+					c.mu.Unlock()
+				}
 				if lastErr == nil {
 					lastErr = err
 				}

@@ -268,3 +268,33 @@ func TestTLSMismatchFailsFast(t *testing.T) {
 		t.Fatalf("TLS client, TLS MDS: %v %v", r, err)
 	}
 }
+
+// TestMovesOnFromAHungMDS: the MDS that answered last hangs (SIGSTOPped, its
+// host frozen, cut off by a partition that drops packets) while another is
+// active, and every caller's deadline is shorter than AttemptTimeout. A later
+// call must reach the other MDS instead of waiting out its deadline on the
+// hung one each time: before, chunkservers' heartbeats and clients' lease
+// renewals failed for as long as the old active MDS hung.
+func TestMovesOnFromAHungMDS(t *testing.T) {
+	a := &fakeMDS{name: "a", hang: true} // first: where calls start
+	b := &fakeMDS{name: "b"}
+	c, err := Dial([]string{serve(t, a), serve(t, b)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		r, err := c.ListPools(ctx, &api.ListPoolsRequest{})
+		cancel()
+		if err == nil {
+			if got := r.Pools[0].Name; got != "b" {
+				t.Fatalf("call %d answered by %q, want b", i+1, got)
+			}
+			t.Logf("call %d reached b", i+1)
+			return
+		}
+		t.Logf("call %d: %v", i+1, err)
+	}
+	t.Fatalf("5 calls with a 2 s deadline all waited on the hung MDS a; b was asked %d times", b.calls.Load())
+}

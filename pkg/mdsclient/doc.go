@@ -8,7 +8,9 @@
 // process) it tries the active address named in the standby's message when
 // that address is one of its own, then the others in order, and remembers
 // the one that answered. An attempt that hangs for AttemptTimeout (5 s)
-// counts as unreachable. When every address fails it backs off (100 ms
+// counts as unreachable; one that hangs until the call's own deadline ends
+// the call, and the next call starts at the next address (a paused or cut
+// off MDS must not hold every call with a short deadline). When every address fails it backs off (100 ms
 // growing to 1 s) and tries again until the call's context is done, or
 // for RetryTimeout (15 s) when the context has no deadline — long enough to
 // ride through an MDS failover. A call that ran out of time that way fails
