@@ -27,18 +27,18 @@ const (
 )
 
 // linFaults are TestLinearizable's faults (see there).
-var linFaults = []string{"kill", "pause", "takeover", "mds", "partition", "diskfull", "move", "powercut"}
+var linFaults = []string{"kill", "pause", "takeover", "mds", "mdspause", "partition", "diskfull", "move", "powercut"}
 
 // chooseFaults returns the faults of this run, in their order:
 // BASALT_PROOF_FAULTS (all, or a comma-separated list, in its order; a fault
 // may repeat), or a seeded choice
 // of linFaultsCI. Without lazyfs, diskfull and powercut cannot run; with one
-// MDS (no etcd installed), mds cannot.
+// MDS (no etcd installed), mds and mdspause cannot.
 func chooseFaults(t *testing.T, rng *rand.Rand, lazy, standby bool) []string {
 	t.Helper()
 	var out []string
 	for _, f := range linFaults {
-		if (lazy || (f != "diskfull" && f != "powercut")) && (standby || f != "mds") {
+		if (lazy || (f != "diskfull" && f != "powercut")) && (standby || !strings.HasPrefix(f, "mds")) {
 			out = append(out, f)
 		}
 	}
@@ -46,7 +46,7 @@ func chooseFaults(t *testing.T, rng *rand.Rand, lazy, standby bool) []string {
 		t.Logf("no lazyfs here: diskfull and powercut left out")
 	}
 	if !standby {
-		t.Logf("no etcd installed (Debian package etcd-server; scripts/install-deps installs it): one MDS, mds left out")
+		t.Logf("no etcd installed (Debian package etcd-server; scripts/install-deps installs it): one MDS, mds and mdspause left out")
 	}
 	rng.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
 	switch e := os.Getenv("BASALT_PROOF_FAULTS"); e {
@@ -112,6 +112,8 @@ func blockOffset(b int) int64 {
 //	mds        MDS failover: kill -9 of the active MDS of two (on an external
 //	           etcd); the standby takes over (the time until it answers is
 //	           logged), the killed one is restarted 1–3 s later as the standby
+//	mdspause   MDS failover from a hung MDS: SIGSTOP of the active MDS until
+//	           the standby answers, continued 1–3 s later (it must step down)
 //	partition  the busiest leader cut off its peers and clients (both ways,
 //	           testcluster.Isolate) until it leads nothing, then healed
 //	diskfull   one chunkserver's lazyfs fails every write with ENOSPC until
@@ -123,7 +125,7 @@ func blockOffset(b int) int64 {
 //
 // The test command runs a seeded choice of linFaultsCI of them; soak runs all
 // (BASALT_PROOF_FAULTS=all, or a comma-separated list). Without FUSE, diskfull
-// and powercut are left out, without etcd mds (logged). The whole history must be linearizable.
+// and powercut are left out, without etcd mds and mdspause (logged). The whole history must be linearizable.
 // On failure, porcupine's HTML view and the cluster's directories are kept
 // (the path is logged).
 //
@@ -248,6 +250,18 @@ func TestLinearizable(t *testing.T) {
 			c.Start(old)
 			c.AwaitStandby(old, p, 90*time.Second)
 			t.Logf("%s restarted, a standby of %s", old, p)
+		case "mdspause":
+			// A hung MDS, not a dead one: its connections stay open and
+			// calls to it wait, so the others must stop waiting on it.
+			old := c.ActiveMDS()
+			t.Logf("FAULT MDS failover from a hung MDS: SIGSTOP the active MDS %s", old)
+			c.Pause(old)
+			p, took := c.AwaitFailover(old, start, 90*time.Second)
+			t.Logf("MDS FAILOVER (hung): %s answered its first call %s after the SIGSTOP", p, took.Round(time.Millisecond))
+			pace()
+			c.Resume(old)
+			c.AwaitStandby(old, p, 90*time.Second)
+			t.Logf("%s continued, a standby of %s", old, p)
 		case "partition":
 			p := c.MostLeaders()
 			t.Logf("FAULT partition: %s (leads %d copysets) cut off its peers and clients", p, c.Leaders()[p])
