@@ -97,6 +97,9 @@ func iscsiCommand() *cobra.Command {
 	mutualUser := f.String("chap-mutual-user", "", "mutual CHAP: the name this target answers with")
 	mutualSecretFile := f.String("chap-mutual-secret-file", "", "file holding the secret this target answers mutual CHAP with")
 	initiators := f.StringSlice("initiator", nil, "allow only these initiator names (repeat or comma-separate; default: any)")
+	register := f.Bool("register", false, "register this portal with the MDS as an access node's, so that redirectors (--redirect) send logins here (needs an access identity)")
+	advertise := f.String("advertise", "", "with --register: the portal address initiators reach (default: --listen's)")
+	redirect := f.Bool("redirect", false, "be a redirector portal: serve no volume; send each login to a registered access node's portal (one per target, spread over the online nodes) and list every portal in SendTargets (docs/iscsi.md)")
 	metrics := f.String("metrics", "", "serve Prometheus /metrics on this address (empty: none)")
 	debug := debugFlag(cmd)
 	tf := addTLSFlags(cmd, identity.RoleAccess, identity.RoleClient)
@@ -104,7 +107,11 @@ func iscsiCommand() *cobra.Command {
 	procsFlag(cmd, &procs)
 	cmd.RunE = func(*cobra.Command, []string) error {
 		setProcs(procs)
-		icfg := access.ISCSIConfig{Listen: *listen, Cluster: *cluster, Initiators: *initiators}
+		if *register && *redirect {
+			return fmt.Errorf("--register and --redirect: a redirector serves no volume, so it is not an access node; run them as two processes")
+		}
+		icfg := access.ISCSIConfig{Listen: *listen, Cluster: *cluster, Initiators: *initiators,
+			Register: *register, AdvertiseAddr: *advertise, Redirect: *redirect}
 		if *chapUser != "" || *chapSecretFile != "" {
 			secret, err := readSecret(*chapSecretFile, "--chap-secret-file")
 			if err != nil {
@@ -123,6 +130,7 @@ func iscsiCommand() *cobra.Command {
 		}
 		return serveFrontEnds(cfg, *metrics, *debug, tf)
 	}
+	cmd.AddCommand(iscsiListCommand())
 	return cmd
 }
 

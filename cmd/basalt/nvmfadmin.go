@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 
 	"github.com/spf13/cobra"
@@ -17,6 +18,7 @@ import (
 type anaList struct{ *api.ListANAResponse }
 
 func (l anaList) table(w io.Writer) {
+	l.Nodes = slices.DeleteFunc(slices.Clone(l.Nodes), func(n *api.AccessNode) bool { return n.Addr == "" }) // iSCSI portals alone
 	fmt.Fprintln(w, "ACCESS NODE\tADDR\tONLINE\tNAME")
 	for _, n := range l.Nodes {
 		fmt.Fprintf(w, "%d\t%s\t%v\t%s\n", n.Id, n.Addr, n.Online, n.Name)
@@ -149,4 +151,37 @@ func parsePolicy(s string) (api.ANAPolicy, error) {
 		return api.ANAPolicy_ANA_POLICY_BALANCE, nil
 	}
 	return 0, fmt.Errorf("policy must be inherit or balance, not %q", s)
+}
+
+// portalList is `basalt iscsi ls`: the access nodes with an iSCSI portal.
+type portalList struct {
+	Nodes []*api.AccessNode `json:"nodes"`
+}
+
+func (l portalList) table(w io.Writer) {
+	fmt.Fprintln(w, "ACCESS NODE\tPORTAL\tONLINE\tNAME")
+	for _, n := range l.Nodes {
+		fmt.Fprintf(w, "%d\t%s\t%v\t%s\n", n.Id, n.IscsiPortal, n.Online, n.Name)
+	}
+}
+
+func iscsiListCommand() *cobra.Command {
+	ls := &cobra.Command{Use: "ls", Short: "List the access nodes' iSCSI portals that redirectors send logins to (basalt iscsi --register)", Args: cobra.NoArgs}
+	lf := addAdminFlags(ls)
+	ls.RunE = func(*cobra.Command, []string) error {
+		return lf.call(func(ctx context.Context, c api.MDSClient) (any, error) {
+			r, err := c.ListANA(ctx, &api.ListANARequest{})
+			if err != nil {
+				return nil, err
+			}
+			var l portalList
+			for _, n := range r.Nodes {
+				if n.IscsiPortal != "" {
+					l.Nodes = append(l.Nodes, n)
+				}
+			}
+			return l, nil
+		})
+	}
+	return ls
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"net"
 	"net/url"
 	"slices"
 	"sort"
@@ -25,7 +26,8 @@ type liveAN struct {
 // accessNodeRecord is the value at /basalt/access-nodes/<id>.
 type accessNodeRecord struct {
 	ID           uint64 `json:"id"`
-	Addr         string `json:"addr"`
+	Addr         string `json:"addr"` // NVMe/TCP; "": none
+	ISCSIPortal  string `json:"iscsi_portal,omitempty"`
 	Name         string `json:"name,omitempty"`
 	RegisteredMs int64  `json:"registered_unix_ms"`
 	// Owner is the identity that registered the node (basalt://…); only it
@@ -62,12 +64,17 @@ func nvmfSubsysKey(nqn string) string {
 	return nvmfSubsysPrefix + url.PathEscape(nqn)
 }
 
-// RegisterAccessNode records an access node by its NVMe/TCP address; a node
-// registering again from the same address keeps its id.
+// RegisterAccessNode records an access node by its NVMe/TCP address and
+// iSCSI portal; a node registering again with either keeps its id.
 func (h *handler) RegisterAccessNode(ctx context.Context, req *api.RegisterAccessNodeRequest) (*api.RegisterAccessNodeResponse, error) {
 	s := h.s
-	if req.Addr == "" {
-		return nil, fmt.Errorf("%w: an access node needs its address", ErrInvalidArgument)
+	if req.Addr == "" && req.IscsiPortal == "" {
+		return nil, fmt.Errorf("%w: an access node needs its NVMe/TCP address or iSCSI portal", ErrInvalidArgument)
+	}
+	for _, a := range []string{req.Addr, req.IscsiPortal} {
+		if _, _, err := net.SplitHostPort(a); a != "" && err != nil {
+			return nil, fmt.Errorf("%w: access node address %q: want host:port", ErrInvalidArgument, a)
+		}
 	}
 	var id uint64
 	owner := sessionOwner(ctx)
@@ -78,13 +85,13 @@ func (h *handler) RegisterAccessNode(ctx context.Context, req *api.RegisterAcces
 			return err
 		}
 		for _, r := range recs {
-			if r.Addr == req.Addr {
+			if (req.Addr != "" && r.Addr == req.Addr) || (req.IscsiPortal != "" && r.ISCSIPortal == req.IscsiPortal) {
 				if err := checkAccessNodeOwner(ctx, r); err != nil {
 					return err
 				}
 				id = r.ID
-				if r.Name != req.Name || r.Owner != owner {
-					r.Name, r.Owner = req.Name, owner
+				if r.Name != req.Name || r.Owner != owner || r.Addr != req.Addr || r.ISCSIPortal != req.IscsiPortal {
+					r.Name, r.Owner, r.Addr, r.ISCSIPortal = req.Name, owner, req.Addr, req.IscsiPortal
 					stm.Put(accessNodeKey(id), encode(r))
 				}
 				return nil
@@ -93,8 +100,8 @@ func (h *handler) RegisterAccessNode(ctx context.Context, req *api.RegisterAcces
 		if id, err = nextID(stm, idAccessNode); err != nil {
 			return err
 		}
-		stm.Put(accessNodeKey(id), encode(accessNodeRecord{ID: id, Addr: req.Addr, Name: req.Name,
-			RegisteredMs: time.Now().UnixMilli(), Owner: owner}))
+		stm.Put(accessNodeKey(id), encode(accessNodeRecord{ID: id, Addr: req.Addr, ISCSIPortal: req.IscsiPortal,
+			Name: req.Name, RegisteredMs: time.Now().UnixMilli(), Owner: owner}))
 		return nil
 	})
 	if err != nil {
@@ -103,7 +110,7 @@ func (h *handler) RegisterAccessNode(ctx context.Context, req *api.RegisterAcces
 	s.mu.Lock()
 	s.accessNodes[id] = &liveAN{last: time.Now()}
 	s.mu.Unlock()
-	s.log.Info("access node registered", "access_node", id, "addr", req.Addr, "name", req.Name)
+	s.log.Info("access node registered", "access_node", id, "nvmf_addr", req.Addr, "iscsi_portal", req.IscsiPortal, "name", req.Name)
 	return &api.RegisterAccessNodeResponse{Id: id}, nil
 }
 
@@ -225,8 +232,8 @@ func (s *Server) reassignANA(ctx context.Context, now time.Time) ([]*api.AccessN
 		if l == nil || now.Sub(l.last) > s.cfg.HeartbeatTimeout {
 			continue
 		}
-		nodes = append(nodes, &api.AccessNode{Id: r.ID, Addr: r.Addr, Name: r.Name, Online: true,
-			LastHeartbeatUnixMs: l.last.UnixMilli()})
+		nodes = append(nodes, &api.AccessNode{Id: r.ID, Addr: r.Addr, IscsiPortal: r.ISCSIPortal, Name: r.Name,
+			Online: true, LastHeartbeatUnixMs: l.last.UnixMilli()})
 		live = append(live, r.ID)
 		for _, h := range l.hosts {
 			k := [2]string{h.Subsystem, h.Host}
@@ -312,7 +319,7 @@ func (h *handler) ListANA(ctx context.Context, _ *api.ListANARequest) (*api.List
 	now := time.Now()
 	s.mu.Lock()
 	for _, r := range recs {
-		n := &api.AccessNode{Id: r.ID, Addr: r.Addr, Name: r.Name}
+		n := &api.AccessNode{Id: r.ID, Addr: r.Addr, IscsiPortal: r.ISCSIPortal, Name: r.Name}
 		if l := s.accessNodes[r.ID]; l != nil {
 			n.Online = now.Sub(l.last) <= s.cfg.HeartbeatTimeout
 			n.LastHeartbeatUnixMs = l.last.UnixMilli()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -152,5 +153,69 @@ func TestNVMfGroupSubsystem(t *testing.T) {
 	if len(hb.Subsystems) != 1 || hb.Subsystems[0].Nqn != "g" || !slices.Equal(hb.Subsystems[0].Volumes, []string{"b", "a"}) ||
 		hb.Subsystems[0].Policy != api.ANAPolicy_ANA_POLICY_BALANCE || len(hb.Nodes) != 1 {
 		t.Fatalf("heartbeat answer: %v", hb)
+	}
+}
+
+// TestAccessNodePortals: an access node may register an iSCSI portal, an
+// NVMe/TCP address or both; either keeps its id when it registers again;
+// ListANA gives the portals (for redirectors); a portal-only node is never
+// given an NVMe/TCP path; an address that is not host:port, or none, is
+// refused.
+func TestAccessNodePortals(t *testing.T) {
+	r := startMDS(t, Config{HeartbeatTimeout: time.Second})
+	t.Cleanup(func() { r.stop(t) })
+	waitActive(t, r, 30*time.Second)
+	c := dial(t, r.s.Addr())
+	ctx := ctxT(t)
+	for _, bad := range []*api.RegisterAccessNodeRequest{{}, {IscsiPortal: "no-port"}, {Addr: "10.0.0.1:4420", IscsiPortal: "x"}} {
+		if _, err := c.RegisterAccessNode(ctx, bad); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("RegisterAccessNode(%v): %v, want InvalidArgument", bad, err)
+		}
+	}
+	portal, err := c.RegisterAccessNode(ctx, &api.RegisterAccessNodeRequest{IscsiPortal: "10.0.0.1:3260", Name: "iscsi-only"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	both, err := c.RegisterAccessNode(ctx, &api.RegisterAccessNodeRequest{Addr: "10.0.0.2:4420", IscsiPortal: "10.0.0.2:3260", Name: "both"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := c.RegisterAccessNode(ctx, &api.RegisterAccessNodeRequest{IscsiPortal: "10.0.0.1:3260", Name: "iscsi-only"}); err != nil || again.Id != portal.Id {
+		t.Fatalf("the same portal again: id %v, %v; want %d", again.GetId(), err, portal.Id)
+	}
+	if again, err := c.RegisterAccessNode(ctx, &api.RegisterAccessNodeRequest{Addr: "10.0.0.2:4420", IscsiPortal: "10.0.0.2:3260", Name: "both"}); err != nil || again.Id != both.Id {
+		t.Fatalf("the same addresses again: id %v, %v; want %d", again.GetId(), err, both.Id)
+	}
+	host := []*api.NVMfHost{{Subsystem: "s", Host: "h", Nsids: []uint32{1}}}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := c.AccessNodeHeartbeat(ctx, &api.AccessNodeHeartbeatRequest{Id: portal.Id}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := c.AccessNodeHeartbeat(ctx, &api.AccessNodeHeartbeatRequest{Id: both.Id, Hosts: host})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Assignments) == 1 {
+			if a := resp.Assignments[0]; a.Optimized != both.Id || len(a.NonOptimized) != 0 {
+				t.Fatalf("paths %v: want the NVMe/TCP node %d optimized and no other (node %d has no NVMe/TCP address)", a, both.Id, portal.Id)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no ANA assignment within 60 s: %v", resp)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	l, err := c.ListANA(ctx, &api.ListANARequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[uint64]string{}
+	for _, n := range l.Nodes {
+		got[n.Id] = n.Addr + "|" + n.IscsiPortal
+	}
+	if got[portal.Id] != "|10.0.0.1:3260" || got[both.Id] != "10.0.0.2:4420|10.0.0.2:3260" {
+		t.Errorf("ListANA nodes %v", got)
 	}
 }

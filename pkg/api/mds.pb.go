@@ -3057,14 +3057,17 @@ func (x *ClusterStatusResponse) GetMovesInFlight() uint32 {
 	return 0
 }
 
-// AccessNode is a process serving NVMe/TCP (basalt nvmf).
+// AccessNode is a front-end process registered with the MDS: an NVMe/TCP
+// target in ANA multipath (basalt nvmf --multipath), an iSCSI portal a
+// redirector sends logins to (basalt iscsi --register), or both.
 type AccessNode struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
 	Id                  uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	Addr                string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"` // the NVMe/TCP address hosts reach it on (host:port)
+	Addr                string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"` // the NVMe/TCP address hosts reach it on (host:port); "": none
 	Name                string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
 	Online              bool                   `protobuf:"varint,4,opt,name=online,proto3" json:"online,omitempty"` // a heartbeat within the MDS's access-node timeout
 	LastHeartbeatUnixMs int64                  `protobuf:"varint,5,opt,name=last_heartbeat_unix_ms,json=lastHeartbeatUnixMs,proto3" json:"last_heartbeat_unix_ms,omitempty"`
+	IscsiPortal         string                 `protobuf:"bytes,6,opt,name=iscsi_portal,json=iscsiPortal,proto3" json:"iscsi_portal,omitempty"` // the iSCSI portal initiators reach it on (host:port); "": none
 	unknownFields       protoimpl.UnknownFields
 	sizeCache           protoimpl.SizeCache
 }
@@ -3134,11 +3137,21 @@ func (x *AccessNode) GetLastHeartbeatUnixMs() int64 {
 	return 0
 }
 
-// RegisterAccessNode returns the node's id; the same addr keeps its id.
+func (x *AccessNode) GetIscsiPortal() string {
+	if x != nil {
+		return x.IscsiPortal
+	}
+	return ""
+}
+
+// RegisterAccessNode returns the node's id; a node registering again with
+// the same NVMe/TCP address or iSCSI portal keeps its id. At least one of
+// the two is needed.
 type RegisterAccessNodeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Addr          string                 `protobuf:"bytes,1,opt,name=addr,proto3" json:"addr,omitempty"`
 	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	IscsiPortal   string                 `protobuf:"bytes,3,opt,name=iscsi_portal,json=iscsiPortal,proto3" json:"iscsi_portal,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3183,6 +3196,13 @@ func (x *RegisterAccessNodeRequest) GetAddr() string {
 func (x *RegisterAccessNodeRequest) GetName() string {
 	if x != nil {
 		return x.Name
+	}
+	return ""
+}
+
+func (x *RegisterAccessNodeRequest) GetIscsiPortal() string {
+	if x != nil {
+		return x.IscsiPortal
 	}
 	return ""
 }
@@ -4812,17 +4832,19 @@ const file_mds_proto_rawDesc = "" +
 	"\x0fmoves_in_flight\x18\v \x01(\rR\rmovesInFlight\x1aH\n" +
 	"\x1aLeadersPerChunkserverEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\x91\x01\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xb4\x01\n" +
 	"\n" +
 	"AccessNode\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x16\n" +
 	"\x06online\x18\x04 \x01(\bR\x06online\x123\n" +
-	"\x16last_heartbeat_unix_ms\x18\x05 \x01(\x03R\x13lastHeartbeatUnixMs\"C\n" +
+	"\x16last_heartbeat_unix_ms\x18\x05 \x01(\x03R\x13lastHeartbeatUnixMs\x12!\n" +
+	"\fiscsi_portal\x18\x06 \x01(\tR\viscsiPortal\"f\n" +
 	"\x19RegisterAccessNodeRequest\x12\x12\n" +
 	"\x04addr\x18\x01 \x01(\tR\x04addr\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\",\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12!\n" +
+	"\fiscsi_portal\x18\x03 \x01(\tR\viscsiPortal\",\n" +
 	"\x1aRegisterAccessNodeResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\"R\n" +
 	"\bNVMfHost\x12\x1c\n" +

@@ -97,6 +97,14 @@ type ISCSIConfig struct {
 	// serving a volume; 0: derived from the host name and the listener's
 	// address.
 	TargetPort uint16
+	// Register announces this portal to the MDS as an access node's, so
+	// that redirectors send logins here; AdvertiseAddr is the address
+	// initiators reach it on (default: the listener's).
+	Register      bool
+	AdvertiseAddr string
+	// Redirect makes this portal a redirector (docs/iscsi.md): it serves
+	// no volume and sends each login to a registered access node's portal.
+	Redirect bool
 }
 
 // NBDConfig says where the NBD front end listens; both empty: no NBD.
@@ -133,7 +141,11 @@ type Node struct {
 	nvmf    *nvmf.Server
 	iscsi   *iscsi.Server
 	addrs   []net.Addr
-	stopANA chan struct{} // closed by Close: ends anaLoop
+	stopANA chan struct{} // closed by Close: ends heartbeatLoop
+	kickANA chan struct{} // a heartbeat now: NVMe/TCP hosts came or went
+	reg     registration  // as an access node (Start only)
+	regMu   sync.Mutex
+	anaSrv  *nvmf.Server // in ANA multipath, under regMu
 	// reservations are the volumes' persistent reservations, in the MDS.
 	reservations *reservation.Cached
 	// chaps are the targets' CHAP records, in the MDS.
@@ -170,7 +182,7 @@ func Start(cfg Config) (*Node, error) {
 	if cfg.CHAPTTL <= 0 {
 		cfg.CHAPTTL = DefaultCHAPTTL
 	}
-	n := &Node{log: cfg.Logger, mds: mc, stopANA: make(chan struct{}),
+	n := &Node{log: cfg.Logger, mds: mc, stopANA: make(chan struct{}), kickANA: make(chan struct{}, 1),
 		reservations: reservation.NewCached(MDSReservations{MDS: mc}, cfg.ReservationTTL),
 		chaps:        newTargetCHAPs(mc, cfg.CHAPTTL)}
 	n.exports = frontend.NewExports(frontend.ExportsConfig{
@@ -193,7 +205,7 @@ func Start(cfg Config) (*Node, error) {
 		}
 	}
 	if cfg.ISCSI.Listen != "" {
-		if err := n.startISCSI(cfg.ISCSI); err != nil {
+		if err := n.startISCSI(cfg.ISCSI, cfg.ClientName); err != nil {
 			n.Close()
 			return nil, err
 		}
@@ -208,17 +220,17 @@ func (n *Node) startNVMf(cfg NVMfConfig, name string) error {
 	}
 	scfg := nvmf.Config{Exports: n.exports, Logger: n.log,
 		AllowedHosts: cfg.AllowedHosts, AdvertiseAddr: cfg.AdvertiseAddr, Reservations: n.reservations}
-	kick := make(chan struct{}, 1)
 	var id uint64
 	if cfg.Multipath {
-		if id, err = n.registerAccessNode(advertised(cfg.AdvertiseAddr, ln), name); err != nil {
+		n.reg.nvmf = advertised(cfg.AdvertiseAddr, ln)
+		if id, err = n.announce(name); err != nil {
 			ln.Close()
 			return err
 		}
 		scfg.Multipath, scfg.NodeID = true, id
 		scfg.HostsChanged = func() {
 			select {
-			case kick <- struct{}{}:
+			case n.kickANA <- struct{}{}:
 			default:
 			}
 		}
@@ -233,7 +245,13 @@ func (n *Node) startNVMf(cfg NVMfConfig, name string) error {
 	n.log.Info("serving NVMe/TCP", "addr", ln.Addr().String(), "subsystems", nvmf.VolumeNQNPrefix+"VOLUME",
 		"allowed_hosts", len(cfg.AllowedHosts), "access_node", id, "ana_multipath", cfg.Multipath)
 	if cfg.Multipath {
-		go n.anaLoop(id, srv, kick, n.stopANA)
+		n.regMu.Lock()
+		n.anaSrv = srv
+		n.regMu.Unlock()
+		select { // its paths at once, not at the next tick
+		case n.kickANA <- struct{}{}:
+		default:
+		}
 	}
 	go srv.Serve(ln)
 	return nil
@@ -290,9 +308,12 @@ func (n *Node) startNBD(cfg NBDConfig, m *nbd.Metrics) error {
 	return nil
 }
 
-func (n *Node) startISCSI(cfg ISCSIConfig) error {
+func (n *Node) startISCSI(cfg ISCSIConfig, name string) error {
 	if cfg.Cluster == "" {
 		cfg.Cluster = "basalt"
+	}
+	if cfg.Register && cfg.Redirect {
+		return errors.New("iSCSI: a redirector portal serves no volume: it cannot register as an access node too")
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -312,15 +333,27 @@ func (n *Node) startISCSI(cfg ISCSIConfig) error {
 	if !cfg.IgnoreTargetCHAP {
 		icfg.TargetCHAP = n.chaps.get
 	}
+	if cfg.Redirect {
+		icfg.Redirect = &redirector{mds: n.mds}
+	}
 	srv, err := iscsi.NewServer(icfg)
 	if err != nil {
 		ln.Close()
 		return err
 	}
+	var id uint64
+	if cfg.Register {
+		n.reg.iscsi = advertised(cfg.AdvertiseAddr, ln)
+		if id, err = n.announce(name); err != nil {
+			ln.Close()
+			return err
+		}
+	}
 	n.iscsi = srv
 	n.addrs = append(n.addrs, ln.Addr())
 	n.log.Info("serving iSCSI", "portal", ln.Addr().String(), "targets", iscsi.TargetName(cfg.Cluster, "VOLUME"),
-		"chap", cfg.CHAP != nil, "target_chap", !cfg.IgnoreTargetCHAP, "initiators_allowed", len(cfg.Initiators), "target_port", cfg.TargetPort)
+		"chap", cfg.CHAP != nil, "target_chap", !cfg.IgnoreTargetCHAP, "initiators_allowed", len(cfg.Initiators), "target_port", cfg.TargetPort,
+		"access_node", id, "redirector", cfg.Redirect)
 	go srv.Serve(ln)
 	return nil
 }

@@ -15,31 +15,48 @@ import (
 // sooner when a host connects or leaves).
 const anaInterval = time.Second
 
-// registerAccessNode registers this NVMe/TCP target with the MDS under the
-// address hosts reach it on, and returns its id.
-func (n *Node) registerAccessNode(addr, name string) (uint64, error) {
+// registration is this node's record in the MDS as an access node: the
+// addresses it registered, and its id once registered.
+type registration struct {
+	id          uint64
+	nvmf, iscsi string // the NVMe/TCP address and iSCSI portal hosts reach; "": not announced
+	loop        bool   // heartbeatLoop runs
+}
+
+// announce registers this node with the MDS under the addresses announced
+// so far (a second call, for the second protocol, keeps the id: the MDS
+// matches either address) and starts the heartbeats once.
+func (n *Node) announce(name string) (uint64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	resp, err := n.mds.RegisterAccessNode(ctx, &api.RegisterAccessNodeRequest{Addr: addr, Name: name})
+	resp, err := n.mds.RegisterAccessNode(ctx, &api.RegisterAccessNodeRequest{Addr: n.reg.nvmf, IscsiPortal: n.reg.iscsi, Name: name})
 	if err != nil {
-		return 0, fmt.Errorf("registering the NVMe/TCP access node %s with the MDS: %w", addr, err)
+		return 0, fmt.Errorf("registering the access node (NVMe/TCP %q, iSCSI portal %q) with the MDS: %w", n.reg.nvmf, n.reg.iscsi, err)
+	}
+	n.reg.id = resp.Id
+	if !n.reg.loop {
+		n.reg.loop = true
+		go n.heartbeatLoop(resp.Id, n.kickANA, n.stopANA)
 	}
 	return resp.Id, nil
 }
 
-// anaLoop heartbeats to the MDS with the hosts connected here and installs
-// the paths it answers with, until stop closes. Without an answer the last
+// heartbeatLoop heartbeats to the MDS (with the NVMe/TCP hosts connected
+// here, if this node serves NVMe/TCP in multipath) and installs the ANA
+// paths it answers with, until stop closes. Without an answer the last
 // paths stay.
-func (n *Node) anaLoop(id uint64, srv *nvmf.Server, kick <-chan struct{}, stop <-chan struct{}) {
+func (n *Node) heartbeatLoop(id uint64, kick <-chan struct{}, stop <-chan struct{}) {
 	t := time.NewTicker(anaInterval)
 	defer t.Stop()
 	var last uint64
 	failing := false
 	for {
-		hosts := srv.Hosts()
 		req := &api.AccessNodeHeartbeatRequest{Id: id}
-		for _, h := range hosts {
-			req.Hosts = append(req.Hosts, &api.NVMfHost{Subsystem: h.Subsystem, Host: h.Host, Nsids: h.NSIDs})
+		srv := n.anaServer()
+		if srv != nil {
+			for _, h := range srv.Hosts() {
+				req.Hosts = append(req.Hosts, &api.NVMfHost{Subsystem: h.Subsystem, Host: h.Host, Nsids: h.NSIDs})
+			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		resp, err := n.mds.AccessNodeHeartbeat(ctx, req)
@@ -47,15 +64,15 @@ func (n *Node) anaLoop(id uint64, srv *nvmf.Server, kick <-chan struct{}, stop <
 		switch {
 		case err != nil:
 			if !failing {
-				n.log.Warn("nvmf: access node heartbeat failed; keeping the last ANA states", "access_node", id, "err", err)
+				n.log.Warn("access node heartbeat failed; keeping the last ANA states", "access_node", id, "err", err)
 			}
 			failing = true
 		default:
 			if failing {
-				n.log.Info("nvmf: access node heartbeat works again", "access_node", id)
+				n.log.Info("access node heartbeat works again", "access_node", id)
 			}
 			failing = false
-			if resp.Revision != last {
+			if srv != nil && resp.Revision != last {
 				last = resp.Revision
 				srv.SetPaths(pathsOf(id, resp))
 			}
@@ -69,6 +86,13 @@ func (n *Node) anaLoop(id uint64, srv *nvmf.Server, kick <-chan struct{}, stop <
 	}
 }
 
+// anaServer is the NVMe/TCP server whose ANA paths the MDS assigns, or nil.
+func (n *Node) anaServer() *nvmf.Server {
+	n.regMu.Lock()
+	defer n.regMu.Unlock()
+	return n.anaSrv
+}
+
 // pathsOf turns the MDS's answer into this node's ANA states.
 func pathsOf(id uint64, resp *api.AccessNodeHeartbeatResponse) nvmf.Paths {
 	p := nvmf.Paths{States: map[nvmf.PathKey]nvmf.ANAState{}, Groups: map[string][]string{}}
@@ -78,7 +102,9 @@ func pathsOf(id uint64, resp *api.AccessNodeHeartbeatResponse) nvmf.Paths {
 		}
 	}
 	for _, an := range resp.Nodes {
-		p.Ports = append(p.Ports, nvmf.Port{ID: an.Id, Addr: an.Addr})
+		if an.Addr != "" { // not an iSCSI portal alone
+			p.Ports = append(p.Ports, nvmf.Port{ID: an.Id, Addr: an.Addr})
+		}
 	}
 	for _, a := range resp.Assignments {
 		st := nvmf.ANAInaccessible

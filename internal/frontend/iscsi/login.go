@@ -17,6 +17,7 @@ import (
 // Login status classes and details (RFC 7143 11.13.5).
 const (
 	statusSuccess           = 0x0000
+	statusMovedTemporarily  = 0x0101
 	statusInitiatorError    = 0x0200
 	statusAuthFailure       = 0x0201
 	statusAuthorization     = 0x0202
@@ -43,6 +44,7 @@ const (
 type loginFailure struct {
 	status uint16
 	why    string
+	text   []byte // the response's keys (a redirection's TargetAddress)
 }
 
 func (f *loginFailure) Error() string {
@@ -159,8 +161,12 @@ func (c *conn) loginRespond(p *pdu, status uint16, transit bool, text []byte) er
 
 // loginRefuse answers p with f's status and returns f.
 func (c *conn) loginRefuse(p *pdu, f *loginFailure) error {
-	c.log.Warn("iscsi: login refused", "status", fmt.Sprintf("%#04x", f.status), "why", f.why)
-	c.loginRespond(p, f.status, false, nil)
+	if f.status>>8 == statusMovedTemporarily>>8 {
+		c.log.Info("iscsi: login redirected", "to", f.why)
+	} else {
+		c.log.Warn("iscsi: login refused", "status", fmt.Sprintf("%#04x", f.status), "why", f.why)
+	}
+	c.loginRespond(p, f.status, false, f.text)
 	return f
 }
 
@@ -226,6 +232,9 @@ func (c *conn) negotiate(st *loginState, p *pdu, keys []kv) (resp []byte, transi
 				return nil, false, refuse(statusUnavailable, "volume %q: %v", vol, err)
 			}
 			c.volume = vol
+			if cfg.Redirect != nil {
+				return nil, false, c.redirect(vol)
+			}
 			if !c.s.allowed(c.initiator) {
 				return nil, false, refuse(statusAuthorization, "initiator not on the allow-list")
 			}
@@ -465,6 +474,20 @@ func (c *conn) operationalKey(k, v string) (string, bool) {
 		return "NotUnderstood", true
 	}
 	return "Reject", true
+}
+
+// redirect answers a login to vol's target with the portal the redirector
+// chooses: the initiator logs in there instead (RFC 7143 6.2.1). No portal
+// answers: 0x0301, which initiators retry.
+func (c *conn) redirect(vol string) error {
+	ctx, cancel := c.loginContext()
+	portal, err := c.s.cfg.Redirect.Portal(ctx, vol)
+	cancel()
+	if err != nil {
+		return refuse(statusUnavailable, "no access node to send the login to: %v", err)
+	}
+	return &loginFailure{status: statusMovedTemporarily, why: portal,
+		text: appendText(nil, "TargetAddress", portal+",1")}
 }
 
 func (c *conn) loginContext() (context.Context, context.CancelFunc) {

@@ -82,6 +82,23 @@ type Config struct {
 	// MaxRecvDataSegment is the MaxRecvDataSegmentLength this target
 	// declares. Default 256 KiB.
 	MaxRecvDataSegment int
+
+	// Redirect, if set, makes this portal a redirector: it serves no
+	// volume; a normal session's login is answered "target moved
+	// temporarily" (RFC 7143 11.13.5) with the portal Redirect chooses
+	// for the target, and SendTargets lists every portal it knows for
+	// every target (for multipath). Exports is still needed: it says
+	// which targets exist.
+	Redirect Redirector
+}
+
+// Redirector chooses access nodes' portals for a redirector (Config.Redirect).
+type Redirector interface {
+	// Portal returns the portal (host:port) a login to the volume's target
+	// goes to.
+	Portal(ctx context.Context, volume string) (string, error)
+	// Portals returns every portal that serves targets (host:port).
+	Portals(ctx context.Context) ([]string, error)
 }
 
 func (c *Config) setDefaults() error {

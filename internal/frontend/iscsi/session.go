@@ -227,11 +227,25 @@ func (c *conn) sendTargets(v string) []byte {
 			}
 		}
 	}
-	portal := c.portal()
+	portals := []string{c.portal()}
+	if c.s.cfg.Redirect != nil {
+		ctx, cancel := context.WithTimeout(c.s.ctx, c.s.cfg.LoginTimeout)
+		ps, err := c.s.cfg.Redirect.Portals(ctx)
+		cancel()
+		if err != nil {
+			c.log.Warn("iscsi: SendTargets: listing the access nodes' portals failed", "err", err)
+		}
+		portals = portals[:0]
+		for _, p := range ps {
+			portals = append(portals, p+",1")
+		}
+	}
 	var out []byte
 	for _, n := range names {
 		out = appendText(out, "TargetName", n)
-		out = appendText(out, "TargetAddress", portal)
+		for _, p := range portals {
+			out = appendText(out, "TargetAddress", p)
+		}
 	}
 	return out
 }
