@@ -15,6 +15,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/frontend"
 	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
 	"github.com/basalt-storage/basalt/internal/frontend/nvmf"
+	"github.com/basalt-storage/basalt/internal/nvmftshark"
 )
 
 // startTarget serves an 8 MiB volume "vol" on a free loopback port.
@@ -116,7 +117,7 @@ func exercise(t *testing.T, addr string, disk *frontendtest.Disk, o Options) {
 // every PDU without a malformed packet or error (issue 17's judge).
 func TestHostAgainstTarget(t *testing.T) {
 	addr, disk := startTarget(t)
-	cap := startCapture(t, addr)
+	cap := nvmftshark.Start(t, addr)
 	sessions := []Options{{}, {HeaderDigest: true, DataDigest: true}, {NoInCapsule: true, DataDigest: true}}
 	for _, o := range sessions {
 		t.Run(fmt.Sprintf("hdgst=%v,ddgst=%v,r2t-only=%v", o.HeaderDigest, o.DataDigest, o.NoInCapsule), func(t *testing.T) {
@@ -127,6 +128,8 @@ func TestHostAgainstTarget(t *testing.T) {
 		if cap == nil {
 			t.Skip("no capture: tshark or dumpcap missing or not allowed to capture (see the log above)")
 		}
-		cap.check(t, 3*len(sessions)) // an admin and two I/O queues each
+		cap.Check(t, 3*len(sessions), nvmftshark.Want{Digests: true, // an admin and two I/O queues a session
+			PDUs: map[int]int{PDUICReq: 3 * len(sessions), PDUICResp: 3 * len(sessions), PDUCapsuleCmd: 100,
+				PDUCapsuleRsp: 50, PDUH2CData: 10, PDUC2HData: 30, PDUR2T: 10}})
 	})
 }

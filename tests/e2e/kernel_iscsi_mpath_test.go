@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,8 +15,11 @@ import (
 	"github.com/basalt-storage/basalt/internal/testutil"
 )
 
-// Two access nodes under the guest kernel's dm-multipath: the guest logs in to
-// the volume's target through two `basalt iscsi` portals, sees one disk twice
+// Two access nodes under the guest kernel's dm-multipath, found through a
+// redirector portal: the guest's login to the redirector is sent on to one
+// access node (and served there, with mutual CHAP); its discovery through
+// the redirector lists both nodes' portals, as they registered them with
+// the MDS; it logs in to the volume's target through both, sees one disk twice
 // (the same WWID, from VPD page 0x83), and puts a multipath map over both
 // (the kernel's dm-multipath target, active/passive — one priority group per
 // path — with queue_if_no_path; the map is made with dmsetup: multipath-tools
@@ -29,8 +33,12 @@ func TestKernelISCSIMultipath(t *testing.T) {
 	})
 	p := startPlayground(t, "1GiB")
 	ports := []int{testutil.FreePort(t), testutil.FreePort(t)}
-	first, _ := startISCSI(t, p, ports[0])
-	startISCSI(t, p, ports[1])
+	// The access nodes register the address the guest reaches them at.
+	first, _ := startISCSI(t, p, ports[0], "--register", "--advertise", fmt.Sprintf("10.0.2.2:%d", ports[0]))
+	startISCSI(t, p, ports[1], "--register", "--advertise", fmt.Sprintf("10.0.2.2:%d", ports[1]))
+	redir := testutil.FreePort(t)
+	startAccessCmd(t, redir, "iscsi", "--redirect", "--mds", p.st.MDS, "--tls-dir", p.st.TLSDir, "--tls-cert", "access-playground",
+		"--listen", "127.0.0.1:"+strconv.Itoa(redir), "--cluster", iscsiTestCluster)
 	target := iscsi.TargetName(iscsiTestCluster, p.st.Volume)
 	guest := guestRunner(t, h, nil)
 	t.Cleanup(func() {
@@ -40,12 +48,32 @@ func TestKernelISCSIMultipath(t *testing.T) {
 	})
 
 	guest(time.Minute, startIscsid(guestInitiator))
+	// A login to the redirector's portal: the kernel follows the
+	// redirection to an access node, which serves the session.
+	viaRedir := fmt.Sprintf("iscsiadm -m node -T %s -p 10.0.2.2:%d", target, redir)
+	guest(time.Minute, viaRedir+" -o new >/dev/null && "+nodeAuth(viaRedir, chapSecret))
+	guest(3*time.Minute, viaRedir+" --login && for i in $(seq 120); do [ -b /dev/sda ] && break; sleep 1; done; [ -b /dev/sda ]")
+	session := guest(time.Minute, "iscsiadm -m session -P 1")
+	current := regexp.MustCompile(`Current Portal: (\S+?),`).FindStringSubmatch(session)
+	if current == nil || (current[1] != fmt.Sprintf("10.0.2.2:%d", ports[0]) && current[1] != fmt.Sprintf("10.0.2.2:%d", ports[1])) {
+		t.Fatalf("a login through the redirector 10.0.2.2:%d did not end at an access node's portal %v:\n%s", redir, ports, session)
+	}
+	guest(3*time.Minute, viaRedir+" --logout && "+viaRedir+" -o delete && for i in $(seq 60); do [ -b /dev/sda ] || break; sleep 1; done; [ ! -b /dev/sda ]")
+
+	// Discovery through the redirector lists the target at both access
+	// nodes' portals; the guest logs in through each.
+	disc := guest(2*time.Minute, fmt.Sprintf("iscsiadm -m discovery -t sendtargets -p 10.0.2.2:%d", redir))
+	for _, port := range ports {
+		if want := fmt.Sprintf("10.0.2.2:%d,1 %s", port, target); !strings.Contains(disc, want) {
+			t.Fatalf("discovery through the redirector does not list %q:\n%s", want, disc)
+		}
+	}
 	for _, port := range ports {
 		node := fmt.Sprintf("iscsiadm -m node -T %s -p 10.0.2.2:%d", target, port)
 		// A short replacement timeout, as multipath setups use: IO on a path
 		// whose portal is gone fails after 5 s, so dm-multipath retries it on
 		// the other path (the default 120 s would stall it that long).
-		guest(time.Minute, node+" -o new >/dev/null && "+nodeAuth(node, chapSecret)+" && "+
+		guest(time.Minute, nodeAuth(node, chapSecret)+" && "+
 			node+" -o update -n node.session.timeo.replacement_timeout -v 5")
 		guest(3*time.Minute, node+" --login")
 	}

@@ -150,7 +150,7 @@ func TestKernelISCSI(t *testing.T) {
 // startISCSI runs `basalt iscsi` on port over p's cluster, requiring mutual
 // CHAP and allowing only guestInitiator, and returns the process and its log
 // file.
-func startISCSI(t *testing.T, p *pg, port int) (*exec.Cmd, string) {
+func startISCSI(t *testing.T, p *pg, port int, extra ...string) (*exec.Cmd, string) {
 	t.Helper()
 	dir := t.TempDir()
 	secret, mutual := filepath.Join(dir, "chap"), filepath.Join(dir, "chap-mutual")
@@ -160,10 +160,10 @@ func startISCSI(t *testing.T, p *pg, port int) (*exec.Cmd, string) {
 	if err := os.WriteFile(mutual, []byte(chapMutualSecr+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return startAccessCmd(t, port, "iscsi", "--mds", p.st.MDS, "--tls-dir", p.st.TLSDir, "--tls-cert", "access-playground",
-		"--listen", "127.0.0.1:"+strconv.Itoa(port), "--cluster", iscsiTestCluster, "--initiator", guestInitiator,
+	return startAccessCmd(t, port, append([]string{"iscsi", "--mds", p.st.MDS, "--tls-dir", p.st.TLSDir, "--tls-cert", "access-playground",
+		"--listen", "127.0.0.1:" + strconv.Itoa(port), "--cluster", iscsiTestCluster, "--initiator", guestInitiator,
 		"--chap-user", chapUser, "--chap-secret-file", secret,
-		"--chap-mutual-user", chapMutualUser, "--chap-mutual-secret-file", mutual)
+		"--chap-mutual-user", chapMutualUser, "--chap-mutual-secret-file", mutual}, extra...)...)
 }
 
 // guestFSBytes is the size of the file system mounted at dir in the guest

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/nvmftshark"
 	"github.com/basalt-storage/basalt/internal/testcluster"
 	"github.com/basalt-storage/basalt/internal/testhost"
 	"github.com/basalt-storage/basalt/internal/testutil"
@@ -40,6 +41,10 @@ func TestKernelNVMeTCP(t *testing.T) {
 	booted := time.Now()
 	p := startPlayground(t, "1GiB")
 	port, logPath := startNVMf(t, p.st.MDS, p.st.TLSDir)
+	// The guest's connections reach the target through QEMU's user-mode
+	// network, as connections to the host's loopback: captured there,
+	// tshark judges the kernel's traffic and the target's answers.
+	capture := nvmftshark.Start(t, fmt.Sprintf("127.0.0.1:%d", port))
 	nqn := nvmfVolumeNQN + p.st.Volume
 	guest := guestRunner(t, h, func() string { return tailFile(logPath, 60) })
 	t.Cleanup(func() {
@@ -93,6 +98,14 @@ func TestKernelNVMeTCP(t *testing.T) {
 		t.Fatalf("files after unmount, disconnect, connect and mount:\n%swant:\n%s", got, sums)
 	}
 	guest(3*time.Minute, fmt.Sprintf("umount /mnt/vol && nvme disconnect -n %s", nqn))
+	if capture == nil {
+		t.Log("tshark's judge skipped: no capture (tshark or dumpcap missing or not allowed to capture; see above)")
+	} else {
+		// Two discoveries, a refused connect, two controllers (an admin and
+		// at least one I/O queue each); every command the kernel sent.
+		capture.Check(t, 7, nvmftshark.Want{Digests: true, PDUs: map[int]int{nvmftshark.ICReq: 7, nvmftshark.ICResp: 6,
+			nvmftshark.CapsuleCmd: 5000, nvmftshark.CapsuleRsp: 5000, nvmftshark.C2HData: 1000}})
+	}
 	logf(t, "kernel NVMe/TCP: guest up in %s (kernel %s); discover+refusal+connect with digests %s; "+
 		"fio randwrite 4 KiB iodepth 16 with crc32c verify: %.0f write IOPS, %.0f verify-read IOPS (%s, emulated CPU); "+
 		"ext4 + files + reconnect %s; whole test %s",

@@ -85,6 +85,7 @@ var rules = []rule{
 	{pkg: "internal/testutil", may: withLeaves(), why: "test support"},
 	{pkg: "internal/linearize", why: "test support: histories checked for linearizability (porcupine)"},
 	{pkg: "internal/lazyfs", why: "test support: a FUSE file system that forgets what was not fsynced"},
+	{pkg: "internal/nvmftshark", why: "test support: tshark's dissector judges captured NVMe/TCP traffic"},
 	{pkg: "tests/...", may: []string{"..."}, why: "tests use anything"},
 	{pkg: "deploy", may: []string{"internal/csi", "internal/testcluster"}, why: "Kubernetes manifests and the Helm chart; their test checks them against the driver"},
 }
@@ -92,7 +93,7 @@ var rules = []rule{
 // testSupport: these packages and those under them support tests; production code
 // never imports them.
 var testSupport = []string{"internal/testcluster", "internal/testhost", "internal/testutil", "internal/linearize", "internal/lazyfs",
-	"internal/frontend/frontendtest"}
+	"internal/frontend/frontendtest", "internal/nvmftshark"}
 
 func isTestSupport(rel string) bool {
 	for _, t := range testSupport {

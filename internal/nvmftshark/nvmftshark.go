@@ -1,4 +1,9 @@
-package nvmfhost
+// Package nvmftshark judges captured NVMe/TCP traffic with tshark's
+// dissector, for tests: dumpcap records one TCP port on the loopback
+// interface (where a QEMU guest's connections to 10.0.2.2 arrive, through
+// its user-mode network), and tshark must decode every PDU of it without a
+// malformed packet or an error, with both digests checked.
+package nvmftshark
 
 import (
 	"bytes"
@@ -14,8 +19,8 @@ import (
 	"time"
 )
 
-// capture is dumpcap recording one TCP port on the loopback interface.
-type capture struct {
+// Capture is dumpcap recording one TCP port on the loopback interface.
+type Capture struct {
 	port   string
 	file   string
 	cmd    *exec.Cmd
@@ -41,9 +46,9 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// startCapture starts dumpcap on lo for addr's port and waits until it
-// captures; nil (logged) when tshark or dumpcap is missing or cannot capture.
-func startCapture(t *testing.T, addr string) *capture {
+// Start starts dumpcap on lo for addr's port and waits until it captures;
+// nil (logged) when tshark or dumpcap is missing or cannot capture.
+func Start(t testing.TB, addr string) *Capture {
 	t.Helper()
 	for _, tool := range []string{"tshark", "dumpcap"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -55,7 +60,7 @@ func startCapture(t *testing.T, addr string) *capture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &capture{port: port, file: filepath.Join(t.TempDir(), "nvme-tcp.pcapng"), exited: make(chan struct{}), stderr: &syncBuffer{}}
+	c := &Capture{port: port, file: filepath.Join(t.TempDir(), "nvme-tcp.pcapng"), exited: make(chan struct{}), stderr: &syncBuffer{}}
 	// A 256 MiB kernel buffer: with the default 2 MiB, a loaded machine
 	// that keeps dumpcap off the CPU loses packets of the larger writes.
 	c.cmd = exec.Command("dumpcap", "-i", "lo", "-B", "256", "-f", "tcp port "+port, "-w", c.file)
@@ -97,7 +102,7 @@ func startCapture(t *testing.T, addr string) *capture {
 	}
 }
 
-func (c *capture) stop() {
+func (c *Capture) stop() {
 	_ = syscall.Kill(c.cmd.Process.Pid, syscall.SIGTERM)
 	select {
 	case <-c.exited:
@@ -117,7 +122,7 @@ func lastLines(s string, n int) string {
 
 // tshark runs tshark on the capture, decoding the port as NVMe/TCP with
 // both digests checked, with display filter filter and extra arguments.
-func (c *capture) tshark(t *testing.T, filter string, extra ...string) string {
+func (c *Capture) tshark(t testing.TB, filter string, extra ...string) string {
 	t.Helper()
 	out, err := c.try(filter, extra...)
 	if err != nil {
@@ -126,7 +131,7 @@ func (c *capture) tshark(t *testing.T, filter string, extra ...string) string {
 	return out
 }
 
-func (c *capture) try(filter string, extra ...string) (string, error) {
+func (c *Capture) try(filter string, extra ...string) (string, error) {
 	args := append([]string{"-r", c.file, "-d", "tcp.port==" + c.port + ",nvme-tcp",
 		"-o", "nvme-tcp.check_hdgst:TRUE", "-o", "nvme-tcp.check_ddgst:TRUE", "-Y", filter}, extra...)
 	var stderr bytes.Buffer
@@ -139,8 +144,8 @@ func (c *capture) try(filter string, extra ...string) (string, error) {
 	return string(out), nil
 }
 
-// pduCounts counts the NVMe/TCP PDUs of each type tshark decodes.
-func (c *capture) pduCounts(t *testing.T) map[int]int {
+// PDUCounts counts the NVMe/TCP PDUs of each type tshark decodes.
+func (c *Capture) PDUCounts(t testing.TB) map[int]int {
 	n := map[int]int{}
 	for _, line := range strings.Split(c.tshark(t, "nvme-tcp", "-T", "fields", "-e", "nvme-tcp.type"), "\n") {
 		for _, f := range strings.Split(strings.TrimSpace(line), ",") {
@@ -152,10 +157,30 @@ func (c *capture) pduCounts(t *testing.T) map[int]int {
 	return n
 }
 
-// check waits until the capture holds every connection's end, stops it, and
-// requires tshark to find no malformed PDU and no error, and the PDUs the
-// sessions sent.
-func (c *capture) check(t *testing.T, conns int) {
+// PDU types (NVMe/TCP 3.3), for Want.
+const (
+	ICReq      = 0x00
+	ICResp     = 0x01
+	H2CTermReq = 0x02
+	C2HTermReq = 0x03
+	CapsuleCmd = 0x04
+	CapsuleRsp = 0x05
+	H2CData    = 0x06
+	C2HData    = 0x07
+	R2T        = 0x09
+)
+
+// Want is what Check requires of a capture besides no malformed PDU and no
+// error: at least so many PDUs of each type, and good digests.
+type Want struct {
+	PDUs    map[int]int
+	Digests bool // header and data digests, each checked good by tshark somewhere
+}
+
+// Check waits until the capture holds the end of every connection (at least
+// conns of them, all ended), stops it, and requires tshark to find no
+// malformed PDU and no error, and what want names. It returns the PDU counts.
+func (c *Capture) Check(t testing.TB, conns int, want Want) map[int]int {
 	t.Helper()
 	// The end of every connection (the sessions' and the captured probes'),
 	// both FINs or a reset, is the last the sessions caused.
@@ -178,22 +203,23 @@ func (c *capture) check(t *testing.T, conns int) {
 	if bad := strings.TrimSpace(c.tshark(t, "_ws.malformed || _ws.expert.severity == error")); bad != "" {
 		t.Fatalf("tshark finds malformed PDUs or errors:\n%s", lastLines(bad, 30))
 	}
-	// The digest sessions' digests are there and good (tshark checks them).
-	if d := strings.Count(c.tshark(t, "nvme-tcp.ddgst.status == 1", "-T", "fields", "-e", "frame.number"), "\n"); d == 0 {
-		t.Error("tshark finds no PDU with a good data digest")
+	if want.Digests {
+		// The digest sessions' digests are there and good (tshark checks them).
+		if d := strings.Count(c.tshark(t, "nvme-tcp.ddgst.status == 1", "-T", "fields", "-e", "frame.number"), "\n"); d == 0 {
+			t.Error("tshark finds no PDU with a good data digest")
+		}
+		if d := strings.Count(c.tshark(t, "nvme-tcp.hdgst.status == 1", "-T", "fields", "-e", "frame.number"), "\n"); d == 0 {
+			t.Error("tshark finds no PDU with a good header digest")
+		}
 	}
-	if d := strings.Count(c.tshark(t, "nvme-tcp.hdgst.status == 1", "-T", "fields", "-e", "frame.number"), "\n"); d == 0 {
-		t.Error("tshark finds no PDU with a good header digest")
-	}
-	n := c.pduCounts(t)
-	t.Logf("tshark decoded PDUs by type: %v", n)
-	want := map[int]int{PDUICReq: conns, PDUICResp: conns, PDUCapsuleCmd: 100, PDUCapsuleRsp: 50,
-		PDUH2CData: 10, PDUC2HData: 30, PDUR2T: 10}
-	for typ, min := range want {
+	n := c.PDUCounts(t)
+	t.Logf("tshark decoded NVMe/TCP PDUs by type: %v", n)
+	for typ, min := range want.PDUs {
 		if n[typ] < min {
 			t.Errorf("tshark decoded %d PDUs of type %#x, want at least %d (all: %v)", n[typ], typ, min, n)
 		}
 	}
+	return n
 }
 
 // streamEnds reads tshark's fields (stream, source port, SYN, FIN, RST) of
