@@ -6,10 +6,12 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
 	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
+	"github.com/basalt-storage/basalt/pkg/api"
 )
 
 // send writes one command without waiting for its response (an AER).
@@ -217,5 +219,37 @@ func TestGroupSubsystem(t *testing.T) {
 	other := dialInit(t, ln.Addr().String(), false, false)
 	if r, _ := other.connect(VolumeNQNPrefix+"a", hostA, 0, 0xffff, 0); r.status != scConnectInvalid {
 		t.Fatalf("connect to a grouped volume's own subsystem: status %#x", r.status)
+	}
+}
+
+// TestFencedWriteFinalOnSingleNode: a write the backend refuses as fenced (a
+// newer writer took the volume) gets ANA Inaccessible; on a single access
+// node it carries DNR — the host has no other path and the attachment stays
+// fenced, so a retry could only loop — and the next write is refused too;
+// on a Multipath node it does not (the host fails over to another path).
+func TestFencedWriteFinalOnSingleNode(t *testing.T) {
+	for _, multipath := range []bool{false, true} {
+		s, addr, disk := startServer(t, func(c *Config) { c.Multipath = multipath })
+		var fenced atomic.Bool
+		disk.Fail = func(api.Op, int64, int64) error {
+			if fenced.Load() {
+				return frontend.ErrFenced
+			}
+			return nil
+		}
+		if multipath {
+			key := PathKey{VolumeNQNPrefix + "vol", hostA, 1}
+			s.SetPaths(Paths{Ports: []Port{{1, "10.0.0.1:4420"}}, States: map[PathKey]ANAState{key: ANAOptimized}})
+		}
+		_, ioq := session(t, addr, false, false)
+		data := make([]byte, 4096)
+		ioq.must(ioq.do(rw(ioWrite, 8, 8), data, true, 0))
+		fenced.Store(true)
+		for i := range 2 {
+			r, _ := ioq.do(rw(ioWrite, 16, 8), data, true, 0)
+			if r.status != scANAInaccessible || r.dnr == multipath {
+				t.Fatalf("multipath %v, fenced write %d: status %#x dnr %v; want ANA Inaccessible, DNR %v", multipath, i+1, r.status, r.dnr, !multipath)
+			}
+		}
 	}
 }

@@ -31,6 +31,20 @@ func statusOf(err error) uint16 {
 	return scInternal
 }
 
+// status is statusOf for this server. A single access node (not Multipath)
+// keeps a fenced attachment until the host reconnects, and the host has no
+// other path: ANA Inaccessible there is final, so it carries DNR. Without it
+// the kernel's multipath head (CMIC says multi-controller) re-reads the ANA
+// log, finds the path optimized and resubmits the write, forever: the fenced
+// node's late write hangs instead of failing.
+func (c *conn) status(err error) uint16 {
+	sc := statusOf(err)
+	if sc == scANAInaccessible && !c.s.cfg.Multipath {
+		sc |= dnr
+	}
+	return sc
+}
+
 // submit runs one backend IO for cmd; done runs with the classified error.
 func (c *conn) submit(op api.Op, buf []byte, off, n int64, done func(error)) {
 	c.wg.Add(1)
@@ -123,7 +137,7 @@ func (c *conn) io(cmd *command) {
 		buf := make([]byte, n)
 		c.submit(api.OpRead, buf, off, n, func(err error) {
 			if err != nil {
-				c.complete(cmd, statusOf(err), 0, 0)
+				c.complete(cmd, c.status(err), 0, 0)
 				return
 			}
 			c.completeData(cmd, buf)
@@ -136,7 +150,7 @@ func (c *conn) io(cmd *command) {
 		c.submit(api.OpRead, buf, off, n, func(err error) {
 			switch {
 			case err != nil:
-				c.complete(cmd, statusOf(err), 0, 0)
+				c.complete(cmd, c.status(err), 0, 0)
 			case !bytes.Equal(buf, cmd.data):
 				c.complete(cmd, scCompareFailed|dnr, 0, 0)
 			default:
@@ -158,7 +172,7 @@ func (c *conn) io(cmd *command) {
 
 func (c *conn) done(cmd *command, err error) {
 	if err != nil {
-		c.complete(cmd, statusOf(err), 0, 0)
+		c.complete(cmd, c.status(err), 0, 0)
 		return
 	}
 	c.complete(cmd, scSuccess, 0, 0)
