@@ -36,7 +36,9 @@
 // 16-byte FIFO, so commands travel on a virtio-serial port instead. QEMU's
 // user-mode network gives the guest 10.0.2.15 and maps 10.0.2.2 to this host's
 // loopback, so the guest reaches servers listening on 127.0.0.1; the traffic
-// stays inside QEMU, and the guest has no default route.
+// stays inside QEMU, and the guest has no default route. Config.Forward goes the
+// other way: a port of this host's loopback forwarded to a guest port, so a
+// test reaches a server in the guest (the CSI node plugin's gRPC).
 //
 // # The command channel
 //

@@ -36,8 +36,20 @@ type Config struct {
 	// CacheDir/kernel) and the initramfs images. Default: $BASALT_TESTHOST_CACHE,
 	// else .cache/testhost in the Go module's root above the working directory.
 	CacheDir string
+	// Forward are TCP ports of this host's loopback that QEMU forwards to
+	// ports of the guest (user-mode networking's hostfwd): a connection to
+	// 127.0.0.1:HostPort reaches a server listening on GuestPort in the guest.
+	Forward []Forward
 	// Logf, when set, gets a line when the guest is up and when it is down.
 	Logf func(format string, args ...any)
+}
+
+// Forward is one forwarded port: 127.0.0.1:HostPort on this host to the
+// guest's GuestPort. QEMU listens on HostPort from the start (it must be
+// free); a connection made before a guest server listens is accepted and
+// then closed.
+type Forward struct {
+	HostPort, GuestPort int
 }
 
 // ErrUnavailable means this machine lacks something a test host needs: QEMU,
@@ -213,9 +225,18 @@ func qemuArgs(cfg Config, k *kernel, initramfs, sock string) []string {
 		"-device", "virtio-serial-pci",
 		"-chardev", "socket,id=agent,path=" + sock,
 		"-device", "virtserialport,chardev=agent,name=" + wire.PortName,
-		"-netdev", "user,id=net0", // the guest reaches the host's loopback as 10.0.2.2
+		"-netdev", netdev(cfg.Forward), // the guest reaches the host's loopback as 10.0.2.2
 		"-device", "virtio-net-pci,netdev=net0",
 	}
+}
+
+// netdev is the user-mode network, with the ports fw forwards to the guest.
+func netdev(fw []Forward) string {
+	s := "user,id=net0"
+	for _, f := range fw {
+		s += fmt.Sprintf(",hostfwd=tcp:127.0.0.1:%d-:%d", f.HostPort, f.GuestPort)
+	}
+	return s
 }
 
 // connect takes QEMU's connection to the command channel's socket.
