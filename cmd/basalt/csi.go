@@ -23,7 +23,8 @@ func csiCommand() *cobra.Command {
 	mdsAddrs := mdsFlag(cmd)
 	host, _ := os.Hostname()
 	f := cmd.Flags()
-	endpoint := f.String("endpoint", envOr("CSI_ENDPOINT", "unix:///csi/csi.sock"), "Unix socket to serve CSI on (env CSI_ENDPOINT)")
+	endpoint := f.String("endpoint", envOr("CSI_ENDPOINT", "unix:///csi/csi.sock"),
+		"where to serve CSI (env CSI_ENDPOINT): unix:///path, or tcp://host:port for tests and loopback only (CSI has no authentication)")
 	mode := f.String("mode", "all", "services to serve: controller, node or all")
 	driver := f.String("driver-name", csi.DriverName, "the CSI driver name (CSIDriver object, StorageClass provisioner)")
 	nodeID := f.String("node-id", envOr("NODE_ID", host), "this node's id: the Kubernetes node name (env NODE_ID)")
@@ -31,6 +32,7 @@ func csiCommand() *cobra.Command {
 	stateDir := f.String("state-dir", "/var/lib/basalt-csi", "node: where the NBD socket and per-volume state live")
 	attach := f.String("attach", "auto", "node: how to attach volumes: auto (NVMe/TCP if nvme-cli and nvme-tcp are there, else kernel NBD if loaded, else iSCSI if iscsiadm and iscsi_tcp are, else nbdfuse + loop), nvmf, nbd, iscsi or nbdfuse")
 	nvmfDiscovery := f.String("nvmf-discovery", "", "node: the discovery controller (host:port) of the cluster's basalt nvmf --multipath access nodes: NVMe/TCP stages connect to every path it lists (empty: the plugin's own loopback target)")
+	nvmfTarget := f.String("nvmf-target", "", "node: the NVMe/TCP target (host:port) of a basalt nvmf access node: NVMe/TCP stages connect there (empty: the plugin's own loopback target)")
 	maxVolumes := f.Int64("max-volumes", 0, "node: the attach limit reported to Kubernetes (0: the NBD device count for kernel NBD, else 128)")
 	tf := addTLSFlags(cmd, identity.RoleAdmin, identity.RoleAccess)
 	cmd.RunE = func(*cobra.Command, []string) error {
@@ -44,7 +46,7 @@ func csiCommand() *cobra.Command {
 		}
 		d, err := csi.Start(csi.Config{
 			Endpoint: *endpoint, MDS: splitList(*mdsAddrs), MDSTLS: mdsTLS, DataTLS: dataTLS, Mode: *mode, DriverName: *driver,
-			NodeID: *nodeID, Zone: *zone, Server: host, StateDir: *stateDir, Attach: *attach, MaxVolumes: *maxVolumes, NVMfDiscovery: *nvmfDiscovery,
+			NodeID: *nodeID, Zone: *zone, Server: host, StateDir: *stateDir, Attach: *attach, MaxVolumes: *maxVolumes, NVMfDiscovery: *nvmfDiscovery, NVMfTarget: *nvmfTarget,
 			Logger: slog.Default(),
 		})
 		if err != nil {

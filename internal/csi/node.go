@@ -245,6 +245,10 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 			}
 			break
 		}
+		if t := n.d.cfg.NVMfTarget; t != "" {
+			err = attachNVMfAt(ctx, st, t, "")
+			break
+		}
 		err = n.attachNVMf(ctx, st)
 	case ProtocolNBD:
 		err = n.attachNBD(ctx, st)

@@ -44,7 +44,10 @@ const (
 
 // Config configures Serve.
 type Config struct {
-	// Endpoint is the Unix socket to serve CSI on: unix:///path or a path.
+	// Endpoint is where to serve CSI: a Unix socket (unix:///path or a
+	// path), or tcp://host:port. TCP is for tests and loopback only: CSI
+	// has no authentication, so anyone who reaches the port can stage,
+	// mount and delete volumes (a kubelet always uses the Unix socket).
 	Endpoint string
 	// MDS addresses; required.
 	MDS []string
@@ -68,6 +71,11 @@ type Config struct {
 	// there, else kernel NBD when /dev/nbd0 and nbd-client exist, else
 	// nbdfuse and a loop device), nvmf, nbd or nbdfuse.
 	Attach string
+	// NVMfTarget, if set, is the NVMe/TCP target (host:port) of an access
+	// node (`basalt nvmf`): an NVMe/TCP stage connects there instead of to
+	// the plugin's own loopback target — for a host whose kernel reaches
+	// the access node but not the chunkservers. NVMfDiscovery wins.
+	NVMfTarget string
 	// NVMfDiscovery, if set, is the discovery controller (host:port) of the
 	// cluster's NVMe/TCP access nodes (`basalt nvmf --multipath`): an NVMe/TCP
 	// stage connects to every path its discovery log lists for the volume
@@ -115,17 +123,13 @@ func Start(cfg Config) (*Driver, error) {
 		}
 		d.mds = mc
 	}
-	path := strings.TrimPrefix(cfg.Endpoint, "unix://")
-	if path == "" {
-		return nil, errors.New("csi: no endpoint")
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	lis, err := listen(cfg.Endpoint)
+	if err != nil {
 		return nil, err
 	}
-	_ = os.Remove(path) // a stale socket of a previous run
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("csi: listen %s: %w", path, err)
+	if lis.Addr().Network() == "tcp" {
+		d.log.Warn("csi: serving on TCP: CSI has no authentication, anyone who reaches the port controls the volumes; for tests and loopback only",
+			"endpoint", lis.Addr().String())
 	}
 	d.lis = lis
 	d.srv = grpc.NewServer(grpc.UnaryInterceptor(d.logCalls))
@@ -143,9 +147,43 @@ func Start(cfg Config) (*Driver, error) {
 		csi.RegisterNodeServer(d.srv, n)
 	}
 	go func() { _ = d.srv.Serve(lis) }()
-	d.log.Info("csi plugin serving", "endpoint", path, "mode", cfg.Mode, "driver", cfg.DriverName, "node", cfg.NodeID)
+	d.log.Info("csi plugin serving", "endpoint", lis.Addr().String(), "mode", cfg.Mode, "driver", cfg.DriverName, "node", cfg.NodeID)
 	return d, nil
 }
+
+// listen opens the endpoint: unix:///path (or a bare path), or tcp://host:port.
+func listen(endpoint string) (net.Listener, error) {
+	if addr, ok := strings.CutPrefix(endpoint, "tcp://"); ok {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return nil, fmt.Errorf("csi: endpoint %q: want tcp://host:port: %w", endpoint, err)
+		}
+		lis, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("csi: listen %s: %w", addr, err)
+		}
+		return lis, nil
+	}
+	path := strings.TrimPrefix(endpoint, "unix://")
+	if path == "" {
+		return nil, errors.New("csi: no endpoint")
+	}
+	if strings.Contains(path, "://") {
+		return nil, fmt.Errorf("csi: endpoint %q: want unix:///path or tcp://host:port", endpoint)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	_ = os.Remove(path) // a stale socket of a previous run
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("csi: listen %s: %w", path, err)
+	}
+	return lis, nil
+}
+
+// Addr is the address the plugin serves on (a TCP endpoint's port when it
+// asked for port 0).
+func (d *Driver) Addr() net.Addr { return d.lis.Addr() }
 
 // Close stops serving. Attached volumes stay attached only as long as the
 // process lives: the NBD front end serving them stops with it.
