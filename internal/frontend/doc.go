@@ -92,5 +92,7 @@
 //	ErrIO, other      EIO        MEDIUM ERROR / HARDWARE ERROR                Internal Error
 //
 // Fenced and unavailable are classes of their own because a multipath host
-// should fail over to another path for them, not give up on the device.
+// should fail over to another path for them, not give up on the device. (A
+// single NVMe/TCP access node, with no other path to offer, sets DNR on the
+// fenced status: package nvmf.)
 package frontend
