@@ -2,7 +2,10 @@ package e2e
 
 import (
 	"context"
+	"encoding/base64"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,27 +14,52 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/basalt-storage/basalt/internal/testcluster"
 	"github.com/basalt-storage/basalt/internal/testhost"
+	"github.com/basalt-storage/basalt/internal/testutil"
 )
 
 // The kubelet's sequence when a pod's node dies, with a real kernel as node
-// A: the volume is published to A, whose kernel (the QEMU guest, kernel NBD
-// through the playground's front end) makes ext4, writes files and runs fio
-// with verify; A is given up for dead and the volume is published to node B
-// (the host's `basalt csi` node plugin), which stages it, finds every file as
-// A wrote it, verifies every block of A's fio job (fio --verify_only) and
-// goes on with fio with verify; A's kernel, still attached, gets an IO error
-// for its late write. The figure: publish to B → first write on B durable.
+// A: the node plugin runs in the QEMU guest (`basalt csi --mode node`, the
+// static binary, its gRPC on a TCP port QEMU forwards to the test) and the
+// test calls it as a kubelet would. NodeStageVolume attaches the volume with
+// the guest's kernel over NVMe/TCP to a `basalt nvmf` access node on this
+// host, makes ext4 and mounts it; NodePublishVolume bind-mounts it; the pod
+// writes files and runs fio with verify. A is given up for dead and the
+// volume is published to node B (this host's `basalt csi` node plugin),
+// which stages it, finds every file as A wrote it, verifies every block of
+// A's fio job (fio --verify_only) and goes on with fio with verify. A's
+// kernel, still attached, gets an IO error for every late write, and B
+// still writes after them. NodeUnpublish/NodeUnstage on A leave no mount,
+// NVMe subsystem or state behind. The figure: publish to B → first write on
+// B durable.
 func TestCSIReattachFromKernelNode(t *testing.T) {
 	requireKernelAttach(t)
+	begin := time.Now()
+	bin := testcluster.Binary(t)
+	const guestPort = 10000 // the guest plugin's gRPC
+	fwd := testutil.FreePort(t)
 	h := testhost.Start(t, testhost.Config{
-		Tools:   []string{"nbd-client", "mkfs.ext4", "sha256sum", "dd", "fio"},
-		Modules: []string{"nbd", "ext4"},
+		Tools:   []string{"nvme", "mkfs.ext4", "blkid", "dumpe2fs", "e2fsck", "resize2fs", "sha256sum", "dd", "fio", bin},
+		Modules: []string{"nvme-tcp", "ext4", "crc32c_generic"},
+		Forward: []testhost.Forward{{HostPort: fwd, GuestPort: guestPort}},
 	})
+	booted := time.Now()
 	p := startPlayground(t, "1GiB")
+	nvmfPort, nvmfLog := startNVMf(t, p.st.MDS, p.st.TLSDir)
 	sock := startCSI(t, p, "node-b")
+	logs := func() string {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		a, _ := h.Run(ctx, "tail -n 40 /tmp/csi.log")
+		return "---- node A's plugin (guest) ----\n" + a + "\n---- basalt nvmf ----\n" + tailFile(nvmfLog, 30)
+	}
+	guest := guestRunner(t, h, logs)
+	nodeA := startGuestCSI(t, h, guest, bin, p, "node-a", guestPort, fwd, nvmfPort)
 	// The pod's workload: random 4 KiB writes, each block with a checksum and
 	// its offset, read back and checked at the end (--verify_only: checked
 	// only, on the node the pod moved to).
@@ -40,33 +68,36 @@ func TestCSIReattachFromKernelNode(t *testing.T) {
 			"--ioengine=psync", "--direct=1", "--verify=crc32c", "--verify_fatal=1", "--randseed=11",
 			"--verify_state_save=0", "--output-format=terse"}
 	}
-	guest := func(timeout time.Duration, script string) (string, error) {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		return h.Run(ctx, script)
-	}
-	must := func(timeout time.Duration, script string) string {
-		t.Helper()
-		out, err := guest(timeout, script)
-		if err != nil {
-			t.Fatalf("guest: %s: %v\n%s", script, err, tail(out, 20))
-		}
-		return out
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	const vol = "pvc-moves"
-	ctl, node, rwo := setupCSIVolume(t, ctx, p, csiVolume{Sock: sock, Other: "node-a", Name: vol, Size: 128 << 20, PublishTo: "node-a"})
-	// Node A: its kernel attaches, formats, writes.
-	t.Cleanup(func() { _, _ = guest(30*time.Second, "umount -l /mnt/vol; nbd-client -d /dev/nbd0") })
-	must(time.Minute, fmt.Sprintf("nbd-client 10.0.2.2 %d /dev/nbd0 -N %s -b 4096", p.nbdPort, vol))
-	must(3*time.Minute, "mkfs.ext4 -q /dev/nbd0 && mkdir -p /mnt/vol && mount /dev/nbd0 /mnt/vol")
-	must(3*time.Minute, `set -e
-		for n in 1 300 3000; do dd if=/dev/urandom of=/mnt/vol/file-$n bs=1k count=$n 2>/dev/null; done
-		sync`)
-	sums := must(time.Minute, "cd /mnt/vol && sha256sum file-*")
-	must(5*time.Minute, "fio "+strings.Join(fioArgs("/mnt/vol/fio.dat"), " ")+" && sync")
+	ctl, node, rwo := setupCSIVolume(t, ctx, p, csiVolume{Sock: sock, Name: vol, Size: 128 << 20, PublishTo: "node-a"})
+
+	// Node A: the kubelet stages and publishes through the guest's plugin.
+	const stagingA = "/var/lib/kubelet/plugins/kubernetes.io/csi/csi.basalt.io/pvc-moves/globalmount"
+	const targetA = "/var/lib/kubelet/pods/pod-a/volumes/kubernetes.io~csi/pvc-moves/mount"
+	staged := time.Now()
+	if _, err := nodeA.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol, StagingTargetPath: stagingA, VolumeCapability: rwo,
+		PublishContext: map[string]string{"readOnly": "false"}}); err != nil {
+		t.Fatalf("NodeStageVolume on node A: %v\n%s", err, logs())
+	}
+	stageTook := time.Since(staged)
+	if _, err := nodeA.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: vol, StagingTargetPath: stagingA, TargetPath: targetA,
+		VolumeCapability: rwo}); err != nil {
+		t.Fatalf("NodePublishVolume on node A: %v\n%s", err, logs())
+	}
+	devA := strings.TrimSpace(guest(time.Minute, "awk '$2==\""+stagingA+"\" {print $1\" \"$3}' /proc/mounts"))
+	devA, fsA, _ := strings.Cut(devA, " ")
+	if !strings.HasPrefix(devA, "/dev/nvme") || fsA != "ext4" {
+		t.Fatalf("node A's staging path holds %q (%s), want ext4 on the NVMe/TCP namespace's device", devA, fsA)
+	}
+	guest(3*time.Minute, "set -e; for n in 1 300 3000; do dd if=/dev/urandom of="+targetA+"/file-$n bs=1k count=$n 2>/dev/null; done; sync")
+	sums := guest(time.Minute, "cd "+targetA+" && sha256sum file-*")
+	guest(5*time.Minute, "fio "+strings.Join(fioArgs(targetA+"/fio.dat"), " ")+" && sync")
+	if st, err := nodeA.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: vol, VolumePath: targetA}); err != nil ||
+		len(st.Usage) == 0 || st.Usage[0].Used < 4<<20 {
+		t.Fatalf("NodeGetVolumeStats on node A: %v, %v; want at least the 4 MiB fio wrote used", st, err)
+	}
 
 	// Node A is given up for dead: the volume goes to node B.
 	lost := time.Now()
@@ -86,17 +117,22 @@ func TestCSIReattachFromKernelNode(t *testing.T) {
 	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: vol, StagingTargetPath: staging, TargetPath: target, VolumeCapability: rwo}); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Create(filepath.Join(target, "from-b"))
-	if err == nil {
-		_, err = f.Write([]byte("node B writes"))
+	writeB := func(name string) error {
+		f, err := os.Create(filepath.Join(target, name))
+		if err == nil {
+			_, err = f.Write([]byte("node B writes"))
+		}
+		if err == nil {
+			err = f.Sync()
+		}
+		if f != nil {
+			f.Close()
+		}
+		return err
 	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if err != nil {
+	if err := writeB("from-b"); err != nil {
 		t.Fatalf("node B's first write: %v", err)
 	}
-	f.Close()
 	firstWrite := time.Since(lost)
 	t.Logf("node A given up → publish to B done (A fenced): %v; → first write on B durable (stage, mount, write, fsync): %v", published, firstWrite)
 	for _, line := range strings.Split(strings.TrimSpace(sums), "\n") {
@@ -113,15 +149,100 @@ func TestCSIReattachFromKernelNode(t *testing.T) {
 		t.Fatalf("fio --verify_only on node B did not read A's 4 MiB back:\n%s", verified)
 	}
 	run(t, 5*time.Minute, "fio", fioArgs(filepath.Join(target, "fio-b.dat"))...)
-	// Node A's late write, straight to the device, is refused.
-	if out, err := guest(2*time.Minute, "dd if=/dev/urandom of=/dev/nbd0 bs=4k count=1 seek=30000 oflag=direct"); err == nil {
-		t.Fatalf("node A's late write after the publish to B succeeded:\n%s", out)
+
+	// Node A's late writes, straight to its device, are refused — every one:
+	// A's path stays fenced — and B still writes after them.
+	for i := range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		out, err := h.Run(ctx, fmt.Sprintf("dd if=/dev/urandom of=%s bs=4k count=1 seek=%d oflag=direct 2>&1", devA, 30000+i))
+		cancel()
+		var exit *testhost.ExitError
+		if !errors.As(err, &exit) {
+			t.Fatalf("node A's late write %d after the publish to B: %v (want an IO error)\n%s\n%s", i+1, err, out, logs())
+		}
+	}
+	if err := writeB("after-a"); err != nil {
+		t.Fatalf("node B's write after node A's late writes: %v (A took the volume back?)", err)
+	}
+
+	// The kubelet on A, back, cleans up: nothing is left.
+	if _, err := nodeA.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol, TargetPath: targetA}); err != nil {
+		t.Fatalf("NodeUnpublishVolume on node A: %v\n%s", err, logs())
+	}
+	unstaged := time.Now()
+	if _, err := nodeA.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol, StagingTargetPath: stagingA}); err != nil {
+		t.Fatalf("NodeUnstageVolume on node A: %v\n%s", err, logs())
+	}
+	unstageTook := time.Since(unstaged)
+	if left := strings.TrimSpace(guest(time.Minute, `grep -e /var/lib/kubelet -e /dev/nvme /proc/mounts; ls -A /sys/class/nvme-subsystem/; ls -A /var/lib/basalt-csi/volumes/; true`)); left != "" {
+		t.Fatalf("node A after NodeUnpublish and NodeUnstage still has:\n%s", left)
 	}
 	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol, TargetPath: target}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol, StagingTargetPath: staging}); err != nil {
 		t.Fatal(err)
+	}
+	t.Logf("node A (guest kernel %s, up in %v): NodeStageVolume (nvme connect, mkfs, mount) %v, NodeUnstageVolume after the fence %v; whole test %v",
+		h.Stats().Kernel, booted.Sub(begin).Round(time.Millisecond), stageTook.Round(time.Millisecond), unstageTook.Round(time.Millisecond),
+		time.Since(begin).Round(time.Second))
+}
+
+// startGuestCSI runs `basalt csi --mode node` in the guest as node nodeID,
+// its gRPC on guestPort (forwarded to this host's 127.0.0.1:hostPort): the
+// MDS and the `basalt nvmf` access node on nvmfPort are this host's, at
+// 10.0.2.2; its certificate is the playground's access one, copied in; its
+// NVMe host NQN is guestHostNQN (the access node's allow-list). It returns
+// a node client once the plugin answers NodeGetInfo as nodeID.
+func startGuestCSI(t *testing.T, h *testhost.Host, guest func(time.Duration, string) string, bin string, p *pg,
+	nodeID string, guestPort, hostPort, nvmfPort int) csi.NodeClient {
+	t.Helper()
+	var script strings.Builder
+	script.WriteString("set -e; mkdir -p /etc/basalt/tls /etc/nvme\n")
+	fmt.Fprintf(&script, "echo %s > /etc/nvme/hostnqn\n", guestHostNQN)
+	files, _ := filepath.Glob(filepath.Join(p.st.TLSDir, "ca.cr*"))
+	certs, _ := filepath.Glob(filepath.Join(p.st.TLSDir, "access-playground.*"))
+	if len(certs) == 0 {
+		t.Fatalf("no access-playground certificate in %s", p.st.TLSDir)
+	}
+	for _, f := range append(files, certs...) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&script, "echo %s | base64 -d > /etc/basalt/tls/%s\n", base64.StdEncoding.EncodeToString(b), filepath.Base(f))
+	}
+	_, mdsPort, _ := net.SplitHostPort(p.st.MDS)
+	fmt.Fprintf(&script, "setsid %s csi --endpoint tcp://0.0.0.0:%d --mode node --node-id %s --mds 10.0.2.2:%s --tls-dir /etc/basalt/tls "+
+		"--state-dir /var/lib/basalt-csi --attach nvmf --nvmf-target 10.0.2.2:%d </dev/null >/tmp/csi.log 2>&1 &\n",
+		bin, guestPort, nodeID, mdsPort, nvmfPort)
+	guest(time.Minute, script.String())
+	deadline := time.Now().Add(3 * time.Minute)
+	for !strings.Contains(guest(time.Minute, "cat /tmp/csi.log"), "csi plugin serving") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the guest's node plugin does not serve after 3 minutes:\n%s", guest(time.Minute, "tail -n 40 /tmp/csi.log; pidof basalt || echo not running"))
+		}
+		time.Sleep(time.Second)
+	}
+	conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", hostPort), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, MaxDelay: 2 * time.Second},
+			MinConnectTimeout: 10 * time.Second}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	n := csi.NewNodeClient(conn)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		info, err := n.NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
+		cancel()
+		if err == nil && info.NodeId == nodeID {
+			return n
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the guest's node plugin over 127.0.0.1:%d: NodeGetInfo %v, %v", hostPort, info, err)
+		}
+		time.Sleep(time.Second)
 	}
 }
 
