@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/nvmftshark"
 	"github.com/basalt-storage/basalt/internal/testcluster"
 	"github.com/basalt-storage/basalt/internal/testhost"
 	"github.com/basalt-storage/basalt/internal/testutil"
@@ -182,8 +183,10 @@ func TestKernelNVMeANA(t *testing.T) {
 	p := startPlayground(t, "1GiB")
 	nodes := []*accessNode{startAccessNode(t, p.st.MDS, p.st.TLSDir), startAccessNode(t, p.st.MDS, p.st.TLSDir), startAccessNode(t, p.st.MDS, p.st.TLSDir)}
 	byPort := map[int]*accessNode{}
+	var captures []*nvmftshark.Capture // each node's traffic, for tshark
 	for _, a := range nodes {
 		byPort[a.port] = a
+		captures = append(captures, nvmftshark.Start(t, fmt.Sprintf("127.0.0.1:%d", a.port)))
 	}
 	nqn := nvmfVolumeNQN + p.st.Volume
 	logs := func() string {
@@ -393,6 +396,18 @@ func TestKernelNVMeANA(t *testing.T) {
 	guest(3*time.Minute, bin+" csi unstage-device /tmp/stage.json")
 	if left := strings.TrimSpace(guest(time.Minute, "nvme list-subsys 2>/dev/null | grep -F "+nqn+"; ls /dev/nvme*n1 2>/dev/null; true")); left != "" {
 		t.Fatalf("after unstage-device the guest still has:\n%s", left)
+	}
+	// Every path's traffic so far (discovery, ANA log pages and their
+	// change notices, the IO, the killed node's connections cut) decodes
+	// in tshark with no malformed PDU and no error.
+	for i, c := range captures {
+		if c == nil {
+			t.Log("tshark's judge skipped: no capture (tshark or dumpcap missing or not allowed to capture; see above)")
+			continue
+		}
+		c.Check(t, 2, nvmftshark.Want{PDUs: map[int]int{nvmftshark.ICReq: 2, nvmftshark.ICResp: 2,
+			nvmftshark.CapsuleCmd: 10, nvmftshark.CapsuleRsp: 10}})
+		logf(t, "access node :%d: tshark decoded its traffic", nodes[i].port)
 	}
 
 	// A node joins (three live again), and two subsystems of three
