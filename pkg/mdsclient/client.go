@@ -146,13 +146,14 @@ func (c *Client) call(ctx context.Context, fn func(context.Context, api.MDSClien
 		for n := 0; n < len(c.addrs); n++ {
 			tried[next] = true
 			actx, cancel := context.WithTimeout(ctx, AttemptTimeout)
+			began := time.Now()
 			err := fn(actx, c.stubs[next])
 			cancel()
 			if code := status.Code(err); (ctx.Err() != nil || callersDeadline(ctx, actx)) &&
 				(code == codes.DeadlineExceeded || code == codes.Canceled) {
 				// The caller's context ended during this attempt: say what the
 				// MDSes said before, as when it ends between attempts.
-				if code == codes.DeadlineExceeded && len(c.addrs) > 1 {
+				if code == codes.DeadlineExceeded && len(c.addrs) > 1 && time.Since(began) >= heldMin {
 					// This MDS held the call until the caller's deadline: it
 					// may hang (paused, cut off) while another is active.
 					// The next call starts at the next address, or callers
@@ -284,6 +285,12 @@ func callersDeadline(ctx, actx context.Context) bool {
 	adl, _ := actx.Deadline()
 	return ok && !adl.Before(dl) && time.Until(dl) < deadlineSlack
 }
+
+// heldMin: an attempt that the caller's deadline ended after this long was
+// held by its MDS (which may hang); one that ended sooner says nothing of
+// the MDS (its caller gave it no time) and must not send the next call,
+// another caller's, away from a healthy active MDS.
+const heldMin = 500 * time.Millisecond
 
 // deadlineSlack: an attempt that failed this close to the caller's deadline
 // ended on it; one that failed earlier is an MDS's answer, and another MDS is

@@ -298,3 +298,35 @@ func TestMovesOnFromAHungMDS(t *testing.T) {
 	}
 	t.Fatalf("5 calls with a 2 s deadline all waited on the hung MDS a; b was asked %d times", b.calls.Load())
 }
+
+// A call whose caller gave it almost no time says nothing about the MDS: it
+// must not send the next call (with time enough) to a hung standby.
+func TestShortDeadlineKeepsHealthyActive(t *testing.T) {
+	a := &fakeMDS{name: "a"}             // the active MDS, healthy
+	b := &fakeMDS{name: "b", hang: true} // a hung standby
+	c, err := Dial([]string{serve(t, a), serve(t, b)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if _, err := c.ListPools(ctx, &api.ListPoolsRequest{}); err != nil {
+		t.Fatal(err) // a answers: the connection is up
+	}
+	cancel()
+	// One caller with a nearly spent deadline.
+	ctx, cancel = context.WithTimeout(context.Background(), time.Microsecond)
+	_, err = c.ListPools(ctx, &api.ListPoolsRequest{})
+	cancel()
+	t.Logf("short call: %v", err)
+	// Another caller, 2 s: a answers in well under that.
+	ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
+	r, err := c.ListPools(ctx, &api.ListPoolsRequest{})
+	cancel()
+	if err != nil {
+		t.Fatalf("a healthy active MDS; the call after a short-deadline one failed: %v (b asked %d times)", err, b.calls.Load())
+	}
+	if r.Pools[0].Name != "a" {
+		t.Fatalf("answered by %q", r.Pools[0].Name)
+	}
+}

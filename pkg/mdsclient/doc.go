@@ -9,7 +9,8 @@
 // that address is one of its own, then the others in order, and remembers
 // the one that answered. An attempt that hangs for AttemptTimeout (5 s)
 // counts as unreachable; one that hangs until the call's own deadline ends
-// the call, and the next call starts at the next address (a paused or cut
+// the call, and (when it held the call 500 ms or more: a call given less time
+// says nothing of the MDS) the next call starts at the next address (a paused or cut
 // off MDS must not hold every call with a short deadline). When every address fails it backs off (100 ms
 // growing to 1 s) and tries again until the call's context is done, or
 // for RetryTimeout (15 s) when the context has no deadline — long enough to
