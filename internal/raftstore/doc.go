@@ -188,7 +188,11 @@
 // needs from the log, everything after its Match: one that has just installed a
 // long snapshot is behind by every write made while it streamed, and compacting
 // past it sent it snapshot after snapshot under steady writes. A follower the log
-// cannot catch up anyway, or not heard from lately, holds nothing back. The
+// cannot catch up anyway, or not heard from lately, holds nothing back. A
+// compaction chosen before a stream began (the stream sending the snapshot
+// before the one being written) still keeps the log after the streamed index
+// (group.compact, under compactMu); a stream that finds the log already
+// compacted past its snapshot gives up and raft retries with the newer one. The
 // snapshot-send log line says why the peer needed one (peer_match, peer_next,
 // log_first). Host.Snapshot (for groups that keep old WAL segments alive) compacts
 // to S itself, live followers or not; if the group

@@ -113,6 +113,17 @@ type group struct {
 	lastSnap uint64            // index of the last snapshot created or installed
 	snapping bool              // a snapshot is being created off the worker
 	sending  map[uint64]uint64 // follower → index of the snapshot streamed to it
+	// compactMu orders a compaction (snapshot goroutine) against the start
+	// of a snapshot stream (sender goroutine), which may send an older
+	// snapshot than the one being written: either the compaction sees the
+	// stream in streams and keeps the log after its index, or the stream
+	// sees the compaction and gives up (holdLog). Guards streams (follower →
+	// index of the snapshot its stream under way sends).
+	compactMu sync.Mutex
+	streams   map[uint64]uint64
+	// unhold: streams ended while a snapshot was being written, whose holds
+	// end when it is done (endStream).
+	unhold []streamHold
 	// heard: when (host clock) each peer was last heard from. A leader's
 	// compaction keeps what a follower heard from lately still needs
 	// (catchUpFloor).
@@ -143,6 +154,7 @@ func newGroup(h *Host, id uint64, peers []uint64, sm StateMachine, join bool) (*
 		readIdx:    make(map[uint64]*readIndexReq),
 		sending:    make(map[uint64]uint64),
 		heard:      make(map[uint64]time.Duration),
+		streams:    make(map[uint64]uint64),
 		confState:  &raftpb.ConfState{},
 		voteBlock:  h.cfg.ElectionTicks,
 		transferAt: -1,
@@ -326,7 +338,7 @@ func (g *group) prepare() (rd raft.Ready, ok bool) {
 			st = raft.SnapshotFailure
 		}
 		g.rn.ReportSnapshot(r.to, st)
-		delete(g.sending, r.to)
+		g.endStream(r.to)
 	}
 	for _, r := range ev.snapDone {
 		g.snapshotDone(r)

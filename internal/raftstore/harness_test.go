@@ -48,8 +48,11 @@ type testSM struct {
 	// panicky makes Apply panic on "panic:..." entries (a bug on one replica).
 	panicky  bool
 	persists int // Persist calls
-	onApply  func(index uint64, data string)
-	applies  int
+	// beforePersist, if set, runs at the start of Persist (without the lock):
+	// the cluster can move on while a snapshot is being written.
+	beforePersist func()
+	onApply       func(index uint64, data string)
+	applies       int
 }
 
 func newTestSM() *testSM { return &testSM{kv: map[string]string{}, durKV: map[string]string{}} }
@@ -90,6 +93,9 @@ func (s *testSM) Capture() []byte {
 }
 
 func (s *testSM) Persist(index uint64, state []byte) error {
+	if f := s.beforePersist; f != nil {
+		f()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.persists++

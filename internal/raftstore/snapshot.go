@@ -100,7 +100,7 @@ func (g *group) maybeSnapshot(mode snapMode) {
 		if g.installed.Load() >= s {
 			err = errSuperseded
 		} else if err = g.sm.Persist(s, state); err == nil {
-			err = h.cfg.Log.CreateSnapshot(g.id, snap, compactTo)
+			err = g.compact(snap, compactTo)
 		}
 		g.persistMu.Unlock()
 		if g.in.add(func(in *events) { in.snapDone = append(in.snapDone, snapResult{index: s, term: term, err: err}) }) == nil {
@@ -109,9 +109,79 @@ func (g *group) maybeSnapshot(mode snapMode) {
 	})
 }
 
+// errStaleSnapshot: the log was compacted past a snapshot before its stream
+// began; raft retries with the newer snapshot.
+var errStaleSnapshot = errors.New("raftstore: the log was compacted past this snapshot before its stream began")
+
+// compact writes snap to the log and compacts it to compactTo, but never past
+// the snapshot of a stream under way: compactTo was chosen on the worker, and
+// a stream may have started since, sending the snapshot before this one (its
+// follower continues from that snapshot's index + 1).
+func (g *group) compact(snap *raftpb.Snapshot, compactTo uint64) error {
+	g.compactMu.Lock()
+	defer g.compactMu.Unlock()
+	for _, idx := range g.streams {
+		compactTo = min(compactTo, idx)
+	}
+	return g.h.cfg.Log.CreateSnapshot(g.id, snap, compactTo)
+}
+
+// holdLog keeps the log after idx while the stream to follower to is under
+// way (compact), or fails with errStaleSnapshot if a compaction that did not
+// know of the stream already dropped idx+1: the follower would need another
+// snapshot as soon as this one was installed — under steady writes with a
+// snapshot always being written, every time (a learner never caught up).
+func (g *group) holdLog(to, idx uint64) error {
+	g.compactMu.Lock()
+	defer g.compactMu.Unlock()
+	first, err := g.st.FirstIndex()
+	if err != nil {
+		return err
+	}
+	if first > idx+1 {
+		return errStaleSnapshot
+	}
+	g.streams[to] = idx
+	return nil
+}
+
+// streamHold is a stream's hold on the log: its follower and snapshot index.
+type streamHold struct{ to, idx uint64 }
+
+// endStream forgets the stream to follower to, its report taken: from now
+// on catchUpFloor keeps what the follower needs. Its hold on the log
+// (holdLog) ends now or, while a snapshot is being written — its compaction
+// may have been chosen before the stream began — once that one is done.
+func (g *group) endStream(to uint64) {
+	idx, ok := g.sending[to]
+	if !ok {
+		return
+	}
+	delete(g.sending, to)
+	if g.snapping {
+		g.unhold = append(g.unhold, streamHold{to, idx})
+		return
+	}
+	g.releaseLog(streamHold{to, idx})
+}
+
+// releaseLog ends a stream's hold on the log (unless a newer stream to the
+// same follower holds it now).
+func (g *group) releaseLog(s streamHold) {
+	g.compactMu.Lock()
+	if g.streams[s.to] == s.idx {
+		delete(g.streams, s.to)
+	}
+	g.compactMu.Unlock()
+}
+
 // snapshotDone runs on the worker when a snapshot started by maybeSnapshot ended.
 func (g *group) snapshotDone(r snapResult) {
 	g.snapping = false
+	for _, u := range g.unhold {
+		g.releaseLog(u)
+	}
+	g.unhold = nil
 	if r.err == errSuperseded {
 		return
 	}
@@ -179,7 +249,7 @@ func (g *group) sendSnapshot(m *raftpb.Message) {
 		var err error
 		if g.gone.Load() {
 			err = ErrNoGroup
-		} else {
+		} else if err = g.holdLog(to, idx); err == nil {
 			err = h.cfg.Transport.SendSnapshot(Message{Group: g.id, Msg: m}, g.sm.WriteSnapshot)
 		}
 		if err != nil {

@@ -305,3 +305,66 @@ func TestFollowerCatchesUpAfterSnapshot(t *testing.T) {
 		t.Fatalf("leader's log still starts at %d, for a follower cut off at %d", first, fst.Applied)
 	}
 }
+
+// TestSnapshotStreamDuringCompaction: a leader's automatic snapshot chooses
+// how far to compact when it starts, and writes the chunks (Persist) before
+// it compacts. A follower that returns meanwhile is sent the snapshot before
+// it (the newest the log has) and installs it; the compaction must not then
+// drop what that follower continues from, or it needs another snapshot at
+// once — in TestMoveKeepsRedundancy a chunkserver that returned got a second
+// 16 MiB snapshot the moment its first, throttled, ended.
+func TestSnapshotStreamDuringCompaction(t *testing.T) {
+	c := newCluster(t, 29, 3, map[uint64][]uint64{1: {1, 2, 3}}, func(cfg *Config) {
+		cfg.SnapshotEntries = 20
+		cfg.CatchUpEntries = 5
+	})
+	defer c.stop()
+	l := c.waitLeader(1)
+	f := c.groups[1][0]
+	if f == l {
+		f = c.groups[1][1]
+	}
+	c.net.partition([]uint64{f})
+	for i := range 30 {
+		if err := c.proposeWait(l, 1, fmt.Sprintf("k%d=%d", i, i)); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+	}
+	lst, _ := c.hosts[l].Status(1)
+	if lst.Snapshot == 0 {
+		t.Fatalf("leader made no snapshot: %+v", lst)
+	}
+	// While the leader's next snapshot is being written, the follower returns
+	// and is sent the one before.
+	var streamed uint64
+	c.sms[l][1].beforePersist = func() {
+		if streamed != 0 {
+			return
+		}
+		c.net.heal()
+		for i := 0; streamed == 0; i++ {
+			if i > 500 {
+				c.fatalf("follower %d got no snapshot while the leader wrote one", f)
+			}
+			c.step()
+			if c.hosts[f].Stats().SnapshotsReceived > 0 {
+				st, _ := c.hosts[l].Status(1)
+				streamed = st.Snapshot
+			}
+		}
+	}
+	for i := range 20 {
+		if err := c.proposeWait(l, 1, fmt.Sprintf("m%d=%d", i, i)); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+	}
+	if streamed == 0 {
+		t.Fatal("the leader wrote no snapshot with the follower back")
+	}
+	c.waitConverged(2000)
+	lst, _ = c.hosts[l].Status(1)
+	t.Logf("follower %d sent snapshot %d while the leader wrote %d", f, streamed, lst.Snapshot)
+	if n := c.hosts[f].Stats().SnapshotsReceived; n != 1 {
+		t.Fatalf("follower %d received %d snapshots: the compaction in flight dropped what it continued from", f, n)
+	}
+}
