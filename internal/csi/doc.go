@@ -1,5 +1,6 @@
 // Package csi is basalt's Kubernetes CSI driver (CSI spec v1): the identity,
-// controller and node services that `basalt csi` serves on a Unix socket.
+// controller and node services that `basalt csi` serves on a Unix socket (or,
+// for tests and loopback only, on TCP: CSI is unauthenticated).
 //
 // # Controller
 //
