@@ -86,6 +86,10 @@ func mdsCommand() *cobra.Command {
 	return cmd
 }
 
+// minWALStallTimeout is the shortest --wal-stall-timeout: below it a busy
+// but healthy disk would look stalled.
+const minWALStallTimeout = 100 * time.Millisecond
+
 func chunkserverCommand() *cobra.Command {
 	var cfg chunkserver.Config
 	var mdsAddrs, pidFile, slowDisk, diskErr, scrubRate, snapRate, dataMode string
@@ -137,8 +141,11 @@ func chunkserverCommand() *cobra.Command {
 				}
 				cfg.SnapshotRate = int64(n)
 			}
-			if cfg.WALStallTimeout <= 0 {
+			switch t := cfg.WALStallTimeout; {
+			case t <= 0:
 				cfg.WALStallTimeout = -1 // the flag's 0 is off, Config's is the default
+			case t < minWALStallTimeout:
+				return fmt.Errorf("--wal-stall-timeout %s: a healthy disk's fdatasync can take that long under load; give at least %s, or 0 to turn the watchdog off", t, minWALStallTimeout)
 			}
 			if slowDisk != "" {
 				cfg.Knobs.WAL.BeforeSync = slowDiskKnob(slowDisk)

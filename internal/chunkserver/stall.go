@@ -41,7 +41,7 @@ func (c *ChunkServer) watchStall(ctx context.Context) {
 	if timeout < 0 {
 		return
 	}
-	t := time.NewTicker(min(stallPoll, timeout/2))
+	t := time.NewTicker(max(min(stallPoll, timeout/2), time.Millisecond))
 	defer t.Stop()
 	var (
 		began    time.Time // when the stall began (zero: none)
