@@ -6,6 +6,7 @@ import (
 	"io"
 	"slices"
 	"sort"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -159,14 +160,31 @@ type portalList struct {
 }
 
 func (l portalList) table(w io.Writer) {
-	fmt.Fprintln(w, "ACCESS NODE\tPORTAL\tONLINE\tNAME")
+	fmt.Fprintln(w, "ACCESS NODE\tPORTAL\tONLINE\tSESSIONS\tNAME")
 	for _, n := range l.Nodes {
-		fmt.Fprintf(w, "%d\t%s\t%v\t%s\n", n.Id, n.IscsiPortal, n.Online, n.Name)
+		fmt.Fprintf(w, "%d\t%s\t%v\t%d\t%s\n", n.Id, n.IscsiPortal, n.Online, len(n.IscsiSessions), n.Name)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "ACCESS NODE\tTARGET\tINITIATOR\tFROM\tISID\tTSIH\tDIGESTS\tSINCE")
+	for _, n := range l.Nodes {
+		for _, s := range n.IscsiSessions {
+			digests := "none"
+			switch {
+			case s.HeaderDigest && s.DataDigest:
+				digests = "header,data"
+			case s.HeaderDigest:
+				digests = "header"
+			case s.DataDigest:
+				digests = "data"
+			}
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.Id, s.Target, s.Initiator, s.Remote, s.Isid, s.Tsih,
+				digests, time.UnixMilli(s.SinceUnixMs).UTC().Format(time.RFC3339))
+		}
 	}
 }
 
 func iscsiListCommand() *cobra.Command {
-	ls := &cobra.Command{Use: "ls", Short: "List the access nodes' iSCSI portals that redirectors send logins to (basalt iscsi --register)", Args: cobra.NoArgs}
+	ls := &cobra.Command{Use: "ls", Short: "List the registered access nodes' iSCSI portals (basalt iscsi --register) and the sessions logged in at each", Args: cobra.NoArgs}
 	lf := addAdminFlags(ls)
 	ls.RunE = func(*cobra.Command, []string) error {
 		return lf.call(func(ctx context.Context, c api.MDSClient) (any, error) {

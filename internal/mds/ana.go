@@ -19,9 +19,13 @@ import (
 // liveAN is what the active MDS knows about an access node from its
 // heartbeats (Server.accessNodes, under Server.mu).
 type liveAN struct {
-	last  time.Time
-	hosts []*api.NVMfHost
+	last     time.Time
+	hosts    []*api.NVMfHost
+	sessions []*api.ISCSISession
 }
+
+// maxISCSISessions bounds the sessions the MDS keeps of one access node.
+const maxISCSISessions = 4096
 
 // accessNodeRecord is the value at /basalt/access-nodes/<id>.
 type accessNodeRecord struct {
@@ -160,7 +164,7 @@ func (h *handler) AccessNodeHeartbeat(ctx context.Context, req *api.AccessNodeHe
 	defer s.anaMu.Unlock()
 	now := time.Now()
 	s.mu.Lock()
-	s.accessNodes[req.Id] = &liveAN{last: now, hosts: req.Hosts}
+	s.accessNodes[req.Id] = &liveAN{last: now, hosts: req.Hosts, sessions: req.IscsiSessions[:min(len(req.IscsiSessions), maxISCSISessions)]}
 	s.mu.Unlock()
 	nodes, assigned, subs, err := s.reassignANA(ctx, now)
 	if err != nil {
@@ -323,6 +327,9 @@ func (h *handler) ListANA(ctx context.Context, _ *api.ListANARequest) (*api.List
 		if l := s.accessNodes[r.ID]; l != nil {
 			n.Online = now.Sub(l.last) <= s.cfg.HeartbeatTimeout
 			n.LastHeartbeatUnixMs = l.last.UnixMilli()
+			if n.Online {
+				n.IscsiSessions = l.sessions
+			}
 		}
 		resp.Nodes = append(resp.Nodes, n)
 	}

@@ -3068,8 +3068,10 @@ type AccessNode struct {
 	Online              bool                   `protobuf:"varint,4,opt,name=online,proto3" json:"online,omitempty"` // a heartbeat within the MDS's access-node timeout
 	LastHeartbeatUnixMs int64                  `protobuf:"varint,5,opt,name=last_heartbeat_unix_ms,json=lastHeartbeatUnixMs,proto3" json:"last_heartbeat_unix_ms,omitempty"`
 	IscsiPortal         string                 `protobuf:"bytes,6,opt,name=iscsi_portal,json=iscsiPortal,proto3" json:"iscsi_portal,omitempty"` // the iSCSI portal initiators reach it on (host:port); "": none
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The iSCSI sessions logged in at it, from its last heartbeat (ListANA, online nodes).
+	IscsiSessions []*ISCSISession `protobuf:"bytes,7,rep,name=iscsi_sessions,json=iscsiSessions,proto3" json:"iscsi_sessions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AccessNode) Reset() {
@@ -3144,6 +3146,114 @@ func (x *AccessNode) GetIscsiPortal() string {
 	return ""
 }
 
+func (x *AccessNode) GetIscsiSessions() []*ISCSISession {
+	if x != nil {
+		return x.IscsiSessions
+	}
+	return nil
+}
+
+// ISCSISession is one logged-in iSCSI session (one connection) at an access node.
+type ISCSISession struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Initiator     string                 `protobuf:"bytes,1,opt,name=initiator,proto3" json:"initiator,omitempty"`
+	Target        string                 `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
+	Remote        string                 `protobuf:"bytes,3,opt,name=remote,proto3" json:"remote,omitempty"` // the initiator's address (host:port)
+	Isid          string                 `protobuf:"bytes,4,opt,name=isid,proto3" json:"isid,omitempty"`     // hex
+	Tsih          uint32                 `protobuf:"varint,5,opt,name=tsih,proto3" json:"tsih,omitempty"`
+	SinceUnixMs   int64                  `protobuf:"varint,6,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"` // logged in
+	HeaderDigest  bool                   `protobuf:"varint,7,opt,name=header_digest,json=headerDigest,proto3" json:"header_digest,omitempty"`
+	DataDigest    bool                   `protobuf:"varint,8,opt,name=data_digest,json=dataDigest,proto3" json:"data_digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ISCSISession) Reset() {
+	*x = ISCSISession{}
+	mi := &file_mds_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ISCSISession) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ISCSISession) ProtoMessage() {}
+
+func (x *ISCSISession) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ISCSISession.ProtoReflect.Descriptor instead.
+func (*ISCSISession) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *ISCSISession) GetInitiator() string {
+	if x != nil {
+		return x.Initiator
+	}
+	return ""
+}
+
+func (x *ISCSISession) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *ISCSISession) GetRemote() string {
+	if x != nil {
+		return x.Remote
+	}
+	return ""
+}
+
+func (x *ISCSISession) GetIsid() string {
+	if x != nil {
+		return x.Isid
+	}
+	return ""
+}
+
+func (x *ISCSISession) GetTsih() uint32 {
+	if x != nil {
+		return x.Tsih
+	}
+	return 0
+}
+
+func (x *ISCSISession) GetSinceUnixMs() int64 {
+	if x != nil {
+		return x.SinceUnixMs
+	}
+	return 0
+}
+
+func (x *ISCSISession) GetHeaderDigest() bool {
+	if x != nil {
+		return x.HeaderDigest
+	}
+	return false
+}
+
+func (x *ISCSISession) GetDataDigest() bool {
+	if x != nil {
+		return x.DataDigest
+	}
+	return false
+}
+
 // RegisterAccessNode returns the node's id; a node registering again with
 // the same NVMe/TCP address or iSCSI portal keeps its id. At least one of
 // the two is needed.
@@ -3158,7 +3268,7 @@ type RegisterAccessNodeRequest struct {
 
 func (x *RegisterAccessNodeRequest) Reset() {
 	*x = RegisterAccessNodeRequest{}
-	mi := &file_mds_proto_msgTypes[49]
+	mi := &file_mds_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3170,7 +3280,7 @@ func (x *RegisterAccessNodeRequest) String() string {
 func (*RegisterAccessNodeRequest) ProtoMessage() {}
 
 func (x *RegisterAccessNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[49]
+	mi := &file_mds_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3183,7 +3293,7 @@ func (x *RegisterAccessNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterAccessNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterAccessNodeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{49}
+	return file_mds_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RegisterAccessNodeRequest) GetAddr() string {
@@ -3216,7 +3326,7 @@ type RegisterAccessNodeResponse struct {
 
 func (x *RegisterAccessNodeResponse) Reset() {
 	*x = RegisterAccessNodeResponse{}
-	mi := &file_mds_proto_msgTypes[50]
+	mi := &file_mds_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3228,7 +3338,7 @@ func (x *RegisterAccessNodeResponse) String() string {
 func (*RegisterAccessNodeResponse) ProtoMessage() {}
 
 func (x *RegisterAccessNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[50]
+	mi := &file_mds_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3241,7 +3351,7 @@ func (x *RegisterAccessNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterAccessNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterAccessNodeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{50}
+	return file_mds_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RegisterAccessNodeResponse) GetId() uint64 {
@@ -3263,7 +3373,7 @@ type NVMfHost struct {
 
 func (x *NVMfHost) Reset() {
 	*x = NVMfHost{}
-	mi := &file_mds_proto_msgTypes[51]
+	mi := &file_mds_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3275,7 +3385,7 @@ func (x *NVMfHost) String() string {
 func (*NVMfHost) ProtoMessage() {}
 
 func (x *NVMfHost) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[51]
+	mi := &file_mds_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3288,7 +3398,7 @@ func (x *NVMfHost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NVMfHost.ProtoReflect.Descriptor instead.
 func (*NVMfHost) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{51}
+	return file_mds_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *NVMfHost) GetSubsystem() string {
@@ -3316,13 +3426,14 @@ type AccessNodeHeartbeatRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
 	Hosts         []*NVMfHost            `protobuf:"bytes,2,rep,name=hosts,proto3" json:"hosts,omitempty"`
+	IscsiSessions []*ISCSISession        `protobuf:"bytes,3,rep,name=iscsi_sessions,json=iscsiSessions,proto3" json:"iscsi_sessions,omitempty"` // at most 4096 are kept
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AccessNodeHeartbeatRequest) Reset() {
 	*x = AccessNodeHeartbeatRequest{}
-	mi := &file_mds_proto_msgTypes[52]
+	mi := &file_mds_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3334,7 +3445,7 @@ func (x *AccessNodeHeartbeatRequest) String() string {
 func (*AccessNodeHeartbeatRequest) ProtoMessage() {}
 
 func (x *AccessNodeHeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[52]
+	mi := &file_mds_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3347,7 +3458,7 @@ func (x *AccessNodeHeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccessNodeHeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*AccessNodeHeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{52}
+	return file_mds_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *AccessNodeHeartbeatRequest) GetId() uint64 {
@@ -3360,6 +3471,13 @@ func (x *AccessNodeHeartbeatRequest) GetId() uint64 {
 func (x *AccessNodeHeartbeatRequest) GetHosts() []*NVMfHost {
 	if x != nil {
 		return x.Hosts
+	}
+	return nil
+}
+
+func (x *AccessNodeHeartbeatRequest) GetIscsiSessions() []*ISCSISession {
+	if x != nil {
+		return x.IscsiSessions
 	}
 	return nil
 }
@@ -3379,7 +3497,7 @@ type ANAAssignment struct {
 
 func (x *ANAAssignment) Reset() {
 	*x = ANAAssignment{}
-	mi := &file_mds_proto_msgTypes[53]
+	mi := &file_mds_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3391,7 +3509,7 @@ func (x *ANAAssignment) String() string {
 func (*ANAAssignment) ProtoMessage() {}
 
 func (x *ANAAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[53]
+	mi := &file_mds_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3404,7 +3522,7 @@ func (x *ANAAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ANAAssignment.ProtoReflect.Descriptor instead.
 func (*ANAAssignment) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{53}
+	return file_mds_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ANAAssignment) GetSubsystem() string {
@@ -3455,7 +3573,7 @@ type NVMfSubsystem struct {
 
 func (x *NVMfSubsystem) Reset() {
 	*x = NVMfSubsystem{}
-	mi := &file_mds_proto_msgTypes[54]
+	mi := &file_mds_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3467,7 +3585,7 @@ func (x *NVMfSubsystem) String() string {
 func (*NVMfSubsystem) ProtoMessage() {}
 
 func (x *NVMfSubsystem) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[54]
+	mi := &file_mds_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3480,7 +3598,7 @@ func (x *NVMfSubsystem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NVMfSubsystem.ProtoReflect.Descriptor instead.
 func (*NVMfSubsystem) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{54}
+	return file_mds_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *NVMfSubsystem) GetNqn() string {
@@ -3516,7 +3634,7 @@ type AccessNodeHeartbeatResponse struct {
 
 func (x *AccessNodeHeartbeatResponse) Reset() {
 	*x = AccessNodeHeartbeatResponse{}
-	mi := &file_mds_proto_msgTypes[55]
+	mi := &file_mds_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3528,7 +3646,7 @@ func (x *AccessNodeHeartbeatResponse) String() string {
 func (*AccessNodeHeartbeatResponse) ProtoMessage() {}
 
 func (x *AccessNodeHeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[55]
+	mi := &file_mds_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3541,7 +3659,7 @@ func (x *AccessNodeHeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccessNodeHeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*AccessNodeHeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{55}
+	return file_mds_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *AccessNodeHeartbeatResponse) GetNodes() []*AccessNode {
@@ -3581,7 +3699,7 @@ type SetNVMfSubsystemRequest struct {
 
 func (x *SetNVMfSubsystemRequest) Reset() {
 	*x = SetNVMfSubsystemRequest{}
-	mi := &file_mds_proto_msgTypes[56]
+	mi := &file_mds_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3593,7 +3711,7 @@ func (x *SetNVMfSubsystemRequest) String() string {
 func (*SetNVMfSubsystemRequest) ProtoMessage() {}
 
 func (x *SetNVMfSubsystemRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[56]
+	mi := &file_mds_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3606,7 +3724,7 @@ func (x *SetNVMfSubsystemRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNVMfSubsystemRequest.ProtoReflect.Descriptor instead.
 func (*SetNVMfSubsystemRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{56}
+	return file_mds_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *SetNVMfSubsystemRequest) GetSubsystem() *NVMfSubsystem {
@@ -3624,7 +3742,7 @@ type SetNVMfSubsystemResponse struct {
 
 func (x *SetNVMfSubsystemResponse) Reset() {
 	*x = SetNVMfSubsystemResponse{}
-	mi := &file_mds_proto_msgTypes[57]
+	mi := &file_mds_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3636,7 +3754,7 @@ func (x *SetNVMfSubsystemResponse) String() string {
 func (*SetNVMfSubsystemResponse) ProtoMessage() {}
 
 func (x *SetNVMfSubsystemResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[57]
+	mi := &file_mds_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3649,7 +3767,7 @@ func (x *SetNVMfSubsystemResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNVMfSubsystemResponse.ProtoReflect.Descriptor instead.
 func (*SetNVMfSubsystemResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{57}
+	return file_mds_proto_rawDescGZIP(), []int{58}
 }
 
 type ListANARequest struct {
@@ -3660,7 +3778,7 @@ type ListANARequest struct {
 
 func (x *ListANARequest) Reset() {
 	*x = ListANARequest{}
-	mi := &file_mds_proto_msgTypes[58]
+	mi := &file_mds_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3672,7 +3790,7 @@ func (x *ListANARequest) String() string {
 func (*ListANARequest) ProtoMessage() {}
 
 func (x *ListANARequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[58]
+	mi := &file_mds_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3685,7 +3803,7 @@ func (x *ListANARequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListANARequest.ProtoReflect.Descriptor instead.
 func (*ListANARequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{58}
+	return file_mds_proto_rawDescGZIP(), []int{59}
 }
 
 type ListANAResponse struct {
@@ -3699,7 +3817,7 @@ type ListANAResponse struct {
 
 func (x *ListANAResponse) Reset() {
 	*x = ListANAResponse{}
-	mi := &file_mds_proto_msgTypes[59]
+	mi := &file_mds_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3711,7 +3829,7 @@ func (x *ListANAResponse) String() string {
 func (*ListANAResponse) ProtoMessage() {}
 
 func (x *ListANAResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[59]
+	mi := &file_mds_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3724,7 +3842,7 @@ func (x *ListANAResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListANAResponse.ProtoReflect.Descriptor instead.
 func (*ListANAResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{59}
+	return file_mds_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ListANAResponse) GetNodes() []*AccessNode {
@@ -3761,7 +3879,7 @@ type PRNexus struct {
 
 func (x *PRNexus) Reset() {
 	*x = PRNexus{}
-	mi := &file_mds_proto_msgTypes[60]
+	mi := &file_mds_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3773,7 +3891,7 @@ func (x *PRNexus) String() string {
 func (*PRNexus) ProtoMessage() {}
 
 func (x *PRNexus) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[60]
+	mi := &file_mds_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3786,7 +3904,7 @@ func (x *PRNexus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PRNexus.ProtoReflect.Descriptor instead.
 func (*PRNexus) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{60}
+	return file_mds_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *PRNexus) GetInitiator() string {
@@ -3820,7 +3938,7 @@ type PRRegistration struct {
 
 func (x *PRRegistration) Reset() {
 	*x = PRRegistration{}
-	mi := &file_mds_proto_msgTypes[61]
+	mi := &file_mds_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3832,7 +3950,7 @@ func (x *PRRegistration) String() string {
 func (*PRRegistration) ProtoMessage() {}
 
 func (x *PRRegistration) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[61]
+	mi := &file_mds_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3845,7 +3963,7 @@ func (x *PRRegistration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PRRegistration.ProtoReflect.Descriptor instead.
 func (*PRRegistration) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{61}
+	return file_mds_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *PRRegistration) GetNexus() *PRNexus {
@@ -3875,7 +3993,7 @@ type PRAttention struct {
 
 func (x *PRAttention) Reset() {
 	*x = PRAttention{}
-	mi := &file_mds_proto_msgTypes[62]
+	mi := &file_mds_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3887,7 +4005,7 @@ func (x *PRAttention) String() string {
 func (*PRAttention) ProtoMessage() {}
 
 func (x *PRAttention) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[62]
+	mi := &file_mds_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3900,7 +4018,7 @@ func (x *PRAttention) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PRAttention.ProtoReflect.Descriptor instead.
 func (*PRAttention) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{62}
+	return file_mds_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *PRAttention) GetSeq() uint64 {
@@ -3941,7 +4059,7 @@ type PRState struct {
 
 func (x *PRState) Reset() {
 	*x = PRState{}
-	mi := &file_mds_proto_msgTypes[63]
+	mi := &file_mds_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3953,7 +4071,7 @@ func (x *PRState) String() string {
 func (*PRState) ProtoMessage() {}
 
 func (x *PRState) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[63]
+	mi := &file_mds_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3966,7 +4084,7 @@ func (x *PRState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PRState.ProtoReflect.Descriptor instead.
 func (*PRState) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{63}
+	return file_mds_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *PRState) GetGeneration() uint32 {
@@ -4048,7 +4166,7 @@ type PRAction struct {
 
 func (x *PRAction) Reset() {
 	*x = PRAction{}
-	mi := &file_mds_proto_msgTypes[64]
+	mi := &file_mds_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4060,7 +4178,7 @@ func (x *PRAction) String() string {
 func (*PRAction) ProtoMessage() {}
 
 func (x *PRAction) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[64]
+	mi := &file_mds_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4073,7 +4191,7 @@ func (x *PRAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PRAction.ProtoReflect.Descriptor instead.
 func (*PRAction) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{64}
+	return file_mds_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *PRAction) GetServiceAction() uint32 {
@@ -4134,7 +4252,7 @@ type GetReservationRequest struct {
 
 func (x *GetReservationRequest) Reset() {
 	*x = GetReservationRequest{}
-	mi := &file_mds_proto_msgTypes[65]
+	mi := &file_mds_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4146,7 +4264,7 @@ func (x *GetReservationRequest) String() string {
 func (*GetReservationRequest) ProtoMessage() {}
 
 func (x *GetReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[65]
+	mi := &file_mds_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4159,7 +4277,7 @@ func (x *GetReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReservationRequest.ProtoReflect.Descriptor instead.
 func (*GetReservationRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{65}
+	return file_mds_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *GetReservationRequest) GetVolume() string {
@@ -4178,7 +4296,7 @@ type GetReservationResponse struct {
 
 func (x *GetReservationResponse) Reset() {
 	*x = GetReservationResponse{}
-	mi := &file_mds_proto_msgTypes[66]
+	mi := &file_mds_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4190,7 +4308,7 @@ func (x *GetReservationResponse) String() string {
 func (*GetReservationResponse) ProtoMessage() {}
 
 func (x *GetReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[66]
+	mi := &file_mds_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4203,7 +4321,7 @@ func (x *GetReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReservationResponse.ProtoReflect.Descriptor instead.
 func (*GetReservationResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{66}
+	return file_mds_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *GetReservationResponse) GetState() *PRState {
@@ -4227,7 +4345,7 @@ type ApplyReservationRequest struct {
 
 func (x *ApplyReservationRequest) Reset() {
 	*x = ApplyReservationRequest{}
-	mi := &file_mds_proto_msgTypes[67]
+	mi := &file_mds_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4239,7 +4357,7 @@ func (x *ApplyReservationRequest) String() string {
 func (*ApplyReservationRequest) ProtoMessage() {}
 
 func (x *ApplyReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[67]
+	mi := &file_mds_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4252,7 +4370,7 @@ func (x *ApplyReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyReservationRequest.ProtoReflect.Descriptor instead.
 func (*ApplyReservationRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{67}
+	return file_mds_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ApplyReservationRequest) GetVolume() string {
@@ -4298,7 +4416,7 @@ type ApplyReservationResponse struct {
 
 func (x *ApplyReservationResponse) Reset() {
 	*x = ApplyReservationResponse{}
-	mi := &file_mds_proto_msgTypes[68]
+	mi := &file_mds_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4310,7 +4428,7 @@ func (x *ApplyReservationResponse) String() string {
 func (*ApplyReservationResponse) ProtoMessage() {}
 
 func (x *ApplyReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[68]
+	mi := &file_mds_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4323,7 +4441,7 @@ func (x *ApplyReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyReservationResponse.ProtoReflect.Descriptor instead.
 func (*ApplyReservationResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{68}
+	return file_mds_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ApplyReservationResponse) GetState() *PRState {
@@ -4362,7 +4480,7 @@ type TargetCHAP struct {
 
 func (x *TargetCHAP) Reset() {
 	*x = TargetCHAP{}
-	mi := &file_mds_proto_msgTypes[69]
+	mi := &file_mds_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4374,7 +4492,7 @@ func (x *TargetCHAP) String() string {
 func (*TargetCHAP) ProtoMessage() {}
 
 func (x *TargetCHAP) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[69]
+	mi := &file_mds_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4387,7 +4505,7 @@ func (x *TargetCHAP) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetCHAP.ProtoReflect.Descriptor instead.
 func (*TargetCHAP) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{69}
+	return file_mds_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *TargetCHAP) GetUser() string {
@@ -4429,7 +4547,7 @@ type SetTargetCHAPRequest struct {
 
 func (x *SetTargetCHAPRequest) Reset() {
 	*x = SetTargetCHAPRequest{}
-	mi := &file_mds_proto_msgTypes[70]
+	mi := &file_mds_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4441,7 +4559,7 @@ func (x *SetTargetCHAPRequest) String() string {
 func (*SetTargetCHAPRequest) ProtoMessage() {}
 
 func (x *SetTargetCHAPRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[70]
+	mi := &file_mds_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4454,7 +4572,7 @@ func (x *SetTargetCHAPRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTargetCHAPRequest.ProtoReflect.Descriptor instead.
 func (*SetTargetCHAPRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{70}
+	return file_mds_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *SetTargetCHAPRequest) GetVolume() string {
@@ -4479,7 +4597,7 @@ type SetTargetCHAPResponse struct {
 
 func (x *SetTargetCHAPResponse) Reset() {
 	*x = SetTargetCHAPResponse{}
-	mi := &file_mds_proto_msgTypes[71]
+	mi := &file_mds_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4491,7 +4609,7 @@ func (x *SetTargetCHAPResponse) String() string {
 func (*SetTargetCHAPResponse) ProtoMessage() {}
 
 func (x *SetTargetCHAPResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[71]
+	mi := &file_mds_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4504,7 +4622,7 @@ func (x *SetTargetCHAPResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTargetCHAPResponse.ProtoReflect.Descriptor instead.
 func (*SetTargetCHAPResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{71}
+	return file_mds_proto_rawDescGZIP(), []int{72}
 }
 
 type GetTargetCHAPRequest struct {
@@ -4516,7 +4634,7 @@ type GetTargetCHAPRequest struct {
 
 func (x *GetTargetCHAPRequest) Reset() {
 	*x = GetTargetCHAPRequest{}
-	mi := &file_mds_proto_msgTypes[72]
+	mi := &file_mds_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4528,7 +4646,7 @@ func (x *GetTargetCHAPRequest) String() string {
 func (*GetTargetCHAPRequest) ProtoMessage() {}
 
 func (x *GetTargetCHAPRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[72]
+	mi := &file_mds_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4541,7 +4659,7 @@ func (x *GetTargetCHAPRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTargetCHAPRequest.ProtoReflect.Descriptor instead.
 func (*GetTargetCHAPRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{72}
+	return file_mds_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *GetTargetCHAPRequest) GetVolume() string {
@@ -4561,7 +4679,7 @@ type GetTargetCHAPResponse struct {
 
 func (x *GetTargetCHAPResponse) Reset() {
 	*x = GetTargetCHAPResponse{}
-	mi := &file_mds_proto_msgTypes[73]
+	mi := &file_mds_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4573,7 +4691,7 @@ func (x *GetTargetCHAPResponse) String() string {
 func (*GetTargetCHAPResponse) ProtoMessage() {}
 
 func (x *GetTargetCHAPResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[73]
+	mi := &file_mds_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4586,7 +4704,7 @@ func (x *GetTargetCHAPResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTargetCHAPResponse.ProtoReflect.Descriptor instead.
 func (*GetTargetCHAPResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{73}
+	return file_mds_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *GetTargetCHAPResponse) GetChap() *TargetCHAP {
@@ -4832,7 +4950,7 @@ const file_mds_proto_rawDesc = "" +
 	"\x0fmoves_in_flight\x18\v \x01(\rR\rmovesInFlight\x1aH\n" +
 	"\x1aLeadersPerChunkserverEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xb4\x01\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xf8\x01\n" +
 	"\n" +
 	"AccessNode\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
@@ -4840,7 +4958,18 @@ const file_mds_proto_rawDesc = "" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x16\n" +
 	"\x06online\x18\x04 \x01(\bR\x06online\x123\n" +
 	"\x16last_heartbeat_unix_ms\x18\x05 \x01(\x03R\x13lastHeartbeatUnixMs\x12!\n" +
-	"\fiscsi_portal\x18\x06 \x01(\tR\viscsiPortal\"f\n" +
+	"\fiscsi_portal\x18\x06 \x01(\tR\viscsiPortal\x12B\n" +
+	"\x0eiscsi_sessions\x18\a \x03(\v2\x1b.basalt.api.v1.ISCSISessionR\riscsiSessions\"\xee\x01\n" +
+	"\fISCSISession\x12\x1c\n" +
+	"\tinitiator\x18\x01 \x01(\tR\tinitiator\x12\x16\n" +
+	"\x06target\x18\x02 \x01(\tR\x06target\x12\x16\n" +
+	"\x06remote\x18\x03 \x01(\tR\x06remote\x12\x12\n" +
+	"\x04isid\x18\x04 \x01(\tR\x04isid\x12\x12\n" +
+	"\x04tsih\x18\x05 \x01(\rR\x04tsih\x12\"\n" +
+	"\rsince_unix_ms\x18\x06 \x01(\x03R\vsinceUnixMs\x12#\n" +
+	"\rheader_digest\x18\a \x01(\bR\fheaderDigest\x12\x1f\n" +
+	"\vdata_digest\x18\b \x01(\bR\n" +
+	"dataDigest\"f\n" +
 	"\x19RegisterAccessNodeRequest\x12\x12\n" +
 	"\x04addr\x18\x01 \x01(\tR\x04addr\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12!\n" +
@@ -4850,10 +4979,11 @@ const file_mds_proto_rawDesc = "" +
 	"\bNVMfHost\x12\x1c\n" +
 	"\tsubsystem\x18\x01 \x01(\tR\tsubsystem\x12\x12\n" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12\x14\n" +
-	"\x05nsids\x18\x03 \x03(\rR\x05nsids\"[\n" +
+	"\x05nsids\x18\x03 \x03(\rR\x05nsids\"\x9f\x01\n" +
 	"\x1aAccessNodeHeartbeatRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12-\n" +
-	"\x05hosts\x18\x02 \x03(\v2\x17.basalt.api.v1.NVMfHostR\x05hosts\"\x98\x01\n" +
+	"\x05hosts\x18\x02 \x03(\v2\x17.basalt.api.v1.NVMfHostR\x05hosts\x12B\n" +
+	"\x0eiscsi_sessions\x18\x03 \x03(\v2\x1b.basalt.api.v1.ISCSISessionR\riscsiSessions\"\x98\x01\n" +
 	"\rANAAssignment\x12\x1c\n" +
 	"\tsubsystem\x18\x01 \x01(\tR\tsubsystem\x12\x12\n" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12\x12\n" +
@@ -4999,7 +5129,7 @@ func file_mds_proto_rawDescGZIP() []byte {
 }
 
 var file_mds_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_mds_proto_msgTypes = make([]protoimpl.MessageInfo, 77)
+var file_mds_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
 var file_mds_proto_goTypes = []any{
 	(DiskState)(0),                      // 0: basalt.api.v1.DiskState
 	(ANAPolicy)(0),                      // 1: basalt.api.v1.ANAPolicy
@@ -5052,34 +5182,35 @@ var file_mds_proto_goTypes = []any{
 	(*ClusterStatusRequest)(nil),        // 48: basalt.api.v1.ClusterStatusRequest
 	(*ClusterStatusResponse)(nil),       // 49: basalt.api.v1.ClusterStatusResponse
 	(*AccessNode)(nil),                  // 50: basalt.api.v1.AccessNode
-	(*RegisterAccessNodeRequest)(nil),   // 51: basalt.api.v1.RegisterAccessNodeRequest
-	(*RegisterAccessNodeResponse)(nil),  // 52: basalt.api.v1.RegisterAccessNodeResponse
-	(*NVMfHost)(nil),                    // 53: basalt.api.v1.NVMfHost
-	(*AccessNodeHeartbeatRequest)(nil),  // 54: basalt.api.v1.AccessNodeHeartbeatRequest
-	(*ANAAssignment)(nil),               // 55: basalt.api.v1.ANAAssignment
-	(*NVMfSubsystem)(nil),               // 56: basalt.api.v1.NVMfSubsystem
-	(*AccessNodeHeartbeatResponse)(nil), // 57: basalt.api.v1.AccessNodeHeartbeatResponse
-	(*SetNVMfSubsystemRequest)(nil),     // 58: basalt.api.v1.SetNVMfSubsystemRequest
-	(*SetNVMfSubsystemResponse)(nil),    // 59: basalt.api.v1.SetNVMfSubsystemResponse
-	(*ListANARequest)(nil),              // 60: basalt.api.v1.ListANARequest
-	(*ListANAResponse)(nil),             // 61: basalt.api.v1.ListANAResponse
-	(*PRNexus)(nil),                     // 62: basalt.api.v1.PRNexus
-	(*PRRegistration)(nil),              // 63: basalt.api.v1.PRRegistration
-	(*PRAttention)(nil),                 // 64: basalt.api.v1.PRAttention
-	(*PRState)(nil),                     // 65: basalt.api.v1.PRState
-	(*PRAction)(nil),                    // 66: basalt.api.v1.PRAction
-	(*GetReservationRequest)(nil),       // 67: basalt.api.v1.GetReservationRequest
-	(*GetReservationResponse)(nil),      // 68: basalt.api.v1.GetReservationResponse
-	(*ApplyReservationRequest)(nil),     // 69: basalt.api.v1.ApplyReservationRequest
-	(*ApplyReservationResponse)(nil),    // 70: basalt.api.v1.ApplyReservationResponse
-	(*TargetCHAP)(nil),                  // 71: basalt.api.v1.TargetCHAP
-	(*SetTargetCHAPRequest)(nil),        // 72: basalt.api.v1.SetTargetCHAPRequest
-	(*SetTargetCHAPResponse)(nil),       // 73: basalt.api.v1.SetTargetCHAPResponse
-	(*GetTargetCHAPRequest)(nil),        // 74: basalt.api.v1.GetTargetCHAPRequest
-	(*GetTargetCHAPResponse)(nil),       // 75: basalt.api.v1.GetTargetCHAPResponse
-	nil,                                 // 76: basalt.api.v1.Volume.MetaEntry
-	nil,                                 // 77: basalt.api.v1.SetVolumeMetaRequest.MetaEntry
-	nil,                                 // 78: basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
+	(*ISCSISession)(nil),                // 51: basalt.api.v1.ISCSISession
+	(*RegisterAccessNodeRequest)(nil),   // 52: basalt.api.v1.RegisterAccessNodeRequest
+	(*RegisterAccessNodeResponse)(nil),  // 53: basalt.api.v1.RegisterAccessNodeResponse
+	(*NVMfHost)(nil),                    // 54: basalt.api.v1.NVMfHost
+	(*AccessNodeHeartbeatRequest)(nil),  // 55: basalt.api.v1.AccessNodeHeartbeatRequest
+	(*ANAAssignment)(nil),               // 56: basalt.api.v1.ANAAssignment
+	(*NVMfSubsystem)(nil),               // 57: basalt.api.v1.NVMfSubsystem
+	(*AccessNodeHeartbeatResponse)(nil), // 58: basalt.api.v1.AccessNodeHeartbeatResponse
+	(*SetNVMfSubsystemRequest)(nil),     // 59: basalt.api.v1.SetNVMfSubsystemRequest
+	(*SetNVMfSubsystemResponse)(nil),    // 60: basalt.api.v1.SetNVMfSubsystemResponse
+	(*ListANARequest)(nil),              // 61: basalt.api.v1.ListANARequest
+	(*ListANAResponse)(nil),             // 62: basalt.api.v1.ListANAResponse
+	(*PRNexus)(nil),                     // 63: basalt.api.v1.PRNexus
+	(*PRRegistration)(nil),              // 64: basalt.api.v1.PRRegistration
+	(*PRAttention)(nil),                 // 65: basalt.api.v1.PRAttention
+	(*PRState)(nil),                     // 66: basalt.api.v1.PRState
+	(*PRAction)(nil),                    // 67: basalt.api.v1.PRAction
+	(*GetReservationRequest)(nil),       // 68: basalt.api.v1.GetReservationRequest
+	(*GetReservationResponse)(nil),      // 69: basalt.api.v1.GetReservationResponse
+	(*ApplyReservationRequest)(nil),     // 70: basalt.api.v1.ApplyReservationRequest
+	(*ApplyReservationResponse)(nil),    // 71: basalt.api.v1.ApplyReservationResponse
+	(*TargetCHAP)(nil),                  // 72: basalt.api.v1.TargetCHAP
+	(*SetTargetCHAPRequest)(nil),        // 73: basalt.api.v1.SetTargetCHAPRequest
+	(*SetTargetCHAPResponse)(nil),       // 74: basalt.api.v1.SetTargetCHAPResponse
+	(*GetTargetCHAPRequest)(nil),        // 75: basalt.api.v1.GetTargetCHAPRequest
+	(*GetTargetCHAPResponse)(nil),       // 76: basalt.api.v1.GetTargetCHAPResponse
+	nil,                                 // 77: basalt.api.v1.Volume.MetaEntry
+	nil,                                 // 78: basalt.api.v1.SetVolumeMetaRequest.MetaEntry
+	nil,                                 // 79: basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
 }
 var file_mds_proto_depIdxs = []int32{
 	0,  // 0: basalt.api.v1.ChunkServer.disk_state:type_name -> basalt.api.v1.DiskState
@@ -5097,12 +5228,12 @@ var file_mds_proto_depIdxs = []int32{
 	13, // 12: basalt.api.v1.GetCopysetsResponse.copysets:type_name -> basalt.api.v1.Copyset
 	2,  // 13: basalt.api.v1.GetCopysetsResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
 	22, // 14: basalt.api.v1.Volume.attachments:type_name -> basalt.api.v1.Attachment
-	76, // 15: basalt.api.v1.Volume.meta:type_name -> basalt.api.v1.Volume.MetaEntry
+	77, // 15: basalt.api.v1.Volume.meta:type_name -> basalt.api.v1.Volume.MetaEntry
 	21, // 16: basalt.api.v1.CreateVolumeResponse.volume:type_name -> basalt.api.v1.Volume
 	21, // 17: basalt.api.v1.GetVolumeResponse.volume:type_name -> basalt.api.v1.Volume
 	21, // 18: basalt.api.v1.ListVolumesResponse.volumes:type_name -> basalt.api.v1.Volume
 	21, // 19: basalt.api.v1.ResizeVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	77, // 20: basalt.api.v1.SetVolumeMetaRequest.meta:type_name -> basalt.api.v1.SetVolumeMetaRequest.MetaEntry
+	78, // 20: basalt.api.v1.SetVolumeMetaRequest.meta:type_name -> basalt.api.v1.SetVolumeMetaRequest.MetaEntry
 	21, // 21: basalt.api.v1.SetVolumeMetaResponse.volume:type_name -> basalt.api.v1.Volume
 	21, // 22: basalt.api.v1.OpenVolumeResponse.volume:type_name -> basalt.api.v1.Volume
 	12, // 23: basalt.api.v1.OpenVolumeResponse.pool:type_name -> basalt.api.v1.Pool
@@ -5114,87 +5245,89 @@ var file_mds_proto_depIdxs = []int32{
 	2,  // 29: basalt.api.v1.ClusterStatusResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
 	12, // 30: basalt.api.v1.ClusterStatusResponse.pools:type_name -> basalt.api.v1.Pool
 	13, // 31: basalt.api.v1.ClusterStatusResponse.copysets:type_name -> basalt.api.v1.Copyset
-	78, // 32: basalt.api.v1.ClusterStatusResponse.leaders_per_chunkserver:type_name -> basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
-	53, // 33: basalt.api.v1.AccessNodeHeartbeatRequest.hosts:type_name -> basalt.api.v1.NVMfHost
-	1,  // 34: basalt.api.v1.NVMfSubsystem.policy:type_name -> basalt.api.v1.ANAPolicy
-	50, // 35: basalt.api.v1.AccessNodeHeartbeatResponse.nodes:type_name -> basalt.api.v1.AccessNode
-	55, // 36: basalt.api.v1.AccessNodeHeartbeatResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
-	56, // 37: basalt.api.v1.AccessNodeHeartbeatResponse.subsystems:type_name -> basalt.api.v1.NVMfSubsystem
-	56, // 38: basalt.api.v1.SetNVMfSubsystemRequest.subsystem:type_name -> basalt.api.v1.NVMfSubsystem
-	50, // 39: basalt.api.v1.ListANAResponse.nodes:type_name -> basalt.api.v1.AccessNode
-	55, // 40: basalt.api.v1.ListANAResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
-	56, // 41: basalt.api.v1.ListANAResponse.subsystems:type_name -> basalt.api.v1.NVMfSubsystem
-	62, // 42: basalt.api.v1.PRRegistration.nexus:type_name -> basalt.api.v1.PRNexus
-	62, // 43: basalt.api.v1.PRAttention.nexus:type_name -> basalt.api.v1.PRNexus
-	63, // 44: basalt.api.v1.PRState.registrations:type_name -> basalt.api.v1.PRRegistration
-	62, // 45: basalt.api.v1.PRState.holder:type_name -> basalt.api.v1.PRNexus
-	64, // 46: basalt.api.v1.PRState.attentions:type_name -> basalt.api.v1.PRAttention
-	62, // 47: basalt.api.v1.PRState.spc2_holder:type_name -> basalt.api.v1.PRNexus
-	65, // 48: basalt.api.v1.GetReservationResponse.state:type_name -> basalt.api.v1.PRState
-	62, // 49: basalt.api.v1.ApplyReservationRequest.from:type_name -> basalt.api.v1.PRNexus
-	66, // 50: basalt.api.v1.ApplyReservationRequest.action:type_name -> basalt.api.v1.PRAction
-	65, // 51: basalt.api.v1.ApplyReservationResponse.state:type_name -> basalt.api.v1.PRState
-	71, // 52: basalt.api.v1.SetTargetCHAPRequest.chap:type_name -> basalt.api.v1.TargetCHAP
-	71, // 53: basalt.api.v1.GetTargetCHAPResponse.chap:type_name -> basalt.api.v1.TargetCHAP
-	3,  // 54: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
-	6,  // 55: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
-	10, // 56: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
-	15, // 57: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
-	17, // 58: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
-	19, // 59: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
-	23, // 60: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
-	25, // 61: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
-	27, // 62: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
-	29, // 63: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
-	33, // 64: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
-	31, // 65: basalt.api.v1.MDS.SetVolumeMeta:input_type -> basalt.api.v1.SetVolumeMetaRequest
-	35, // 66: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
-	37, // 67: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
-	39, // 68: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
-	48, // 69: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
-	42, // 70: basalt.api.v1.MDS.RegisterNode:input_type -> basalt.api.v1.RegisterNodeRequest
-	44, // 71: basalt.api.v1.MDS.AttachVolume:input_type -> basalt.api.v1.AttachVolumeRequest
-	46, // 72: basalt.api.v1.MDS.DetachVolume:input_type -> basalt.api.v1.DetachVolumeRequest
-	51, // 73: basalt.api.v1.MDS.RegisterAccessNode:input_type -> basalt.api.v1.RegisterAccessNodeRequest
-	54, // 74: basalt.api.v1.MDS.AccessNodeHeartbeat:input_type -> basalt.api.v1.AccessNodeHeartbeatRequest
-	58, // 75: basalt.api.v1.MDS.SetNVMfSubsystem:input_type -> basalt.api.v1.SetNVMfSubsystemRequest
-	60, // 76: basalt.api.v1.MDS.ListANA:input_type -> basalt.api.v1.ListANARequest
-	67, // 77: basalt.api.v1.MDS.GetReservation:input_type -> basalt.api.v1.GetReservationRequest
-	69, // 78: basalt.api.v1.MDS.ApplyReservation:input_type -> basalt.api.v1.ApplyReservationRequest
-	72, // 79: basalt.api.v1.MDS.SetTargetCHAP:input_type -> basalt.api.v1.SetTargetCHAPRequest
-	74, // 80: basalt.api.v1.MDS.GetTargetCHAP:input_type -> basalt.api.v1.GetTargetCHAPRequest
-	4,  // 81: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
-	7,  // 82: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
-	11, // 83: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
-	16, // 84: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
-	18, // 85: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
-	20, // 86: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
-	24, // 87: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
-	26, // 88: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
-	28, // 89: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
-	30, // 90: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
-	34, // 91: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
-	32, // 92: basalt.api.v1.MDS.SetVolumeMeta:output_type -> basalt.api.v1.SetVolumeMetaResponse
-	36, // 93: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
-	38, // 94: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
-	40, // 95: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
-	49, // 96: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
-	43, // 97: basalt.api.v1.MDS.RegisterNode:output_type -> basalt.api.v1.RegisterNodeResponse
-	45, // 98: basalt.api.v1.MDS.AttachVolume:output_type -> basalt.api.v1.AttachVolumeResponse
-	47, // 99: basalt.api.v1.MDS.DetachVolume:output_type -> basalt.api.v1.DetachVolumeResponse
-	52, // 100: basalt.api.v1.MDS.RegisterAccessNode:output_type -> basalt.api.v1.RegisterAccessNodeResponse
-	57, // 101: basalt.api.v1.MDS.AccessNodeHeartbeat:output_type -> basalt.api.v1.AccessNodeHeartbeatResponse
-	59, // 102: basalt.api.v1.MDS.SetNVMfSubsystem:output_type -> basalt.api.v1.SetNVMfSubsystemResponse
-	61, // 103: basalt.api.v1.MDS.ListANA:output_type -> basalt.api.v1.ListANAResponse
-	68, // 104: basalt.api.v1.MDS.GetReservation:output_type -> basalt.api.v1.GetReservationResponse
-	70, // 105: basalt.api.v1.MDS.ApplyReservation:output_type -> basalt.api.v1.ApplyReservationResponse
-	73, // 106: basalt.api.v1.MDS.SetTargetCHAP:output_type -> basalt.api.v1.SetTargetCHAPResponse
-	75, // 107: basalt.api.v1.MDS.GetTargetCHAP:output_type -> basalt.api.v1.GetTargetCHAPResponse
-	81, // [81:108] is the sub-list for method output_type
-	54, // [54:81] is the sub-list for method input_type
-	54, // [54:54] is the sub-list for extension type_name
-	54, // [54:54] is the sub-list for extension extendee
-	0,  // [0:54] is the sub-list for field type_name
+	79, // 32: basalt.api.v1.ClusterStatusResponse.leaders_per_chunkserver:type_name -> basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
+	51, // 33: basalt.api.v1.AccessNode.iscsi_sessions:type_name -> basalt.api.v1.ISCSISession
+	54, // 34: basalt.api.v1.AccessNodeHeartbeatRequest.hosts:type_name -> basalt.api.v1.NVMfHost
+	51, // 35: basalt.api.v1.AccessNodeHeartbeatRequest.iscsi_sessions:type_name -> basalt.api.v1.ISCSISession
+	1,  // 36: basalt.api.v1.NVMfSubsystem.policy:type_name -> basalt.api.v1.ANAPolicy
+	50, // 37: basalt.api.v1.AccessNodeHeartbeatResponse.nodes:type_name -> basalt.api.v1.AccessNode
+	56, // 38: basalt.api.v1.AccessNodeHeartbeatResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
+	57, // 39: basalt.api.v1.AccessNodeHeartbeatResponse.subsystems:type_name -> basalt.api.v1.NVMfSubsystem
+	57, // 40: basalt.api.v1.SetNVMfSubsystemRequest.subsystem:type_name -> basalt.api.v1.NVMfSubsystem
+	50, // 41: basalt.api.v1.ListANAResponse.nodes:type_name -> basalt.api.v1.AccessNode
+	56, // 42: basalt.api.v1.ListANAResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
+	57, // 43: basalt.api.v1.ListANAResponse.subsystems:type_name -> basalt.api.v1.NVMfSubsystem
+	63, // 44: basalt.api.v1.PRRegistration.nexus:type_name -> basalt.api.v1.PRNexus
+	63, // 45: basalt.api.v1.PRAttention.nexus:type_name -> basalt.api.v1.PRNexus
+	64, // 46: basalt.api.v1.PRState.registrations:type_name -> basalt.api.v1.PRRegistration
+	63, // 47: basalt.api.v1.PRState.holder:type_name -> basalt.api.v1.PRNexus
+	65, // 48: basalt.api.v1.PRState.attentions:type_name -> basalt.api.v1.PRAttention
+	63, // 49: basalt.api.v1.PRState.spc2_holder:type_name -> basalt.api.v1.PRNexus
+	66, // 50: basalt.api.v1.GetReservationResponse.state:type_name -> basalt.api.v1.PRState
+	63, // 51: basalt.api.v1.ApplyReservationRequest.from:type_name -> basalt.api.v1.PRNexus
+	67, // 52: basalt.api.v1.ApplyReservationRequest.action:type_name -> basalt.api.v1.PRAction
+	66, // 53: basalt.api.v1.ApplyReservationResponse.state:type_name -> basalt.api.v1.PRState
+	72, // 54: basalt.api.v1.SetTargetCHAPRequest.chap:type_name -> basalt.api.v1.TargetCHAP
+	72, // 55: basalt.api.v1.GetTargetCHAPResponse.chap:type_name -> basalt.api.v1.TargetCHAP
+	3,  // 56: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
+	6,  // 57: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
+	10, // 58: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
+	15, // 59: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
+	17, // 60: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
+	19, // 61: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
+	23, // 62: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
+	25, // 63: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
+	27, // 64: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
+	29, // 65: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
+	33, // 66: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
+	31, // 67: basalt.api.v1.MDS.SetVolumeMeta:input_type -> basalt.api.v1.SetVolumeMetaRequest
+	35, // 68: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
+	37, // 69: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
+	39, // 70: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
+	48, // 71: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
+	42, // 72: basalt.api.v1.MDS.RegisterNode:input_type -> basalt.api.v1.RegisterNodeRequest
+	44, // 73: basalt.api.v1.MDS.AttachVolume:input_type -> basalt.api.v1.AttachVolumeRequest
+	46, // 74: basalt.api.v1.MDS.DetachVolume:input_type -> basalt.api.v1.DetachVolumeRequest
+	52, // 75: basalt.api.v1.MDS.RegisterAccessNode:input_type -> basalt.api.v1.RegisterAccessNodeRequest
+	55, // 76: basalt.api.v1.MDS.AccessNodeHeartbeat:input_type -> basalt.api.v1.AccessNodeHeartbeatRequest
+	59, // 77: basalt.api.v1.MDS.SetNVMfSubsystem:input_type -> basalt.api.v1.SetNVMfSubsystemRequest
+	61, // 78: basalt.api.v1.MDS.ListANA:input_type -> basalt.api.v1.ListANARequest
+	68, // 79: basalt.api.v1.MDS.GetReservation:input_type -> basalt.api.v1.GetReservationRequest
+	70, // 80: basalt.api.v1.MDS.ApplyReservation:input_type -> basalt.api.v1.ApplyReservationRequest
+	73, // 81: basalt.api.v1.MDS.SetTargetCHAP:input_type -> basalt.api.v1.SetTargetCHAPRequest
+	75, // 82: basalt.api.v1.MDS.GetTargetCHAP:input_type -> basalt.api.v1.GetTargetCHAPRequest
+	4,  // 83: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
+	7,  // 84: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
+	11, // 85: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
+	16, // 86: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
+	18, // 87: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
+	20, // 88: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
+	24, // 89: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
+	26, // 90: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
+	28, // 91: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
+	30, // 92: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
+	34, // 93: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
+	32, // 94: basalt.api.v1.MDS.SetVolumeMeta:output_type -> basalt.api.v1.SetVolumeMetaResponse
+	36, // 95: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
+	38, // 96: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
+	40, // 97: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
+	49, // 98: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
+	43, // 99: basalt.api.v1.MDS.RegisterNode:output_type -> basalt.api.v1.RegisterNodeResponse
+	45, // 100: basalt.api.v1.MDS.AttachVolume:output_type -> basalt.api.v1.AttachVolumeResponse
+	47, // 101: basalt.api.v1.MDS.DetachVolume:output_type -> basalt.api.v1.DetachVolumeResponse
+	53, // 102: basalt.api.v1.MDS.RegisterAccessNode:output_type -> basalt.api.v1.RegisterAccessNodeResponse
+	58, // 103: basalt.api.v1.MDS.AccessNodeHeartbeat:output_type -> basalt.api.v1.AccessNodeHeartbeatResponse
+	60, // 104: basalt.api.v1.MDS.SetNVMfSubsystem:output_type -> basalt.api.v1.SetNVMfSubsystemResponse
+	62, // 105: basalt.api.v1.MDS.ListANA:output_type -> basalt.api.v1.ListANAResponse
+	69, // 106: basalt.api.v1.MDS.GetReservation:output_type -> basalt.api.v1.GetReservationResponse
+	71, // 107: basalt.api.v1.MDS.ApplyReservation:output_type -> basalt.api.v1.ApplyReservationResponse
+	74, // 108: basalt.api.v1.MDS.SetTargetCHAP:output_type -> basalt.api.v1.SetTargetCHAPResponse
+	76, // 109: basalt.api.v1.MDS.GetTargetCHAP:output_type -> basalt.api.v1.GetTargetCHAPResponse
+	83, // [83:110] is the sub-list for method output_type
+	56, // [56:83] is the sub-list for method input_type
+	56, // [56:56] is the sub-list for extension type_name
+	56, // [56:56] is the sub-list for extension extendee
+	0,  // [0:56] is the sub-list for field type_name
 }
 
 func init() { file_mds_proto_init() }
@@ -5208,7 +5341,7 @@ func file_mds_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mds_proto_rawDesc), len(file_mds_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   77,
+			NumMessages:   78,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -134,18 +134,19 @@ var ErrNothingToServe = errors.New("access: no front end configured (give an NBD
 
 // Node is a running set of front ends over one export lifecycle.
 type Node struct {
-	log     *slog.Logger
-	mds     *mdsclient.Client
-	exports *frontend.Exports
-	nbd     *nbd.Server
-	nvmf    *nvmf.Server
-	iscsi   *iscsi.Server
-	addrs   []net.Addr
-	stopANA chan struct{} // closed by Close: ends heartbeatLoop
-	kickANA chan struct{} // a heartbeat now: NVMe/TCP hosts came or went
-	reg     registration  // as an access node (Start only)
-	regMu   sync.Mutex
-	anaSrv  *nvmf.Server // in ANA multipath, under regMu
+	log      *slog.Logger
+	mds      *mdsclient.Client
+	exports  *frontend.Exports
+	nbd      *nbd.Server
+	nvmf     *nvmf.Server
+	iscsi    *iscsi.Server
+	addrs    []net.Addr
+	stopANA  chan struct{} // closed by Close: ends heartbeatLoop
+	kickANA  chan struct{} // a heartbeat now: NVMe/TCP hosts came or went
+	reg      registration  // as an access node (Start only)
+	regMu    sync.Mutex
+	anaSrv   *nvmf.Server  // in ANA multipath, under regMu
+	iscsiSrv *iscsi.Server // registered iSCSI portal, under regMu
 	// reservations are the volumes' persistent reservations, in the MDS.
 	reservations *reservation.Cached
 	// chaps are the targets' CHAP records, in the MDS.
@@ -343,6 +344,9 @@ func (n *Node) startISCSI(cfg ISCSIConfig, name string) error {
 	}
 	var id uint64
 	if cfg.Register {
+		n.regMu.Lock()
+		n.iscsiSrv = srv
+		n.regMu.Unlock()
 		n.reg.iscsi = advertised(cfg.AdvertiseAddr, ln)
 		if id, err = n.announce(name); err != nil {
 			ln.Close()

@@ -2,11 +2,13 @@ package access
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"slices"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/frontend/iscsi"
 	"github.com/basalt-storage/basalt/internal/frontend/nvmf"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -52,10 +54,17 @@ func (n *Node) heartbeatLoop(id uint64, kick <-chan struct{}, stop <-chan struct
 	failing := false
 	for {
 		req := &api.AccessNodeHeartbeatRequest{Id: id}
-		srv := n.anaServer()
+		srv, isrv := n.announced()
 		if srv != nil {
 			for _, h := range srv.Hosts() {
 				req.Hosts = append(req.Hosts, &api.NVMfHost{Subsystem: h.Subsystem, Host: h.Host, Nsids: h.NSIDs})
+			}
+		}
+		if isrv != nil {
+			for _, s := range isrv.Sessions() {
+				req.IscsiSessions = append(req.IscsiSessions, &api.ISCSISession{Initiator: s.Initiator, Target: s.Target,
+					Remote: s.Remote, Isid: hex.EncodeToString(s.ISID[:]), Tsih: uint32(s.TSIH), SinceUnixMs: s.Since.UnixMilli(),
+					HeaderDigest: s.HeaderDigest, DataDigest: s.DataDigest})
 			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -86,11 +95,12 @@ func (n *Node) heartbeatLoop(id uint64, kick <-chan struct{}, stop <-chan struct
 	}
 }
 
-// anaServer is the NVMe/TCP server whose ANA paths the MDS assigns, or nil.
-func (n *Node) anaServer() *nvmf.Server {
+// announced returns the NVMe/TCP server whose ANA paths the MDS assigns and
+// the iSCSI server whose sessions the heartbeats report, each nil if none.
+func (n *Node) announced() (*nvmf.Server, *iscsi.Server) {
 	n.regMu.Lock()
 	defer n.regMu.Unlock()
-	return n.anaSrv
+	return n.anaSrv, n.iscsiSrv
 }
 
 // pathsOf turns the MDS's answer into this node's ANA states.

@@ -22,8 +22,9 @@ import (
 // A redirector portal in front of two registered access nodes, judged by
 // libiscsi: discovery through it lists every target at both nodes' portals
 // (multipath); a login through it is sent to one node per target — the same
-// node at every login, the targets spread over both — and served there;
-// when that node stops, the next login goes to the other.
+// node at every login, the targets spread over both — and served there,
+// where `basalt iscsi ls` shows the session while it lasts; when that node
+// stops, the next login goes to the other.
 func TestISCSIRedirector(t *testing.T) {
 	testutil.RequireTool(t, "iscsi-inq")
 	testutil.RequireTool(t, "iscsi-ls")
@@ -115,6 +116,62 @@ func TestISCSIRedirector(t *testing.T) {
 			t.Errorf("%s: second login went to %s (%v), the first to %s", vol, p, err, first[vol])
 		}
 	}
+
+	// A session held open (libiscsi's iscsi-perf reading through the
+	// redirector) shows in `basalt iscsi ls` at the node it was sent to,
+	// and is gone from it once it ends.
+	perf := exec.Command("iscsi-perf", "-i", "iqn.2026-11.io.basalt.test:perf", "iscsi://"+redir+"/"+iscsi.TargetName("c", "vol0")+"/0")
+	var perfOut bytes.Buffer
+	perf.Stdout, perf.Stderr = &perfOut, &perfOut
+	if err := perf.Start(); err != nil {
+		t.Fatal(err)
+	}
+	perfDone := make(chan struct{})
+	go func() { _ = perf.Wait(); close(perfDone) }()
+	t.Cleanup(func() { _ = perf.Process.Kill(); <-perfDone })
+	admin := c.Issue(identity.RoleAdmin, "admin")
+	ls := func() (string, error) {
+		return run(c.Binary, "iscsi", "ls", "--mds", c.MDSAddr, "--tls-dir", c.TLSDir, "--tls-cert", admin)
+	}
+	// sessionAt reports whether ls shows the perf session at the node
+	// whose portal is portal.
+	sessionAt := func(out, portal string) bool {
+		var id string
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[1] == portal {
+				id = f[0]
+			}
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); id != "" && len(f) >= 3 && f[0] == id && f[1] == iscsi.TargetName("c", "vol0") &&
+				f[2] == "iqn.2026-11.io.basalt.test:perf" {
+				return true
+			}
+		}
+		return false
+	}
+	c.Eventually(60*time.Second, "basalt iscsi ls showing the session at "+first["vol0"], func(context.Context) error {
+		select {
+		case <-perfDone:
+			return fmt.Errorf("iscsi-perf ended: %s", tail(perfOut.Bytes(), 20))
+		default:
+		}
+		out, err := ls()
+		if err != nil || !sessionAt(out, first["vol0"]) {
+			return fmt.Errorf("basalt iscsi ls: %v:\n%s", err, out)
+		}
+		t.Logf("basalt iscsi ls:\n%s", out)
+		return nil
+	})
+	_ = perf.Process.Kill()
+	<-perfDone
+	c.Eventually(60*time.Second, "the ended session gone from basalt iscsi ls", func(context.Context) error {
+		out, err := ls()
+		if err != nil || sessionAt(out, first["vol0"]) {
+			return fmt.Errorf("basalt iscsi ls: %v:\n%s", err, out)
+		}
+		return nil
+	})
 
 	// The node vol0 was sent to stops (its heartbeat still fresh in the
 	// MDS): the redirector finds its portal dead and sends the next login

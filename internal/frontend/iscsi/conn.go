@@ -37,7 +37,8 @@ type conn struct {
 
 	// Set by the login (reader goroutine), read-only afterwards.
 	isid          [6]byte
-	tsih          uint16
+	tsih          uint16    // set by Server.register, under its mu
+	since         time.Time // logged in; set by Server.register, under its mu
 	loginITT      uint32
 	initiator     string
 	target        string

@@ -519,8 +519,7 @@ func (c *conn) enterFullFeature() error {
 		}},
 	})
 	c.key = sessionKey{initiator: strings.ToLower(c.initiator), target: strings.ToLower(c.target), isid: c.isid}
-	var old *conn
-	c.tsih, old = c.s.register(c.key, c)
+	old := c.s.register(c.key, c)
 	c.registered = true
 	if old != nil {
 		c.log.Info("iscsi: session reinstated: closing the old session's connection")

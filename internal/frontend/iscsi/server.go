@@ -9,6 +9,7 @@ import (
 	"github.com/basalt-storage/basalt/internal/frontend/iscsi/scsi"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -248,19 +249,42 @@ func (s *Server) volumeID(volume string) uint64 {
 	return binary.BigEndian.Uint64(h[:])
 }
 
-// register records a new normal session and returns its TSIH, and the
+// register records a new normal session, gives c its TSIH, and returns the
 // connection of an older session with the same key, which it replaces
 // (session reinstatement: the caller closes it).
-func (s *Server) register(k sessionKey, c *conn) (tsih uint16, old *conn) {
+func (s *Server) register(k sessionKey, c *conn) (old *conn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.tsih++
 	if s.tsih == 0 {
 		s.tsih = 1
 	}
+	c.tsih, c.since = s.tsih, time.Now()
 	old = s.sessions[k]
 	s.sessions[k] = c
-	return s.tsih, old
+	return old
+}
+
+// SessionInfo describes one logged-in normal session (one connection).
+type SessionInfo struct {
+	Initiator, Target, Remote string
+	ISID                      [6]byte
+	TSIH                      uint16
+	Since                     time.Time
+	HeaderDigest, DataDigest  bool
+}
+
+// Sessions lists the logged-in normal sessions, oldest first.
+func (s *Server) Sessions() []SessionInfo {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]SessionInfo, 0, len(s.sessions))
+	for _, c := range s.sessions {
+		out = append(out, SessionInfo{Initiator: c.initiator, Target: c.target, Remote: c.nc.RemoteAddr().String(),
+			ISID: c.isid, TSIH: c.tsih, Since: c.since, HeaderDigest: c.headerDigest, DataDigest: c.dataDigest})
+	}
+	slices.SortFunc(out, func(a, b SessionInfo) int { return a.Since.Compare(b.Since) })
+	return out
 }
 
 func (s *Server) unregister(k sessionKey, c *conn) {
