@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/basalt-storage/basalt/internal/identity"
 	"github.com/basalt-storage/basalt/internal/sockio"
@@ -97,6 +98,7 @@ type Conn struct {
 	writing  bool    // the write side has an owner: a sending goroutine or the writer
 	handoff  bool    // the owner is the writer goroutine
 	busy     bool    // the last write had company (frames queued behind it or batched with it)
+	written  uint64  // batches written (or failed): Abort's measure of a stuck write
 	deferred []*Call // finished by a sending goroutine; their done runs on the writer
 
 	// The write side, used only by its current owner.
@@ -303,6 +305,7 @@ func (c *Conn) takeBatchLocked() (skipped []*Call) {
 }
 
 func (c *Conn) releaseBatchLocked() {
+	c.written++
 	clear(c.batch)
 	c.spare, c.batch = c.batch[:0], nil
 }
@@ -346,7 +349,10 @@ func (c *Conn) Do(ctx context.Context, call *Call) error {
 // Abort gives up call (started with Go on c) with an error wrapping ErrAborted and
 // cause. If the reply is already being received, the call completes normally
 // instead. Either way done runs exactly once, possibly before Abort returns, and
-// a reply arriving later is skipped.
+// a reply arriving later is skipped. If the call's frame is being written, done
+// runs once that write ends; should it not end within abortWriteGrace, the
+// connection is closed (failing its other calls too): the peer is not taking
+// the bytes, and a frame cannot be taken back half written.
 func (c *Conn) Abort(call *Call, cause error) {
 	c.mu.Lock()
 	if call.finished || c.pending[call.Header.ID] != call {
@@ -355,8 +361,26 @@ func (c *Conn) Abort(call *Call, cause error) {
 	}
 	delete(c.pending, call.Header.ID)
 	call.Err = fmt.Errorf("%w: %w", ErrAborted, cause)
+	if call.wstate == wsWriting {
+		// Its batch is the one being written: written moves on when it was.
+		n, id := c.written, call.Header.ID
+		time.AfterFunc(abortWriteGrace, func() {
+			c.mu.Lock()
+			stuck := c.written == n
+			c.mu.Unlock()
+			if stuck {
+				c.fail(fmt.Errorf("request %d aborted (%w) and still not written %v later", id, cause, abortWriteGrace))
+			}
+		})
+	}
 	c.finishLocked(call)
 }
+
+// abortWriteGrace is how long the write of an aborted call's frame may still
+// take before the connection is given up: an aborted call waited for its
+// caller's timeout already, so a write still unfinished means a peer that
+// stopped reading (a server whose requests hang stops at MaxInFlight).
+const abortWriteGrace = 2 * time.Second
 
 // Send writes a one-way frame (no reply is expected) and returns once it was
 // written (payload may be reused then) or the connection failed.

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"hash/crc32"
+	"io"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -618,5 +619,71 @@ func TestSnapshotFramesBypassBound(t *testing.T) {
 		if err != nil || call.Reply.Hint != uint64(100+i) {
 			t.Fatalf("snapshot frame %d: %v, hint %d", i, err, call.Reply.Hint)
 		}
+	}
+}
+
+// TestAbortWhileWriting: the server took a request's header and then stopped
+// reading (as a server whose requests all hang does at MaxInFlight), so the
+// request's large payload can never be written. Aborting it must still end it
+// (and the call queued behind it) rather than wait for the write forever: the
+// writer holds the call until its write ends, which only closing the connection
+// does. Without that, Abort left the call in flight and done never ran.
+func TestAbortWhileWriting(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	gotHeader := make(chan error, 1)
+	go func() {
+		nc, err := ln.Accept()
+		if err != nil {
+			gotHeader <- err
+			return
+		}
+		t.Cleanup(func() { nc.Close() })
+		var hb [api.HeaderSize]byte
+		if _, err := io.ReadFull(nc, hb[:]); err != nil {
+			gotHeader <- err
+			return
+		}
+		_, err = api.DecodeHeader(hb[:])
+		gotHeader <- err // and never read again
+	}()
+	c := dial(t, ln.Addr().String())
+
+	// More than any socket buffers hold: the write stays in progress.
+	big := &Call{Header: api.Header{Op: api.OpWrite, Length: 64 << 20}, Payload: make([]byte, 64<<20)}
+	bigDone := make(chan struct{})
+	c.Go(big, func(*Call) { close(bigDone) })
+	if err := <-gotHeader; err != nil {
+		t.Fatal(err)
+	}
+	behind := &Call{Header: api.Header{Op: api.OpPing}}
+	behindDone := make(chan struct{})
+	c.Go(behind, func(*Call) { close(behindDone) })
+
+	cause := errors.New("test timeout")
+	c.Abort(big, cause)
+	for _, w := range []struct {
+		name string
+		call *Call
+		done chan struct{}
+		want error
+	}{{"aborted call", big, bigDone, ErrAborted}, {"call queued behind it", behind, behindDone, ErrClosed}} {
+		select {
+		case <-w.done:
+		case <-time.After(30 * time.Second): // a hang, not slowness
+			t.Fatalf("%s: done did not run 30 s after the Abort", w.name)
+		}
+		if !errors.Is(w.call.Err, w.want) {
+			t.Errorf("%s: err %v, want %v", w.name, w.call.Err, w.want)
+		}
+	}
+	if !errors.Is(big.Err, cause) {
+		t.Errorf("aborted call: err %v does not name the cause", big.Err)
+	}
+	if err := c.Err(); !errors.Is(err, ErrClosed) {
+		t.Errorf("connection after the abort: %v, want closed", err)
 	}
 }

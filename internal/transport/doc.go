@@ -63,6 +63,11 @@
 // fails every call in flight and every later call with an error wrapping ErrClosed;
 // it is never reused — the owner dials a new one. Per-call deadlines are the
 // caller's: Do takes a context, Go callers run their own timers and Abort the call.
+// The writer holds a call's payload until its frame is written, and a frame
+// cannot be taken back half written: a call aborted while its frame is being
+// written completes when that write ends, and if it has not ended 2 s later
+// (the peer stopped reading: a server whose requests hang does at MaxInFlight)
+// the connection is closed.
 // After a call's done callback ran, the Conn never touches its buffers again, even
 // if a reply for it arrives later (it is read and discarded).
 //

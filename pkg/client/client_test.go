@@ -418,6 +418,44 @@ func TestOpDeadline(t *testing.T) {
 	}
 }
 
+// TestStalledServersIOTimesOut: the chunkservers take requests but answer none
+// and stop reading them (as one whose WAL hangs does once MaxInFlight requests
+// wait), so the writes fill the socket and the connection's writer blocks
+// mid-frame. Each IO still ends with ErrTimeout at about OpTimeout; none waits
+// on the blocked write. (The attempt timeout used to leave a call the writer
+// held in flight: these IOs never returned.)
+func TestStalledServersIOTimesOut(t *testing.T) {
+	c := newFakeCluster(t)
+	c.setHook(func(uint64, api.Header) action { return stall })
+	const opTimeout = 3 * time.Second
+	v := c.open(t, func(cfg *Config) { cfg.IOTimeout = 300 * time.Millisecond; cfg.OpTimeout = opTimeout })
+	// 32 MiB to one copyset: more than the socket buffers between a client and
+	// a server hold.
+	const n = 512
+	buf := make([]byte, tChunk)
+	errs := make(chan error, n)
+	start := time.Now()
+	for range n {
+		v.Submit(api.OpWrite, buf, 0, tChunk, func(err error) { errs <- err })
+	}
+	hang := time.After(opTimeout + time.Minute) // a hang, not slowness
+	for i := range n {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, ErrTimeout) {
+				t.Fatalf("write: %v, want ErrTimeout", err)
+			}
+		case <-hang:
+			t.Errorf("%d of %d writes still in flight %v after they were submitted (OpTimeout %v)", n-i, n, time.Since(start), opTimeout)
+			for _, s := range c.servers {
+				s.setDown(true) // end them, so that the volume closes
+			}
+			return
+		}
+	}
+	t.Logf("%d writes failed with ErrTimeout %v after they were submitted (OpTimeout %v)", n, time.Since(start), opTimeout)
+}
+
 // TestRefreshCopysets: the copyset moved to other members since Open; the old
 // members answer NO_SUCH_COPYSET; the client refreshes from the MDS.
 func TestRefreshCopysets(t *testing.T) {

@@ -38,6 +38,7 @@ const (
 	gated                    // answer once the cluster's gate is closed
 	fenced                   // answer FENCED (a newer writer reached the copyset)
 	outOfRange               // answer OUT_OF_RANGE (a chunkserver that has not heard of a grow yet)
+	stall                    // never answer, and stop reading the connection (as a chunkserver whose requests hang does at MaxInFlight)
 )
 
 type fakeCluster struct {
@@ -60,6 +61,7 @@ type fakeCluster struct {
 	frames    map[api.Op]int
 	notLeader int
 	fenced    map[uint32][]uint64 // copyset → epochs of the fences its leader applied
+	unstall   chan struct{}       // closed at the end of the test: stalled server readers go on
 }
 
 type fakeServer struct {
@@ -80,6 +82,7 @@ func newFakeCluster(t testing.TB) *fakeCluster {
 		leaders: make(map[uint32]uint64),
 		servers: make(map[uint64]*fakeServer),
 		frames:  make(map[api.Op]int),
+		unstall: make(chan struct{}),
 	}
 	for cs := range uint32(tCS) {
 		m := []uint64{1 + uint64(cs)%tServers, 1 + uint64(cs+1)%tServers, 1 + uint64(cs+2)%tServers}
@@ -89,6 +92,8 @@ func newFakeCluster(t testing.TB) *fakeCluster {
 	for id := range uint64(tServers) {
 		c.addServer(id + 1)
 	}
+	// Registered after the servers' Close, before the volume's Close: runs between them.
+	t.Cleanup(func() { close(c.unstall) })
 	c.mds = &fakeMDS{c: c, leaseMs: 3000, epoch: 1, hints: make(map[uint32]uint64)} // a first writer; takeover tests raise epoch
 	return c
 }
@@ -163,6 +168,9 @@ func (s *fakeServer) ServeFrame(rw transport.ReplyWriter, h api.Header, payload 
 		rw.Reply(h, nil, nil)
 		return
 	case ignore:
+		return
+	case stall:
+		<-c.unstall // ServeFrame runs on the connection's reader
 		return
 	case noSpace:
 		h.Status = api.StatusNoSpace
