@@ -32,6 +32,7 @@ func csiCommand() *cobra.Command {
 	stateDir := f.String("state-dir", "/var/lib/basalt-csi", "node: where the NBD socket and per-volume state live")
 	attach := f.String("attach", "auto", "node: how to attach volumes: auto (NVMe/TCP if nvme-cli and nvme-tcp are there, else kernel NBD if loaded, else iSCSI if iscsiadm and iscsi_tcp are, else nbdfuse + loop), nvmf, nbd, iscsi or nbdfuse")
 	nvmfDiscovery := f.String("nvmf-discovery", "", "node: the discovery controller (host:port) of the cluster's basalt nvmf --multipath access nodes: NVMe/TCP stages connect to every path it lists (empty: the plugin's own loopback target)")
+	nbdTarget := f.String("nbd-target", "", "node: the NBD server (host:port) of a basalt nbd access node whose --tls-policy lets the kernel's plaintext in: kernel NBD stages connect there (empty: the plugin's own front end)")
 	nvmfTarget := f.String("nvmf-target", "", "node: the NVMe/TCP target (host:port) of a basalt nvmf access node: NVMe/TCP stages connect there (empty: the plugin's own loopback target)")
 	maxVolumes := f.Int64("max-volumes", 0, "node: the attach limit reported to Kubernetes (0: the NBD device count for kernel NBD, else 128)")
 	tf := addTLSFlags(cmd, identity.RoleAdmin, identity.RoleAccess)
@@ -46,7 +47,7 @@ func csiCommand() *cobra.Command {
 		}
 		d, err := csi.Start(csi.Config{
 			Endpoint: *endpoint, MDS: splitList(*mdsAddrs), MDSTLS: mdsTLS, DataTLS: dataTLS, Mode: *mode, DriverName: *driver,
-			NodeID: *nodeID, Zone: *zone, Server: host, StateDir: *stateDir, Attach: *attach, MaxVolumes: *maxVolumes, NVMfDiscovery: *nvmfDiscovery, NVMfTarget: *nvmfTarget,
+			NodeID: *nodeID, Zone: *zone, Server: host, StateDir: *stateDir, Attach: *attach, MaxVolumes: *maxVolumes, NVMfDiscovery: *nvmfDiscovery, NVMfTarget: *nvmfTarget, NBDTarget: *nbdTarget,
 			Logger: slog.Default(),
 		})
 		if err != nil {
@@ -108,14 +109,14 @@ func stageDeviceCommand() *cobra.Command {
 		Short: "Attach a volume with this host's kernel and mount it, as NodeStageVolume does",
 		Long: `Run the node plugin's NodeStageVolume steps on this host against a front end elsewhere:
 attach the volume (nvmf: nvme connect to --addr; iscsi: iscsiadm node record, --login to
-the volume's target at --addr), then, with --path, make --fs on the device if its first
+the volume's target at --addr; nbd: nbd-client to the NBD server at --addr), then, with --path, make --fs on the device if its first
 MiB is zeroes and mount it there. What it made is written to --state for unstage-device.
 Prints the device.`,
 		Args: cobra.ExactArgs(1),
 	}
 	f := cmd.Flags()
-	method := f.String("method", csi.ProtocolNVMf, "how to attach: nvmf or iscsi")
-	addr := f.String("addr", "", "the NVMe/TCP target or the iSCSI portal, host:port; required")
+	method := f.String("method", csi.ProtocolNVMf, "how to attach: nvmf, iscsi or nbd")
+	addr := f.String("addr", "", "the NVMe/TCP target, the iSCSI portal or the NBD server (a basalt nbd allowing plaintext), host:port; required")
 	hostNQN := f.String("hostnqn", "", "nvmf: the host NQN to connect as (default: nvme-cli's)")
 	discovery := f.String("discovery", "", "nvmf: a discovery controller (host:port): connect to every path it lists for the volume instead of --addr")
 	target := f.String("target", "", "iscsi: the target name (default: iqn.2026-11.io.basalt:CLUSTER:VOLUME with --cluster)")

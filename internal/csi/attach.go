@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -61,8 +63,29 @@ func kernelNBD() bool {
 	return err == nil
 }
 
-// attachNBD connects a free /dev/nbdN to the export.
+// attachNBD connects a free /dev/nbdN to the export: at the node plugin's
+// own front end, or at the NBD server of an access node (Config.NBDTarget).
 func (n *Node) attachNBD(ctx context.Context, st *stageState) error {
+	if t := n.d.cfg.NBDTarget; t != "" {
+		return attachNBDAt(ctx, st, t)
+	}
+	return attachNBDAt(ctx, st, "unix:"+n.sock)
+}
+
+// attachNBDAt connects a free /dev/nbdN to the export at server: host:port
+// (an access node's `basalt nbd` listener, which must let plaintext in:
+// nbd-client cannot do TLS), or unix:PATH.
+func attachNBDAt(ctx context.Context, st *stageState, server string) error {
+	var at []string
+	if path, ok := strings.CutPrefix(server, "unix:"); ok {
+		at = []string{"-unix", path}
+	} else {
+		host, port, err := net.SplitHostPort(server)
+		if err != nil {
+			return fmt.Errorf("NBD server %q: want host:port or unix:PATH", server)
+		}
+		at = []string{host, port}
+	}
 	for i := 0; ; i++ {
 		dev := fmt.Sprintf("/dev/nbd%d", i)
 		if _, err := os.Stat(dev); err != nil {
@@ -74,7 +97,7 @@ func (n *Node) attachNBD(ctx context.Context, st *stageState) error {
 		// -nonetlink: an ioctl-configured device takes NBD_SET_SIZE while
 		// connected (a netlink one refuses every ioctl), which is how
 		// NodeExpandVolume tells the kernel the volume grew.
-		args := []string{"-unix", n.sock, dev, "-N", st.Volume, "-b", "4096", "-t", "60", "-nonetlink"}
+		args := append(slices.Clone(at), dev, "-N", st.Volume, "-b", "4096", "-t", "60", "-nonetlink")
 		if st.ReadOnly {
 			args = append(args, "-readonly")
 		}

@@ -47,8 +47,10 @@ func StageDevice(ctx context.Context, t DeviceTarget, volume, fsType, path strin
 		}
 	case ProtocolISCSI:
 		err = attachISCSIAt(ctx, st, t.Addr, t.Target)
+	case ProtocolNBD:
+		err = attachNBDAt(ctx, st, t.Addr)
 	default:
-		err = fmt.Errorf("method %q: want nvmf or iscsi", t.Method)
+		err = fmt.Errorf("method %q: want nvmf, iscsi or nbd", t.Method)
 	}
 	if err != nil {
 		return "", err

@@ -71,6 +71,12 @@ type Config struct {
 	// there, else kernel NBD when /dev/nbd0 and nbd-client exist, else
 	// nbdfuse and a loop device), nvmf, nbd or nbdfuse.
 	Attach string
+	// NBDTarget, if set, is the NBD server (host:port) of an access node
+	// (`basalt nbd` with --tls-policy allow: the kernel's nbd-client cannot
+	// do TLS): a kernel NBD stage connects there instead of to the plugin's
+	// own front end — for a host whose kernel reaches the access node but
+	// not the chunkservers.
+	NBDTarget string
 	// NVMfTarget, if set, is the NVMe/TCP target (host:port) of an access
 	// node (`basalt nvmf`): an NVMe/TCP stage connects there instead of to
 	// the plugin's own loopback target — for a host whose kernel reaches

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/testcluster"
 	"github.com/basalt-storage/basalt/internal/testhost"
 )
 
@@ -26,7 +27,7 @@ import (
 func TestKernelNBDClient(t *testing.T) {
 	begin := time.Now()
 	h := testhost.Start(t, testhost.Config{
-		Tools:   []string{"nbd-client", "mkfs.ext4", "fio"},
+		Tools:   []string{"nbd-client", "mkfs.ext4", "fio", "blkid", "dumpe2fs", testcluster.Binary(t)},
 		Modules: []string{"nbd", "ext4"},
 	})
 	booted := time.Now()
@@ -134,6 +135,24 @@ func TestKernelNBDClient(t *testing.T) {
 	}
 	guest(12*time.Minute, fioJob+" --verify_only")
 	guest(2*time.Minute, "umount /mnt/vol && nbd-client -d /dev/nbd0")
+
+	// Again through the CSI node plugin's kernel NBD attach (what
+	// NodeStageVolume does with --nbd-target: nbd-client to an access
+	// node's NBD server, the ext4 found and mounted), then its unstage.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	out, err := h.Run(ctx, fmt.Sprintf("%s csi stage-device %s --method nbd --addr 10.0.2.2:%d --path /mnt/vol --state /tmp/stage.json 2>&1",
+		testcluster.Binary(t), p.st.Volume, p.nbdPort))
+	if err != nil || !strings.HasPrefix(strings.TrimSpace(out), "/dev/nbd") {
+		t.Fatalf("guest: csi stage-device over NBD: %v\n%s", err, tail(out, 20))
+	}
+	if got := guest(2*time.Minute, "sha256sum /mnt/vol/file-*"); got != sums {
+		t.Fatalf("files through the plugin's NBD stage:\n%swant:\n%s", got, sums)
+	}
+	guest(3*time.Minute, testcluster.Binary(t)+" csi unstage-device /tmp/stage.json")
+	if left := strings.TrimSpace(guest(time.Minute, "grep ' /mnt/vol ' /proc/mounts; cat /sys/block/nbd*/pid 2>/dev/null; true")); left != "" {
+		t.Fatalf("after the plugin's unstage the guest still has:\n%s", left)
+	}
 	p.waitHealthy(60 * time.Second)
 	w := report.Jobs[0].Write
 	logf(t, "kernel NBD: guest up in %s (kernel %s, uptime %s at ready, initramfs %.0f MiB); attach+mkfs+files %s; "+
