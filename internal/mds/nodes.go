@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -35,6 +36,9 @@ func (h *handler) RegisterNode(ctx context.Context, req *api.RegisterNodeRequest
 	if err := checkNode(n.Id); err != nil {
 		return nil, err
 	}
+	if err := checkHostNQN(n.HostNqn); err != nil {
+		return nil, fmt.Errorf("node %q: %w", n.Id, err)
+	}
 	if n.MaxVolumes < 0 {
 		return nil, fmt.Errorf("%w: node %q: max_volumes %d < 0", ErrInvalidArgument, n.Id, n.MaxVolumes)
 	}
@@ -49,20 +53,37 @@ func (h *handler) RegisterNode(ctx context.Context, req *api.RegisterNodeRequest
 			}
 		}
 		rec = nodeRecord{ID: n.Id, Zone: n.Zone, Server: n.Server, RegisteredMs: time.Now().UnixMilli(),
-			MaxVolumes: n.MaxVolumes, Volumes: old.Volumes}
+			MaxVolumes: n.MaxVolumes, HostNQN: n.HostNqn, Volumes: old.Volumes}
 		stm.Put(nodeKey(rec.ID), encode(rec))
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	s.log.Info("node registered", "node", rec.ID, "zone", rec.Zone, "server", rec.Server, "max_volumes", rec.MaxVolumes, "attached", len(rec.Volumes))
+	s.log.Info("node registered", "node", rec.ID, "zone", rec.Zone, "server", rec.Server, "max_volumes", rec.MaxVolumes,
+		"attached", len(rec.Volumes), "host_nqn", rec.HostNQN)
 	return &api.RegisterNodeResponse{Node: rec.proto()}, nil
 }
 
 func (r nodeRecord) proto() *api.Node {
 	return &api.Node{Id: r.ID, Zone: r.Zone, Server: r.Server, RegisteredUnixMs: r.RegisteredMs,
-		MaxVolumes: r.MaxVolumes, Attached: int64(len(r.Volumes))}
+		MaxVolumes: r.MaxVolumes, Attached: int64(len(r.Volumes)), HostNqn: r.HostNQN}
+}
+
+// checkHostNQN checks a node's NVMe host NQN: empty (unknown), or an NQN as
+// NVMe defines one — "nqn." and at most 223 bytes — of printable ASCII.
+func checkHostNQN(nqn string) error {
+	if nqn == "" {
+		return nil
+	}
+	ok := len(nqn) <= 223 && len(nqn) > len("nqn.") && strings.HasPrefix(nqn, "nqn.")
+	for i := 0; ok && i < len(nqn); i++ {
+		ok = nqn[i] > ' ' && nqn[i] < 0x7f
+	}
+	if !ok {
+		return fmt.Errorf("%w: host NQN %q: want \"nqn.\" and at most 223 printable bytes", ErrInvalidArgument, nqn)
+	}
+	return nil
 }
 
 // nodeVolumes adds (add) or drops the volume id in the node's list of
@@ -114,8 +135,13 @@ func (h *handler) AttachVolume(ctx context.Context, req *api.AttachVolumeRequest
 		if err != nil {
 			return err
 		}
-		if stm.Get(nodeKey(req.Node)) == "" {
+		nv := stm.Get(nodeKey(req.Node))
+		if nv == "" {
 			return fmt.Errorf("%w: node %q is not registered (its CSI node plugin never ran)", ErrNotFound, req.Node)
+		}
+		node, err := decode[nodeRecord](nv)
+		if err != nil {
+			return err
 		}
 		rec = v
 		i := slices.IndexFunc(v.Attachments, func(a attachmentRecord) bool { return a.Node == req.Node })
@@ -135,7 +161,8 @@ func (h *handler) AttachVolume(ctx context.Context, req *api.AttachVolumeRequest
 			if err := nodeVolumes(stm, req.Node, v.ID, true); err != nil {
 				return err
 			}
-			keep = append(keep, attachmentRecord{Node: req.Node, ReadOnly: req.ReadOnly, AttachedMs: time.Now().UnixMilli()})
+			keep = append(keep, attachmentRecord{Node: req.Node, ReadOnly: req.ReadOnly, AttachedMs: time.Now().UnixMilli(),
+				HostNQN: node.HostNQN})
 		}
 		for _, n := range superseded {
 			if err := nodeVolumes(stm, n, v.ID, false); err != nil {

@@ -2,6 +2,7 @@ package mds
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -224,5 +225,44 @@ func TestAttachCheckOnly(t *testing.T) {
 	g, err := c.GetVolume(ctx, &api.GetVolumeRequest{Name: "v1"})
 	if err != nil || len(g.Volume.Attachments) != 1 || g.Volume.Attachments[0].Node != "one" {
 		t.Fatalf("after checks, v1 is attached to %v (%v); want only node one", g.GetVolume().GetAttachments(), err)
+	}
+}
+
+// TestAttachmentHostNQN: a node's registered host NQN is checked (the "nqn."
+// form, at most 223 bytes) and copied into the attachments made to it, which
+// is what NVMe/TCP access nodes let write (docs/nvmf.md).
+func TestAttachmentHostNQN(t *testing.T) {
+	c := startWithPool(t, Config{SessionLease: 10 * time.Second}, 3)
+	ctx := ctxT(t)
+	if _, err := c.CreateVolume(ctx, &api.CreateVolumeRequest{Name: "pv", Size: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	long := "nqn." + strings.Repeat("x", 220)
+	for _, bad := range []string{"host-a", "nqn.", long, "nqn.2014-08.org.nvmexpress:uuid:a b"} {
+		_, err := c.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: "node-a", HostNqn: bad}})
+		wantCode(t, "register host NQN "+bad, err, codes.InvalidArgument)
+	}
+	const nqnA = "nqn.2014-08.org.nvmexpress:uuid:aaaaaaaa-0000-0000-0000-000000000001"
+	if r, err := c.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: "node-a", HostNqn: nqnA}}); err != nil || r.Node.HostNqn != nqnA {
+		t.Fatalf("register node-a: %v, %v", r, err)
+	}
+	if _, err := c.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: "node-b"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.AttachVolume(ctx, &api.AttachVolumeRequest{Name: "pv", Node: "node-a"}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.AttachVolume(ctx, &api.AttachVolumeRequest{Name: "pv", Node: "node-b", ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := c.GetVolume(ctx, &api.GetVolumeRequest{Name: "pv"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []*api.Volume{r.Volume, g.Volume} {
+		if len(v.Attachments) != 2 || v.Attachments[0].HostNqn != nqnA || v.Attachments[1].HostNqn != "" {
+			t.Fatalf("attachments %v; want node-a's with %s, node-b's with none", v.Attachments, nqnA)
+		}
 	}
 }

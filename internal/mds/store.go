@@ -110,6 +110,9 @@ type attachmentRecord struct {
 	Node       string `json:"node"`
 	ReadOnly   bool   `json:"read_only,omitempty"`
 	AttachedMs int64  `json:"attached_unix_ms"`
+	// HostNQN is the node's registered host NQN when it was attached;
+	// records from before it existed have none (unknown: allow).
+	HostNQN string `json:"host_nqn,omitempty"`
 }
 
 // nodeRecord is the value at /basalt/nodes/<id>: a host that attaches
@@ -121,6 +124,8 @@ type nodeRecord struct {
 	RegisteredMs int64  `json:"registered_unix_ms"`
 	// MaxVolumes is the node's attach limit; 0: none.
 	MaxVolumes int64 `json:"max_volumes,omitempty"`
+	// HostNQN is the NVMe host NQN the node's kernel connects as; "": unknown.
+	HostNQN string `json:"host_nqn,omitempty"`
 	// Volumes are the ids of the volumes attached to the node, kept with
 	// each volume's Attachments in the same transactions (AttachVolume,
 	// DetachVolume), so that the limit is checked atomically.
@@ -242,7 +247,7 @@ func (r volumeRecord) proto() *api.Volume {
 	v := &api.Volume{Id: r.ID, Name: r.Name, Size: r.Size, PoolId: r.PoolID, PoolName: r.PoolName,
 		CreatedUnixMs: r.CreatedMs, Epoch: r.Epoch, Meta: maps.Clone(r.Meta)}
 	for _, a := range r.Attachments {
-		v.Attachments = append(v.Attachments, &api.Attachment{Node: a.Node, ReadOnly: a.ReadOnly, AttachedUnixMs: a.AttachedMs})
+		v.Attachments = append(v.Attachments, &api.Attachment{Node: a.Node, ReadOnly: a.ReadOnly, AttachedUnixMs: a.AttachedMs, HostNqn: a.HostNQN})
 	}
 	return v
 }

@@ -1535,8 +1535,14 @@ type Attachment struct {
 	Node           string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	ReadOnly       bool                   `protobuf:"varint,2,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
 	AttachedUnixMs int64                  `protobuf:"varint,3,opt,name=attached_unix_ms,json=attachedUnixMs,proto3" json:"attached_unix_ms,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// host_nqn is the NVMe host NQN of the node when it was attached (its
+	// registered Node.host_nqn): an NVMe/TCP access node lets only that host
+	// write the volume (docs/nvmf.md "Fenced hosts stay fenced"). Empty
+	// (attached before MDSs recorded it, or a node registered without one):
+	// unknown, every allowed host may write.
+	HostNqn       string `protobuf:"bytes,4,opt,name=host_nqn,json=hostNqn,proto3" json:"host_nqn,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Attachment) Reset() {
@@ -1588,6 +1594,13 @@ func (x *Attachment) GetAttachedUnixMs() int64 {
 		return x.AttachedUnixMs
 	}
 	return 0
+}
+
+func (x *Attachment) GetHostNqn() string {
+	if x != nil {
+		return x.HostNqn
+	}
+	return ""
 }
 
 type CreateVolumeRequest struct {
@@ -2505,7 +2518,11 @@ type Node struct {
 	// holding this many with ResourceExhausted. 0: no limit.
 	MaxVolumes int64 `protobuf:"varint,5,opt,name=max_volumes,json=maxVolumes,proto3" json:"max_volumes,omitempty"`
 	// attached is how many volumes are attached to the node (set by the MDS).
-	Attached      int64 `protobuf:"varint,6,opt,name=attached,proto3" json:"attached,omitempty"`
+	Attached int64 `protobuf:"varint,6,opt,name=attached,proto3" json:"attached,omitempty"`
+	// host_nqn is the NVMe host NQN the node's kernel connects as (at most 223
+	// bytes, "nqn." form); empty: unknown. AttachVolume copies it into the
+	// attachment.
+	HostNqn       string `protobuf:"bytes,7,opt,name=host_nqn,json=hostNqn,proto3" json:"host_nqn,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2580,6 +2597,13 @@ func (x *Node) GetAttached() int64 {
 		return x.Attached
 	}
 	return 0
+}
+
+func (x *Node) GetHostNqn() string {
+	if x != nil {
+		return x.HostNqn
+	}
+	return ""
 }
 
 type RegisterNodeRequest struct {
@@ -4840,12 +4864,13 @@ const file_mds_proto_rawDesc = "" +
 	"\x04meta\x18\t \x03(\v2\x1f.basalt.api.v1.Volume.MetaEntryR\x04meta\x1a7\n" +
 	"\tMetaEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"g\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x82\x01\n" +
 	"\n" +
 	"Attachment\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
 	"\tread_only\x18\x02 \x01(\bR\breadOnly\x12(\n" +
-	"\x10attached_unix_ms\x18\x03 \x01(\x03R\x0eattachedUnixMs\"Q\n" +
+	"\x10attached_unix_ms\x18\x03 \x01(\x03R\x0eattachedUnixMs\x12\x19\n" +
+	"\bhost_nqn\x18\x04 \x01(\tR\ahostNqn\"Q\n" +
 	"\x13CreateVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x12\n" +
@@ -4904,7 +4929,7 @@ const file_mds_proto_rawDesc = "" +
 	"\x13CloseSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\"\x16\n" +
-	"\x14CloseSessionResponse\"\xad\x01\n" +
+	"\x14CloseSessionResponse\"\xc8\x01\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12\x16\n" +
@@ -4912,7 +4937,8 @@ const file_mds_proto_rawDesc = "" +
 	"\x12registered_unix_ms\x18\x04 \x01(\x03R\x10registeredUnixMs\x12\x1f\n" +
 	"\vmax_volumes\x18\x05 \x01(\x03R\n" +
 	"maxVolumes\x12\x1a\n" +
-	"\battached\x18\x06 \x01(\x03R\battached\">\n" +
+	"\battached\x18\x06 \x01(\x03R\battached\x12\x19\n" +
+	"\bhost_nqn\x18\a \x01(\tR\ahostNqn\">\n" +
 	"\x13RegisterNodeRequest\x12'\n" +
 	"\x04node\x18\x01 \x01(\v2\x13.basalt.api.v1.NodeR\x04node\"?\n" +
 	"\x14RegisterNodeResponse\x12'\n" +
