@@ -220,7 +220,8 @@ func (n *Node) startNVMf(cfg NVMfConfig, name string) error {
 		return fmt.Errorf("NVMe/TCP listen on %s: %w", cfg.Listen, err)
 	}
 	scfg := nvmf.Config{Exports: n.exports, Logger: n.log,
-		AllowedHosts: cfg.AllowedHosts, AdvertiseAddr: cfg.AdvertiseAddr, Reservations: n.reservations}
+		AllowedHosts: cfg.AllowedHosts, AdvertiseAddr: cfg.AdvertiseAddr, Reservations: n.reservations,
+		MayWrite: n.mayWrite}
 	var id uint64
 	if cfg.Multipath {
 		n.reg.nvmf = advertised(cfg.AdvertiseAddr, ln)

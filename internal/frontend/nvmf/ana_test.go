@@ -1,13 +1,17 @@
 package nvmf
 
 import (
+	"bytes"
+	"context"
 	"encoding/binary"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
 	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
@@ -250,6 +254,68 @@ func TestFencedWriteFinalOnSingleNode(t *testing.T) {
 			if r.status != scANAInaccessible || r.dnr == multipath {
 				t.Fatalf("multipath %v, fenced write %d: status %#x dnr %v; want ANA Inaccessible, DNR %v", multipath, i+1, r.status, r.dnr, !multipath)
 			}
+		}
+	}
+}
+
+// TestMayWrite: a host Config.MayWrite refuses gets ANA Inaccessible with
+// DNR for its writes and write-zeroes — on a Multipath node too: the answer
+// is about the host, so no other path would take the write — and nothing
+// reaches the volume; its reads are served. The answer is kept per
+// controller for MayWriteTTL; an error before any answer is Namespace Not
+// Ready (the host retries).
+func TestMayWrite(t *testing.T) {
+	for _, multipath := range []bool{false, true} {
+		var allow atomic.Bool
+		var fail atomic.Bool
+		var asked atomic.Int32
+		s, addr, disk := startServer(t, func(c *Config) {
+			c.Multipath = multipath
+			c.MayWriteTTL = time.Hour
+			c.MayWrite = func(_ context.Context, volume, host string) (bool, error) {
+				asked.Add(1)
+				if volume != "vol" || host != hostA {
+					t.Errorf("MayWrite(%q, %q)", volume, host)
+				}
+				if fail.Load() {
+					return false, errors.New("no MDS")
+				}
+				return allow.Load(), nil
+			}
+		})
+		if multipath {
+			key := PathKey{VolumeNQNPrefix + "vol", hostA, 1}
+			s.SetPaths(Paths{Ports: []Port{{1, "10.0.0.1:4420"}}, States: map[PathKey]ANAState{key: ANAOptimized}})
+		}
+		data := bytes.Repeat([]byte{7}, 4096)
+		fail.Store(true)
+		_, ioq := session(t, addr, false, false)
+		if r, _ := ioq.do(rw(ioWrite, 8, 8), data, true, 0); r.status != scNSNotReady || r.dnr {
+			t.Fatalf("multipath %v, write with MayWrite failing: status %#x dnr %v; want Namespace Not Ready", multipath, r.status, r.dnr)
+		}
+		fail.Store(false)
+		for _, sqe := range [][]byte{rw(ioWrite, 8, 8), rw(ioWriteZeroes, 8, 8), rw(ioWrite, 16, 8)} {
+			var out []byte
+			if sqe[0] == ioWrite {
+				out = data
+			}
+			if r, _ := ioq.do(sqe, out, out != nil, 0); r.status != scANAInaccessible || !r.dnr {
+				t.Fatalf("multipath %v, refused host's opcode %#x: status %#x dnr %v; want ANA Inaccessible, DNR", multipath, sqe[0], r.status, r.dnr)
+			}
+		}
+		if !bytes.Equal(disk.Bytes(0, 1<<20), make([]byte, 1<<20)) {
+			t.Fatalf("multipath %v: a refused write reached the volume", multipath)
+		}
+		ioq.must(ioq.do(rw(ioRead, 8, 8), nil, false, 4096))
+		if n := asked.Load(); n != 2 {
+			t.Fatalf("multipath %v: MayWrite asked %d times, want 2 (the failure, then one answer kept)", multipath, n)
+		}
+		// A new controller asks afresh.
+		allow.Store(true)
+		_, ioq = session(t, addr, false, false)
+		ioq.must(ioq.do(rw(ioWrite, 8, 8), data, true, 0))
+		if !bytes.Equal(disk.Bytes(4096, 4096), data) {
+			t.Fatalf("multipath %v: the allowed write is not on the volume", multipath)
 		}
 	}
 }

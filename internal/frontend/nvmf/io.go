@@ -2,9 +2,11 @@ package nvmf
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
 	"github.com/basalt-storage/basalt/pkg/api"
@@ -131,6 +133,9 @@ func (c *conn) io(cmd *command) {
 			c.complete(cmd, scWriteProtected|dnr, 0, 0)
 			return
 		}
+		if (s.opcode == ioWrite || s.opcode == ioWriteZeroes) && !c.mayWrite(cmd, ns) {
+			return
+		}
 	}
 	switch s.opcode {
 	case ioRead:
@@ -170,6 +175,44 @@ func (c *conn) io(cmd *command) {
 	}
 }
 
+// mayWrite reports whether the controller's host may write ns's volume
+// (Config.MayWrite); when not, it has completed cmd. A host refused is
+// refused on every path — the answer is about the host, not this access
+// node — so its ANA Inaccessible carries DNR even on a Multipath node.
+func (c *conn) mayWrite(cmd *command, ns *namespace) bool {
+	hook := c.s.cfg.MayWrite
+	if hook == nil {
+		return true
+	}
+	ns.wmu.Lock()
+	defer ns.wmu.Unlock()
+	if ns.wAsked.IsZero() || time.Since(ns.wAsked) >= c.s.cfg.MayWriteTTL {
+		ctx, cancel := context.WithTimeout(context.Background(), c.s.cfg.ConnectTimeout)
+		ok, err := hook(ctx, ns.volume, c.ctrl.hostNQN)
+		cancel()
+		switch {
+		case err != nil && ns.wAsked.IsZero():
+			c.log.Warn("nvmf: cannot tell whether the host may write", "volume", ns.volume, "host", c.ctrl.hostNQN, "err", err)
+			c.complete(cmd, scNSNotReady, 0, 0)
+			return false
+		case err != nil:
+			c.log.Warn("nvmf: cannot tell whether the host may write; keeping the last answer", "volume", ns.volume,
+				"host", c.ctrl.hostNQN, "may_write", ns.wOK, "err", err)
+		default:
+			if !ok && (ns.wOK || ns.wAsked.IsZero()) {
+				c.log.Warn("nvmf: the host may not write the volume: its attachment names another host",
+					"volume", ns.volume, "host", c.ctrl.hostNQN)
+			}
+			ns.wOK = ok
+		}
+		ns.wAsked = time.Now()
+	}
+	if !ns.wOK {
+		c.complete(cmd, scANAInaccessible|dnr, 0, 0)
+	}
+	return ns.wOK
+}
+
 func (c *conn) done(cmd *command, err error) {
 	if err != nil {
 		c.complete(cmd, c.status(err), 0, 0)
@@ -191,6 +234,9 @@ func (c *conn) dsm(cmd *command) {
 	}
 	if ns.readOnly {
 		c.complete(cmd, scWriteProtected|dnr, 0, 0)
+		return
+	}
+	if !c.mayWrite(cmd, ns) {
 		return
 	}
 	if len(cmd.data) < nr*16 {

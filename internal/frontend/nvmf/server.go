@@ -79,6 +79,17 @@ type Config struct {
 	// persistent reservations; every access node must share one (the
 	// MDS's). Default: a store of this process alone.
 	Reservations reservation.Store
+	// MayWrite, if set, says whether the host hostNQN may write volume (take
+	// its writer role): it is asked before a controller's first write,
+	// write-zeroes or deallocate to a namespace, and again once the answer
+	// is MayWriteTTL old, so a new controller (a host that reconnected)
+	// always asks afresh. A host that may not write gets ANA Inaccessible
+	// with DNR and its write never reaches the volume, so it cannot fence
+	// the writer (docs/nvmf.md "Fenced hosts stay fenced"). An error keeps
+	// the last answer; with none yet the write gets Namespace Not Ready (the
+	// host retries). nil: every allowed host may write.
+	MayWrite    func(ctx context.Context, volume, hostNQN string) (bool, error)
+	MayWriteTTL time.Duration // default 5 s
 }
 
 func (c *Config) setDefaults() error {
@@ -108,6 +119,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.ConnectTimeout <= 0 {
 		c.ConnectTimeout = 30 * time.Second
+	}
+	if c.MayWriteTTL <= 0 {
+		c.MayWriteTTL = 5 * time.Second
 	}
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = 60 * time.Second
@@ -260,6 +274,12 @@ type namespace struct {
 	// controller's last leave.
 	att     *frontend.Attachment
 	retired []*frontend.Attachment
+
+	// The controller's host may write the volume (Config.MayWrite): the
+	// last answer and when it came; wmu serializes asking.
+	wmu    sync.Mutex
+	wOK    bool
+	wAsked time.Time
 }
 
 // namespace returns the namespace nsid, or nil.
