@@ -31,6 +31,7 @@ type Node struct {
 	portal   string       // its iSCSI portal on loopback; "" when the kernel has no iSCSI initiator
 	front    *access.Node // the front end every stage attaches to
 	method   string       // the default attach: nvmf, nbd or nbdfuse
+	hostNQN  string       // the host NQN NVMe/TCP stages connect as; "": nvme-cli's default (unknown)
 	// maxVolumes is NodeGetInfo's attach limit: Config.MaxVolumes, else
 	// the number of /dev/nbdN devices for kernel NBD, else DefaultMaxVolumes.
 	maxVolumes int64
@@ -86,6 +87,9 @@ func startNode(d *Driver) (*Node, error) {
 	default:
 		return nil, fmt.Errorf("csi: attach %q: want auto, nvmf, nbd, iscsi or nbdfuse", cfg.Attach)
 	}
+	if nvme {
+		n.hostNQN = nodeHostNQN(cfg.HostNQN, hostNQNFile, d.log)
+	}
 	n.maxVolumes = cfg.MaxVolumes
 	if n.maxVolumes <= 0 {
 		n.maxVolumes = DefaultMaxVolumes
@@ -98,7 +102,8 @@ func startNode(d *Driver) (*Node, error) {
 	// ResourceExhausted.
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if _, err := d.mds.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: cfg.NodeID, Zone: cfg.Zone, Server: cfg.Server, MaxVolumes: n.maxVolumes}}); err != nil {
+	if _, err := d.mds.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: cfg.NodeID, Zone: cfg.Zone, Server: cfg.Server, MaxVolumes: n.maxVolumes,
+		HostNqn: n.hostNQN}}); err != nil {
 		return nil, fmt.Errorf("csi: registering node %q with the MDS: %w", cfg.NodeID, err)
 	}
 	acfg := access.Config{
@@ -124,7 +129,7 @@ func startNode(d *Driver) (*Node, error) {
 	if iscsiOK {
 		n.portal = front.ISCSIPortal().String()
 	}
-	d.log.Info("csi node ready", "node", cfg.NodeID, "attach", n.method, "nbd_socket", n.sock, "nvmf", n.nvmfAddr, "iscsi", n.portal)
+	d.log.Info("csi node ready", "node", cfg.NodeID, "host_nqn", n.hostNQN, "attach", n.method, "nbd_socket", n.sock, "nvmf", n.nvmfAddr, "iscsi", n.portal)
 	return n, nil
 }
 
@@ -240,13 +245,13 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 	case ProtocolNVMf:
 		if d := n.d.cfg.NVMfDiscovery; d != "" {
 			var paths []string
-			if paths, err = nvmfPaths(ctx, d, "", nvmf.VolumeNQNPrefix+st.Volume); err == nil {
-				err = attachNVMfPaths(ctx, st, paths, "")
+			if paths, err = nvmfPaths(ctx, d, n.hostNQN, nvmf.VolumeNQNPrefix+st.Volume); err == nil {
+				err = attachNVMfPaths(ctx, st, paths, n.hostNQN)
 			}
 			break
 		}
 		if t := n.d.cfg.NVMfTarget; t != "" {
-			err = attachNVMfAt(ctx, st, t, "")
+			err = attachNVMfAt(ctx, st, t, n.hostNQN)
 			break
 		}
 		err = n.attachNVMf(ctx, st)

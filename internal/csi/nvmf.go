@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -93,7 +94,30 @@ func nvmeSubsystemGone(root, nqn string) bool {
 // attachNVMf connects the kernel to the volume's subsystem on the plugin's
 // own NVMe/TCP target and waits for the namespace's block device.
 func (n *Node) attachNVMf(ctx context.Context, st *stageState) error {
-	return attachNVMfAt(ctx, st, n.nvmfAddr, "")
+	return attachNVMfAt(ctx, st, n.nvmfAddr, n.hostNQN)
+}
+
+// hostNQNFile is where nvme-cli keeps the host's NQN.
+const hostNQNFile = "/etc/nvme/hostnqn"
+
+// nodeHostNQN is the host NQN a node plugin registers and connects as: the
+// configured one, else nvme-cli's /etc/nvme/hostnqn when it holds one; ""
+// (unknown) otherwise. The MDS checks a configured one.
+func nodeHostNQN(configured, file string, log *slog.Logger) string {
+	if configured != "" {
+		return configured
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		log.Warn("csi: no host NQN: access nodes cannot tell this node's kernel from another's, so a fenced one could write again after reconnecting; give --hostnqn or write "+file, "err", err)
+		return ""
+	}
+	nqn := strings.TrimSpace(string(b))
+	if !strings.HasPrefix(nqn, "nqn.") || len(nqn) > 223 || strings.ContainsAny(nqn, " \t\n") {
+		log.Warn("csi: no host NQN in "+file+"; registering none", "content", nqn)
+		return ""
+	}
+	return nqn
 }
 
 // attachNVMfAt connects the kernel to the volume's subsystem at the target

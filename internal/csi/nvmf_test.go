@@ -1,6 +1,7 @@
 package csi
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -85,5 +86,30 @@ traddr:  fd00::3
 	}
 	if got := discoveryPaths(out, "nqn.other"); len(got) != 0 {
 		t.Fatalf("paths of an unknown subsystem: %v", got)
+	}
+}
+
+// The host NQN a node plugin registers: the configured one, else
+// /etc/nvme/hostnqn's when it holds one, else none.
+func TestNodeHostNQN(t *testing.T) {
+	dir := t.TempDir()
+	const nqn = "nqn.2014-08.org.nvmexpress:uuid:12345678-1234-1234-1234-123456789abc"
+	good, bad := filepath.Join(dir, "good"), filepath.Join(dir, "bad")
+	if err := os.WriteFile(good, []byte(nqn+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, []byte("not an nqn\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	quiet := slog.New(slog.DiscardHandler)
+	for _, tc := range []struct{ configured, file, want string }{
+		{"nqn.2026-12.io.test:x", good, "nqn.2026-12.io.test:x"},
+		{"", good, nqn},
+		{"", bad, ""},
+		{"", filepath.Join(dir, "missing"), ""},
+	} {
+		if got := nodeHostNQN(tc.configured, tc.file, quiet); got != tc.want {
+			t.Errorf("nodeHostNQN(%q, %s) = %q, want %q", tc.configured, tc.file, got, tc.want)
+		}
 	}
 }

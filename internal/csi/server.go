@@ -65,6 +65,11 @@ type Config struct {
 	// NodeID is the node's id (the Kubernetes node name); node mode. Zone and
 	// Server are registered with it.
 	NodeID, Zone, Server string
+	// HostNQN is the NVMe host NQN this node's kernel connects as (NVMe/TCP
+	// stages pass it to nvme-cli); node mode. It is registered with the node,
+	// and an access node lets only the host NQN of a volume's attachment
+	// write it (docs/csi.md). Default: /etc/nvme/hostnqn; none: unknown.
+	HostNQN string
 	// StateDir holds the node plugin's NBD socket and per-volume state; node mode.
 	StateDir string
 	// Attach: auto (NVMe/TCP when nvme-cli and the nvme-tcp module are
