@@ -10,9 +10,11 @@
 // or "default"), fsType (ext4 or xfs, used when the volume capability names
 // none) and protocol (auto, nbd or nbdfuse: how the node attaches).
 //
-// ControllerPublishVolume records an attachment (volume, node, read-only) in
-// the MDS (AttachVolume); nodes exist once their node plugin registered
-// (RegisterNode at start). Publishing a single-node writer volume to a new
+// ControllerPublishVolume records an attachment (volume, node, read-only,
+// the node's NVMe host NQN) in the MDS (AttachVolume); nodes exist once their
+// node plugin registered (RegisterNode at start, with the host NQN its kernel
+// connects as). NVMe/TCP access nodes let only that host write the volume,
+// so a fenced node stays fenced when its kernel reconnects (docs/nvmf.md). Publishing a single-node writer volume to a new
 // node drops the other nodes' attachments and first fences their writer: a
 // takeover open of the volume (pkg/client) commits the new epoch in every
 // copyset, so a node that lost contact — dead, partitioned or paused — can

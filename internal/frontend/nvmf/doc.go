@@ -20,7 +20,10 @@
 // response. The writer goroutine alone writes the socket: the reader and the
 // callbacks append to the out queue (never blocking) and signal it. Per
 // controller: a keep-alive goroutine that ends it (closing every queue's
-// socket) when no command arrived for twice KATO plus KeepAliveGrace.
+// socket) when no command arrived for twice KATO plus KeepAliveGrace. The
+// reader asks Config.MayWrite (an MDS round trip for package access) before a
+// namespace's first write and then once per MayWriteTTL, inline: that
+// queue's next commands wait for the answer.
 //
 // INVARIANT: a connection has at most its queue size (+4 slack) commands
 // between capsule and response, each holding at most MaxTransfer of buffer,
