@@ -94,7 +94,11 @@
 // sender's raftstore reports the snapshot failed to raft, which retries once
 // the first transfer ended (two overlapping streams once made a follower
 // record a snapshot's index over another snapshot's data;
-// TestSnapshotReceiverOneStreamPerGroup).
+// TestSnapshotReceiverOneStreamPerGroup). A frame the receiver has not
+// answered within 60 s (snapStallTimeout) ends the transfer: SendSnapshot
+// closes the connection and fails, so that a follower whose disk hangs while
+// staging cannot hold the leader's log for ever (a stream's hold keeps the log
+// after its index); TestSnapshotStalledReceiverGivesUp.
 //
 // Bandwidth: one token bucket per chunkserver (Config.SnapshotRate, default
 // 64 MiB/s, burst one frame; throttle.go) covers the snapshot bytes it sends

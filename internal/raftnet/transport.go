@@ -37,7 +37,21 @@ var (
 	ErrUnknownPeer = errors.New("raftnet: no address for peer")
 	// ErrSnapshotRejected: the receiver refused or failed a snapshot transfer.
 	ErrSnapshotRejected = errors.New("raftnet: snapshot transfer rejected by peer")
+	// ErrSnapshotStalled: the receiver answered no frame of a snapshot
+	// transfer for snapStallTimeout.
+	ErrSnapshotStalled = errors.New("raftnet: snapshot transfer made no progress")
 )
+
+// snapStallTimeout bounds how long one frame of a snapshot transfer may wait
+// for its answer (its bytes taken and acknowledged by the receiver) before
+// the transfer is given up. Without it a follower whose disk hangs while
+// staging (it stops reading; its raft heartbeats still flow) blocked the
+// sender for ever, and with it the leader's log compaction, which keeps the
+// log after a streamed index: the leader's WAL grew until ENOSPC. It bounds
+// progress, not the whole transfer: a big snapshot over a slow link still
+// finishes, as long as each ≤ 1 MiB frame is answered within it (so a
+// --snapshot-rate below ~17 KiB/s cannot stream at all). A var for tests.
+var snapStallTimeout = 60 * time.Second
 
 // Config configures a Transport.
 type Config struct {
@@ -438,14 +452,22 @@ func (w *snapWriter) flush() error {
 	return err
 }
 
-// frame sends one frame and waits for its answer.
+// frame sends one frame and waits for its answer, snapStallTimeout at most.
 func (w *snapWriter) frame(kind uint32, payload []byte) error {
 	call := &transport.Call{
 		Header:  api.Header{Op: api.OpSnapshot, Volume: w.id, Offset: w.seq, Length: kind, Hint: w.from},
 		Payload: payload,
 	}
 	w.seq++
-	if err := w.conn.Do(w.ctx, call); err != nil {
+	ctx, cancel := context.WithTimeoutCause(w.ctx, snapStallTimeout, ErrSnapshotStalled)
+	defer cancel()
+	// Do returns once the Conn let go of the payload: a frame stuck in a
+	// write to a peer that stopped reading ends the connection
+	// (transport.Conn.Abort), and SendSnapshot closes it anyway.
+	if err := w.conn.Do(ctx, call); err != nil {
+		if context.Cause(ctx) == ErrSnapshotStalled {
+			return fmt.Errorf("%w for %v (frame %d): %w", ErrSnapshotStalled, snapStallTimeout, w.seq-1, err)
+		}
 		return err
 	}
 	if call.Reply.Status != api.StatusOK {
