@@ -22,8 +22,9 @@
 // controller: a keep-alive goroutine that ends it (closing every queue's
 // socket) when no command arrived for twice KATO plus KeepAliveGrace. The
 // reader asks Config.MayWrite (an MDS round trip for package access) before a
-// namespace's first write and then once per MayWriteTTL, inline: that
-// queue's next commands wait for the answer.
+// namespace's first write, inline (that queue's next commands wait for the
+// answer); then once per MayWriteTTL in the background, the writes going on
+// with the last answer meanwhile, so a slow MDS never holds IO.
 //
 // INVARIANT: a connection has at most its queue size (+4 slack) commands
 // between capsule and response, each holding at most MaxTransfer of buffer,

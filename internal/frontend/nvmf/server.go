@@ -277,9 +277,10 @@ type namespace struct {
 
 	// The controller's host may write the volume (Config.MayWrite): the
 	// last answer and when it came; wmu serializes asking.
-	wmu    sync.Mutex
-	wOK    bool
-	wAsked time.Time
+	wmu     sync.Mutex
+	wOK     bool
+	wAsked  time.Time
+	wAsking bool // a fresh answer is being asked for in the background
 }
 
 // namespace returns the namespace nsid, or nil.
