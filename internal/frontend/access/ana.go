@@ -17,10 +17,8 @@ import (
 // sooner when a host connects or leaves).
 const anaInterval = time.Second
 
-// registration is this node's record in the MDS as an access node: the
-// addresses it registered, and its id once registered.
+// registration is what this node registered with the MDS as an access node.
 type registration struct {
-	id          uint64
 	nvmf, iscsi string // the NVMe/TCP address and iSCSI portal hosts reach; "": not announced
 	loop        bool   // heartbeatLoop runs
 }
@@ -35,7 +33,6 @@ func (n *Node) announce(name string) (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("registering the access node (NVMe/TCP %q, iSCSI portal %q) with the MDS: %w", n.reg.nvmf, n.reg.iscsi, err)
 	}
-	n.reg.id = resp.Id
 	if !n.reg.loop {
 		n.reg.loop = true
 		go n.heartbeatLoop(resp.Id, n.kickANA, n.stopANA)
@@ -73,7 +70,7 @@ func (n *Node) heartbeatLoop(id uint64, kick <-chan struct{}, stop <-chan struct
 		switch {
 		case err != nil:
 			if !failing {
-				n.log.Warn("access node heartbeat failed; keeping the last ANA states", "access_node", id, "err", err)
+				n.log.Warn("access node heartbeat failed; the MDS may count this node offline (redirectors skip it), ANA states stay as last set", "access_node", id, "err", err)
 			}
 			failing = true
 		default:
