@@ -9,4 +9,12 @@
 // all of them see one backend per volume), starts each configured server on its
 // listeners and returns a Node. Node.Close stops the servers first (their IO in
 // flight completes), then closes the volumes and the MDS connection.
+//
+// A node may register with the MDS as an access node (ana.go: an NVMe/TCP
+// target in ANA multipath, an iSCSI portal with ISCSIConfig.Register, or
+// both under one id) and then heartbeats, reporting its NVMe/TCP hosts and
+// iSCSI sessions. An iSCSI redirector (redirect.go, ISCSIConfig.Redirect)
+// reads the registered portals from the MDS and sends each login to one of
+// them per target. fence.go answers the NVMe/TCP target's MayWrite from the
+// volume's attachments.
 package access
