@@ -39,6 +39,9 @@ func (h *handler) RegisterNode(ctx context.Context, req *api.RegisterNodeRequest
 	if err := checkHostNQN(n.HostNqn); err != nil {
 		return nil, fmt.Errorf("node %q: %w", n.Id, err)
 	}
+	if err := checkInitiatorIQN(n.InitiatorIqn); err != nil {
+		return nil, fmt.Errorf("node %q: %w", n.Id, err)
+	}
 	if n.MaxVolumes < 0 {
 		return nil, fmt.Errorf("%w: node %q: max_volumes %d < 0", ErrInvalidArgument, n.Id, n.MaxVolumes)
 	}
@@ -53,7 +56,7 @@ func (h *handler) RegisterNode(ctx context.Context, req *api.RegisterNodeRequest
 			}
 		}
 		rec = nodeRecord{ID: n.Id, Zone: n.Zone, Server: n.Server, RegisteredMs: time.Now().UnixMilli(),
-			MaxVolumes: n.MaxVolumes, HostNQN: n.HostNqn, Volumes: old.Volumes}
+			MaxVolumes: n.MaxVolumes, HostNQN: n.HostNqn, InitiatorIQN: n.InitiatorIqn, Volumes: old.Volumes}
 		stm.Put(nodeKey(rec.ID), encode(rec))
 		return nil
 	})
@@ -61,13 +64,14 @@ func (h *handler) RegisterNode(ctx context.Context, req *api.RegisterNodeRequest
 		return nil, err
 	}
 	s.log.Info("node registered", "node", rec.ID, "zone", rec.Zone, "server", rec.Server, "max_volumes", rec.MaxVolumes,
-		"attached", len(rec.Volumes), "host_nqn", rec.HostNQN)
+		"attached", len(rec.Volumes), "host_nqn", rec.HostNQN, "initiator_iqn", rec.InitiatorIQN)
 	return &api.RegisterNodeResponse{Node: rec.proto()}, nil
 }
 
 func (r nodeRecord) proto() *api.Node {
 	return &api.Node{Id: r.ID, Zone: r.Zone, Server: r.Server, RegisteredUnixMs: r.RegisteredMs,
-		MaxVolumes: r.MaxVolumes, Attached: int64(len(r.Volumes)), HostNqn: r.HostNQN}
+		MaxVolumes: r.MaxVolumes, Attached: int64(len(r.Volumes)), HostNqn: r.HostNQN,
+		InitiatorIqn: r.InitiatorIQN}
 }
 
 // checkHostNQN checks a node's NVMe host NQN: empty (unknown), or an NQN as
@@ -82,6 +86,27 @@ func checkHostNQN(nqn string) error {
 	}
 	if !ok {
 		return fmt.Errorf("%w: host NQN %q: want \"nqn.\" and at most 223 printable bytes", ErrInvalidArgument, nqn)
+	}
+	return nil
+}
+
+// checkInitiatorIQN checks a node's iSCSI initiator name: empty (unknown),
+// or a name as RFC 3720 3.2.6 defines one — "iqn.", "eui." or "naa." and at
+// most 223 bytes — of printable ASCII without spaces.
+func checkInitiatorIQN(name string) error {
+	if name == "" {
+		return nil
+	}
+	ok := len(name) <= 223 && len(name) > len("iqn.")
+	if ok {
+		p := strings.ToLower(name[:4])
+		ok = p == "iqn." || p == "eui." || p == "naa."
+	}
+	for i := 0; ok && i < len(name); i++ {
+		ok = name[i] > ' ' && name[i] < 0x7f
+	}
+	if !ok {
+		return fmt.Errorf("%w: iSCSI initiator name %q: want \"iqn.\", \"eui.\" or \"naa.\" and at most 223 printable bytes", ErrInvalidArgument, name)
 	}
 	return nil
 }
@@ -162,7 +187,7 @@ func (h *handler) AttachVolume(ctx context.Context, req *api.AttachVolumeRequest
 				return err
 			}
 			keep = append(keep, attachmentRecord{Node: req.Node, ReadOnly: req.ReadOnly, AttachedMs: time.Now().UnixMilli(),
-				HostNQN: node.HostNQN})
+				HostNQN: node.HostNQN, InitiatorIQN: node.InitiatorIQN})
 		}
 		for _, n := range superseded {
 			if err := nodeVolumes(stm, n, v.ID, false); err != nil {

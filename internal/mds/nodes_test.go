@@ -228,9 +228,11 @@ func TestAttachCheckOnly(t *testing.T) {
 	}
 }
 
-// TestAttachmentHostNQN: a node's registered host NQN is checked (the "nqn."
-// form, at most 223 bytes) and copied into the attachments made to it, which
-// is what NVMe/TCP access nodes let write (docs/nvmf.md).
+// TestAttachmentHostNQN: a node's registered host NQN and iSCSI initiator
+// name are checked (the "nqn." form, at most 223 bytes; "iqn.", "eui." or
+// "naa.", at most 223 bytes) and copied into the attachments made to it,
+// which is what NVMe/TCP and iSCSI access nodes let write (docs/nvmf.md,
+// docs/iscsi.md).
 func TestAttachmentHostNQN(t *testing.T) {
 	c := startWithPool(t, Config{SessionLease: 10 * time.Second}, 3)
 	ctx := ctxT(t)
@@ -242,8 +244,14 @@ func TestAttachmentHostNQN(t *testing.T) {
 		_, err := c.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: "node-a", HostNqn: bad}})
 		wantCode(t, "register host NQN "+bad, err, codes.InvalidArgument)
 	}
+	for _, bad := range []string{"host-a", "iqn.", "iqn." + strings.Repeat("x", 220), "iqn.1993-08.org.debian:01:a b", "nqn.2014-08.x:y"} {
+		_, err := c.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: "node-a", InitiatorIqn: bad}})
+		wantCode(t, "register initiator name "+bad, err, codes.InvalidArgument)
+	}
 	const nqnA = "nqn.2014-08.org.nvmexpress:uuid:aaaaaaaa-0000-0000-0000-000000000001"
-	if r, err := c.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: "node-a", HostNqn: nqnA}}); err != nil || r.Node.HostNqn != nqnA {
+	const iqnA = "iqn.1993-08.org.debian:01:aaaa0001"
+	if r, err := c.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: "node-a", HostNqn: nqnA, InitiatorIqn: iqnA}}); err != nil ||
+		r.Node.HostNqn != nqnA || r.Node.InitiatorIqn != iqnA {
 		t.Fatalf("register node-a: %v, %v", r, err)
 	}
 	if _, err := c.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: "node-b"}}); err != nil {
@@ -261,8 +269,9 @@ func TestAttachmentHostNQN(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, v := range []*api.Volume{r.Volume, g.Volume} {
-		if len(v.Attachments) != 2 || v.Attachments[0].HostNqn != nqnA || v.Attachments[1].HostNqn != "" {
-			t.Fatalf("attachments %v; want node-a's with %s, node-b's with none", v.Attachments, nqnA)
+		if len(v.Attachments) != 2 || v.Attachments[0].HostNqn != nqnA || v.Attachments[0].InitiatorIqn != iqnA ||
+			v.Attachments[1].HostNqn != "" || v.Attachments[1].InitiatorIqn != "" {
+			t.Fatalf("attachments %v; want node-a's with %s and %s, node-b's with none", v.Attachments, nqnA, iqnA)
 		}
 	}
 }

@@ -113,6 +113,9 @@ type attachmentRecord struct {
 	// HostNQN is the node's registered host NQN when it was attached;
 	// records from before it existed have none (unknown: allow).
 	HostNQN string `json:"host_nqn,omitempty"`
+	// InitiatorIQN is the node's registered iSCSI initiator name when it
+	// was attached; likewise none in older records.
+	InitiatorIQN string `json:"initiator_iqn,omitempty"`
 }
 
 // nodeRecord is the value at /basalt/nodes/<id>: a host that attaches
@@ -126,6 +129,9 @@ type nodeRecord struct {
 	MaxVolumes int64 `json:"max_volumes,omitempty"`
 	// HostNQN is the NVMe host NQN the node's kernel connects as; "": unknown.
 	HostNQN string `json:"host_nqn,omitempty"`
+	// InitiatorIQN is the iSCSI initiator name the node's kernel logs in
+	// as; "": unknown.
+	InitiatorIQN string `json:"initiator_iqn,omitempty"`
 	// Volumes are the ids of the volumes attached to the node, kept with
 	// each volume's Attachments in the same transactions (AttachVolume,
 	// DetachVolume), so that the limit is checked atomically.
@@ -247,7 +253,7 @@ func (r volumeRecord) proto() *api.Volume {
 	v := &api.Volume{Id: r.ID, Name: r.Name, Size: r.Size, PoolId: r.PoolID, PoolName: r.PoolName,
 		CreatedUnixMs: r.CreatedMs, Epoch: r.Epoch, Meta: maps.Clone(r.Meta)}
 	for _, a := range r.Attachments {
-		v.Attachments = append(v.Attachments, &api.Attachment{Node: a.Node, ReadOnly: a.ReadOnly, AttachedUnixMs: a.AttachedMs, HostNqn: a.HostNQN})
+		v.Attachments = append(v.Attachments, &api.Attachment{Node: a.Node, ReadOnly: a.ReadOnly, AttachedUnixMs: a.AttachedMs, HostNqn: a.HostNQN, InitiatorIqn: a.InitiatorIQN})
 	}
 	return v
 }

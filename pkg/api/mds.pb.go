@@ -1540,7 +1540,12 @@ type Attachment struct {
 	// write the volume (docs/nvmf.md "Fenced hosts stay fenced"). Empty
 	// (attached before MDSs recorded it, or a node registered without one):
 	// unknown, every allowed host may write.
-	HostNqn       string `protobuf:"bytes,4,opt,name=host_nqn,json=hostNqn,proto3" json:"host_nqn,omitempty"`
+	HostNqn string `protobuf:"bytes,4,opt,name=host_nqn,json=hostNqn,proto3" json:"host_nqn,omitempty"`
+	// initiator_iqn is the node's iSCSI initiator name when it was attached
+	// (its registered Node.initiator_iqn): an iSCSI target lets only that
+	// initiator write the volume (docs/iscsi.md "Fenced initiators stay
+	// fenced"). Empty: unknown, as for host_nqn.
+	InitiatorIqn  string `protobuf:"bytes,5,opt,name=initiator_iqn,json=initiatorIqn,proto3" json:"initiator_iqn,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1599,6 +1604,13 @@ func (x *Attachment) GetAttachedUnixMs() int64 {
 func (x *Attachment) GetHostNqn() string {
 	if x != nil {
 		return x.HostNqn
+	}
+	return ""
+}
+
+func (x *Attachment) GetInitiatorIqn() string {
+	if x != nil {
+		return x.InitiatorIqn
 	}
 	return ""
 }
@@ -2522,7 +2534,11 @@ type Node struct {
 	// host_nqn is the NVMe host NQN the node's kernel connects as (at most 223
 	// bytes, "nqn." form); empty: unknown. AttachVolume copies it into the
 	// attachment.
-	HostNqn       string `protobuf:"bytes,7,opt,name=host_nqn,json=hostNqn,proto3" json:"host_nqn,omitempty"`
+	HostNqn string `protobuf:"bytes,7,opt,name=host_nqn,json=hostNqn,proto3" json:"host_nqn,omitempty"`
+	// initiator_iqn is the iSCSI initiator name the node's kernel logs in as
+	// (open-iscsi's InitiatorName: "iqn.", "eui." or "naa." form, at most 223
+	// bytes); empty: unknown. AttachVolume copies it into the attachment.
+	InitiatorIqn  string `protobuf:"bytes,8,opt,name=initiator_iqn,json=initiatorIqn,proto3" json:"initiator_iqn,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2602,6 +2618,13 @@ func (x *Node) GetAttached() int64 {
 func (x *Node) GetHostNqn() string {
 	if x != nil {
 		return x.HostNqn
+	}
+	return ""
+}
+
+func (x *Node) GetInitiatorIqn() string {
+	if x != nil {
+		return x.InitiatorIqn
 	}
 	return ""
 }
@@ -4864,13 +4887,14 @@ const file_mds_proto_rawDesc = "" +
 	"\x04meta\x18\t \x03(\v2\x1f.basalt.api.v1.Volume.MetaEntryR\x04meta\x1a7\n" +
 	"\tMetaEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x82\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa7\x01\n" +
 	"\n" +
 	"Attachment\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
 	"\tread_only\x18\x02 \x01(\bR\breadOnly\x12(\n" +
 	"\x10attached_unix_ms\x18\x03 \x01(\x03R\x0eattachedUnixMs\x12\x19\n" +
-	"\bhost_nqn\x18\x04 \x01(\tR\ahostNqn\"Q\n" +
+	"\bhost_nqn\x18\x04 \x01(\tR\ahostNqn\x12#\n" +
+	"\rinitiator_iqn\x18\x05 \x01(\tR\finitiatorIqn\"Q\n" +
 	"\x13CreateVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x12\n" +
@@ -4929,7 +4953,7 @@ const file_mds_proto_rawDesc = "" +
 	"\x13CloseSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\"\x16\n" +
-	"\x14CloseSessionResponse\"\xc8\x01\n" +
+	"\x14CloseSessionResponse\"\xed\x01\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12\x16\n" +
@@ -4938,7 +4962,8 @@ const file_mds_proto_rawDesc = "" +
 	"\vmax_volumes\x18\x05 \x01(\x03R\n" +
 	"maxVolumes\x12\x1a\n" +
 	"\battached\x18\x06 \x01(\x03R\battached\x12\x19\n" +
-	"\bhost_nqn\x18\a \x01(\tR\ahostNqn\">\n" +
+	"\bhost_nqn\x18\a \x01(\tR\ahostNqn\x12#\n" +
+	"\rinitiator_iqn\x18\b \x01(\tR\finitiatorIqn\">\n" +
 	"\x13RegisterNodeRequest\x12'\n" +
 	"\x04node\x18\x01 \x01(\v2\x13.basalt.api.v1.NodeR\x04node\"?\n" +
 	"\x14RegisterNodeResponse\x12'\n" +
