@@ -195,7 +195,9 @@ func (c *conn) attachAll(cmd *command, ctrl *controller, vols []string, log *slo
 			}
 			return fail()
 		}
-		ns := &namespace{nsid: uint32(i + 1), volume: name, nsInfo: nsOf(info), att: att}
+		ns := &namespace{nsid: uint32(i + 1), volume: name, nsInfo: nsOf(info), att: att,
+			write: frontend.NewWriteGate(frontend.MayWriteFunc(c.s.cfg.MayWrite), name, ctrl.hostNQN,
+				c.s.cfg.MayWriteTTL, c.s.cfg.ConnectTimeout, log)}
 		ns.nlb.Store(uint64(info.Size) >> ns.lbaShift)
 		ctrl.nss = append(ctrl.nss, ns)
 		if ns.lbaShift == 0 {

@@ -2,11 +2,9 @@ package nvmf
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"errors"
 	"sync"
-	"time"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
 	"github.com/basalt-storage/basalt/pkg/api"
@@ -176,66 +174,19 @@ func (c *conn) io(cmd *command) {
 }
 
 // mayWrite reports whether the controller's host may write ns's volume
-// (Config.MayWrite); when not, it has completed cmd. A host refused is
-// refused on every path — the answer is about the host, not this access
-// node — so its ANA Inaccessible carries DNR even on a Multipath node.
-// Only the first write waits for an answer; later ones use the last answer
-// while a fresh one is asked for in the background, so a slow or failing
-// over MDS never holds a queue's IO.
+// (Config.MayWrite, through ns.write: only the first write waits for an
+// answer); when not, it has completed cmd. A host refused is refused on
+// every path — the answer is about the host, not this access node — so its
+// ANA Inaccessible carries DNR even on a Multipath node.
 func (c *conn) mayWrite(cmd *command, ns *namespace) bool {
-	hook := c.s.cfg.MayWrite
-	if hook == nil {
-		return true
-	}
-	ns.wmu.Lock()
+	ok, err := ns.write.Allow()
 	switch {
-	case ns.wAsked.IsZero(): // no answer yet: this write waits for one (holding wmu, so others wait too)
-		ok, err := c.askMayWrite(ns)
-		if err != nil {
-			ns.wmu.Unlock()
-			c.log.Warn("nvmf: cannot tell whether the host may write", "volume", ns.volume, "host", c.ctrl.hostNQN, "err", err)
-			c.complete(cmd, scNSNotReady, 0, 0)
-			return false
-		}
-		c.recordMayWrite(ns, ok)
-	case time.Since(ns.wAsked) >= c.s.cfg.MayWriteTTL && !ns.wAsking:
-		ns.wAsking = true
-		go func() {
-			ok, err := c.askMayWrite(ns)
-			ns.wmu.Lock()
-			defer ns.wmu.Unlock()
-			ns.wAsking = false
-			if err != nil {
-				ns.wAsked = time.Now() // ask again in MayWriteTTL
-				c.log.Warn("nvmf: cannot tell whether the host may write; keeping the last answer", "volume", ns.volume,
-					"host", c.ctrl.hostNQN, "may_write", ns.wOK, "err", err)
-				return
-			}
-			c.recordMayWrite(ns, ok)
-		}()
-	}
-	ok := ns.wOK
-	ns.wmu.Unlock()
-	if !ok {
+	case err != nil:
+		c.complete(cmd, scNSNotReady, 0, 0)
+	case !ok:
 		c.complete(cmd, scANAInaccessible|dnr, 0, 0)
 	}
 	return ok
-}
-
-// askMayWrite asks Config.MayWrite about ns's volume and this host.
-func (c *conn) askMayWrite(ns *namespace) (bool, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.s.cfg.ConnectTimeout)
-	defer cancel()
-	return c.s.cfg.MayWrite(ctx, ns.volume, c.ctrl.hostNQN)
-}
-
-// recordMayWrite keeps an answer of Config.MayWrite. Caller holds ns.wmu.
-func (c *conn) recordMayWrite(ns *namespace, ok bool) {
-	if !ok && (ns.wOK || ns.wAsked.IsZero()) {
-		c.log.Warn("nvmf: the host may not write the volume: its attachment names another host",
-			"volume", ns.volume, "host", c.ctrl.hostNQN)
-	}
-	ns.wOK, ns.wAsked = ok, time.Now()
 }
 
 func (c *conn) done(cmd *command, err error) {

@@ -275,12 +275,9 @@ type namespace struct {
 	att     *frontend.Attachment
 	retired []*frontend.Attachment
 
-	// The controller's host may write the volume (Config.MayWrite): the
-	// last answer and when it came; wmu serializes asking.
-	wmu     sync.Mutex
-	wOK     bool
-	wAsked  time.Time
-	wAsking bool // a fresh answer is being asked for in the background
+	// write says whether the controller's host may write the volume
+	// (Config.MayWrite).
+	write *frontend.WriteGate
 }
 
 // namespace returns the namespace nsid, or nil.
