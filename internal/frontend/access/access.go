@@ -221,7 +221,7 @@ func (n *Node) startNVMf(cfg NVMfConfig, name string) error {
 	}
 	scfg := nvmf.Config{Exports: n.exports, Logger: n.log,
 		AllowedHosts: cfg.AllowedHosts, AdvertiseAddr: cfg.AdvertiseAddr, Reservations: n.reservations,
-		MayWrite: n.mayWrite}
+		MayWrite: n.mayWrite(NVMeHost)}
 	var id uint64
 	if cfg.Multipath {
 		n.reg.nvmf = advertised(cfg.AdvertiseAddr, ln)
@@ -331,6 +331,7 @@ func (n *Node) startISCSI(cfg ISCSIConfig, name string) error {
 		Exports: n.exports, Cluster: cfg.Cluster, Logger: n.log,
 		CHAP: cfg.CHAP, Initiators: cfg.Initiators,
 		Reservations: n.reservations, TargetPort: cfg.TargetPort,
+		MayWrite: n.mayWrite(ISCSIInitiator),
 	}
 	if !cfg.IgnoreTargetCHAP {
 		icfg.TargetCHAP = n.chaps.get

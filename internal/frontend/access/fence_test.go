@@ -127,10 +127,11 @@ func TestFencedHostStaysFenced(t *testing.T) {
 }
 
 // HostMayWrite's rule: no attachment, anyone; else only a host a writable
-// attachment names, or anyone when a writable attachment names none (made
-// before MDSs recorded host NQNs).
+// attachment names, or anyone when a writable attachment names none of that
+// kind (made before MDSs recorded host NQNs, or initiator names).
 func TestHostMayWrite(t *testing.T) {
 	const a, b = "nqn.2014-08.io.test:a", "nqn.2014-08.io.test:b"
+	const ia, ib = "iqn.2026-12.io.test:a", "iqn.2026-12.io.test:b"
 	for _, tc := range []struct {
 		atts []*api.Attachment
 		host string
@@ -145,8 +146,27 @@ func TestHostMayWrite(t *testing.T) {
 		{[]*api.Attachment{{Node: "old"}}, a, true},
 		{[]*api.Attachment{{Node: "old", ReadOnly: true}}, a, false},
 	} {
-		if got := access.HostMayWrite(&api.Volume{Attachments: tc.atts}, tc.host); got != tc.want {
-			t.Errorf("HostMayWrite(%v, %s) = %v, want %v", tc.atts, tc.host, got, tc.want)
+		if got := access.HostMayWrite(&api.Volume{Attachments: tc.atts}, access.NVMeHost, tc.host); got != tc.want {
+			t.Errorf("HostMayWrite(%v, NVMe, %s) = %v, want %v", tc.atts, tc.host, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		atts []*api.Attachment
+		host string
+		want bool
+	}{
+		{nil, ia, true},
+		{[]*api.Attachment{{Node: "na", HostNqn: a, InitiatorIqn: ia}}, ia, true},
+		{[]*api.Attachment{{Node: "na", InitiatorIqn: ia}}, "IQN.2026-12.IO.TEST:A", true}, // iSCSI names ignore case
+		{[]*api.Attachment{{Node: "nb", HostNqn: b, InitiatorIqn: ib}}, ia, false},
+		{[]*api.Attachment{{Node: "nb", HostNqn: b, InitiatorIqn: ib}}, a, false}, // an NQN is no initiator name
+		{[]*api.Attachment{{Node: "na", InitiatorIqn: ia, ReadOnly: true}, {Node: "nb", InitiatorIqn: ib}}, ia, false},
+		{[]*api.Attachment{{Node: "nb", InitiatorIqn: ib}, {Node: "na", InitiatorIqn: ia}}, ia, true},
+		{[]*api.Attachment{{Node: "nb", HostNqn: b}}, ia, true}, // B's initiator name unknown
+		{[]*api.Attachment{{Node: "old", ReadOnly: true}}, ia, false},
+	} {
+		if got := access.HostMayWrite(&api.Volume{Attachments: tc.atts}, access.ISCSIInitiator, tc.host); got != tc.want {
+			t.Errorf("HostMayWrite(%v, iSCSI, %s) = %v, want %v", tc.atts, tc.host, got, tc.want)
 		}
 	}
 }

@@ -513,6 +513,8 @@ func (c *conn) enterFullFeature() error {
 	c.lu = c.s.openLU(c.volume, scsi.Config{
 		Backend: att.Backend(), Info: att.Info(), Classify: att.Classify,
 		ID: c.s.volumeID(c.volume), TargetName: c.target, MaxTransfer: c.s.cfg.MaxTransfer,
+		MayWrite: frontend.NewWriteGate(c.s.cfg.MayWrite, c.volume, c.initiator, c.s.cfg.MayWriteTTL,
+			c.s.cfg.LoginTimeout, c.log).Allow,
 		PR: &scsi.PR{Store: c.s.cfg.Reservations, Volume: c.volume, Nexus: reservation.Nexus{
 			Initiator:  fmt.Sprintf("%s,i,0x%x", strings.ToLower(c.initiator), c.isid[:]),
 			TargetPort: c.s.cfg.TargetPort,

@@ -84,6 +84,22 @@ type Config struct {
 	// declares. Default 256 KiB.
 	MaxRecvDataSegment int
 
+	// MayWrite, if set, says whether the initiator (its name, as it logged
+	// in) may write volume (take its writer role): a session asks before
+	// its first command that writes (WRITE, WRITE AND VERIFY, WRITE SAME,
+	// UNMAP, COMPARE AND WRITE), inline, and again in the background once
+	// the answer is MayWriteTTL old, the writes going on with the last
+	// answer meanwhile (frontend.WriteGate); a new session (an initiator
+	// that logged in again) always asks afresh. An initiator that may not
+	// write gets CHECK CONDITION, DATA PROTECT, LOGICAL UNIT ACCESS NOT
+	// AUTHORIZED and its write never reaches the volume, so it cannot
+	// fence the writer; it still reads (docs/iscsi.md "Fenced initiators
+	// stay fenced"). With no answer yet and an error, the write gets NOT
+	// READY, BECOMING READY (the initiator retries). nil: every allowed
+	// initiator may write.
+	MayWrite    frontend.MayWriteFunc
+	MayWriteTTL time.Duration // default 5 s
+
 	// Redirect, if set, makes this portal a redirector: it serves no
 	// volume; a normal session's login is answered "target moved
 	// temporarily" (RFC 7143 11.13.5) with the portal Redirect chooses
@@ -132,6 +148,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxTransfer <= 0 {
 		c.MaxTransfer = 32 << 20
+	}
+	if c.MayWriteTTL <= 0 {
+		c.MayWriteTTL = 5 * time.Second
 	}
 	if c.MaxRecvDataSegment <= 0 {
 		c.MaxRecvDataSegment = 256 << 10

@@ -31,6 +31,12 @@ type Config struct {
 	// IN/OUT) and checks every command against them; nil: those commands
 	// are not served.
 	PR *PR
+	// MayWrite, if set, is asked before every command that writes (WRITE,
+	// WRITE AND VERIFY, WRITE SAME, UNMAP, COMPARE AND WRITE) to a
+	// writable LU: false refuses it as fenced (senseFenced), an error with
+	// NOT READY, BECOMING READY (retried). The iSCSI target passes its
+	// session's frontend.WriteGate.Allow. nil: writes are allowed.
+	MayWrite func() (bool, error)
 	// Group is the export's LUs in this process (one per session): unit
 	// attentions are raised on all of them and COMPARE AND WRITE is
 	// serialized among them; nil: a group of this LU alone. Close the LU
@@ -164,6 +170,16 @@ func (lu *LU) Execute(c *Command, dataOut []byte, done func(Result)) {
 	if pr.Conflicts(lu.prNexus(), c.access()) {
 		done(Result{Status: StatusReservationConflict})
 		return
+	}
+	if c.writes() && !lu.readOnly && lu.cfg.MayWrite != nil {
+		switch ok, err := lu.cfg.MayWrite(); {
+		case err != nil:
+			done(check(sense(senseBecomingReady)))
+			return
+		case !ok:
+			done(check(sense(senseFenced)))
+			return
+		}
 	}
 	if c.Dir == DirOut && len(dataOut) < c.DataOut {
 		// The initiator's expected transfer length is shorter than the CDB's.

@@ -48,6 +48,15 @@ type prNexus struct {
 	seq  uint64 // the state's Seq this nexus last looked at
 }
 
+// writes reports whether the command changes the LU's data.
+func (c *Command) writes() bool {
+	switch c.kind {
+	case kWrite, kWriteSame, kCompareAndWrite, kUnmap:
+		return true
+	}
+	return false
+}
+
 // access is what c does to the medium, for reservation conflicts (SPC-4
 // table 209, SBC-3 table 13).
 func (c *Command) access() reservation.Access {

@@ -66,6 +66,22 @@ var (
 	senseMiscompare      = Sense{Key: KeyMiscompare, ASC: 0x1d}
 )
 
+// senseFenced refuses a write from an initiator that may not write
+// (Config.MayWrite: the volume was published to another node). It is
+// DATA PROTECT, WRITE PROTECTED — what a read-only LU answers — rather
+// than a status of its own because that is the answer every initiator
+// handles as final: Linux's SCSI midlayer completes DATA PROTECT as a
+// target failure (no retry, BLK_STS_TARGET), which dm-multipath does not
+// take for a path error, so the write fails up at once instead of
+// going round the paths (what DNR does for NVMe's ANA Inaccessible);
+// QEMU's iSCSI driver makes it EACCES. Reads go on. NOT READY (ALUA
+// transition, unavailable) would be retried, and failed over, for
+// ever; RESERVATION CONFLICT would send clustering software looking
+// for a persistent reservation that is not there; LOGICAL UNIT ACCESS
+// NOT AUTHORIZED (74/71) is taken for a locked drive (a state of the
+// whole LU) by USB disks and a proposed Linux sd change.
+var senseFenced = senseWriteProtected
+
 // invalidField is ILLEGAL REQUEST, INVALID FIELD IN CDB (24/00) pointing at
 // CDB byte b.
 func invalidField(b int) *Sense {
