@@ -35,6 +35,7 @@ func csiCommand() *cobra.Command {
 	nbdTarget := f.String("nbd-target", "", "node: the NBD server (host:port) of a basalt nbd access node whose --tls-policy lets the kernel's plaintext in: kernel NBD stages connect there (empty: the plugin's own front end)")
 	nvmfTarget := f.String("nvmf-target", "", "node: the NVMe/TCP target (host:port) of a basalt nvmf access node: NVMe/TCP stages connect there (empty: the plugin's own loopback target)")
 	nodeNQN := f.String("hostnqn", "", "node: the NVMe host NQN this node's kernel connects as, registered so that only it may write the volumes published here (default: /etc/nvme/hostnqn)")
+	nodeIQN := f.String("initiator-iqn", "", "node: the iSCSI initiator name this node's iscsid logs in as, registered so that only it may write the volumes published here (default: the InitiatorName in /etc/iscsi/initiatorname.iscsi, which the logins use)")
 	maxVolumes := f.Int64("max-volumes", 0, "node: the attach limit reported to Kubernetes (0: the NBD device count for kernel NBD, else 128)")
 	tf := addTLSFlags(cmd, identity.RoleAdmin, identity.RoleAccess)
 	cmd.RunE = func(*cobra.Command, []string) error {
@@ -48,7 +49,7 @@ func csiCommand() *cobra.Command {
 		}
 		d, err := csi.Start(csi.Config{
 			Endpoint: *endpoint, MDS: splitList(*mdsAddrs), MDSTLS: mdsTLS, DataTLS: dataTLS, Mode: *mode, DriverName: *driver,
-			NodeID: *nodeID, Zone: *zone, Server: host, StateDir: *stateDir, Attach: *attach, MaxVolumes: *maxVolumes, HostNQN: *nodeNQN, NVMfDiscovery: *nvmfDiscovery, NVMfTarget: *nvmfTarget, NBDTarget: *nbdTarget,
+			NodeID: *nodeID, Zone: *zone, Server: host, StateDir: *stateDir, Attach: *attach, MaxVolumes: *maxVolumes, HostNQN: *nodeNQN, InitiatorIQN: *nodeIQN, NVMfDiscovery: *nvmfDiscovery, NVMfTarget: *nvmfTarget, NBDTarget: *nbdTarget,
 			Logger: slog.Default(),
 		})
 		if err != nil {

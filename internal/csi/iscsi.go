@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,6 +61,37 @@ func iscsiSessionDevice(root, target string) (dev string, found bool) {
 		return "", true
 	}
 	return "", false
+}
+
+// initiatorNameFile is where open-iscsi keeps the host's initiator name,
+// the one iscsid logs in as.
+const initiatorNameFile = "/etc/iscsi/initiatorname.iscsi"
+
+// nodeInitiatorIQN is the iSCSI initiator name a node plugin registers: the
+// configured one, else the InitiatorName of open-iscsi's file when it holds
+// one; "" (unknown) otherwise. The MDS checks a configured one.
+func nodeInitiatorIQN(configured, file string, log *slog.Logger) string {
+	if configured != "" {
+		return configured
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		log.Warn("csi: no iSCSI initiator name: access nodes cannot tell this node's kernel from another's, so a fenced one could write again after logging in again; give --initiator-iqn or mount the host's "+file, "err", err)
+		return ""
+	}
+	for line := range strings.Lines(string(b)) {
+		name, ok := strings.CutPrefix(strings.TrimSpace(line), "InitiatorName=")
+		if !ok {
+			continue
+		}
+		p := strings.ToLower(name[:min(len(name), 4)])
+		if (p != "iqn." && p != "eui." && p != "naa.") || len(name) <= 4 || len(name) > 223 || strings.ContainsAny(name, " \t") {
+			break
+		}
+		return name
+	}
+	log.Warn("csi: no iSCSI initiator name in "+file+"; registering none", "content", strings.TrimSpace(string(b)))
+	return ""
 }
 
 // iscsiNode is iscsiadm's node selector for the stage's target and portal.

@@ -1,6 +1,7 @@
 package csi
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -37,5 +38,38 @@ func TestISCSISessionDevice(t *testing.T) {
 	}
 	if dev, found := iscsiSessionDevice(root, "iqn.other"); dev != "" || found {
 		t.Errorf("no session: %q %v", dev, found)
+	}
+}
+
+// The initiator name a node plugin registers: the configured one, else the
+// InitiatorName of open-iscsi's file when it holds one, else none.
+func TestNodeInitiatorIQN(t *testing.T) {
+	dir := t.TempDir()
+	const iqn = "iqn.1993-08.org.debian:01:5f1c0a7e9b2d"
+	files := map[string]string{
+		"good":    "## DO NOT EDIT OR REMOVE THIS FILE!\n## If you remove this file, the iSCSI daemon will not start.\nInitiatorName=" + iqn + "\n",
+		"spaced":  "  InitiatorName=" + iqn + "  \n",
+		"bad":     "InitiatorName=host-a\n",
+		"empty":   "",
+		"comment": "#InitiatorName=" + iqn + "\n",
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	quiet := slog.New(slog.DiscardHandler)
+	for _, tc := range []struct{ configured, file, want string }{
+		{"iqn.2026-12.io.test:x", "good", "iqn.2026-12.io.test:x"},
+		{"", "good", iqn},
+		{"", "spaced", iqn},
+		{"", "bad", ""},
+		{"", "empty", ""},
+		{"", "comment", ""},
+		{"", "missing", ""},
+	} {
+		if got := nodeInitiatorIQN(tc.configured, filepath.Join(dir, tc.file), quiet); got != tc.want {
+			t.Errorf("nodeInitiatorIQN(%q, %s) = %q, want %q", tc.configured, tc.file, got, tc.want)
+		}
 	}
 }

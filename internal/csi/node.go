@@ -32,6 +32,9 @@ type Node struct {
 	front    *access.Node // the front end every stage attaches to
 	method   string       // the default attach: nvmf, nbd or nbdfuse
 	hostNQN  string       // the host NQN NVMe/TCP stages connect as; "": nvme-cli's default (unknown)
+	// initiatorIQN is the iSCSI initiator name iscsid logs in as
+	// (registered with the node); "": unknown.
+	initiatorIQN string
 	// maxVolumes is NodeGetInfo's attach limit: Config.MaxVolumes, else
 	// the number of /dev/nbdN devices for kernel NBD, else DefaultMaxVolumes.
 	maxVolumes int64
@@ -90,6 +93,9 @@ func startNode(d *Driver) (*Node, error) {
 	if nvme {
 		n.hostNQN = nodeHostNQN(cfg.HostNQN, hostNQNFile, d.log)
 	}
+	if iscsiOK {
+		n.initiatorIQN = nodeInitiatorIQN(cfg.InitiatorIQN, initiatorNameFile, d.log)
+	}
 	n.maxVolumes = cfg.MaxVolumes
 	if n.maxVolumes <= 0 {
 		n.maxVolumes = DefaultMaxVolumes
@@ -103,7 +109,7 @@ func startNode(d *Driver) (*Node, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if _, err := d.mds.RegisterNode(ctx, &api.RegisterNodeRequest{Node: &api.Node{Id: cfg.NodeID, Zone: cfg.Zone, Server: cfg.Server, MaxVolumes: n.maxVolumes,
-		HostNqn: n.hostNQN}}); err != nil {
+		HostNqn: n.hostNQN, InitiatorIqn: n.initiatorIQN}}); err != nil {
 		return nil, fmt.Errorf("csi: registering node %q with the MDS: %w", cfg.NodeID, err)
 	}
 	acfg := access.Config{
@@ -129,7 +135,7 @@ func startNode(d *Driver) (*Node, error) {
 	if iscsiOK {
 		n.portal = front.ISCSIPortal().String()
 	}
-	d.log.Info("csi node ready", "node", cfg.NodeID, "host_nqn", n.hostNQN, "attach", n.method, "nbd_socket", n.sock, "nvmf", n.nvmfAddr, "iscsi", n.portal)
+	d.log.Info("csi node ready", "node", cfg.NodeID, "host_nqn", n.hostNQN, "initiator_iqn", n.initiatorIQN, "attach", n.method, "nbd_socket", n.sock, "nvmf", n.nvmfAddr, "iscsi", n.portal)
 	return n, nil
 }
 

@@ -70,6 +70,13 @@ type Config struct {
 	// and an access node lets only the host NQN of a volume's attachment
 	// write it (docs/csi.md). Default: /etc/nvme/hostnqn; none: unknown.
 	HostNQN string
+	// InitiatorIQN is the iSCSI initiator name this node's iscsid logs in
+	// as; node mode. It is registered with the node, and an access node
+	// lets only the initiator name of a volume's attachment write it
+	// (docs/csi.md). Default: open-iscsi's /etc/iscsi/initiatorname.iscsi,
+	// which is what the logins use, so set it only when the plugin cannot
+	// read that file; none: unknown.
+	InitiatorIQN string
 	// StateDir holds the node plugin's NBD socket and per-volume state; node mode.
 	StateDir string
 	// Attach: auto (NVMe/TCP when nvme-cli and the nvme-tcp module are
