@@ -25,6 +25,16 @@
 // socket closed at once). A protocol supplies only its Conn: Serve,
 // BeginShutdown, Close.
 //
+// # May this host write?
+//
+// WriteGate keeps one host's answer to "may I write this volume?" (a
+// MayWriteFunc; package access asks the volume's attachments in the MDS)
+// for an NVMe/TCP controller's namespace or an iSCSI session: the first
+// write waits for the answer, later ones use the last answer while it is
+// refreshed in the background once it is a TTL old, so the MDS is never on
+// the IO path after the first write. A host that reconnects gets a new gate
+// and asks afresh: that is what keeps a fenced host fenced.
+//
 // # Backend and Info
 //
 // A Backend takes IO through Submit (no goroutine per IO; done may run on any

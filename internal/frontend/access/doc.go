@@ -15,6 +15,7 @@
 // both under one id) and then heartbeats, reporting its NVMe/TCP hosts and
 // iSCSI sessions. An iSCSI redirector (redirect.go, ISCSIConfig.Redirect)
 // reads the registered portals from the MDS and sends each login to one of
-// them per target. fence.go answers the NVMe/TCP target's MayWrite from the
-// volume's attachments.
+// them per target. fence.go answers the NVMe/TCP and iSCSI targets' MayWrite
+// from the volume's attachments: HostMayWrite, one rule for both, by the
+// kind of identity the host gives (host NQN or initiator name).
 package access

@@ -92,6 +92,14 @@ func (q *qemuIO) do(command string) string {
 	return out
 }
 
+// dataProtect reports whether qemu-io's output is a write refused with
+// DATA PROTECT, WRITE PROTECTED (07/27/00), which QEMU logs and returns as
+// EACCES.
+func dataProtect(out string) bool {
+	return strings.Contains(out, "SENSE KEY:DATA PROTECTION(7) ASCQ:WRITE_PROTECTED(0x2700)") &&
+		strings.Contains(out, "write failed: Permission denied")
+}
+
 // TestFencedInitiatorStaysFenced: a volume published (attached in the MDS)
 // to node A, whose iSCSI initiator name is registered, is written by A's
 // initiator; B's initiator, on another access node, is refused as QEMU's
@@ -149,8 +157,8 @@ func TestFencedInitiatorStaysFenced(t *testing.T) {
 	}
 	refused := func(what, out string) {
 		t.Helper()
-		if !strings.Contains(out, "write failed: Permission denied") {
-			t.Fatalf("%s: %s; want write failed: Permission denied (DATA PROTECT)", what, out)
+		if !dataProtect(out) {
+			t.Fatalf("%s: %s; want DATA PROTECT, WRITE PROTECTED (write failed: Permission denied)", what, out)
 		}
 	}
 	reads := func(what, out string) {
@@ -184,7 +192,7 @@ func TestFencedInitiatorStaysFenced(t *testing.T) {
 		if strings.Contains(out, "wrote") {
 			t.Fatalf("A's late write on its old session was written: %s", out)
 		}
-		if strings.Contains(out, "Permission denied") {
+		if dataProtect(out) {
 			t.Logf("A's old session refused at its write %d: %s", tries, strings.TrimSpace(out))
 			break
 		}

@@ -55,6 +55,16 @@
 // ignored (RFC 7143 4.2.2.1). MaxCmdSN closes the window while
 // Config.MaxCommands commands are in flight.
 //
+// # Fenced initiators
+//
+// With Config.MayWrite (package access: the volume's attachment in the MDS
+// names the initiator that may write), each session's LU asks it through a
+// frontend.WriteGate before the session's first command that writes —
+// inline, on the reader, so that session's next commands wait for the
+// answer — and then once per MayWriteTTL in the background, writes going on
+// with the last answer. A refused write is DATA PROTECT, WRITE PROTECTED
+// (package scsi's senseFenced says why that status); reads go on.
+//
 // # Bad input
 //
 // A PDU that cannot be parsed, a header digest mismatch, Data-Out that does

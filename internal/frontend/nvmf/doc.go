@@ -24,7 +24,8 @@
 // reader asks Config.MayWrite (an MDS round trip for package access) before a
 // namespace's first write, inline (that queue's next commands wait for the
 // answer); then once per MayWriteTTL in the background, the writes going on
-// with the last answer meanwhile, so a slow MDS never holds IO.
+// with the last answer meanwhile, so a slow MDS never holds IO (the
+// namespace's frontend.WriteGate, which the iSCSI target shares).
 //
 // INVARIANT: a connection has at most its queue size (+4 slack) commands
 // between capsule and response, each holding at most MaxTransfer of buffer,

@@ -42,6 +42,11 @@
 //     nothing was reset for a new session, and clients retry on one anyway.
 //     Reported once, on the next command other than INQUIRY and REPORT LUNS;
 //     REQUEST SENSE returns it as its data.
+//   - With Config.MayWrite, every command that writes (WRITE, WRITE AND
+//     VERIFY, WRITE SAME, UNMAP, COMPARE AND WRITE) asks it first: an
+//     initiator that may not write (fenced: the volume was published to
+//     another node) gets DATA PROTECT, WRITE PROTECTED, as for a read-only
+//     LU, and its reads go on.
 //   - No protection information.
 //
 // IO failures map to sense data by their frontend error class (ErrorSense;
