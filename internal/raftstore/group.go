@@ -128,6 +128,10 @@ type group struct {
 	// compaction keeps what a follower heard from lately still needs
 	// (catchUpFloor).
 	heard map[uint64]time.Duration
+	// streamedAt: when (host clock) each follower took a snapshot this
+	// leader streamed to it. For releaseGrace after that even the WAL's
+	// release keeps what the follower still needs (catchUpFloor).
+	streamedAt map[uint64]time.Duration
 	// nextAtRound: each follower's Next as raft had it when this leader's
 	// round began, for the log line of a snapshot send (sending one resets it).
 	nextAtRound map[uint64]uint64
@@ -154,6 +158,7 @@ func newGroup(h *Host, id uint64, peers []uint64, sm StateMachine, join bool) (*
 		readIdx:    make(map[uint64]*readIndexReq),
 		sending:    make(map[uint64]uint64),
 		heard:      make(map[uint64]time.Duration),
+		streamedAt: make(map[uint64]time.Duration),
 		streams:    make(map[uint64]uint64),
 		confState:  &raftpb.ConfState{},
 		voteBlock:  h.cfg.ElectionTicks,
@@ -339,6 +344,9 @@ func (g *group) prepare() (rd raft.Ready, ok bool) {
 		}
 		g.rn.ReportSnapshot(r.to, st)
 		g.endStream(r.to)
+		if !r.failed {
+			g.streamedAt[r.to] = g.h.now()
+		}
 	}
 	for _, r := range ev.snapDone {
 		g.snapshotDone(r)

@@ -70,14 +70,11 @@ func (g *group) maybeSnapshot(mode snapMode) {
 	for _, idx := range g.sending {
 		compactTo = min(compactTo, idx)
 	}
-	if mode != snapRelease {
-		// A follower that has just installed a long snapshot is behind by every
-		// write made while it streamed: compacting past it sent it another
-		// snapshot, and under steady writes another (a learner never caught up,
-		// TestFollowerCatchesUpAfterSnapshot). A release (the WAL wants its
-		// space back) still compacts everything.
-		compactTo = min(compactTo, g.catchUpFloor())
-	}
+	// A follower that has just installed a long snapshot is behind by every
+	// write made while it streamed: compacting past it sent it another
+	// snapshot, and under steady writes another (a learner never caught up,
+	// TestFollowerCatchesUpAfterSnapshot).
+	compactTo = min(compactTo, g.catchUpFloor(mode == snapRelease))
 	g.snapping = true
 	snap := &raftpb.Snapshot{
 		Data:     state,
@@ -264,13 +261,24 @@ func (g *group) sendSnapshot(m *raftpb.Message) {
 	})
 }
 
+// releaseGrace is how long after a follower took a streamed snapshot the
+// WAL's release still keeps what it needs, in election timeouts. The WAL asks
+// for its space back while the stream holds the log; compacting everything
+// the moment the snapshot was in, it left the follower needing another, and
+// under steady writes and a throttled stream every time: a returning member
+// never caught up (TestFollowerCatchesUpUnderRelease). The grace bounds how
+// long the WAL stays over its size for one follower.
+const releaseGrace = 30
+
 // catchUpFloor is the highest index a leader may compact its log to without
 // taking from a live follower (heard from within two election timeouts) the
 // entries it still needs: those after its Match. A follower the log cannot
 // catch up anyway (it needs entries already compacted: a snapshot will
 // follow) holds nothing back, and neither does one not heard from lately —
-// a dead or paused member must not pin the log.
-func (g *group) catchUpFloor() uint64 {
+// a dead or paused member must not pin the log. For a release (the WAL wants
+// its space back) only a follower that took a snapshot in the last
+// releaseGrace holds anything back.
+func (g *group) catchUpFloor(release bool) uint64 {
 	floor := uint64(math.MaxUint64)
 	if !g.isLeader {
 		return floor
@@ -280,11 +288,19 @@ func (g *group) catchUpFloor() uint64 {
 		return floor
 	}
 	h := g.h
-	live := 2 * time.Duration(h.cfg.ElectionTicks) * h.cfg.TickInterval
+	election := time.Duration(h.cfg.ElectionTicks) * h.cfg.TickInterval
 	now := h.now()
+	for id, at := range g.streamedAt {
+		if now-at > releaseGrace*election {
+			delete(g.streamedAt, id)
+		}
+	}
 	g.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
 		at, ok := g.heard[id]
-		if id == h.cfg.NodeID || !ok || now-at > live {
+		if id == h.cfg.NodeID || !ok || now-at > 2*election {
+			return
+		}
+		if _, recent := g.streamedAt[id]; release && !recent {
 			return
 		}
 		has := pr.Match

@@ -306,6 +306,108 @@ func TestFollowerCatchesUpAfterSnapshot(t *testing.T) {
 	}
 }
 
+// TestFollowerCatchesUpUnderRelease: the WAL asks a leader for its space back
+// (Host.Snapshot) all the time a follower is catching up after a snapshot, as
+// it did in TestMoveKeepsRedundancy, where a returning chunkserver's snapshots
+// took a minute at the throttled rate and the WAL filled meanwhile. The
+// release must leave the follower the entries it needs for releaseGrace, or
+// it gets another snapshot the moment one is in, and under steady writes
+// another (CI, 2026-12-07: the balance never finished). Past the grace, a
+// release compacts past a live follower that lags: one follower does not pin
+// the WAL for ever.
+func TestFollowerCatchesUpUnderRelease(t *testing.T) {
+	const (
+		snapEvery = 100
+		catchUp   = 10
+	)
+	c := newCluster(t, 31, 3, map[uint64][]uint64{1: {1, 2, 3}}, func(cfg *Config) {
+		cfg.SnapshotEntries = snapEvery
+		cfg.CatchUpEntries = catchUp
+		// One entry per MsgApp and one MsgApp in flight: a follower catches
+		// up one entry per round trip, as a throttled one would.
+		cfg.MaxSizePerMsg = 1
+		cfg.MaxInflightMsgs = 1
+	})
+	defer c.stop()
+	l := c.waitLeader(1)
+	f := c.groups[1][0]
+	if f == l {
+		f = c.groups[1][1]
+	}
+	c.net.partition([]uint64{f})
+	for i := range snapEvery + snapEvery*9/10 {
+		if err := c.proposeWait(l, 1, fmt.Sprintf("k%d=%d", i, i)); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+	}
+	c.net.heal()
+	var fst GroupStatus
+	for i := 0; fst.Snapshot == 0; i++ {
+		if i > 2000 {
+			c.fatalf("follower %d installed no snapshot", f)
+		}
+		c.step()
+		fst, _ = c.hosts[f].Status(1)
+	}
+	// Steady writes, one every 4 steps, each followed by the WAL's release.
+	write := func(prefix string, n, every int, lag bool) {
+		t.Helper()
+		var failed error
+		answered := 0
+		for i := range n {
+			c.hosts[l].Propose(1, propData(fmt.Sprintf("%s%d=%d", prefix, i, i)), func(err error) {
+				answered++
+				if err != nil && failed == nil {
+					failed = err
+				}
+			})
+			c.hosts[l].Snapshot(1)
+			if lag {
+				// Cut off three steps in four: heard from (it stays
+				// live), but falling behind.
+				if i%4 == 0 {
+					c.net.heal()
+				} else {
+					c.net.partition([]uint64{f})
+				}
+			}
+			c.run(every)
+		}
+		c.net.heal()
+		for i := 0; answered < n; i++ {
+			if i > 2000 {
+				c.fatalf("%d of %d writes answered", answered, n)
+			}
+			c.step()
+		}
+		if failed != nil {
+			t.Fatalf("a steady write failed: %v", failed)
+		}
+	}
+	const writes = 100
+	write("w", writes, 4, false)
+	c.waitConverged(2000)
+	if n := c.hosts[f].Stats().SnapshotsReceived; n != 1 {
+		t.Fatalf("follower %d received %d snapshots: the WAL's release compacted entries it was still catching up on", f, n)
+	}
+	if v, _ := c.sms[f][1].get(fmt.Sprintf("w%d", writes-1)); v != fmt.Sprint(writes-1) {
+		t.Fatalf("follower %d missed the last write", f)
+	}
+	lst, _ := c.hosts[l].Status(1)
+	if lst.Snapshot <= fst.Snapshot {
+		t.Fatalf("leader's snapshot %d: the releases made none after the follower's %d", lst.Snapshot, fst.Snapshot)
+	}
+
+	// Past the grace, a follower lagging holds nothing back from a release:
+	// it is sent a snapshot again.
+	c.run(2 * releaseGrace * 10 * c.tickEvery)
+	write("x", 3*snapEvery, 4, true)
+	c.waitConverged(2000)
+	if n := c.hosts[f].Stats().SnapshotsReceived; n < 2 {
+		t.Fatalf("follower %d received %d snapshots: lagging past its grace, it pinned the leader's log against the WAL's release", f, n)
+	}
+}
+
 // TestSnapshotStreamDuringCompaction: a leader's automatic snapshot chooses
 // how far to compact when it starts, and writes the chunks (Persist) before
 // it compacts. A follower that returns meanwhile is sent the snapshot before
