@@ -57,9 +57,12 @@ type Receiver struct {
 
 	mu       sync.Mutex
 	sessions map[uint64]*snapSession // by transfer id
-	closed   bool                    // Close was called: no new transfers
-	lastBad  time.Time               // last "bad frame" log line
-	wg       sync.WaitGroup          // receive goroutines; Add under mu, while !closed
+	// receiving counts the receive goroutines still running per group: a
+	// transfer abandoned leaves the map at once, its goroutine a moment later.
+	receiving map[uint64]int
+	closed    bool           // Close was called: no new transfers
+	lastBad   time.Time      // last "bad frame" log line
+	wg        sync.WaitGroup // receive goroutines; Add under mu, while !closed
 }
 
 // Snapshot transfers under way at once, at most: in all, and from one
@@ -75,6 +78,7 @@ type snapSession struct {
 	owner transport.ReplyWriter // the connection that began it
 	group uint64
 	index uint64 // the snapshot's index
+	term  uint64 // the term of the leader that sends it
 	next  uint64 // sequence number of the next frame
 	pw    *io.PipeWriter
 	res   chan error    // receive result, buffered
@@ -86,7 +90,7 @@ type snapSession struct {
 // snapshot bandwidth limit.
 func (t *Transport) Receiver(host Host) *Receiver {
 	return &Receiver{self: t.self, log: t.log, host: host, limit: t.snapLimit,
-		sessions: make(map[uint64]*snapSession)}
+		sessions: make(map[uint64]*snapSession), receiving: make(map[uint64]int)}
 }
 
 // AllocPayload gives large OpRaft payloads a buffer of their own, which the
@@ -217,7 +221,7 @@ func (s *Receiver) serveSnapshot(rw transport.ReplyWriter, h api.Header, payload
 		}
 		pr, pw := io.Pipe()
 		ss = &snapSession{id: h.Volume, from: from, owner: rw, group: msgs[0].Group, next: 1, pw: pw, res: make(chan error, 1), gone: make(chan struct{}),
-			index: msgs[0].Msg.GetSnapshot().GetMetadata().GetIndex()}
+			index: msgs[0].Msg.GetSnapshot().GetMetadata().GetIndex(), term: msgs[0].Msg.GetTerm()}
 		ss.timer = time.AfterFunc(snapIdleTimeout, func() { s.abandon(ss) })
 		s.mu.Lock()
 		if s.closed {
@@ -226,15 +230,24 @@ func (s *Receiver) serveSnapshot(rw transport.ReplyWriter, h api.Header, payload
 			reply(api.StatusIOError)
 			return
 		}
-		if other := s.groupSession(ss.group); other != nil {
+		if other := s.groupSession(ss.group); other != nil || s.receiving[ss.group] > 0 {
 			// One stream per group: two would stage two snapshots of one copyset
 			// at once. The sender reports the failure to raft, which retries
-			// once the stream under way ended (installed or failed).
+			// once the stream under way ended (installed or failed). A stream
+			// from a former leader is ended now: raft here would drop its
+			// snapshot for its older term once it were in, and the new
+			// leader's stream would wait for it (a throttled one: a minute).
+			superseded := other != nil && ss.term > other.term
 			s.mu.Unlock()
 			ss.timer.Stop()
-			s.log.Info("snapshot stream refused: another one for the copyset is under way",
-				"copyset", ss.group, "from", h.Hint,
-				"index", msgs[0].Msg.GetSnapshot().GetMetadata().GetIndex(), "receiving", other.index)
+			if superseded {
+				s.log.Info("snapshot stream from a former leader ended: the copyset's new leader sends its own",
+					"copyset", ss.group, "from", other.from, "term", other.term, "new_leader", h.Hint, "new_term", ss.term)
+				s.abandon(other)
+			} else {
+				s.log.Info("snapshot stream refused: another one for the copyset is under way",
+					"copyset", ss.group, "from", h.Hint, "index", ss.index)
+			}
 			reply(api.StatusBusy)
 			return
 		}
@@ -262,9 +275,17 @@ func (s *Receiver) serveSnapshot(rw transport.ReplyWriter, h api.Header, payload
 				}
 			}()
 		}
+		s.receiving[ss.group]++
 		s.mu.Unlock()
 		go func() {
 			defer s.wg.Done()
+			defer func() {
+				s.mu.Lock()
+				if s.receiving[ss.group]--; s.receiving[ss.group] == 0 {
+					delete(s.receiving, ss.group)
+				}
+				s.mu.Unlock()
+			}()
 			err := s.host.ReceiveSnapshot(msgs[0], pr)
 			if err != nil && !errors.Is(err, errSnapshotAbandoned) {
 				// Logged here: the sender may learn of it from a data

@@ -470,10 +470,13 @@ func (w *snapWriter) frame(kind uint32, payload []byte) error {
 		}
 		return err
 	}
-	if call.Reply.Status != api.StatusOK {
-		return fmt.Errorf("%w: %v", ErrSnapshotRejected, call.Reply.Status)
+	switch call.Reply.Status {
+	case api.StatusOK:
+		return nil
+	case api.StatusBusy:
+		return fmt.Errorf("%w: %w", ErrSnapshotRejected, raftstore.ErrPeerBusy)
 	}
-	return nil
+	return fmt.Errorf("%w: %v", ErrSnapshotRejected, call.Reply.Status)
 }
 
 // Close stops every sender goroutine and closes their connections.

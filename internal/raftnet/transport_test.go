@@ -814,8 +814,8 @@ func TestSnapshotReceiverOneStreamPerGroup(t *testing.T) {
 	}
 	// The first stream is in its receive now: a second one for group 77 is refused.
 	err := pt.SendSnapshot(raftstore.Message{Group: 77, Msg: snapMsg(20)}, write)
-	if !errors.Is(err, ErrSnapshotRejected) {
-		t.Fatalf("second concurrent stream for one group: %v, want ErrSnapshotRejected", err)
+	if !errors.Is(err, ErrSnapshotRejected) || !errors.Is(err, raftstore.ErrPeerBusy) {
+		t.Fatalf("second concurrent stream for one group: %v, want ErrSnapshotRejected and ErrPeerBusy", err)
 	}
 	// Another group is not held up.
 	if err := pt.SendSnapshot(raftstore.Message{Group: 78, Msg: snapMsg(30)}, write); err != nil {
@@ -833,6 +833,97 @@ func TestSnapshotReceiverOneStreamPerGroup(t *testing.T) {
 	defer mu.Unlock()
 	if received[10] != 1 || received[20] != 1 || received[30] != 1 {
 		t.Fatalf("receives per index: %v, want one each of 10, 20, 30", received)
+	}
+}
+
+// TestSnapshotStreamFromFormerLeaderEnds: a follower receiving a (throttled,
+// slow) snapshot from a leader that has since lost its leadership hears from
+// the new leader. The new leader's stream is refused as busy this once, and
+// the former leader's is ended there and then: raft would drop its snapshot
+// for its older term, and the new leader's would otherwise wait for it (in
+// TestMoveKeepsRedundancy a minute, retried ten times a second). The next
+// attempt goes through while the former leader's stream fails.
+func TestSnapshotStreamFromFormerLeaderEnds(t *testing.T) {
+	var mu sync.Mutex
+	results := map[uint64]error{} // snapshot term → its receive's result
+	started := make(chan uint64, 4)
+	recv := newReceiver(t, func(m raftstore.Message, r io.Reader) error {
+		started <- m.Msg.GetTerm()
+		_, err := io.Copy(io.Discard, r)
+		mu.Lock()
+		results[m.Msg.GetTerm()] = err
+		mu.Unlock()
+		return err
+	})
+	defer recv.Close()
+	addr := serveSink(t, recv)
+	snapMsg := func(from, term uint64) *raftpb.Message {
+		snapType := raftpb.MsgSnap
+		return &raftpb.Message{Type: &snapType, From: proto.Uint64(from), To: proto.Uint64(2), Term: proto.Uint64(term),
+			Snapshot: &raftpb.Snapshot{Metadata: &raftpb.SnapshotMetadata{Index: proto.Uint64(50), Term: proto.Uint64(term)}}}
+	}
+	former := New(Config{Self: 1, Logger: testLogger(t), SnapshotRate: -1})
+	defer former.Close()
+	former.SetPeers(map[uint64]string{2: addr})
+	leader := New(Config{Self: 3, Logger: testLogger(t), SnapshotRate: -1})
+	defer leader.Close()
+	leader.SetPeers(map[uint64]string{2: addr})
+
+	// The former leader (term 4) sends a frame, then more only when told.
+	more := make(chan struct{})
+	formerDone := make(chan error, 1)
+	go func() {
+		formerDone <- former.SendSnapshot(raftstore.Message{Group: 77, Msg: snapMsg(1, 4)}, func(w io.Writer) error {
+			frame := bytes.Repeat([]byte("f"), snapFrameSize)
+			if _, err := w.Write(frame); err != nil {
+				return err
+			}
+			<-more
+			_, err := w.Write(frame)
+			return err
+		})
+	}()
+	select {
+	case term := <-started:
+		if term != 4 {
+			t.Fatalf("receive of term %d started first", term)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the former leader's stream did not begin")
+	}
+	write := func(w io.Writer) error { _, err := w.Write([]byte("the new leader's chunks")); return err }
+	err := leader.SendSnapshot(raftstore.Message{Group: 77, Msg: snapMsg(3, 5)}, write)
+	if !errors.Is(err, raftstore.ErrPeerBusy) {
+		t.Fatalf("the new leader's first stream: %v, want ErrPeerBusy", err)
+	}
+	// The former leader's stream was ended: its receive fails, and so do
+	// its next frames.
+	close(more)
+	select {
+	case err := <-formerDone:
+		if err == nil {
+			t.Fatal("the former leader's stream succeeded after the new leader's arrived")
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the former leader's stream did not end")
+	}
+	// The new leader's next attempt goes through (once the former's receive
+	// returned: poll, as raft's retry would).
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err = leader.SendSnapshot(raftstore.Message{Group: 77, Msg: snapMsg(3, 5)}, write)
+		if err == nil || !errors.Is(err, raftstore.ErrPeerBusy) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("the new leader's stream after the former's ended: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if results[4] == nil || results[5] != nil {
+		t.Fatalf("receive results by term: %v; want term 4 failed, term 5 received", results)
 	}
 }
 

@@ -34,6 +34,10 @@ var (
 	ErrDiskFull = errors.New("raftstore: disk full")
 	// ErrIO: the group stopped after any other disk failure (see ErrDiskFull).
 	ErrIO = errors.New("raftstore: disk IO error")
+	// ErrPeerBusy: a Transport's SendSnapshot found the follower busy
+	// (receiving another snapshot of the group, or too many); the stream is
+	// retried after snapBusyBackoff.
+	ErrPeerBusy = errors.New("raftstore: peer busy receiving snapshots")
 )
 
 // NotLeaderError is the ErrNotLeader a callback gets.

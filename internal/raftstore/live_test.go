@@ -25,12 +25,17 @@ type liveNet struct {
 	hosts map[uint64]*Host
 	inbox map[uint64]chan Message
 	down  map[uint64]bool // isolated nodes
-	wg    sync.WaitGroup
-	stop  chan struct{}
+	// busy: nodes whose snapshot receives are refused ErrPeerBusy;
+	// busyRefused counts those refusals.
+	busy        map[uint64]bool
+	busyRefused atomic.Int64
+	wg          sync.WaitGroup
+	stop        chan struct{}
 }
 
 func newLiveNet() *liveNet {
-	return &liveNet{hosts: map[uint64]*Host{}, inbox: map[uint64]chan Message{}, down: map[uint64]bool{}, stop: make(chan struct{})}
+	return &liveNet{hosts: map[uint64]*Host{}, inbox: map[uint64]chan Message{}, down: map[uint64]bool{},
+		busy: map[uint64]bool{}, stop: make(chan struct{})}
 }
 
 func (n *liveNet) add(id uint64, h *Host) {
@@ -83,10 +88,14 @@ func (t liveTransport) SendSnapshot(m Message, write func(io.Writer) error) erro
 	n := t.n
 	to := m.Msg.GetTo()
 	n.mu.Lock()
-	h, down := n.hosts[to], n.down[t.from] || n.down[to]
+	h, down, busy := n.hosts[to], n.down[t.from] || n.down[to], n.busy[to]
 	n.mu.Unlock()
 	if h == nil || down {
 		return errors.New("live: unreachable")
+	}
+	if busy {
+		n.busyRefused.Add(1)
+		return fmt.Errorf("live: %w", ErrPeerBusy)
 	}
 	var buf bytes.Buffer
 	if err := write(&buf); err != nil {
@@ -217,4 +226,101 @@ func TestLiveConcurrent(t *testing.T) {
 		groups += s.ReadyGroups
 	}
 	t.Logf("%d answers for %d writes; %d rounds, %.2f groups per round (group commit)", answered.Load(), acked.Load(), rounds, float64(groups)/float64(rounds))
+}
+
+// TestSnapshotBusyBackoff: a follower that refuses a snapshot stream as busy
+// (it receives another of the copyset, a former leader's) is not sent the
+// next one at once: raft would retry on every heartbeat answer, ten times a
+// second with a log line each (TestMoveKeepsRedundancy's logs had 290 in a
+// minute). The leader waits snapBusyBackoff before raft hears of the
+// refusal; once the follower takes streams again it catches up.
+func TestSnapshotBusyBackoff(t *testing.T) {
+	n := newLiveNet()
+	hosts := map[uint64]*Host{}
+	sms := map[uint64]*testSM{}
+	for id := uint64(1); id <= 3; id++ {
+		h, err := New(Config{
+			NodeID: id, Log: memlog.New(), Transport: liveTransport{n: n, from: id},
+			TickInterval: 10 * time.Millisecond, ElectionTicks: 10,
+			SnapshotEntries: 20, CatchUpEntries: 5,
+			Logger: slog.New(slog.DiscardHandler),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hosts[id], sms[id] = h, newTestSM()
+		n.add(id, h)
+		if err := h.CreateGroup(1, []uint64{1, 2, 3}, sms[id], false); err != nil {
+			t.Fatal(err)
+		}
+		h.Start()
+	}
+	defer func() {
+		for _, h := range hosts {
+			h.Stop()
+		}
+		close(n.stop)
+		n.wg.Wait()
+	}()
+	// write proposes key=v until a leader acknowledges it.
+	write := func(key string) {
+		t.Helper()
+		for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); {
+			for _, h := range hosts {
+				if st, _ := h.Status(1); !st.IsLeader {
+					continue
+				}
+				res := make(chan error, 1)
+				h.Propose(1, propData(key+"=v"), func(err error) { res <- err })
+				if <-res == nil {
+					return
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		t.Fatalf("%s: never acknowledged", key)
+	}
+	write("first")
+	var f uint64
+	for id, h := range hosts {
+		if st, _ := h.Status(1); !st.IsLeader {
+			f = id
+		}
+	}
+	// Cut off (and not heard from for two election timeouts, so that it
+	// holds no entries back), the follower falls behind the leader's
+	// compactions.
+	n.isolate(f, true)
+	time.Sleep(500 * time.Millisecond)
+	for i := range 60 {
+		write(fmt.Sprintf("k%d", i))
+	}
+	n.mu.Lock()
+	n.busy[f] = true
+	n.mu.Unlock()
+	n.isolate(f, false)
+	// Refused as busy for two seconds, it is offered a stream about once a
+	// second (a slow machine offers fewer), not on every heartbeat.
+	for deadline := time.Now().Add(30 * time.Second); n.busyRefused.Load() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the follower was never offered a snapshot")
+		}
+	}
+	time.Sleep(2 * time.Second)
+	refused := n.busyRefused.Load()
+	t.Logf("%d streams refused as busy in about 2 s (the backoff is %v)", refused, snapBusyBackoff)
+	if refused > 4 {
+		t.Errorf("%d streams offered to a busy follower in about 2 s: the leader retried without waiting", refused)
+	}
+	n.mu.Lock()
+	n.busy[f] = false
+	n.mu.Unlock()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, ok := sms[f].get("k59"); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the follower never caught up once it took streams again")
+		}
+	}
 }

@@ -211,6 +211,10 @@ func (g *group) outgoing(dst []Message, msgs []*raftpb.Message) []Message {
 	return dst
 }
 
+// snapBusyBackoff is how long a stream the follower refused as busy waits
+// before raft hears of it (and sends another).
+const snapBusyBackoff = time.Second
+
 // sendSnapshot streams the state machine's data with m to a follower and reports the
 // outcome to raft. Until then the log after the snapshot's index is kept.
 func (g *group) sendSnapshot(m *raftpb.Message) {
@@ -249,10 +253,24 @@ func (g *group) sendSnapshot(m *raftpb.Message) {
 		} else if err = g.holdLog(to, idx); err == nil {
 			err = h.cfg.Transport.SendSnapshot(Message{Group: g.id, Msg: m}, g.sm.WriteSnapshot)
 		}
-		if err != nil {
+		switch {
+		case errors.Is(err, ErrPeerBusy):
+			// Raft would send the next MsgSnap at once, and be told so
+			// again ten times a second while the follower receives another
+			// (a former leader's) stream. Report after a pause.
+			h.stats.snapsFailed.Add(1)
+			g.log.Info("raftstore: snapshot stream refused: the follower is busy receiving another; retrying",
+				"to", to, "index", idx, "after", snapBusyBackoff)
+			if !h.cfg.Manual {
+				select {
+				case <-time.After(snapBusyBackoff):
+				case <-h.stopc:
+				}
+			}
+		case err != nil:
 			h.stats.snapsFailed.Add(1)
 			g.log.Warn("raftstore: snapshot stream failed", "to", to, "index", idx, "err", err)
-		} else {
+		default:
 			h.stats.snapsSent.Add(1)
 		}
 		if g.in.add(func(in *events) { in.snapReports = append(in.snapReports, snapReport{to: to, failed: err != nil}) }) == nil {
