@@ -94,7 +94,11 @@
 // sender's raftstore reports the snapshot failed to raft, which retries once
 // the first transfer ended (two overlapping streams once made a follower
 // record a snapshot's index over another snapshot's data;
-// TestSnapshotReceiverOneStreamPerGroup). A frame the receiver has not
+// TestSnapshotReceiverOneStreamPerGroup) — after a second's pause, so a busy
+// follower is not offered a stream on every heartbeat. A begin frame from a
+// newer term than the transfer under way ends that one (a former leader's,
+// whose snapshot raft would drop) and is itself refused until its receive
+// unwound (TestSnapshotStreamFromFormerLeaderEnds). A frame the receiver has not
 // answered within 60 s (snapStallTimeout) ends the transfer: SendSnapshot
 // closes the connection and fails, so that a follower whose disk hangs while
 // staging cannot hold the leader's log for ever (a stream's hold keeps the log

@@ -195,7 +195,10 @@
 // compacted past its snapshot gives up and raft retries with the newer one. The
 // snapshot-send log line says why the peer needed one (peer_match, peer_next,
 // log_first). Host.Snapshot (for groups that keep old WAL segments alive) compacts
-// to S itself, live followers or not; if the group
+// to S itself, live followers or not — except a follower that took a streamed
+// snapshot within releaseGrace (30 election timeouts): the WAL asks while the
+// stream holds the log, and compacting past the follower the moment its snapshot
+// was in sent it another, for ever under steady writes; if the group
 // applied nothing since its last snapshot, its leader first appends an empty entry
 // so that a newer snapshot index exists (a follower waits for the leader's next
 // entry: the WAL ignores a snapshot not newer than its current one).
