@@ -44,6 +44,7 @@ var rpcRoles = map[string][]identity.Role{
 	"ResizeVolume":        admin,
 	"DeleteVolume":        admin,
 	"SetVolumeMeta":       admin,
+	"SetVolumeHost":       admin,
 	"OpenVolume":          sessionRoles,
 	"RenewSession":        sessionRoles,
 	"CloseSession":        sessionRoles,

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -103,6 +104,9 @@ type volumeRecord struct {
 	Attachments []attachmentRecord `json:"attachments,omitempty"`
 	// Meta: settings kept with the volume (SetVolumeMeta).
 	Meta map[string]string `json:"meta,omitempty"`
+	// AllowedHosts: the NVMe host NQNs that may connect to its NVMe/TCP
+	// subsystem (SetVolumeHost); none: every host.
+	AllowedHosts []string `json:"allowed_hosts,omitempty"`
 }
 
 // attachmentRecord is one node a volume is published to.
@@ -251,7 +255,7 @@ func (r poolRecord) proto() *api.Pool {
 
 func (r volumeRecord) proto() *api.Volume {
 	v := &api.Volume{Id: r.ID, Name: r.Name, Size: r.Size, PoolId: r.PoolID, PoolName: r.PoolName,
-		CreatedUnixMs: r.CreatedMs, Epoch: r.Epoch, Meta: maps.Clone(r.Meta)}
+		CreatedUnixMs: r.CreatedMs, Epoch: r.Epoch, Meta: maps.Clone(r.Meta), AllowedHosts: slices.Clone(r.AllowedHosts)}
 	for _, a := range r.Attachments {
 		v.Attachments = append(v.Attachments, &api.Attachment{Node: a.Node, ReadOnly: a.ReadOnly, AttachedUnixMs: a.AttachedMs, HostNqn: a.HostNQN, InitiatorIqn: a.InitiatorIQN})
 	}

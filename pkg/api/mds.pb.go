@@ -1432,6 +1432,10 @@ type Volume struct {
 	Epoch         uint64                 `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`                                                                        // current writer epoch
 	Attachments   []*Attachment          `protobuf:"bytes,8,rep,name=attachments,proto3" json:"attachments,omitempty"`                                                             // the nodes it is published to (AttachVolume)
 	Meta          map[string]string      `protobuf:"bytes,9,rep,name=meta,proto3" json:"meta,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // settings kept with it (SetVolumeMeta)
+	// allowed_hosts are the NVMe host NQNs that may connect to the volume's
+	// NVMe/TCP subsystem (SetVolumeHost), in the order added; empty: every
+	// host an access node's own --allow-hosts lets in.
+	AllowedHosts  []string `protobuf:"bytes,10,rep,name=allowed_hosts,json=allowedHosts,proto3" json:"allowed_hosts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1525,6 +1529,13 @@ func (x *Volume) GetAttachments() []*Attachment {
 func (x *Volume) GetMeta() map[string]string {
 	if x != nil {
 		return x.Meta
+	}
+	return nil
+}
+
+func (x *Volume) GetAllowedHosts() []string {
+	if x != nil {
+		return x.AllowedHosts
 	}
 	return nil
 }
@@ -2098,6 +2109,123 @@ func (x *SetVolumeMetaResponse) GetVolume() *Volume {
 	return nil
 }
 
+// SetVolumeHostRequest adds host_nqn to the volume's allowed_hosts (allow)
+// or removes it. host_nqn must be an NQN as the NVMe base specification
+// defines one ("nqn.yyyy-mm.reverse.domain:string" or
+// "nqn.2014-08.org.nvmexpress:uuid:UUID", at most 223 bytes); adding one
+// already there or removing one that is not changes nothing.
+type SetVolumeHostRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	HostNqn       string                 `protobuf:"bytes,2,opt,name=host_nqn,json=hostNqn,proto3" json:"host_nqn,omitempty"`
+	Allow         bool                   `protobuf:"varint,3,opt,name=allow,proto3" json:"allow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetVolumeHostRequest) Reset() {
+	*x = SetVolumeHostRequest{}
+	mi := &file_mds_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetVolumeHostRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetVolumeHostRequest) ProtoMessage() {}
+
+func (x *SetVolumeHostRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetVolumeHostRequest.ProtoReflect.Descriptor instead.
+func (*SetVolumeHostRequest) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *SetVolumeHostRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *SetVolumeHostRequest) GetHostNqn() string {
+	if x != nil {
+		return x.HostNqn
+	}
+	return ""
+}
+
+func (x *SetVolumeHostRequest) GetAllow() bool {
+	if x != nil {
+		return x.Allow
+	}
+	return false
+}
+
+type SetVolumeHostResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        *Volume                `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Changed       bool                   `protobuf:"varint,2,opt,name=changed,proto3" json:"changed,omitempty"` // false: the list already said so
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetVolumeHostResponse) Reset() {
+	*x = SetVolumeHostResponse{}
+	mi := &file_mds_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetVolumeHostResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetVolumeHostResponse) ProtoMessage() {}
+
+func (x *SetVolumeHostResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mds_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetVolumeHostResponse.ProtoReflect.Descriptor instead.
+func (*SetVolumeHostResponse) Descriptor() ([]byte, []int) {
+	return file_mds_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *SetVolumeHostResponse) GetVolume() *Volume {
+	if x != nil {
+		return x.Volume
+	}
+	return nil
+}
+
+func (x *SetVolumeHostResponse) GetChanged() bool {
+	if x != nil {
+		return x.Changed
+	}
+	return false
+}
+
 type DeleteVolumeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -2107,7 +2235,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_mds_proto_msgTypes[31]
+	mi := &file_mds_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2119,7 +2247,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[31]
+	mi := &file_mds_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2132,7 +2260,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{31}
+	return file_mds_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DeleteVolumeRequest) GetName() string {
@@ -2150,7 +2278,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_mds_proto_msgTypes[32]
+	mi := &file_mds_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2162,7 +2290,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[32]
+	mi := &file_mds_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2175,7 +2303,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{32}
+	return file_mds_proto_rawDescGZIP(), []int{34}
 }
 
 type OpenVolumeRequest struct {
@@ -2189,7 +2317,7 @@ type OpenVolumeRequest struct {
 
 func (x *OpenVolumeRequest) Reset() {
 	*x = OpenVolumeRequest{}
-	mi := &file_mds_proto_msgTypes[33]
+	mi := &file_mds_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2201,7 +2329,7 @@ func (x *OpenVolumeRequest) String() string {
 func (*OpenVolumeRequest) ProtoMessage() {}
 
 func (x *OpenVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[33]
+	mi := &file_mds_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2214,7 +2342,7 @@ func (x *OpenVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenVolumeRequest.ProtoReflect.Descriptor instead.
 func (*OpenVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{33}
+	return file_mds_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *OpenVolumeRequest) GetName() string {
@@ -2257,7 +2385,7 @@ type OpenVolumeResponse struct {
 
 func (x *OpenVolumeResponse) Reset() {
 	*x = OpenVolumeResponse{}
-	mi := &file_mds_proto_msgTypes[34]
+	mi := &file_mds_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2269,7 +2397,7 @@ func (x *OpenVolumeResponse) String() string {
 func (*OpenVolumeResponse) ProtoMessage() {}
 
 func (x *OpenVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[34]
+	mi := &file_mds_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2282,7 +2410,7 @@ func (x *OpenVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenVolumeResponse.ProtoReflect.Descriptor instead.
 func (*OpenVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{34}
+	return file_mds_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *OpenVolumeResponse) GetVolume() *Volume {
@@ -2350,7 +2478,7 @@ type RenewSessionRequest struct {
 
 func (x *RenewSessionRequest) Reset() {
 	*x = RenewSessionRequest{}
-	mi := &file_mds_proto_msgTypes[35]
+	mi := &file_mds_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2362,7 +2490,7 @@ func (x *RenewSessionRequest) String() string {
 func (*RenewSessionRequest) ProtoMessage() {}
 
 func (x *RenewSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[35]
+	mi := &file_mds_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2375,7 +2503,7 @@ func (x *RenewSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSessionRequest.ProtoReflect.Descriptor instead.
 func (*RenewSessionRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{35}
+	return file_mds_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RenewSessionRequest) GetSessionId() uint64 {
@@ -2395,7 +2523,7 @@ type RenewSessionResponse struct {
 
 func (x *RenewSessionResponse) Reset() {
 	*x = RenewSessionResponse{}
-	mi := &file_mds_proto_msgTypes[36]
+	mi := &file_mds_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2407,7 +2535,7 @@ func (x *RenewSessionResponse) String() string {
 func (*RenewSessionResponse) ProtoMessage() {}
 
 func (x *RenewSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[36]
+	mi := &file_mds_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2420,7 +2548,7 @@ func (x *RenewSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSessionResponse.ProtoReflect.Descriptor instead.
 func (*RenewSessionResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{36}
+	return file_mds_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RenewSessionResponse) GetLeaseMs() int64 {
@@ -2446,7 +2574,7 @@ type CloseSessionRequest struct {
 
 func (x *CloseSessionRequest) Reset() {
 	*x = CloseSessionRequest{}
-	mi := &file_mds_proto_msgTypes[37]
+	mi := &file_mds_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2458,7 +2586,7 @@ func (x *CloseSessionRequest) String() string {
 func (*CloseSessionRequest) ProtoMessage() {}
 
 func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[37]
+	mi := &file_mds_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2471,7 +2599,7 @@ func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
 func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{37}
+	return file_mds_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CloseSessionRequest) GetSessionId() uint64 {
@@ -2489,7 +2617,7 @@ type CloseSessionResponse struct {
 
 func (x *CloseSessionResponse) Reset() {
 	*x = CloseSessionResponse{}
-	mi := &file_mds_proto_msgTypes[38]
+	mi := &file_mds_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2501,7 +2629,7 @@ func (x *CloseSessionResponse) String() string {
 func (*CloseSessionResponse) ProtoMessage() {}
 
 func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[38]
+	mi := &file_mds_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2514,7 +2642,7 @@ func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionResponse.ProtoReflect.Descriptor instead.
 func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{38}
+	return file_mds_proto_rawDescGZIP(), []int{40}
 }
 
 // Node is a host that attaches volumes (a Kubernetes node running the CSI
@@ -2545,7 +2673,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_mds_proto_msgTypes[39]
+	mi := &file_mds_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2557,7 +2685,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[39]
+	mi := &file_mds_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2570,7 +2698,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{39}
+	return file_mds_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Node) GetId() string {
@@ -2638,7 +2766,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_mds_proto_msgTypes[40]
+	mi := &file_mds_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2650,7 +2778,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[40]
+	mi := &file_mds_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2663,7 +2791,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{40}
+	return file_mds_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RegisterNodeRequest) GetNode() *Node {
@@ -2682,7 +2810,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_mds_proto_msgTypes[41]
+	mi := &file_mds_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2694,7 +2822,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[41]
+	mi := &file_mds_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2707,7 +2835,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{41}
+	return file_mds_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *RegisterNodeResponse) GetNode() *Node {
@@ -2739,7 +2867,7 @@ type AttachVolumeRequest struct {
 
 func (x *AttachVolumeRequest) Reset() {
 	*x = AttachVolumeRequest{}
-	mi := &file_mds_proto_msgTypes[42]
+	mi := &file_mds_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2751,7 +2879,7 @@ func (x *AttachVolumeRequest) String() string {
 func (*AttachVolumeRequest) ProtoMessage() {}
 
 func (x *AttachVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[42]
+	mi := &file_mds_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2764,7 +2892,7 @@ func (x *AttachVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachVolumeRequest.ProtoReflect.Descriptor instead.
 func (*AttachVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{42}
+	return file_mds_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *AttachVolumeRequest) GetName() string {
@@ -2812,7 +2940,7 @@ type AttachVolumeResponse struct {
 
 func (x *AttachVolumeResponse) Reset() {
 	*x = AttachVolumeResponse{}
-	mi := &file_mds_proto_msgTypes[43]
+	mi := &file_mds_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2824,7 +2952,7 @@ func (x *AttachVolumeResponse) String() string {
 func (*AttachVolumeResponse) ProtoMessage() {}
 
 func (x *AttachVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[43]
+	mi := &file_mds_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2837,7 +2965,7 @@ func (x *AttachVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachVolumeResponse.ProtoReflect.Descriptor instead.
 func (*AttachVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{43}
+	return file_mds_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *AttachVolumeResponse) GetVolume() *Volume {
@@ -2866,7 +2994,7 @@ type DetachVolumeRequest struct {
 
 func (x *DetachVolumeRequest) Reset() {
 	*x = DetachVolumeRequest{}
-	mi := &file_mds_proto_msgTypes[44]
+	mi := &file_mds_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2878,7 +3006,7 @@ func (x *DetachVolumeRequest) String() string {
 func (*DetachVolumeRequest) ProtoMessage() {}
 
 func (x *DetachVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[44]
+	mi := &file_mds_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2891,7 +3019,7 @@ func (x *DetachVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DetachVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{44}
+	return file_mds_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DetachVolumeRequest) GetName() string {
@@ -2916,7 +3044,7 @@ type DetachVolumeResponse struct {
 
 func (x *DetachVolumeResponse) Reset() {
 	*x = DetachVolumeResponse{}
-	mi := &file_mds_proto_msgTypes[45]
+	mi := &file_mds_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2928,7 +3056,7 @@ func (x *DetachVolumeResponse) String() string {
 func (*DetachVolumeResponse) ProtoMessage() {}
 
 func (x *DetachVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[45]
+	mi := &file_mds_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2941,7 +3069,7 @@ func (x *DetachVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DetachVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{45}
+	return file_mds_proto_rawDescGZIP(), []int{47}
 }
 
 type ClusterStatusRequest struct {
@@ -2952,7 +3080,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_mds_proto_msgTypes[46]
+	mi := &file_mds_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2964,7 +3092,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[46]
+	mi := &file_mds_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2977,7 +3105,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{46}
+	return file_mds_proto_rawDescGZIP(), []int{48}
 }
 
 type ClusterStatusResponse struct {
@@ -2999,7 +3127,7 @@ type ClusterStatusResponse struct {
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_mds_proto_msgTypes[47]
+	mi := &file_mds_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3011,7 +3139,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[47]
+	mi := &file_mds_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3024,7 +3152,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{47}
+	return file_mds_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ClusterStatusResponse) GetActiveMds() string {
@@ -3123,7 +3251,7 @@ type AccessNode struct {
 
 func (x *AccessNode) Reset() {
 	*x = AccessNode{}
-	mi := &file_mds_proto_msgTypes[48]
+	mi := &file_mds_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3135,7 +3263,7 @@ func (x *AccessNode) String() string {
 func (*AccessNode) ProtoMessage() {}
 
 func (x *AccessNode) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[48]
+	mi := &file_mds_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3148,7 +3276,7 @@ func (x *AccessNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccessNode.ProtoReflect.Descriptor instead.
 func (*AccessNode) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{48}
+	return file_mds_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *AccessNode) GetId() uint64 {
@@ -3217,7 +3345,7 @@ type ISCSISession struct {
 
 func (x *ISCSISession) Reset() {
 	*x = ISCSISession{}
-	mi := &file_mds_proto_msgTypes[49]
+	mi := &file_mds_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3229,7 +3357,7 @@ func (x *ISCSISession) String() string {
 func (*ISCSISession) ProtoMessage() {}
 
 func (x *ISCSISession) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[49]
+	mi := &file_mds_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3242,7 +3370,7 @@ func (x *ISCSISession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ISCSISession.ProtoReflect.Descriptor instead.
 func (*ISCSISession) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{49}
+	return file_mds_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ISCSISession) GetInitiator() string {
@@ -3315,7 +3443,7 @@ type RegisterAccessNodeRequest struct {
 
 func (x *RegisterAccessNodeRequest) Reset() {
 	*x = RegisterAccessNodeRequest{}
-	mi := &file_mds_proto_msgTypes[50]
+	mi := &file_mds_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3327,7 +3455,7 @@ func (x *RegisterAccessNodeRequest) String() string {
 func (*RegisterAccessNodeRequest) ProtoMessage() {}
 
 func (x *RegisterAccessNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[50]
+	mi := &file_mds_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3340,7 +3468,7 @@ func (x *RegisterAccessNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterAccessNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterAccessNodeRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{50}
+	return file_mds_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RegisterAccessNodeRequest) GetAddr() string {
@@ -3373,7 +3501,7 @@ type RegisterAccessNodeResponse struct {
 
 func (x *RegisterAccessNodeResponse) Reset() {
 	*x = RegisterAccessNodeResponse{}
-	mi := &file_mds_proto_msgTypes[51]
+	mi := &file_mds_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3385,7 +3513,7 @@ func (x *RegisterAccessNodeResponse) String() string {
 func (*RegisterAccessNodeResponse) ProtoMessage() {}
 
 func (x *RegisterAccessNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[51]
+	mi := &file_mds_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3398,7 +3526,7 @@ func (x *RegisterAccessNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterAccessNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterAccessNodeResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{51}
+	return file_mds_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RegisterAccessNodeResponse) GetId() uint64 {
@@ -3420,7 +3548,7 @@ type NVMfHost struct {
 
 func (x *NVMfHost) Reset() {
 	*x = NVMfHost{}
-	mi := &file_mds_proto_msgTypes[52]
+	mi := &file_mds_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3432,7 +3560,7 @@ func (x *NVMfHost) String() string {
 func (*NVMfHost) ProtoMessage() {}
 
 func (x *NVMfHost) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[52]
+	mi := &file_mds_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3445,7 +3573,7 @@ func (x *NVMfHost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NVMfHost.ProtoReflect.Descriptor instead.
 func (*NVMfHost) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{52}
+	return file_mds_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *NVMfHost) GetSubsystem() string {
@@ -3480,7 +3608,7 @@ type AccessNodeHeartbeatRequest struct {
 
 func (x *AccessNodeHeartbeatRequest) Reset() {
 	*x = AccessNodeHeartbeatRequest{}
-	mi := &file_mds_proto_msgTypes[53]
+	mi := &file_mds_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3492,7 +3620,7 @@ func (x *AccessNodeHeartbeatRequest) String() string {
 func (*AccessNodeHeartbeatRequest) ProtoMessage() {}
 
 func (x *AccessNodeHeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[53]
+	mi := &file_mds_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3505,7 +3633,7 @@ func (x *AccessNodeHeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccessNodeHeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*AccessNodeHeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{53}
+	return file_mds_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *AccessNodeHeartbeatRequest) GetId() uint64 {
@@ -3544,7 +3672,7 @@ type ANAAssignment struct {
 
 func (x *ANAAssignment) Reset() {
 	*x = ANAAssignment{}
-	mi := &file_mds_proto_msgTypes[54]
+	mi := &file_mds_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3556,7 +3684,7 @@ func (x *ANAAssignment) String() string {
 func (*ANAAssignment) ProtoMessage() {}
 
 func (x *ANAAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[54]
+	mi := &file_mds_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3569,7 +3697,7 @@ func (x *ANAAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ANAAssignment.ProtoReflect.Descriptor instead.
 func (*ANAAssignment) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{54}
+	return file_mds_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ANAAssignment) GetSubsystem() string {
@@ -3620,7 +3748,7 @@ type NVMfSubsystem struct {
 
 func (x *NVMfSubsystem) Reset() {
 	*x = NVMfSubsystem{}
-	mi := &file_mds_proto_msgTypes[55]
+	mi := &file_mds_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3632,7 +3760,7 @@ func (x *NVMfSubsystem) String() string {
 func (*NVMfSubsystem) ProtoMessage() {}
 
 func (x *NVMfSubsystem) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[55]
+	mi := &file_mds_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3645,7 +3773,7 @@ func (x *NVMfSubsystem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NVMfSubsystem.ProtoReflect.Descriptor instead.
 func (*NVMfSubsystem) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{55}
+	return file_mds_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *NVMfSubsystem) GetNqn() string {
@@ -3681,7 +3809,7 @@ type AccessNodeHeartbeatResponse struct {
 
 func (x *AccessNodeHeartbeatResponse) Reset() {
 	*x = AccessNodeHeartbeatResponse{}
-	mi := &file_mds_proto_msgTypes[56]
+	mi := &file_mds_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3693,7 +3821,7 @@ func (x *AccessNodeHeartbeatResponse) String() string {
 func (*AccessNodeHeartbeatResponse) ProtoMessage() {}
 
 func (x *AccessNodeHeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[56]
+	mi := &file_mds_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3706,7 +3834,7 @@ func (x *AccessNodeHeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccessNodeHeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*AccessNodeHeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{56}
+	return file_mds_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *AccessNodeHeartbeatResponse) GetNodes() []*AccessNode {
@@ -3746,7 +3874,7 @@ type SetNVMfSubsystemRequest struct {
 
 func (x *SetNVMfSubsystemRequest) Reset() {
 	*x = SetNVMfSubsystemRequest{}
-	mi := &file_mds_proto_msgTypes[57]
+	mi := &file_mds_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3758,7 +3886,7 @@ func (x *SetNVMfSubsystemRequest) String() string {
 func (*SetNVMfSubsystemRequest) ProtoMessage() {}
 
 func (x *SetNVMfSubsystemRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[57]
+	mi := &file_mds_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3771,7 +3899,7 @@ func (x *SetNVMfSubsystemRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNVMfSubsystemRequest.ProtoReflect.Descriptor instead.
 func (*SetNVMfSubsystemRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{57}
+	return file_mds_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *SetNVMfSubsystemRequest) GetSubsystem() *NVMfSubsystem {
@@ -3789,7 +3917,7 @@ type SetNVMfSubsystemResponse struct {
 
 func (x *SetNVMfSubsystemResponse) Reset() {
 	*x = SetNVMfSubsystemResponse{}
-	mi := &file_mds_proto_msgTypes[58]
+	mi := &file_mds_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3801,7 +3929,7 @@ func (x *SetNVMfSubsystemResponse) String() string {
 func (*SetNVMfSubsystemResponse) ProtoMessage() {}
 
 func (x *SetNVMfSubsystemResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[58]
+	mi := &file_mds_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3814,7 +3942,7 @@ func (x *SetNVMfSubsystemResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNVMfSubsystemResponse.ProtoReflect.Descriptor instead.
 func (*SetNVMfSubsystemResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{58}
+	return file_mds_proto_rawDescGZIP(), []int{60}
 }
 
 type ListANARequest struct {
@@ -3825,7 +3953,7 @@ type ListANARequest struct {
 
 func (x *ListANARequest) Reset() {
 	*x = ListANARequest{}
-	mi := &file_mds_proto_msgTypes[59]
+	mi := &file_mds_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3837,7 +3965,7 @@ func (x *ListANARequest) String() string {
 func (*ListANARequest) ProtoMessage() {}
 
 func (x *ListANARequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[59]
+	mi := &file_mds_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3850,7 +3978,7 @@ func (x *ListANARequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListANARequest.ProtoReflect.Descriptor instead.
 func (*ListANARequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{59}
+	return file_mds_proto_rawDescGZIP(), []int{61}
 }
 
 type ListANAResponse struct {
@@ -3864,7 +3992,7 @@ type ListANAResponse struct {
 
 func (x *ListANAResponse) Reset() {
 	*x = ListANAResponse{}
-	mi := &file_mds_proto_msgTypes[60]
+	mi := &file_mds_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3876,7 +4004,7 @@ func (x *ListANAResponse) String() string {
 func (*ListANAResponse) ProtoMessage() {}
 
 func (x *ListANAResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[60]
+	mi := &file_mds_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3889,7 +4017,7 @@ func (x *ListANAResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListANAResponse.ProtoReflect.Descriptor instead.
 func (*ListANAResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{60}
+	return file_mds_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ListANAResponse) GetNodes() []*AccessNode {
@@ -3926,7 +4054,7 @@ type PRNexus struct {
 
 func (x *PRNexus) Reset() {
 	*x = PRNexus{}
-	mi := &file_mds_proto_msgTypes[61]
+	mi := &file_mds_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3938,7 +4066,7 @@ func (x *PRNexus) String() string {
 func (*PRNexus) ProtoMessage() {}
 
 func (x *PRNexus) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[61]
+	mi := &file_mds_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3951,7 +4079,7 @@ func (x *PRNexus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PRNexus.ProtoReflect.Descriptor instead.
 func (*PRNexus) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{61}
+	return file_mds_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *PRNexus) GetInitiator() string {
@@ -3985,7 +4113,7 @@ type PRRegistration struct {
 
 func (x *PRRegistration) Reset() {
 	*x = PRRegistration{}
-	mi := &file_mds_proto_msgTypes[62]
+	mi := &file_mds_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3997,7 +4125,7 @@ func (x *PRRegistration) String() string {
 func (*PRRegistration) ProtoMessage() {}
 
 func (x *PRRegistration) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[62]
+	mi := &file_mds_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4010,7 +4138,7 @@ func (x *PRRegistration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PRRegistration.ProtoReflect.Descriptor instead.
 func (*PRRegistration) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{62}
+	return file_mds_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *PRRegistration) GetNexus() *PRNexus {
@@ -4040,7 +4168,7 @@ type PRAttention struct {
 
 func (x *PRAttention) Reset() {
 	*x = PRAttention{}
-	mi := &file_mds_proto_msgTypes[63]
+	mi := &file_mds_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4052,7 +4180,7 @@ func (x *PRAttention) String() string {
 func (*PRAttention) ProtoMessage() {}
 
 func (x *PRAttention) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[63]
+	mi := &file_mds_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4065,7 +4193,7 @@ func (x *PRAttention) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PRAttention.ProtoReflect.Descriptor instead.
 func (*PRAttention) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{63}
+	return file_mds_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *PRAttention) GetSeq() uint64 {
@@ -4106,7 +4234,7 @@ type PRState struct {
 
 func (x *PRState) Reset() {
 	*x = PRState{}
-	mi := &file_mds_proto_msgTypes[64]
+	mi := &file_mds_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4118,7 +4246,7 @@ func (x *PRState) String() string {
 func (*PRState) ProtoMessage() {}
 
 func (x *PRState) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[64]
+	mi := &file_mds_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4131,7 +4259,7 @@ func (x *PRState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PRState.ProtoReflect.Descriptor instead.
 func (*PRState) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{64}
+	return file_mds_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *PRState) GetGeneration() uint32 {
@@ -4213,7 +4341,7 @@ type PRAction struct {
 
 func (x *PRAction) Reset() {
 	*x = PRAction{}
-	mi := &file_mds_proto_msgTypes[65]
+	mi := &file_mds_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4225,7 +4353,7 @@ func (x *PRAction) String() string {
 func (*PRAction) ProtoMessage() {}
 
 func (x *PRAction) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[65]
+	mi := &file_mds_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4238,7 +4366,7 @@ func (x *PRAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PRAction.ProtoReflect.Descriptor instead.
 func (*PRAction) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{65}
+	return file_mds_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *PRAction) GetServiceAction() uint32 {
@@ -4299,7 +4427,7 @@ type GetReservationRequest struct {
 
 func (x *GetReservationRequest) Reset() {
 	*x = GetReservationRequest{}
-	mi := &file_mds_proto_msgTypes[66]
+	mi := &file_mds_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4311,7 +4439,7 @@ func (x *GetReservationRequest) String() string {
 func (*GetReservationRequest) ProtoMessage() {}
 
 func (x *GetReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[66]
+	mi := &file_mds_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4324,7 +4452,7 @@ func (x *GetReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReservationRequest.ProtoReflect.Descriptor instead.
 func (*GetReservationRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{66}
+	return file_mds_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *GetReservationRequest) GetVolume() string {
@@ -4343,7 +4471,7 @@ type GetReservationResponse struct {
 
 func (x *GetReservationResponse) Reset() {
 	*x = GetReservationResponse{}
-	mi := &file_mds_proto_msgTypes[67]
+	mi := &file_mds_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4355,7 +4483,7 @@ func (x *GetReservationResponse) String() string {
 func (*GetReservationResponse) ProtoMessage() {}
 
 func (x *GetReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[67]
+	mi := &file_mds_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4368,7 +4496,7 @@ func (x *GetReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReservationResponse.ProtoReflect.Descriptor instead.
 func (*GetReservationResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{67}
+	return file_mds_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *GetReservationResponse) GetState() *PRState {
@@ -4392,7 +4520,7 @@ type ApplyReservationRequest struct {
 
 func (x *ApplyReservationRequest) Reset() {
 	*x = ApplyReservationRequest{}
-	mi := &file_mds_proto_msgTypes[68]
+	mi := &file_mds_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4404,7 +4532,7 @@ func (x *ApplyReservationRequest) String() string {
 func (*ApplyReservationRequest) ProtoMessage() {}
 
 func (x *ApplyReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[68]
+	mi := &file_mds_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4417,7 +4545,7 @@ func (x *ApplyReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyReservationRequest.ProtoReflect.Descriptor instead.
 func (*ApplyReservationRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{68}
+	return file_mds_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ApplyReservationRequest) GetVolume() string {
@@ -4463,7 +4591,7 @@ type ApplyReservationResponse struct {
 
 func (x *ApplyReservationResponse) Reset() {
 	*x = ApplyReservationResponse{}
-	mi := &file_mds_proto_msgTypes[69]
+	mi := &file_mds_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4475,7 +4603,7 @@ func (x *ApplyReservationResponse) String() string {
 func (*ApplyReservationResponse) ProtoMessage() {}
 
 func (x *ApplyReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[69]
+	mi := &file_mds_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4488,7 +4616,7 @@ func (x *ApplyReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyReservationResponse.ProtoReflect.Descriptor instead.
 func (*ApplyReservationResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{69}
+	return file_mds_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ApplyReservationResponse) GetState() *PRState {
@@ -4527,7 +4655,7 @@ type TargetCHAP struct {
 
 func (x *TargetCHAP) Reset() {
 	*x = TargetCHAP{}
-	mi := &file_mds_proto_msgTypes[70]
+	mi := &file_mds_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4539,7 +4667,7 @@ func (x *TargetCHAP) String() string {
 func (*TargetCHAP) ProtoMessage() {}
 
 func (x *TargetCHAP) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[70]
+	mi := &file_mds_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4552,7 +4680,7 @@ func (x *TargetCHAP) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetCHAP.ProtoReflect.Descriptor instead.
 func (*TargetCHAP) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{70}
+	return file_mds_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *TargetCHAP) GetUser() string {
@@ -4594,7 +4722,7 @@ type SetTargetCHAPRequest struct {
 
 func (x *SetTargetCHAPRequest) Reset() {
 	*x = SetTargetCHAPRequest{}
-	mi := &file_mds_proto_msgTypes[71]
+	mi := &file_mds_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4606,7 +4734,7 @@ func (x *SetTargetCHAPRequest) String() string {
 func (*SetTargetCHAPRequest) ProtoMessage() {}
 
 func (x *SetTargetCHAPRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[71]
+	mi := &file_mds_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4619,7 +4747,7 @@ func (x *SetTargetCHAPRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTargetCHAPRequest.ProtoReflect.Descriptor instead.
 func (*SetTargetCHAPRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{71}
+	return file_mds_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *SetTargetCHAPRequest) GetVolume() string {
@@ -4644,7 +4772,7 @@ type SetTargetCHAPResponse struct {
 
 func (x *SetTargetCHAPResponse) Reset() {
 	*x = SetTargetCHAPResponse{}
-	mi := &file_mds_proto_msgTypes[72]
+	mi := &file_mds_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4656,7 +4784,7 @@ func (x *SetTargetCHAPResponse) String() string {
 func (*SetTargetCHAPResponse) ProtoMessage() {}
 
 func (x *SetTargetCHAPResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[72]
+	mi := &file_mds_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4669,7 +4797,7 @@ func (x *SetTargetCHAPResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTargetCHAPResponse.ProtoReflect.Descriptor instead.
 func (*SetTargetCHAPResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{72}
+	return file_mds_proto_rawDescGZIP(), []int{74}
 }
 
 type GetTargetCHAPRequest struct {
@@ -4681,7 +4809,7 @@ type GetTargetCHAPRequest struct {
 
 func (x *GetTargetCHAPRequest) Reset() {
 	*x = GetTargetCHAPRequest{}
-	mi := &file_mds_proto_msgTypes[73]
+	mi := &file_mds_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4693,7 +4821,7 @@ func (x *GetTargetCHAPRequest) String() string {
 func (*GetTargetCHAPRequest) ProtoMessage() {}
 
 func (x *GetTargetCHAPRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[73]
+	mi := &file_mds_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4706,7 +4834,7 @@ func (x *GetTargetCHAPRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTargetCHAPRequest.ProtoReflect.Descriptor instead.
 func (*GetTargetCHAPRequest) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{73}
+	return file_mds_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *GetTargetCHAPRequest) GetVolume() string {
@@ -4726,7 +4854,7 @@ type GetTargetCHAPResponse struct {
 
 func (x *GetTargetCHAPResponse) Reset() {
 	*x = GetTargetCHAPResponse{}
-	mi := &file_mds_proto_msgTypes[74]
+	mi := &file_mds_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4738,7 +4866,7 @@ func (x *GetTargetCHAPResponse) String() string {
 func (*GetTargetCHAPResponse) ProtoMessage() {}
 
 func (x *GetTargetCHAPResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mds_proto_msgTypes[74]
+	mi := &file_mds_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4751,7 +4879,7 @@ func (x *GetTargetCHAPResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTargetCHAPResponse.ProtoReflect.Descriptor instead.
 func (*GetTargetCHAPResponse) Descriptor() ([]byte, []int) {
-	return file_mds_proto_rawDescGZIP(), []int{74}
+	return file_mds_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *GetTargetCHAPResponse) GetChap() *TargetCHAP {
@@ -4874,7 +5002,7 @@ const file_mds_proto_rawDesc = "" +
 	"\apool_id\x18\x01 \x01(\rR\x06poolId\"\x89\x01\n" +
 	"\x13GetCopysetsResponse\x122\n" +
 	"\bcopysets\x18\x01 \x03(\v2\x16.basalt.api.v1.CopysetR\bcopysets\x12>\n" +
-	"\fchunkservers\x18\x02 \x03(\v2\x1a.basalt.api.v1.ChunkServerR\fchunkservers\"\xdf\x02\n" +
+	"\fchunkservers\x18\x02 \x03(\v2\x1a.basalt.api.v1.ChunkServerR\fchunkservers\"\x84\x03\n" +
 	"\x06Volume\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -4884,7 +5012,9 @@ const file_mds_proto_rawDesc = "" +
 	"\x0fcreated_unix_ms\x18\x06 \x01(\x03R\rcreatedUnixMs\x12\x14\n" +
 	"\x05epoch\x18\a \x01(\x04R\x05epoch\x12;\n" +
 	"\vattachments\x18\b \x03(\v2\x19.basalt.api.v1.AttachmentR\vattachments\x123\n" +
-	"\x04meta\x18\t \x03(\v2\x1f.basalt.api.v1.Volume.MetaEntryR\x04meta\x1a7\n" +
+	"\x04meta\x18\t \x03(\v2\x1f.basalt.api.v1.Volume.MetaEntryR\x04meta\x12#\n" +
+	"\rallowed_hosts\x18\n" +
+	" \x03(\tR\fallowedHosts\x1a7\n" +
 	"\tMetaEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa7\x01\n" +
@@ -4922,7 +5052,14 @@ const file_mds_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"F\n" +
 	"\x15SetVolumeMetaResponse\x12-\n" +
-	"\x06volume\x18\x01 \x01(\v2\x15.basalt.api.v1.VolumeR\x06volume\")\n" +
+	"\x06volume\x18\x01 \x01(\v2\x15.basalt.api.v1.VolumeR\x06volume\"_\n" +
+	"\x14SetVolumeHostRequest\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x19\n" +
+	"\bhost_nqn\x18\x02 \x01(\tR\ahostNqn\x12\x14\n" +
+	"\x05allow\x18\x03 \x01(\bR\x05allow\"`\n" +
+	"\x15SetVolumeHostResponse\x12-\n" +
+	"\x06volume\x18\x01 \x01(\v2\x15.basalt.api.v1.VolumeR\x06volume\x12\x18\n" +
+	"\achanged\x18\x02 \x01(\bR\achanged\")\n" +
 	"\x13DeleteVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
 	"\x14DeleteVolumeResponse\"\\\n" +
@@ -5135,7 +5272,7 @@ const file_mds_proto_rawDesc = "" +
 	"\x13DISK_STATE_IO_ERROR\x10\x03*;\n" +
 	"\tANAPolicy\x12\x16\n" +
 	"\x12ANA_POLICY_INHERIT\x10\x00\x12\x16\n" +
-	"\x12ANA_POLICY_BALANCE\x10\x012\x9e\x13\n" +
+	"\x12ANA_POLICY_BALANCE\x10\x012\xfa\x13\n" +
 	"\x03MDS\x12l\n" +
 	"\x13RegisterChunkServer\x12).basalt.api.v1.RegisterChunkServerRequest\x1a*.basalt.api.v1.RegisterChunkServerResponse\x12N\n" +
 	"\tHeartbeat\x12\x1f.basalt.api.v1.HeartbeatRequest\x1a .basalt.api.v1.HeartbeatResponse\x12c\n" +
@@ -5149,7 +5286,8 @@ const file_mds_proto_rawDesc = "" +
 	"\vListVolumes\x12!.basalt.api.v1.ListVolumesRequest\x1a\".basalt.api.v1.ListVolumesResponse\x12W\n" +
 	"\fResizeVolume\x12\".basalt.api.v1.ResizeVolumeRequest\x1a#.basalt.api.v1.ResizeVolumeResponse\x12W\n" +
 	"\fDeleteVolume\x12\".basalt.api.v1.DeleteVolumeRequest\x1a#.basalt.api.v1.DeleteVolumeResponse\x12Z\n" +
-	"\rSetVolumeMeta\x12#.basalt.api.v1.SetVolumeMetaRequest\x1a$.basalt.api.v1.SetVolumeMetaResponse\x12Q\n" +
+	"\rSetVolumeMeta\x12#.basalt.api.v1.SetVolumeMetaRequest\x1a$.basalt.api.v1.SetVolumeMetaResponse\x12Z\n" +
+	"\rSetVolumeHost\x12#.basalt.api.v1.SetVolumeHostRequest\x1a$.basalt.api.v1.SetVolumeHostResponse\x12Q\n" +
 	"\n" +
 	"OpenVolume\x12 .basalt.api.v1.OpenVolumeRequest\x1a!.basalt.api.v1.OpenVolumeResponse\x12W\n" +
 	"\fRenewSession\x12\".basalt.api.v1.RenewSessionRequest\x1a#.basalt.api.v1.RenewSessionResponse\x12W\n" +
@@ -5180,7 +5318,7 @@ func file_mds_proto_rawDescGZIP() []byte {
 }
 
 var file_mds_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_mds_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
+var file_mds_proto_msgTypes = make([]protoimpl.MessageInfo, 80)
 var file_mds_proto_goTypes = []any{
 	(DiskState)(0),                      // 0: basalt.api.v1.DiskState
 	(ANAPolicy)(0),                      // 1: basalt.api.v1.ANAPolicy
@@ -5215,53 +5353,55 @@ var file_mds_proto_goTypes = []any{
 	(*ResizeVolumeResponse)(nil),        // 30: basalt.api.v1.ResizeVolumeResponse
 	(*SetVolumeMetaRequest)(nil),        // 31: basalt.api.v1.SetVolumeMetaRequest
 	(*SetVolumeMetaResponse)(nil),       // 32: basalt.api.v1.SetVolumeMetaResponse
-	(*DeleteVolumeRequest)(nil),         // 33: basalt.api.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),        // 34: basalt.api.v1.DeleteVolumeResponse
-	(*OpenVolumeRequest)(nil),           // 35: basalt.api.v1.OpenVolumeRequest
-	(*OpenVolumeResponse)(nil),          // 36: basalt.api.v1.OpenVolumeResponse
-	(*RenewSessionRequest)(nil),         // 37: basalt.api.v1.RenewSessionRequest
-	(*RenewSessionResponse)(nil),        // 38: basalt.api.v1.RenewSessionResponse
-	(*CloseSessionRequest)(nil),         // 39: basalt.api.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),        // 40: basalt.api.v1.CloseSessionResponse
-	(*Node)(nil),                        // 41: basalt.api.v1.Node
-	(*RegisterNodeRequest)(nil),         // 42: basalt.api.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),        // 43: basalt.api.v1.RegisterNodeResponse
-	(*AttachVolumeRequest)(nil),         // 44: basalt.api.v1.AttachVolumeRequest
-	(*AttachVolumeResponse)(nil),        // 45: basalt.api.v1.AttachVolumeResponse
-	(*DetachVolumeRequest)(nil),         // 46: basalt.api.v1.DetachVolumeRequest
-	(*DetachVolumeResponse)(nil),        // 47: basalt.api.v1.DetachVolumeResponse
-	(*ClusterStatusRequest)(nil),        // 48: basalt.api.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),       // 49: basalt.api.v1.ClusterStatusResponse
-	(*AccessNode)(nil),                  // 50: basalt.api.v1.AccessNode
-	(*ISCSISession)(nil),                // 51: basalt.api.v1.ISCSISession
-	(*RegisterAccessNodeRequest)(nil),   // 52: basalt.api.v1.RegisterAccessNodeRequest
-	(*RegisterAccessNodeResponse)(nil),  // 53: basalt.api.v1.RegisterAccessNodeResponse
-	(*NVMfHost)(nil),                    // 54: basalt.api.v1.NVMfHost
-	(*AccessNodeHeartbeatRequest)(nil),  // 55: basalt.api.v1.AccessNodeHeartbeatRequest
-	(*ANAAssignment)(nil),               // 56: basalt.api.v1.ANAAssignment
-	(*NVMfSubsystem)(nil),               // 57: basalt.api.v1.NVMfSubsystem
-	(*AccessNodeHeartbeatResponse)(nil), // 58: basalt.api.v1.AccessNodeHeartbeatResponse
-	(*SetNVMfSubsystemRequest)(nil),     // 59: basalt.api.v1.SetNVMfSubsystemRequest
-	(*SetNVMfSubsystemResponse)(nil),    // 60: basalt.api.v1.SetNVMfSubsystemResponse
-	(*ListANARequest)(nil),              // 61: basalt.api.v1.ListANARequest
-	(*ListANAResponse)(nil),             // 62: basalt.api.v1.ListANAResponse
-	(*PRNexus)(nil),                     // 63: basalt.api.v1.PRNexus
-	(*PRRegistration)(nil),              // 64: basalt.api.v1.PRRegistration
-	(*PRAttention)(nil),                 // 65: basalt.api.v1.PRAttention
-	(*PRState)(nil),                     // 66: basalt.api.v1.PRState
-	(*PRAction)(nil),                    // 67: basalt.api.v1.PRAction
-	(*GetReservationRequest)(nil),       // 68: basalt.api.v1.GetReservationRequest
-	(*GetReservationResponse)(nil),      // 69: basalt.api.v1.GetReservationResponse
-	(*ApplyReservationRequest)(nil),     // 70: basalt.api.v1.ApplyReservationRequest
-	(*ApplyReservationResponse)(nil),    // 71: basalt.api.v1.ApplyReservationResponse
-	(*TargetCHAP)(nil),                  // 72: basalt.api.v1.TargetCHAP
-	(*SetTargetCHAPRequest)(nil),        // 73: basalt.api.v1.SetTargetCHAPRequest
-	(*SetTargetCHAPResponse)(nil),       // 74: basalt.api.v1.SetTargetCHAPResponse
-	(*GetTargetCHAPRequest)(nil),        // 75: basalt.api.v1.GetTargetCHAPRequest
-	(*GetTargetCHAPResponse)(nil),       // 76: basalt.api.v1.GetTargetCHAPResponse
-	nil,                                 // 77: basalt.api.v1.Volume.MetaEntry
-	nil,                                 // 78: basalt.api.v1.SetVolumeMetaRequest.MetaEntry
-	nil,                                 // 79: basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
+	(*SetVolumeHostRequest)(nil),        // 33: basalt.api.v1.SetVolumeHostRequest
+	(*SetVolumeHostResponse)(nil),       // 34: basalt.api.v1.SetVolumeHostResponse
+	(*DeleteVolumeRequest)(nil),         // 35: basalt.api.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),        // 36: basalt.api.v1.DeleteVolumeResponse
+	(*OpenVolumeRequest)(nil),           // 37: basalt.api.v1.OpenVolumeRequest
+	(*OpenVolumeResponse)(nil),          // 38: basalt.api.v1.OpenVolumeResponse
+	(*RenewSessionRequest)(nil),         // 39: basalt.api.v1.RenewSessionRequest
+	(*RenewSessionResponse)(nil),        // 40: basalt.api.v1.RenewSessionResponse
+	(*CloseSessionRequest)(nil),         // 41: basalt.api.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),        // 42: basalt.api.v1.CloseSessionResponse
+	(*Node)(nil),                        // 43: basalt.api.v1.Node
+	(*RegisterNodeRequest)(nil),         // 44: basalt.api.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),        // 45: basalt.api.v1.RegisterNodeResponse
+	(*AttachVolumeRequest)(nil),         // 46: basalt.api.v1.AttachVolumeRequest
+	(*AttachVolumeResponse)(nil),        // 47: basalt.api.v1.AttachVolumeResponse
+	(*DetachVolumeRequest)(nil),         // 48: basalt.api.v1.DetachVolumeRequest
+	(*DetachVolumeResponse)(nil),        // 49: basalt.api.v1.DetachVolumeResponse
+	(*ClusterStatusRequest)(nil),        // 50: basalt.api.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),       // 51: basalt.api.v1.ClusterStatusResponse
+	(*AccessNode)(nil),                  // 52: basalt.api.v1.AccessNode
+	(*ISCSISession)(nil),                // 53: basalt.api.v1.ISCSISession
+	(*RegisterAccessNodeRequest)(nil),   // 54: basalt.api.v1.RegisterAccessNodeRequest
+	(*RegisterAccessNodeResponse)(nil),  // 55: basalt.api.v1.RegisterAccessNodeResponse
+	(*NVMfHost)(nil),                    // 56: basalt.api.v1.NVMfHost
+	(*AccessNodeHeartbeatRequest)(nil),  // 57: basalt.api.v1.AccessNodeHeartbeatRequest
+	(*ANAAssignment)(nil),               // 58: basalt.api.v1.ANAAssignment
+	(*NVMfSubsystem)(nil),               // 59: basalt.api.v1.NVMfSubsystem
+	(*AccessNodeHeartbeatResponse)(nil), // 60: basalt.api.v1.AccessNodeHeartbeatResponse
+	(*SetNVMfSubsystemRequest)(nil),     // 61: basalt.api.v1.SetNVMfSubsystemRequest
+	(*SetNVMfSubsystemResponse)(nil),    // 62: basalt.api.v1.SetNVMfSubsystemResponse
+	(*ListANARequest)(nil),              // 63: basalt.api.v1.ListANARequest
+	(*ListANAResponse)(nil),             // 64: basalt.api.v1.ListANAResponse
+	(*PRNexus)(nil),                     // 65: basalt.api.v1.PRNexus
+	(*PRRegistration)(nil),              // 66: basalt.api.v1.PRRegistration
+	(*PRAttention)(nil),                 // 67: basalt.api.v1.PRAttention
+	(*PRState)(nil),                     // 68: basalt.api.v1.PRState
+	(*PRAction)(nil),                    // 69: basalt.api.v1.PRAction
+	(*GetReservationRequest)(nil),       // 70: basalt.api.v1.GetReservationRequest
+	(*GetReservationResponse)(nil),      // 71: basalt.api.v1.GetReservationResponse
+	(*ApplyReservationRequest)(nil),     // 72: basalt.api.v1.ApplyReservationRequest
+	(*ApplyReservationResponse)(nil),    // 73: basalt.api.v1.ApplyReservationResponse
+	(*TargetCHAP)(nil),                  // 74: basalt.api.v1.TargetCHAP
+	(*SetTargetCHAPRequest)(nil),        // 75: basalt.api.v1.SetTargetCHAPRequest
+	(*SetTargetCHAPResponse)(nil),       // 76: basalt.api.v1.SetTargetCHAPResponse
+	(*GetTargetCHAPRequest)(nil),        // 77: basalt.api.v1.GetTargetCHAPRequest
+	(*GetTargetCHAPResponse)(nil),       // 78: basalt.api.v1.GetTargetCHAPResponse
+	nil,                                 // 79: basalt.api.v1.Volume.MetaEntry
+	nil,                                 // 80: basalt.api.v1.SetVolumeMetaRequest.MetaEntry
+	nil,                                 // 81: basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
 }
 var file_mds_proto_depIdxs = []int32{
 	0,  // 0: basalt.api.v1.ChunkServer.disk_state:type_name -> basalt.api.v1.DiskState
@@ -5279,106 +5419,109 @@ var file_mds_proto_depIdxs = []int32{
 	13, // 12: basalt.api.v1.GetCopysetsResponse.copysets:type_name -> basalt.api.v1.Copyset
 	2,  // 13: basalt.api.v1.GetCopysetsResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
 	22, // 14: basalt.api.v1.Volume.attachments:type_name -> basalt.api.v1.Attachment
-	77, // 15: basalt.api.v1.Volume.meta:type_name -> basalt.api.v1.Volume.MetaEntry
+	79, // 15: basalt.api.v1.Volume.meta:type_name -> basalt.api.v1.Volume.MetaEntry
 	21, // 16: basalt.api.v1.CreateVolumeResponse.volume:type_name -> basalt.api.v1.Volume
 	21, // 17: basalt.api.v1.GetVolumeResponse.volume:type_name -> basalt.api.v1.Volume
 	21, // 18: basalt.api.v1.ListVolumesResponse.volumes:type_name -> basalt.api.v1.Volume
 	21, // 19: basalt.api.v1.ResizeVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	78, // 20: basalt.api.v1.SetVolumeMetaRequest.meta:type_name -> basalt.api.v1.SetVolumeMetaRequest.MetaEntry
+	80, // 20: basalt.api.v1.SetVolumeMetaRequest.meta:type_name -> basalt.api.v1.SetVolumeMetaRequest.MetaEntry
 	21, // 21: basalt.api.v1.SetVolumeMetaResponse.volume:type_name -> basalt.api.v1.Volume
-	21, // 22: basalt.api.v1.OpenVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	12, // 23: basalt.api.v1.OpenVolumeResponse.pool:type_name -> basalt.api.v1.Pool
-	13, // 24: basalt.api.v1.OpenVolumeResponse.copysets:type_name -> basalt.api.v1.Copyset
-	2,  // 25: basalt.api.v1.OpenVolumeResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	41, // 26: basalt.api.v1.RegisterNodeRequest.node:type_name -> basalt.api.v1.Node
-	41, // 27: basalt.api.v1.RegisterNodeResponse.node:type_name -> basalt.api.v1.Node
-	21, // 28: basalt.api.v1.AttachVolumeResponse.volume:type_name -> basalt.api.v1.Volume
-	2,  // 29: basalt.api.v1.ClusterStatusResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
-	12, // 30: basalt.api.v1.ClusterStatusResponse.pools:type_name -> basalt.api.v1.Pool
-	13, // 31: basalt.api.v1.ClusterStatusResponse.copysets:type_name -> basalt.api.v1.Copyset
-	79, // 32: basalt.api.v1.ClusterStatusResponse.leaders_per_chunkserver:type_name -> basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
-	51, // 33: basalt.api.v1.AccessNode.iscsi_sessions:type_name -> basalt.api.v1.ISCSISession
-	54, // 34: basalt.api.v1.AccessNodeHeartbeatRequest.hosts:type_name -> basalt.api.v1.NVMfHost
-	51, // 35: basalt.api.v1.AccessNodeHeartbeatRequest.iscsi_sessions:type_name -> basalt.api.v1.ISCSISession
-	1,  // 36: basalt.api.v1.NVMfSubsystem.policy:type_name -> basalt.api.v1.ANAPolicy
-	50, // 37: basalt.api.v1.AccessNodeHeartbeatResponse.nodes:type_name -> basalt.api.v1.AccessNode
-	56, // 38: basalt.api.v1.AccessNodeHeartbeatResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
-	57, // 39: basalt.api.v1.AccessNodeHeartbeatResponse.subsystems:type_name -> basalt.api.v1.NVMfSubsystem
-	57, // 40: basalt.api.v1.SetNVMfSubsystemRequest.subsystem:type_name -> basalt.api.v1.NVMfSubsystem
-	50, // 41: basalt.api.v1.ListANAResponse.nodes:type_name -> basalt.api.v1.AccessNode
-	56, // 42: basalt.api.v1.ListANAResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
-	57, // 43: basalt.api.v1.ListANAResponse.subsystems:type_name -> basalt.api.v1.NVMfSubsystem
-	63, // 44: basalt.api.v1.PRRegistration.nexus:type_name -> basalt.api.v1.PRNexus
-	63, // 45: basalt.api.v1.PRAttention.nexus:type_name -> basalt.api.v1.PRNexus
-	64, // 46: basalt.api.v1.PRState.registrations:type_name -> basalt.api.v1.PRRegistration
-	63, // 47: basalt.api.v1.PRState.holder:type_name -> basalt.api.v1.PRNexus
-	65, // 48: basalt.api.v1.PRState.attentions:type_name -> basalt.api.v1.PRAttention
-	63, // 49: basalt.api.v1.PRState.spc2_holder:type_name -> basalt.api.v1.PRNexus
-	66, // 50: basalt.api.v1.GetReservationResponse.state:type_name -> basalt.api.v1.PRState
-	63, // 51: basalt.api.v1.ApplyReservationRequest.from:type_name -> basalt.api.v1.PRNexus
-	67, // 52: basalt.api.v1.ApplyReservationRequest.action:type_name -> basalt.api.v1.PRAction
-	66, // 53: basalt.api.v1.ApplyReservationResponse.state:type_name -> basalt.api.v1.PRState
-	72, // 54: basalt.api.v1.SetTargetCHAPRequest.chap:type_name -> basalt.api.v1.TargetCHAP
-	72, // 55: basalt.api.v1.GetTargetCHAPResponse.chap:type_name -> basalt.api.v1.TargetCHAP
-	3,  // 56: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
-	6,  // 57: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
-	10, // 58: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
-	15, // 59: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
-	17, // 60: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
-	19, // 61: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
-	23, // 62: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
-	25, // 63: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
-	27, // 64: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
-	29, // 65: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
-	33, // 66: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
-	31, // 67: basalt.api.v1.MDS.SetVolumeMeta:input_type -> basalt.api.v1.SetVolumeMetaRequest
-	35, // 68: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
-	37, // 69: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
-	39, // 70: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
-	48, // 71: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
-	42, // 72: basalt.api.v1.MDS.RegisterNode:input_type -> basalt.api.v1.RegisterNodeRequest
-	44, // 73: basalt.api.v1.MDS.AttachVolume:input_type -> basalt.api.v1.AttachVolumeRequest
-	46, // 74: basalt.api.v1.MDS.DetachVolume:input_type -> basalt.api.v1.DetachVolumeRequest
-	52, // 75: basalt.api.v1.MDS.RegisterAccessNode:input_type -> basalt.api.v1.RegisterAccessNodeRequest
-	55, // 76: basalt.api.v1.MDS.AccessNodeHeartbeat:input_type -> basalt.api.v1.AccessNodeHeartbeatRequest
-	59, // 77: basalt.api.v1.MDS.SetNVMfSubsystem:input_type -> basalt.api.v1.SetNVMfSubsystemRequest
-	61, // 78: basalt.api.v1.MDS.ListANA:input_type -> basalt.api.v1.ListANARequest
-	68, // 79: basalt.api.v1.MDS.GetReservation:input_type -> basalt.api.v1.GetReservationRequest
-	70, // 80: basalt.api.v1.MDS.ApplyReservation:input_type -> basalt.api.v1.ApplyReservationRequest
-	73, // 81: basalt.api.v1.MDS.SetTargetCHAP:input_type -> basalt.api.v1.SetTargetCHAPRequest
-	75, // 82: basalt.api.v1.MDS.GetTargetCHAP:input_type -> basalt.api.v1.GetTargetCHAPRequest
-	4,  // 83: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
-	7,  // 84: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
-	11, // 85: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
-	16, // 86: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
-	18, // 87: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
-	20, // 88: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
-	24, // 89: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
-	26, // 90: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
-	28, // 91: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
-	30, // 92: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
-	34, // 93: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
-	32, // 94: basalt.api.v1.MDS.SetVolumeMeta:output_type -> basalt.api.v1.SetVolumeMetaResponse
-	36, // 95: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
-	38, // 96: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
-	40, // 97: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
-	49, // 98: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
-	43, // 99: basalt.api.v1.MDS.RegisterNode:output_type -> basalt.api.v1.RegisterNodeResponse
-	45, // 100: basalt.api.v1.MDS.AttachVolume:output_type -> basalt.api.v1.AttachVolumeResponse
-	47, // 101: basalt.api.v1.MDS.DetachVolume:output_type -> basalt.api.v1.DetachVolumeResponse
-	53, // 102: basalt.api.v1.MDS.RegisterAccessNode:output_type -> basalt.api.v1.RegisterAccessNodeResponse
-	58, // 103: basalt.api.v1.MDS.AccessNodeHeartbeat:output_type -> basalt.api.v1.AccessNodeHeartbeatResponse
-	60, // 104: basalt.api.v1.MDS.SetNVMfSubsystem:output_type -> basalt.api.v1.SetNVMfSubsystemResponse
-	62, // 105: basalt.api.v1.MDS.ListANA:output_type -> basalt.api.v1.ListANAResponse
-	69, // 106: basalt.api.v1.MDS.GetReservation:output_type -> basalt.api.v1.GetReservationResponse
-	71, // 107: basalt.api.v1.MDS.ApplyReservation:output_type -> basalt.api.v1.ApplyReservationResponse
-	74, // 108: basalt.api.v1.MDS.SetTargetCHAP:output_type -> basalt.api.v1.SetTargetCHAPResponse
-	76, // 109: basalt.api.v1.MDS.GetTargetCHAP:output_type -> basalt.api.v1.GetTargetCHAPResponse
-	83, // [83:110] is the sub-list for method output_type
-	56, // [56:83] is the sub-list for method input_type
-	56, // [56:56] is the sub-list for extension type_name
-	56, // [56:56] is the sub-list for extension extendee
-	0,  // [0:56] is the sub-list for field type_name
+	21, // 22: basalt.api.v1.SetVolumeHostResponse.volume:type_name -> basalt.api.v1.Volume
+	21, // 23: basalt.api.v1.OpenVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	12, // 24: basalt.api.v1.OpenVolumeResponse.pool:type_name -> basalt.api.v1.Pool
+	13, // 25: basalt.api.v1.OpenVolumeResponse.copysets:type_name -> basalt.api.v1.Copyset
+	2,  // 26: basalt.api.v1.OpenVolumeResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	43, // 27: basalt.api.v1.RegisterNodeRequest.node:type_name -> basalt.api.v1.Node
+	43, // 28: basalt.api.v1.RegisterNodeResponse.node:type_name -> basalt.api.v1.Node
+	21, // 29: basalt.api.v1.AttachVolumeResponse.volume:type_name -> basalt.api.v1.Volume
+	2,  // 30: basalt.api.v1.ClusterStatusResponse.chunkservers:type_name -> basalt.api.v1.ChunkServer
+	12, // 31: basalt.api.v1.ClusterStatusResponse.pools:type_name -> basalt.api.v1.Pool
+	13, // 32: basalt.api.v1.ClusterStatusResponse.copysets:type_name -> basalt.api.v1.Copyset
+	81, // 33: basalt.api.v1.ClusterStatusResponse.leaders_per_chunkserver:type_name -> basalt.api.v1.ClusterStatusResponse.LeadersPerChunkserverEntry
+	53, // 34: basalt.api.v1.AccessNode.iscsi_sessions:type_name -> basalt.api.v1.ISCSISession
+	56, // 35: basalt.api.v1.AccessNodeHeartbeatRequest.hosts:type_name -> basalt.api.v1.NVMfHost
+	53, // 36: basalt.api.v1.AccessNodeHeartbeatRequest.iscsi_sessions:type_name -> basalt.api.v1.ISCSISession
+	1,  // 37: basalt.api.v1.NVMfSubsystem.policy:type_name -> basalt.api.v1.ANAPolicy
+	52, // 38: basalt.api.v1.AccessNodeHeartbeatResponse.nodes:type_name -> basalt.api.v1.AccessNode
+	58, // 39: basalt.api.v1.AccessNodeHeartbeatResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
+	59, // 40: basalt.api.v1.AccessNodeHeartbeatResponse.subsystems:type_name -> basalt.api.v1.NVMfSubsystem
+	59, // 41: basalt.api.v1.SetNVMfSubsystemRequest.subsystem:type_name -> basalt.api.v1.NVMfSubsystem
+	52, // 42: basalt.api.v1.ListANAResponse.nodes:type_name -> basalt.api.v1.AccessNode
+	58, // 43: basalt.api.v1.ListANAResponse.assignments:type_name -> basalt.api.v1.ANAAssignment
+	59, // 44: basalt.api.v1.ListANAResponse.subsystems:type_name -> basalt.api.v1.NVMfSubsystem
+	65, // 45: basalt.api.v1.PRRegistration.nexus:type_name -> basalt.api.v1.PRNexus
+	65, // 46: basalt.api.v1.PRAttention.nexus:type_name -> basalt.api.v1.PRNexus
+	66, // 47: basalt.api.v1.PRState.registrations:type_name -> basalt.api.v1.PRRegistration
+	65, // 48: basalt.api.v1.PRState.holder:type_name -> basalt.api.v1.PRNexus
+	67, // 49: basalt.api.v1.PRState.attentions:type_name -> basalt.api.v1.PRAttention
+	65, // 50: basalt.api.v1.PRState.spc2_holder:type_name -> basalt.api.v1.PRNexus
+	68, // 51: basalt.api.v1.GetReservationResponse.state:type_name -> basalt.api.v1.PRState
+	65, // 52: basalt.api.v1.ApplyReservationRequest.from:type_name -> basalt.api.v1.PRNexus
+	69, // 53: basalt.api.v1.ApplyReservationRequest.action:type_name -> basalt.api.v1.PRAction
+	68, // 54: basalt.api.v1.ApplyReservationResponse.state:type_name -> basalt.api.v1.PRState
+	74, // 55: basalt.api.v1.SetTargetCHAPRequest.chap:type_name -> basalt.api.v1.TargetCHAP
+	74, // 56: basalt.api.v1.GetTargetCHAPResponse.chap:type_name -> basalt.api.v1.TargetCHAP
+	3,  // 57: basalt.api.v1.MDS.RegisterChunkServer:input_type -> basalt.api.v1.RegisterChunkServerRequest
+	6,  // 58: basalt.api.v1.MDS.Heartbeat:input_type -> basalt.api.v1.HeartbeatRequest
+	10, // 59: basalt.api.v1.MDS.ListChunkServers:input_type -> basalt.api.v1.ListChunkServersRequest
+	15, // 60: basalt.api.v1.MDS.CreatePool:input_type -> basalt.api.v1.CreatePoolRequest
+	17, // 61: basalt.api.v1.MDS.ListPools:input_type -> basalt.api.v1.ListPoolsRequest
+	19, // 62: basalt.api.v1.MDS.GetCopysets:input_type -> basalt.api.v1.GetCopysetsRequest
+	23, // 63: basalt.api.v1.MDS.CreateVolume:input_type -> basalt.api.v1.CreateVolumeRequest
+	25, // 64: basalt.api.v1.MDS.GetVolume:input_type -> basalt.api.v1.GetVolumeRequest
+	27, // 65: basalt.api.v1.MDS.ListVolumes:input_type -> basalt.api.v1.ListVolumesRequest
+	29, // 66: basalt.api.v1.MDS.ResizeVolume:input_type -> basalt.api.v1.ResizeVolumeRequest
+	35, // 67: basalt.api.v1.MDS.DeleteVolume:input_type -> basalt.api.v1.DeleteVolumeRequest
+	31, // 68: basalt.api.v1.MDS.SetVolumeMeta:input_type -> basalt.api.v1.SetVolumeMetaRequest
+	33, // 69: basalt.api.v1.MDS.SetVolumeHost:input_type -> basalt.api.v1.SetVolumeHostRequest
+	37, // 70: basalt.api.v1.MDS.OpenVolume:input_type -> basalt.api.v1.OpenVolumeRequest
+	39, // 71: basalt.api.v1.MDS.RenewSession:input_type -> basalt.api.v1.RenewSessionRequest
+	41, // 72: basalt.api.v1.MDS.CloseSession:input_type -> basalt.api.v1.CloseSessionRequest
+	50, // 73: basalt.api.v1.MDS.ClusterStatus:input_type -> basalt.api.v1.ClusterStatusRequest
+	44, // 74: basalt.api.v1.MDS.RegisterNode:input_type -> basalt.api.v1.RegisterNodeRequest
+	46, // 75: basalt.api.v1.MDS.AttachVolume:input_type -> basalt.api.v1.AttachVolumeRequest
+	48, // 76: basalt.api.v1.MDS.DetachVolume:input_type -> basalt.api.v1.DetachVolumeRequest
+	54, // 77: basalt.api.v1.MDS.RegisterAccessNode:input_type -> basalt.api.v1.RegisterAccessNodeRequest
+	57, // 78: basalt.api.v1.MDS.AccessNodeHeartbeat:input_type -> basalt.api.v1.AccessNodeHeartbeatRequest
+	61, // 79: basalt.api.v1.MDS.SetNVMfSubsystem:input_type -> basalt.api.v1.SetNVMfSubsystemRequest
+	63, // 80: basalt.api.v1.MDS.ListANA:input_type -> basalt.api.v1.ListANARequest
+	70, // 81: basalt.api.v1.MDS.GetReservation:input_type -> basalt.api.v1.GetReservationRequest
+	72, // 82: basalt.api.v1.MDS.ApplyReservation:input_type -> basalt.api.v1.ApplyReservationRequest
+	75, // 83: basalt.api.v1.MDS.SetTargetCHAP:input_type -> basalt.api.v1.SetTargetCHAPRequest
+	77, // 84: basalt.api.v1.MDS.GetTargetCHAP:input_type -> basalt.api.v1.GetTargetCHAPRequest
+	4,  // 85: basalt.api.v1.MDS.RegisterChunkServer:output_type -> basalt.api.v1.RegisterChunkServerResponse
+	7,  // 86: basalt.api.v1.MDS.Heartbeat:output_type -> basalt.api.v1.HeartbeatResponse
+	11, // 87: basalt.api.v1.MDS.ListChunkServers:output_type -> basalt.api.v1.ListChunkServersResponse
+	16, // 88: basalt.api.v1.MDS.CreatePool:output_type -> basalt.api.v1.CreatePoolResponse
+	18, // 89: basalt.api.v1.MDS.ListPools:output_type -> basalt.api.v1.ListPoolsResponse
+	20, // 90: basalt.api.v1.MDS.GetCopysets:output_type -> basalt.api.v1.GetCopysetsResponse
+	24, // 91: basalt.api.v1.MDS.CreateVolume:output_type -> basalt.api.v1.CreateVolumeResponse
+	26, // 92: basalt.api.v1.MDS.GetVolume:output_type -> basalt.api.v1.GetVolumeResponse
+	28, // 93: basalt.api.v1.MDS.ListVolumes:output_type -> basalt.api.v1.ListVolumesResponse
+	30, // 94: basalt.api.v1.MDS.ResizeVolume:output_type -> basalt.api.v1.ResizeVolumeResponse
+	36, // 95: basalt.api.v1.MDS.DeleteVolume:output_type -> basalt.api.v1.DeleteVolumeResponse
+	32, // 96: basalt.api.v1.MDS.SetVolumeMeta:output_type -> basalt.api.v1.SetVolumeMetaResponse
+	34, // 97: basalt.api.v1.MDS.SetVolumeHost:output_type -> basalt.api.v1.SetVolumeHostResponse
+	38, // 98: basalt.api.v1.MDS.OpenVolume:output_type -> basalt.api.v1.OpenVolumeResponse
+	40, // 99: basalt.api.v1.MDS.RenewSession:output_type -> basalt.api.v1.RenewSessionResponse
+	42, // 100: basalt.api.v1.MDS.CloseSession:output_type -> basalt.api.v1.CloseSessionResponse
+	51, // 101: basalt.api.v1.MDS.ClusterStatus:output_type -> basalt.api.v1.ClusterStatusResponse
+	45, // 102: basalt.api.v1.MDS.RegisterNode:output_type -> basalt.api.v1.RegisterNodeResponse
+	47, // 103: basalt.api.v1.MDS.AttachVolume:output_type -> basalt.api.v1.AttachVolumeResponse
+	49, // 104: basalt.api.v1.MDS.DetachVolume:output_type -> basalt.api.v1.DetachVolumeResponse
+	55, // 105: basalt.api.v1.MDS.RegisterAccessNode:output_type -> basalt.api.v1.RegisterAccessNodeResponse
+	60, // 106: basalt.api.v1.MDS.AccessNodeHeartbeat:output_type -> basalt.api.v1.AccessNodeHeartbeatResponse
+	62, // 107: basalt.api.v1.MDS.SetNVMfSubsystem:output_type -> basalt.api.v1.SetNVMfSubsystemResponse
+	64, // 108: basalt.api.v1.MDS.ListANA:output_type -> basalt.api.v1.ListANAResponse
+	71, // 109: basalt.api.v1.MDS.GetReservation:output_type -> basalt.api.v1.GetReservationResponse
+	73, // 110: basalt.api.v1.MDS.ApplyReservation:output_type -> basalt.api.v1.ApplyReservationResponse
+	76, // 111: basalt.api.v1.MDS.SetTargetCHAP:output_type -> basalt.api.v1.SetTargetCHAPResponse
+	78, // 112: basalt.api.v1.MDS.GetTargetCHAP:output_type -> basalt.api.v1.GetTargetCHAPResponse
+	85, // [85:113] is the sub-list for method output_type
+	57, // [57:85] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_mds_proto_init() }
@@ -5392,7 +5535,7 @@ func file_mds_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mds_proto_rawDesc), len(file_mds_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   78,
+			NumMessages:   80,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

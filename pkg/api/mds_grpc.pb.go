@@ -35,6 +35,7 @@ const (
 	MDS_ResizeVolume_FullMethodName        = "/basalt.api.v1.MDS/ResizeVolume"
 	MDS_DeleteVolume_FullMethodName        = "/basalt.api.v1.MDS/DeleteVolume"
 	MDS_SetVolumeMeta_FullMethodName       = "/basalt.api.v1.MDS/SetVolumeMeta"
+	MDS_SetVolumeHost_FullMethodName       = "/basalt.api.v1.MDS/SetVolumeHost"
 	MDS_OpenVolume_FullMethodName          = "/basalt.api.v1.MDS/OpenVolume"
 	MDS_RenewSession_FullMethodName        = "/basalt.api.v1.MDS/RenewSession"
 	MDS_CloseSession_FullMethodName        = "/basalt.api.v1.MDS/CloseSession"
@@ -73,6 +74,9 @@ type MDSClient interface {
 	// SetVolumeMeta changes a volume's metadata: small key/value settings
 	// its users keep with it (the CSI driver's mutable parameters).
 	SetVolumeMeta(ctx context.Context, in *SetVolumeMetaRequest, opts ...grpc.CallOption) (*SetVolumeMetaResponse, error)
+	// SetVolumeHost adds a host NQN to, or removes one from, the volume's
+	// NVMe/TCP allow-list (docs/nvmf.md, "Access control").
+	SetVolumeHost(ctx context.Context, in *SetVolumeHostRequest, opts ...grpc.CallOption) (*SetVolumeHostResponse, error)
 	// Sessions (docs/design.md §6).
 	OpenVolume(ctx context.Context, in *OpenVolumeRequest, opts ...grpc.CallOption) (*OpenVolumeResponse, error)
 	RenewSession(ctx context.Context, in *RenewSessionRequest, opts ...grpc.CallOption) (*RenewSessionResponse, error)
@@ -221,6 +225,16 @@ func (c *mDSClient) SetVolumeMeta(ctx context.Context, in *SetVolumeMetaRequest,
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(SetVolumeMetaResponse)
 	err := c.cc.Invoke(ctx, MDS_SetVolumeMeta_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *mDSClient) SetVolumeHost(ctx context.Context, in *SetVolumeHostRequest, opts ...grpc.CallOption) (*SetVolumeHostResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetVolumeHostResponse)
+	err := c.cc.Invoke(ctx, MDS_SetVolumeHost_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -398,6 +412,9 @@ type MDSServer interface {
 	// SetVolumeMeta changes a volume's metadata: small key/value settings
 	// its users keep with it (the CSI driver's mutable parameters).
 	SetVolumeMeta(context.Context, *SetVolumeMetaRequest) (*SetVolumeMetaResponse, error)
+	// SetVolumeHost adds a host NQN to, or removes one from, the volume's
+	// NVMe/TCP allow-list (docs/nvmf.md, "Access control").
+	SetVolumeHost(context.Context, *SetVolumeHostRequest) (*SetVolumeHostResponse, error)
 	// Sessions (docs/design.md §6).
 	OpenVolume(context.Context, *OpenVolumeRequest) (*OpenVolumeResponse, error)
 	RenewSession(context.Context, *RenewSessionRequest) (*RenewSessionResponse, error)
@@ -467,6 +484,9 @@ func (UnimplementedMDSServer) DeleteVolume(context.Context, *DeleteVolumeRequest
 }
 func (UnimplementedMDSServer) SetVolumeMeta(context.Context, *SetVolumeMetaRequest) (*SetVolumeMetaResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetVolumeMeta not implemented")
+}
+func (UnimplementedMDSServer) SetVolumeHost(context.Context, *SetVolumeHostRequest) (*SetVolumeHostResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetVolumeHost not implemented")
 }
 func (UnimplementedMDSServer) OpenVolume(context.Context, *OpenVolumeRequest) (*OpenVolumeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method OpenVolume not implemented")
@@ -746,6 +766,24 @@ func _MDS_SetVolumeMeta_Handler(srv interface{}, ctx context.Context, dec func(i
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(MDSServer).SetVolumeMeta(ctx, req.(*SetVolumeMetaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _MDS_SetVolumeHost_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetVolumeHostRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MDSServer).SetVolumeHost(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MDS_SetVolumeHost_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MDSServer).SetVolumeHost(ctx, req.(*SetVolumeHostRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1074,6 +1112,10 @@ var MDS_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetVolumeMeta",
 			Handler:    _MDS_SetVolumeMeta_Handler,
+		},
+		{
+			MethodName: "SetVolumeHost",
+			Handler:    _MDS_SetVolumeHost_Handler,
 		},
 		{
 			MethodName: "OpenVolume",

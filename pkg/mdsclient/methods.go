@@ -131,6 +131,17 @@ func (c *Client) SetVolumeMeta(ctx context.Context, in *api.SetVolumeMetaRequest
 	return out, err
 }
 
+// SetVolumeHost calls SetVolumeHost on the active MDS.
+func (c *Client) SetVolumeHost(ctx context.Context, in *api.SetVolumeHostRequest, opts ...grpc.CallOption) (*api.SetVolumeHostResponse, error) {
+	var out *api.SetVolumeHostResponse
+	err := c.call(ctx, func(ctx context.Context, s api.MDSClient) error {
+		var err error
+		out, err = s.SetVolumeHost(ctx, in, opts...)
+		return err
+	})
+	return out, err
+}
+
 // DeleteVolume calls DeleteVolume on the active MDS.
 func (c *Client) DeleteVolume(ctx context.Context, in *api.DeleteVolumeRequest, opts ...grpc.CallOption) (*api.DeleteVolumeResponse, error) {
 	var out *api.DeleteVolumeResponse
