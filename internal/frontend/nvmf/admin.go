@@ -111,8 +111,16 @@ func (c *conn) connect(cmd *command) {
 				c.invalidParam(cmd, 256, true)
 				return
 			}
-			if !c.s.hostAllowed(hostNQN) {
-				log.Warn("nvmf: connect from a host not on the allow-list refused")
+			ctx, cancel := context.WithTimeout(c.s.conns.Context(), c.s.cfg.ConnectTimeout)
+			ok, err := c.s.mayConnect(ctx, hostNQN, vols)
+			cancel()
+			if err != nil {
+				log.Warn("nvmf: connect refused for now: the volume's allow-list cannot be read", "err", err)
+				c.complete(cmd, scConnectBusy, 0, 0)
+				return
+			}
+			if !ok {
+				log.Warn("nvmf: connect from a host not on the allow-list refused", "volumes", vols)
 				c.complete(cmd, scConnectHost|dnr, 0, 0)
 				return
 			}
@@ -552,23 +560,35 @@ func (c *conn) getLogPage(cmd *command) {
 // discoveryLog lists every volume's subsystem the host may connect to.
 func (c *conn) discoveryLog() []byte {
 	ctx, cancel := context.WithTimeout(c.s.conns.Context(), c.s.cfg.ConnectTimeout)
+	defer cancel()
 	names, err := c.s.cfg.Exports.List(ctx)
-	cancel()
 	if err != nil {
 		c.log.Warn("nvmf: listing volumes for the discovery log", "err", err)
 	}
-	if !c.s.hostAllowed(c.ctrl.hostNQN) {
-		names = nil
-	}
 	ports, groups, grouped := c.s.ports() // Multipath: every live access node, group subsystems
 	nqns := make([]string, 0, len(names)+len(groups))
-	for _, n := range names {
-		if !grouped[n] {
-			nqns = append(nqns, VolumeNQNPrefix+n)
+	var denyErr error
+	add := func(nqn string, vols []string) {
+		ok, err := c.s.mayConnect(ctx, c.ctrl.hostNQN, vols)
+		if err != nil {
+			denyErr = err
+		}
+		if ok {
+			nqns = append(nqns, nqn)
 		}
 	}
-	if c.s.hostAllowed(c.ctrl.hostNQN) {
-		nqns = append(nqns, groups...)
+	for _, n := range names {
+		if !grouped[n] {
+			add(VolumeNQNPrefix+n, []string{n})
+		}
+	}
+	for _, g := range groups {
+		if vols, ok := c.s.subsystemVolumes(g); ok {
+			add(g, vols)
+		}
+	}
+	if denyErr != nil {
+		c.log.Warn("nvmf: subsystems left out of the discovery log: their allow-lists cannot be read", "err", denyErr)
 	}
 	if len(ports) == 0 {
 		addr := c.s.cfg.AdvertiseAddr

@@ -36,6 +36,16 @@ type Config struct {
 	// AllowedHosts lists the host NQNs that may connect to I/O subsystems and
 	// see them in the discovery log; empty: every host.
 	AllowedHosts []string
+	// VolumeHostAllowed, if set, says whether the host hostNQN may connect
+	// to volume's subsystem by the volume's own allow-list (the MDS's:
+	// `basalt volume allow-host`); a host must pass AllowedHosts as well.
+	// It is asked at every admin queue's Connect to an I/O subsystem (for a
+	// group, of each of its volumes) and for every subsystem a discovery
+	// log would list. An error refuses the Connect with Controller Busy
+	// (the host retries) and leaves the subsystem out of the log.
+	// Controllers already connected stay when a list changes, as nvmet's
+	// do. nil: every volume allows every host.
+	VolumeHostAllowed func(ctx context.Context, volume, hostNQN string) (bool, error)
 	// QueueSize is the largest queue a host may create (CAP.MQES+1, MAXCMD).
 	// Default and upper bound 128.
 	QueueSize int
@@ -196,6 +206,23 @@ func (s *Server) Close() error { return s.conns.Close() }
 // hostAllowed reports whether hostNQN may use I/O subsystems.
 func (s *Server) hostAllowed(hostNQN string) bool {
 	return len(s.cfg.AllowedHosts) == 0 || slices.Contains(s.cfg.AllowedHosts, hostNQN)
+}
+
+// mayConnect reports whether hostNQN may connect to the I/O subsystem of
+// vols: AllowedHosts and each volume's own allow-list let it.
+func (s *Server) mayConnect(ctx context.Context, hostNQN string, vols []string) (bool, error) {
+	if !s.hostAllowed(hostNQN) {
+		return false, nil
+	}
+	if s.cfg.VolumeHostAllowed == nil {
+		return true, nil
+	}
+	for _, v := range vols {
+		if ok, err := s.cfg.VolumeHostAllowed(ctx, v, hostNQN); err != nil || !ok {
+			return false, err
+		}
+	}
+	return true, nil
 }
 
 // subsystemVolumes returns the volumes of an I/O subsystem, in NSID order:
