@@ -135,11 +135,83 @@ func poolCommand() *cobra.Command {
 type volumeList []*api.Volume
 
 func (v volumeList) table(w io.Writer) {
-	fmt.Fprintln(w, "ID\tNAME\tSIZE\tPOOL\tEPOCH\tCREATED")
+	fmt.Fprintln(w, "ID\tNAME\tSIZE\tPOOL\tEPOCH\tCREATED\tNVME HOSTS")
 	for _, x := range v {
 		created := time.UnixMilli(x.CreatedUnixMs).UTC().Format(time.RFC3339)
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\n", x.Id, x.Name, formatBytes(x.Size), x.PoolName, x.Epoch, created)
+		hosts := "any"
+		if n := len(x.AllowedHosts); n > 0 {
+			hosts = strconv.Itoa(n)
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", x.Id, x.Name, formatBytes(x.Size), x.PoolName, x.Epoch, created, hosts)
 	}
+}
+
+// volumeInfo is `basalt volume info`: the volume's row, then every host
+// its NVMe allow-list names; in JSON a list of one, as before.
+type volumeInfo struct{ *api.Volume }
+
+func (v volumeInfo) MarshalJSON() ([]byte, error) { return json.Marshal([]*api.Volume{v.Volume}) }
+
+func (v volumeInfo) table(w io.Writer) {
+	volumeList{v.Volume}.table(w)
+	if len(v.AllowedHosts) == 0 {
+		fmt.Fprintln(w, "\nNVMe hosts allowed: any (the targets' --allow-hosts decide)")
+		return
+	}
+	fmt.Fprintln(w, "\nNVMe hosts allowed:")
+	for _, h := range v.AllowedHosts {
+		fmt.Fprintf(w, "  %s\n", h)
+	}
+}
+
+// hostChanged is what `basalt volume allow-host` and `deny-host` did.
+type hostChanged struct {
+	Volume       string   `json:"volume"`
+	HostNQN      string   `json:"host_nqn"`
+	Allow        bool     `json:"allow"`
+	Changed      bool     `json:"changed"`
+	AllowedHosts []string `json:"allowed_hosts"`
+}
+
+func (h hostChanged) table(w io.Writer) {
+	switch {
+	case h.Allow && h.Changed:
+		fmt.Fprintf(w, "volume %s: host %s allowed\n", h.Volume, h.HostNQN)
+	case h.Allow:
+		fmt.Fprintf(w, "volume %s: host %s was allowed already; nothing changed\n", h.Volume, h.HostNQN)
+	case h.Changed:
+		fmt.Fprintf(w, "volume %s: host %s no longer allowed (its controllers already connected stay)\n", h.Volume, h.HostNQN)
+	default:
+		fmt.Fprintf(w, "volume %s: host %s was not on the list; nothing changed\n", h.Volume, h.HostNQN)
+	}
+	if len(h.AllowedHosts) == 0 {
+		fmt.Fprintf(w, "volume %s allows any NVMe host now (its list is empty; the targets' --allow-hosts decide)\n", h.Volume)
+	} else {
+		fmt.Fprintf(w, "volume %s allows %d NVMe hosts: %s\n", h.Volume, len(h.AllowedHosts), strings.Join(h.AllowedHosts, ", "))
+	}
+}
+
+// volumeHostCommand is `basalt volume allow-host` (allow) or `deny-host`:
+// a change to the volume's NVMe allow-list, kept in the MDS for every
+// NVMe/TCP access node.
+func volumeHostCommand(allow bool) *cobra.Command {
+	use, short := "deny-host VOLUME HOSTNQN", "Take an NVMe host off the volume's allow-list (an empty list allows any host)"
+	if allow {
+		use, short = "allow-host VOLUME HOSTNQN", "Let an NVMe host connect to the volume's subsystem: once a volume has a list, only the hosts on it may (docs/nvmf.md)"
+	}
+	cmd := &cobra.Command{Use: use, Short: short, Args: cobra.ExactArgs(2)}
+	f := addAdminFlags(cmd)
+	cmd.RunE = func(_ *cobra.Command, args []string) error {
+		return f.call(func(ctx context.Context, c api.MDSClient) (any, error) {
+			r, err := c.SetVolumeHost(ctx, &api.SetVolumeHostRequest{Volume: args[0], HostNqn: args[1], Allow: allow})
+			if err != nil {
+				return nil, err
+			}
+			return hostChanged{Volume: args[0], HostNQN: args[1], Allow: allow, Changed: r.Changed,
+				AllowedHosts: append([]string{}, r.Volume.AllowedHosts...)}, nil
+		})
+	}
+	return cmd
 }
 
 func volumeCommand() *cobra.Command {
@@ -185,7 +257,7 @@ func volumeCommand() *cobra.Command {
 			if err != nil {
 				return nil, err
 			}
-			return volumeList{r.Volume}, nil
+			return volumeInfo{r.Volume}, nil
 		})
 	}
 
@@ -217,7 +289,7 @@ func volumeCommand() *cobra.Command {
 			return deleted{Deleted: args[0]}, nil
 		})
 	}
-	cmd.AddCommand(create, ls, info, resize, rm, volumeCHAPCommand())
+	cmd.AddCommand(create, ls, info, resize, rm, volumeCHAPCommand(), volumeHostCommand(true), volumeHostCommand(false))
 	return cmd
 }
 

@@ -60,7 +60,7 @@ func nvmfCommand() *cobra.Command {
 	}
 	mdsAddrs := mdsFlag(cmd)
 	listen := cmd.Flags().String("listen", "127.0.0.1:4420", "TCP listen address")
-	hosts := cmd.Flags().String("allow-hosts", "", "comma-separated host NQNs that may connect (empty: every host)")
+	hosts := cmd.Flags().String("allow-hosts", "", "comma-separated host NQNs that may connect (empty: every host); a volume's own list (basalt volume allow-host) applies as well")
 	advertise := cmd.Flags().String("advertise", "", "address the discovery log gives for the subsystems (default: the one the host connected to)")
 	readOnly := cmd.Flags().Bool("read-only", false, "open volumes read-only (alongside another writer)")
 	metrics := cmd.Flags().String("metrics", "", "serve Prometheus /metrics on this address (empty: none)")

@@ -157,6 +157,13 @@ func (c *Capture) PDUCounts(t testing.TB) map[int]int {
 	return n
 }
 
+// Count returns how many packets of the capture match the display filter;
+// call it after Check, which ends the capture.
+func (c *Capture) Count(t testing.TB, filter string) int {
+	t.Helper()
+	return strings.Count(c.tshark(t, filter, "-T", "fields", "-e", "frame.number"), "\n")
+}
+
 // PDU types (NVMe/TCP 3.3), for Want.
 const (
 	ICReq      = 0x00

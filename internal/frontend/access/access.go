@@ -55,6 +55,10 @@ type Config struct {
 	// absence) before reading it from the MDS again; default
 	// DefaultCHAPTTL.
 	CHAPTTL time.Duration
+	// HostsTTL is how long an NVMe/TCP target uses the volumes' host
+	// allow-lists (`basalt volume allow-host`) before reading them from
+	// the MDS again; default DefaultHostsTTL.
+	HostsTTL time.Duration
 
 	NBD   NBDConfig
 	NVMf  NVMfConfig
@@ -64,7 +68,8 @@ type Config struct {
 // NVMfConfig says where the NVMe over TCP target listens; empty Listen: none.
 type NVMfConfig struct {
 	Listen string // TCP address (the NVMe/TCP port is 4420)
-	// AllowedHosts: the host NQNs that may connect; empty: every host.
+	// AllowedHosts: the host NQNs that may connect; empty: every host. A
+	// volume's own allow-list in the MDS applies as well: a host needs both.
 	AllowedHosts []string
 	// AdvertiseAddr is the address the discovery log gives (default: the one
 	// the host connected to); with ANA multipath, the address this access
@@ -151,6 +156,8 @@ type Node struct {
 	reservations *reservation.Cached
 	// chaps are the targets' CHAP records, in the MDS.
 	chaps *targetCHAPs
+	// hosts are the volumes' NVMe host allow-lists, in the MDS.
+	hosts *volumeHosts
 
 	closeOnce sync.Once
 	closeErr  error
@@ -183,9 +190,13 @@ func Start(cfg Config) (*Node, error) {
 	if cfg.CHAPTTL <= 0 {
 		cfg.CHAPTTL = DefaultCHAPTTL
 	}
+	if cfg.HostsTTL <= 0 {
+		cfg.HostsTTL = DefaultHostsTTL
+	}
 	n := &Node{log: cfg.Logger, mds: mc, stopANA: make(chan struct{}), kickANA: make(chan struct{}, 1),
 		reservations: reservation.NewCached(MDSReservations{MDS: mc}, cfg.ReservationTTL),
-		chaps:        newTargetCHAPs(mc, cfg.CHAPTTL)}
+		chaps:        newTargetCHAPs(mc, cfg.CHAPTTL),
+		hosts:        newVolumeHosts(mc, cfg.HostsTTL)}
 	n.exports = frontend.NewExports(frontend.ExportsConfig{
 		Logger: cfg.Logger,
 		Opener: volumes.New(volumes.Config{
@@ -221,7 +232,7 @@ func (n *Node) startNVMf(cfg NVMfConfig, name string) error {
 	}
 	scfg := nvmf.Config{Exports: n.exports, Logger: n.log,
 		AllowedHosts: cfg.AllowedHosts, AdvertiseAddr: cfg.AdvertiseAddr, Reservations: n.reservations,
-		MayWrite: n.mayWrite(NVMeHost)}
+		MayWrite: n.mayWrite(NVMeHost), VolumeHostAllowed: n.hosts.allowed}
 	var id uint64
 	if cfg.Multipath {
 		n.reg.nvmf = advertised(cfg.AdvertiseAddr, ln)
