@@ -58,6 +58,39 @@ func TestCLI(t *testing.T) {
 	if out := cli(true, "volume", "info", "db1"); !strings.Contains(out, "20GiB") {
 		t.Fatalf("volume info after grow:\n%s", out)
 	}
+	// A volume's NVMe allow-list: a bad NQN is refused and changes nothing;
+	// the list shows in info (every host) and ls (a count).
+	const host = "nqn.2014-08.org.nvmexpress:uuid:0ba5a17e-0000-4000-8000-0000000000c1"
+	for _, bad := range []string{"host1", "nqn.2026-13.io.basalt:h", "nqn.2026-12.io.basalt.h", "nqn.2026-12.io.basalt:" + strings.Repeat("h", 202)} {
+		if out := cli(false, "volume", "allow-host", "db2", bad); !strings.Contains(out, "host NQN") {
+			t.Errorf("allow-host %q: the error does not say what is wrong:\n%s", bad, out)
+		}
+	}
+	if out := cli(true, "volume", "info", "db2"); !strings.Contains(out, "NVMe hosts allowed: any") {
+		t.Fatalf("volume info after refused allow-hosts:\n%s", out)
+	}
+	cli(false, "volume", "allow-host", "nosuch", host)
+	cli(true, "volume", "allow-host", "db2", host)
+	if out := cli(true, "volume", "allow-host", "db2", host); !strings.Contains(out, "nothing changed") {
+		t.Errorf("allow-host twice:\n%s", out)
+	}
+	if out := cli(true, "volume", "info", "db2"); !strings.Contains(out, "\n  "+host+"\n") {
+		t.Errorf("volume info does not list the host:\n%s", out)
+	}
+	var listed []struct {
+		Name         string   `json:"name"`
+		AllowedHosts []string `json:"allowed_hosts"`
+	}
+	if err := json.Unmarshal([]byte(cli(true, "volume", "ls", "-o", "json")), &listed); err != nil || len(listed) != 2 ||
+		len(listed[0].AllowedHosts) != 0 || len(listed[1].AllowedHosts) != 1 || listed[1].AllowedHosts[0] != host {
+		t.Errorf("volume ls -o json: %+v %v", listed, err)
+	}
+	if out := cli(true, "volume", "ls"); !strings.Contains(out, "NVME HOSTS") || !strings.Contains(out, "any") {
+		t.Errorf("volume ls has no NVME HOSTS column:\n%s", out)
+	}
+	if out := cli(true, "volume", "deny-host", "db2", host); !strings.Contains(out, "allows any NVMe host now") {
+		t.Errorf("deny-host of the last host:\n%s", out)
+	}
 	cli(true, "volume", "rm", "db2")
 	cli(false, "volume", "rm", "db2")
 	cli(false, "volume", "info", "db2")

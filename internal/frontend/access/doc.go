@@ -17,5 +17,8 @@
 // reads the registered portals from the MDS and sends each login to one of
 // them per target. fence.go answers the NVMe/TCP and iSCSI targets' MayWrite
 // from the volume's attachments: HostMayWrite, one rule for both, by the
-// kind of identity the host gives (host NQN or initiator name).
+// kind of identity the host gives (host NQN or initiator name). hosts.go
+// answers the NVMe/TCP target's VolumeHostAllowed from the volumes'
+// allow-lists (one ListVolumes, kept HostsTTL), as chap.go keeps the iSCSI
+// targets' CHAP records.
 package access

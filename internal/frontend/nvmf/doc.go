@@ -1,7 +1,10 @@
 // Package nvmf is an NVMe over Fabrics target on the TCP transport binding
 // (NVMe/TCP): the discovery subsystem and one I/O subsystem per volume
-// (VolumeNQNPrefix + name, namespace 1), over frontend.Exports. What it
-// implements and what is left is in docs/nvmf.md.
+// (VolumeNQNPrefix + name, namespace 1), over frontend.Exports. A host
+// connects to a subsystem, and sees it in the discovery log, only if
+// Config.AllowedHosts and the volume's own list (Config.VolumeHostAllowed:
+// the MDS's, for package access) both let it. What it implements and what
+// is left is in docs/nvmf.md.
 //
 // # Files
 //
