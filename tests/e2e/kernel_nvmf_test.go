@@ -20,15 +20,20 @@ import (
 )
 
 const (
-	guestHostNQN  = "nqn.2014-08.org.nvmexpress:uuid:0ba5a17e-0000-4000-8000-000000000001"
-	strangerNQN   = "nqn.2014-08.org.nvmexpress:uuid:0ba5a17e-0000-4000-8000-00000000dead"
+	guestHostNQN = "nqn.2014-08.org.nvmexpress:uuid:0ba5a17e-0000-4000-8000-000000000001"
+	strangerNQN  = "nqn.2014-08.org.nvmexpress:uuid:0ba5a17e-0000-4000-8000-00000000dead"
+	// neighborNQN is on a target's --allow-hosts but not on the volume's
+	// own allow-list (basalt volume allow-host).
+	neighborNQN   = "nqn.2014-08.org.nvmexpress:uuid:0ba5a17e-0000-4000-8000-00000000beef"
 	nvmfVolumeNQN = "nqn.2024-11.io.basalt:volume:"
 )
 
 // A real Linux kernel is the NVMe/TCP host: Debian's kernel in a QEMU guest
 // (internal/testhost) with nvme-cli discovers the volume's subsystem at a
-// `basalt nvmf` target (host allow-list: the guest's NQN) over the
-// playground's cluster; a host not on the list is refused; the allowed host
+// `basalt nvmf` target over the playground's cluster; a host not on the
+// target's allow-list (--allow-hosts), and one on it but not on the
+// volume's own (basalt volume allow-host), neither sees the subsystem in
+// its discovery log nor connects to it; the host on both lists
 // connects with header and data digests, fio writes and verifies on the raw
 // namespace, and ext4 with checksummed files reads back the same after
 // disconnect, connect and mount.
@@ -40,7 +45,10 @@ func TestKernelNVMeTCP(t *testing.T) {
 	})
 	booted := time.Now()
 	p := startPlayground(t, "1GiB")
-	port, logPath := startNVMf(t, p.st.MDS, p.st.TLSDir)
+	// Before the target starts, so its first read of the lists has it.
+	run(t, time.Minute, testcluster.Binary(t), "volume", "allow-host", p.st.Volume, guestHostNQN,
+		"--mds", p.st.MDS, "--tls-dir", p.st.TLSDir)
+	port, logPath := startNVMf(t, p.st.MDS, p.st.TLSDir, neighborNQN)
 	// The guest's connections reach the target through QEMU's user-mode
 	// network, as connections to the host's loopback: captured there,
 	// tshark judges the kernel's traffic and the target's answers.
@@ -58,13 +66,16 @@ func TestKernelNVMeTCP(t *testing.T) {
 	if !strings.Contains(disc, nqn) || !strings.Contains(disc, "trtype:  tcp") && !strings.Contains(disc, "tcp") {
 		t.Fatalf("nvme discover does not list %s:\n%s", nqn, disc)
 	}
-	if out := guest(2*time.Minute, fmt.Sprintf("nvme discover %s -q %s 2>&1; true", addr, strangerNQN)); strings.Contains(out, nqn) {
-		t.Fatalf("the discovery log shows %s to a host not on the allow-list:\n%s", nqn, out)
+	for _, host := range []string{strangerNQN, neighborNQN} {
+		out := guest(2*time.Minute, fmt.Sprintf(`nvme discover %s -q %s 2>&1
+			if nvme connect %s -n %s -q %s 2>&1; then echo CONNECTED; else echo REFUSED; fi`, addr, host, addr, nqn, host))
+		if strings.Contains(out, nqn) || !strings.Contains(out, "REFUSED") {
+			t.Fatalf("host %s, not on both allow-lists, discovered or connected to %s:\n%s", host, nqn, out)
+		}
 	}
-	refused := guest(2*time.Minute, fmt.Sprintf("if nvme connect %s -n %s -q %s 2>&1; then echo CONNECTED; else echo REFUSED; fi",
-		addr, nqn, strangerNQN))
-	if !strings.Contains(refused, "REFUSED") {
-		t.Fatalf("a host not on the allow-list connected:\n%s", refused)
+	if b, _ := os.ReadFile(logPath); !strings.Contains(string(b), "hostnqn="+neighborNQN) ||
+		!strings.Contains(string(b), "not on the allow-list refused") {
+		t.Fatalf("the target's log shows no refusal of %s:\n%s", neighborNQN, tailFile(logPath, 40))
 	}
 
 	connect := fmt.Sprintf(`nvme connect %s -n %s -q %s --hdr-digest --data-digest -k 5 &&
@@ -101,9 +112,10 @@ func TestKernelNVMeTCP(t *testing.T) {
 	if capture == nil {
 		t.Log("tshark's judge skipped: no capture (tshark or dumpcap missing or not allowed to capture; see above)")
 	} else {
-		// Two discoveries, a refused connect, two controllers (an admin and
-		// at least one I/O queue each); every command the kernel sent.
-		capture.Check(t, 7, nvmftshark.Want{Digests: true, PDUs: map[int]int{nvmftshark.ICReq: 7, nvmftshark.ICResp: 6,
+		// Three discoveries, two refused connects, two controllers (an
+		// admin and at least one I/O queue each); every command the kernel
+		// sent.
+		capture.Check(t, 9, nvmftshark.Want{Digests: true, PDUs: map[int]int{nvmftshark.ICReq: 9, nvmftshark.ICResp: 8,
 			nvmftshark.CapsuleCmd: 5000, nvmftshark.CapsuleRsp: 5000, nvmftshark.C2HData: 1000}})
 	}
 	logf(t, "kernel NVMe/TCP: guest up in %s (kernel %s); discover+refusal+connect with digests %s; "+
@@ -115,12 +127,12 @@ func TestKernelNVMeTCP(t *testing.T) {
 }
 
 // startNVMf runs `basalt nvmf` over the cluster at mds, allowing only
-// guestHostNQN, and returns its port and log file.
-func startNVMf(t *testing.T, mds, tlsDir string) (int, string) {
+// guestHostNQN and the hosts more names, and returns its port and log file.
+func startNVMf(t *testing.T, mds, tlsDir string, more ...string) (int, string) {
 	t.Helper()
 	port := testutil.FreePort(t)
 	return port, startAccess(t, port, "nvmf", "--mds", mds, "--tls-dir", tlsDir, "--tls-cert", "access-playground",
-		"--listen", "127.0.0.1:"+strconv.Itoa(port), "--allow-hosts", guestHostNQN)
+		"--listen", "127.0.0.1:"+strconv.Itoa(port), "--allow-hosts", strings.Join(append([]string{guestHostNQN}, more...), ","))
 }
 
 // startAccess runs `basalt ARGS` (a front end) until the test ends and waits
