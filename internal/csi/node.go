@@ -114,7 +114,7 @@ func startNode(d *Driver) (*Node, error) {
 	}
 	acfg := access.Config{
 		MDS: cfg.MDS, MDSTLS: cfg.MDSTLS, DataTLS: cfg.DataTLS, ClientName: "csi@" + cfg.NodeID, Logger: d.log,
-		NBD: access.NBDConfig{Socket: n.sock},
+		NBD: access.NBDConfig{Socket: n.sock, Node: cfg.NodeID},
 	}
 	if nvme {
 		// Loopback only: the kernel of this node is the one host.

@@ -123,6 +123,10 @@ type NBDConfig struct {
 	// and the cluster CA and revocation list clients are verified against
 	// (NBDRoles only). Required unless both policies are off.
 	TLS *identity.Config
+	// Node, if set, is the CSI node whose kernel is this front end's one
+	// client (the node plugin's own socket): it may write a volume only
+	// while a writable attachment names this node (nbd.Config.MayWrite).
+	Node string
 }
 
 // NBDRoles are the roles that may attach volumes over NBD: those that may
@@ -272,6 +276,9 @@ func (n *Node) startNVMf(cfg NVMfConfig, name string) error {
 
 func (n *Node) startNBD(cfg NBDConfig, m *nbd.Metrics) error {
 	scfg := nbd.Config{Exports: n.exports, Logger: n.log, Metrics: m}
+	if cfg.Node != "" {
+		scfg.MayWrite, scfg.Host = n.mayWrite(CSINode), cfg.Node
+	}
 	if cfg.TLS != nil {
 		id := cfg.TLS
 		scfg.TLS = id.ServerTLS(NBDRoles...)

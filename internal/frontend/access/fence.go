@@ -18,9 +18,12 @@ const (
 	// ISCSIInitiator is an iSCSI initiator name (Attachment.InitiatorIqn),
 	// compared case-insensitively as iSCSI names are (RFC 3722).
 	ISCSIInitiator
+	// CSINode is a CSI node's id (Attachment.Node): the one client of the
+	// node plugin's own NBD socket is that node's kernel.
+	CSINode
 )
 
-// mayWrite is a target's MayWrite (NVMe/TCP, iSCSI): whether the host of
+// mayWrite is a target's MayWrite (NVMe/TCP, iSCSI, a CSI node's NBD): whether the host of
 // kind named host may write volume, from the volume's attachments in the
 // MDS (the target keeps the answer per controller or session for its
 // MayWriteTTL, frontend.WriteGate; a reconnected host asks afresh).
@@ -40,7 +43,8 @@ func (n *Node) mayWrite(kind HostKind) frontend.MayWriteFunc {
 // attachment names — so a host whose node the volume was published away
 // from (fenced) stays fenced when its kernel reconnects. A writable
 // attachment naming no host of that kind (recorded before MDSs kept one, or
-// its node registered none) is unknown: every host may write.
+// its node registered none) is unknown: every host may write. Every
+// attachment names its node.
 func HostMayWrite(v *api.Volume, kind HostKind, host string) bool {
 	for _, a := range v.Attachments {
 		if a.ReadOnly {
@@ -53,6 +57,10 @@ func HostMayWrite(v *api.Volume, kind HostKind, host string) bool {
 			}
 		case ISCSIInitiator:
 			if a.InitiatorIqn == "" || strings.EqualFold(a.InitiatorIqn, host) {
+				return true
+			}
+		case CSINode:
+			if a.Node == host {
 				return true
 			}
 		}

@@ -39,6 +39,12 @@ func startQemuIO(t *testing.T, ctx context.Context, portal, volume, initiator st
 	host, port, _ := strings.Cut(portal, ":")
 	opts := fmt.Sprintf("driver=iscsi,transport=tcp,portal=%s:%s,target=%s,lun=0,initiator-name=%s",
 		host, port, iscsi.TargetName("c", volume), initiator)
+	return runQemuIO(t, ctx, opts, initiator)
+}
+
+// runQemuIO starts qemu-io on the image opts (its --image-opts) as who.
+func runQemuIO(t *testing.T, ctx context.Context, opts, who string) *qemuIO {
+	t.Helper()
 	cmd := exec.CommandContext(ctx, "qemu-io", "--image-opts", opts)
 	cmd.WaitDelay = 5 * time.Second
 	r, w, err := os.Pipe()
@@ -61,7 +67,7 @@ func startQemuIO(t *testing.T, ctx context.Context, portal, volume, initiator st
 	})
 	q := &qemuIO{t: t, in: in, out: bufio.NewReader(r)}
 	if out, err := q.untilPrompt(); err != nil {
-		t.Fatalf("qemu-io as %s: %v: %s", initiator, err, out)
+		t.Fatalf("qemu-io as %s: %v: %s", who, err, out)
 	}
 	return q
 }

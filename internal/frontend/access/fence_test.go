@@ -169,4 +169,20 @@ func TestHostMayWrite(t *testing.T) {
 			t.Errorf("HostMayWrite(%v, iSCSI, %s) = %v, want %v", tc.atts, tc.host, got, tc.want)
 		}
 	}
+	for _, tc := range []struct {
+		atts []*api.Attachment
+		node string
+		want bool
+	}{
+		{nil, "na", true},
+		{[]*api.Attachment{{Node: "na"}}, "na", true},
+		{[]*api.Attachment{{Node: "nb", HostNqn: b, InitiatorIqn: ib}}, "na", false}, // every attachment names its node
+		{[]*api.Attachment{{Node: "na", ReadOnly: true}, {Node: "nb"}}, "na", false},
+		{[]*api.Attachment{{Node: "nb"}, {Node: "na"}}, "na", true},
+		{[]*api.Attachment{{Node: "na", ReadOnly: true}}, "na", false},
+	} {
+		if got := access.HostMayWrite(&api.Volume{Attachments: tc.atts}, access.CSINode, tc.node); got != tc.want {
+			t.Errorf("HostMayWrite(%v, CSI node, %s) = %v, want %v", tc.atts, tc.node, got, tc.want)
+		}
+	}
 }

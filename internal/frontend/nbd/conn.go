@@ -54,6 +54,7 @@ type conn struct {
 	size        int64                // the export's size; grows (grown), owned by the reading goroutine
 	sizeChecked time.Time            // when grown last re-read it
 	readOnly    bool
+	write       *frontend.WriteGate // Config.MayWrite's answer for this connection
 	tflags      uint16
 	minBlock    uint32 // every offset and length is a multiple
 	prefBlock   uint32
@@ -230,6 +231,9 @@ func (c *conn) readLoop() (readEnd, error) {
 		r.length = length
 		copy(r.cookie[:], hdr[8:16])
 		errno := c.validate(flags, typ, off, length)
+		if errno == 0 && (typ == cmdWrite || typ == cmdTrim || typ == cmdWriteZeroes) {
+			errno = c.mayWrite()
+		}
 
 		if typ == cmdWrite {
 			if length > c.maxPayload {
@@ -365,6 +369,19 @@ func (c *conn) validate(flags, typ uint16, off uint64, length uint32) uint32 {
 	}
 	if (typ == cmdTrim && c.tflags&flagSendTrim == 0) || (typ == cmdWriteZeroes && c.tflags&flagSendWriteZeroes == 0) {
 		return EINVAL // not advertised: the backend cannot do it
+	}
+	return 0
+}
+
+// mayWrite asks the connection's write gate (Config.MayWrite) before a
+// request that writes: 0, EPERM (this node may not write the volume: it was
+// published to another) or EIO (no answer yet, the MDS away).
+func (c *conn) mayWrite() uint32 {
+	switch ok, err := c.write.Allow(); {
+	case err != nil:
+		return EIO
+	case !ok:
+		return EPERM
 	}
 	return 0
 }

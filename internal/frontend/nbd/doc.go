@@ -68,7 +68,9 @@
 // WRITE_ZEROES, EINVAL otherwise; unaligned to the minimum block size →
 // EINVAL; READ or WRITE longer than the maximum payload → EINVAL; a write-type
 // command on a read-only export → EPERM; TRIM or WRITE_ZEROES not advertised →
-// EINVAL. A rejected WRITE's payload is read and discarded,
+// EINVAL; then, with Config.MayWrite (the CSI node plugin's own socket), a
+// write-type command from a node the volume is not published to → EPERM
+// (no answer from the MDS yet → EIO). A rejected WRITE's payload is read and discarded,
 // so the stream stays in step; a WRITE whose length exceeds the maximum
 // payload is answered EINVAL and then the connection is closed, because
 // skipping up to 4 GiB is not worth the risk. A write whose payload is cut

@@ -342,6 +342,8 @@ func (c *conn) use(name string, a *frontend.Attachment) {
 	c.att = a
 	c.backend = a.Backend()
 	c.log = c.log.With("export", name)
+	c.write = frontend.NewWriteGate(c.s.cfg.MayWrite, name, c.s.cfg.Host, c.s.cfg.MayWriteTTL,
+		c.s.cfg.HandshakeTimeout, c.log.With("node", c.s.cfg.Host))
 }
 
 // deadline restarts the handshake timer.

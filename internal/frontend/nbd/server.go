@@ -51,6 +51,19 @@ type Config struct {
 	// it is in transmission; an error disconnects it (a certificate revoked
 	// or expired after the handshake).
 	TLSRecheck func(tls.ConnectionState) error
+
+	// MayWrite, if set, says whether Host — the one client this server has,
+	// a CSI node's kernel behind the node plugin's own socket — may write
+	// an export (take its writer role): package access answers from the
+	// volume's attachments in the MDS, so a node the volume was published
+	// away from stays fenced when its kernel reconnects. Asked at a
+	// connection's first write, trim or write-zeroes (holding its next
+	// requests), then once per MayWriteTTL (default 5 s) in the background
+	// (frontend.WriteGate). A refused request gets EPERM; with no answer yet
+	// and the MDS away, EIO.
+	MayWrite    frontend.MayWriteFunc
+	Host        string
+	MayWriteTTL time.Duration
 }
 
 func (c *Config) setDefaults() error {
@@ -74,6 +87,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = 60 * time.Second
+	}
+	if c.MayWriteTTL <= 0 {
+		c.MayWriteTTL = 5 * time.Second
 	}
 	if c.MaxPayload > maxPayload || c.MaxPayload < 4096 {
 		return fmt.Errorf("%w: MaxPayload %d is not between 4 KiB and 32 MiB", ErrBadConfig, c.MaxPayload)
