@@ -66,6 +66,11 @@ type conn struct {
 	nextTTT     uint32
 	textPending map[uint32][]byte // Text responses still to send, by TTT
 
+	// skipCmdSN holds CmdSNs an ABORT TASK named before their command
+	// arrived (RFC 7143 11.5.1 b): the command is counted, not run. At most
+	// one window's worth; reader-owned.
+	skipCmdSN map[uint32]bool
+
 	// mu guards the fields below; cond signals queue changes.
 	mu      sync.Mutex
 	cond    sync.Cond
@@ -103,6 +108,7 @@ type task struct {
 	ttt         uint32
 	r2tSN       uint32
 	dataSN      uint32 // the DataSN the next Data-Out must carry (0 at each sequence's start)
+	seqErr      bool   // a Data-Out came with the wrong DataSN: the rest of its sequence is dropped
 	charge      int64
 	executing   bool
 	aborted     atomic.Bool
@@ -124,7 +130,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 		log:         s.log.With("remote", remote),
 		peerMaxData: 8192, maxBurst: 262144, firstBurst: 65536,
 		initialR2T: true, immediateData: true,
-		tasks: map[uint32]*task{}, textPending: map[uint32][]byte{},
+		tasks: map[uint32]*task{}, textPending: map[uint32][]byte{}, skipCmdSN: map[uint32]bool{},
 	}
 	c.cond.L = &c.mu
 	return c
@@ -406,11 +412,27 @@ func (c *conn) acceptCmdSN(p *pdu) bool {
 		return false
 	}
 	c.expCmdSN.Store(exp + 1)
+	if c.skipCmdSN[sn] {
+		delete(c.skipCmdSN, sn) // aborted before it arrived: received, never run
+		c.log.Debug("iscsi: dropping a command that ABORT TASK named before it arrived", "cmdsn", sn)
+		return false
+	}
 	return true
 }
 
 func (c *conn) scsiCommand(p *pdu) {
 	if !c.acceptCmdSN(p) {
+		return
+	}
+	c.mu.Lock()
+	_, dup := c.tasks[p.itt()]
+	c.mu.Unlock()
+	if dup || p.itt() == reservedTag {
+		// An ITT must name one task of the session (RFC 7143 10.19): a second
+		// task under a tag in use would hide the first from TMFs, Data-Out
+		// and the wait at the session's end. Its CmdSN counts; it never runs.
+		c.log.Warn("iscsi: rejecting a command whose task tag is in use", "itt", p.itt())
+		c.reject(p, rejectInvalidField)
 		return
 	}
 	t := &task{itt: p.itt(), cmdSN: p.u32(24), edtl: int(p.u32(20)), done: make(chan struct{})}
@@ -541,18 +563,40 @@ func (c *conn) dataOut(p *pdu) error {
 		return nil
 	}
 	ttt, off, n := p.u32(20), int(p.u32(40)), len(p.data)
-	if off != t.got || off+n > t.edtl {
-		return fmt.Errorf("%w: Data-Out at offset %d+%d, expected %d (EDTL %d)", ErrMalformed, off, n, t.got, t.edtl)
+	if t.seqErr {
+		// The rest of a sequence with a lost PDU: dropped until its last.
+		if p.final() {
+			c.failData(t)
+		}
+		return nil
 	}
 	if ttt == reservedTag {
-		if t.unsolDone || off+n > t.unsolEnd {
-			return fmt.Errorf("%w: unsolicited Data-Out beyond FirstBurstLength", ErrMalformed)
+		if t.unsolDone {
+			return fmt.Errorf("%w: unsolicited Data-Out after the unsolicited data ended", ErrMalformed)
 		}
-	} else if !t.r2tOut || ttt != t.ttt || off+n > t.r2tEnd {
+	} else if !t.r2tOut || ttt != t.ttt {
 		return fmt.Errorf("%w: Data-Out for an R2T that was not sent", ErrMalformed)
 	}
 	if sn := p.u32(36); sn != t.dataSN {
-		return fmt.Errorf("%w: Data-Out with DataSN %d, expected %d", ErrMalformed, sn, t.dataSN)
+		// A sequence error: a Data-Out PDU was lost (RFC 7143 7.9), which at
+		// ErrorRecoveryLevel 0 (no recovery R2T) ends the task with CHECK
+		// CONDITION once its sequence's last PDU is in (7.8); nothing of it
+		// is written, and the connection lives on.
+		c.log.Warn("iscsi: Data-Out with the wrong DataSN; failing the command", "itt", t.itt, "datasn", sn, "expected", t.dataSN)
+		t.seqErr = true
+		if p.final() {
+			c.failData(t)
+		}
+		return nil
+	}
+	if off != t.got || off+n > t.edtl {
+		return fmt.Errorf("%w: Data-Out at offset %d+%d, expected %d (EDTL %d)", ErrMalformed, off, n, t.got, t.edtl)
+	}
+	if ttt == reservedTag && off+n > t.unsolEnd {
+		return fmt.Errorf("%w: unsolicited Data-Out beyond FirstBurstLength", ErrMalformed)
+	}
+	if ttt != reservedTag && off+n > t.r2tEnd {
+		return fmt.Errorf("%w: Data-Out beyond the R2T it answers", ErrMalformed)
 	}
 	t.dataSN++
 	if off < t.wanted {
@@ -568,6 +612,15 @@ func (c *conn) dataOut(p *pdu) error {
 	}
 	c.advance(t)
 	return nil
+}
+
+// failData ends a write whose data lost a PDU: CHECK CONDITION, ABORTED
+// COMMAND, PROTOCOL SERVICE CRC ERROR (RFC 7143 7.8, 11.4.7.2). It never
+// ran: nothing was written.
+func (c *conn) failData(t *task) {
+	t.executing = true // later Data-Out for it is dropped
+	c.complete(t, scsi.Result{Status: scsi.StatusCheckCondition,
+		Sense: &scsi.Sense{Key: scsi.KeyAbortedCommand, ASC: 0x47, ASCQ: 0x05}})
 }
 
 func (c *conn) execute(t *task) {

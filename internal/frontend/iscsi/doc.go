@@ -68,9 +68,22 @@
 // # Bad input
 //
 // A PDU that cannot be parsed, a header digest mismatch, Data-Out that does
-// not match the R2T it answers (offset, length, DataSN) or an oversized data
-// segment closes only that connection, with a log line; a data digest
-// mismatch or a PDU that is not valid in the session (a SCSI command in a
-// discovery session, SNACK) is answered with a Reject. Commands in the
-// backend when a connection ends still complete before its session detaches.
+// not match the R2T it answers (offset, length, target transfer tag) or an
+// oversized data segment closes only that connection, with a log line; a
+// data digest mismatch or a PDU that is not valid in the session (a SCSI
+// command in a discovery session, SNACK, a command under a task tag in use)
+// is answered with a Reject. A Data-Out with the wrong DataSN is a lost PDU
+// (RFC 7143 7.9): the rest of its sequence is dropped and the command ends
+// in CHECK CONDITION (ABORTED COMMAND, PROTOCOL SERVICE CRC ERROR) without
+// running, the connection serving on. Commands in the backend when a
+// connection ends still complete before its session detaches.
+//
+// # Task management
+//
+// ABORT TASK finds the task by its tag and RefCmdSN (a reused tag does not
+// abort the newer command); a task in the backend is aborted (it gets no
+// response; the TMF response waits until it left the backend), one answered
+// already is "task does not exist", and a RefCmdSN in the window not received
+// yet is "function complete" and that command, when it comes, does not run
+// (RFC 7143 11.6.1). The other TMFs abort every task of the session.
 package iscsi

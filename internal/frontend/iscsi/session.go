@@ -78,14 +78,25 @@ func (c *conn) taskMgmt(p *pdu) error {
 	lunOK := binary.BigEndian.Uint64(p.bhs[8:16]) == 0
 	switch fn {
 	case tmfAbortTask:
-		rtt := p.u32(20)
+		rtt, ref := p.u32(20), p.u32(32)
 		c.mu.Lock()
 		t := c.tasks[rtt]
 		c.mu.Unlock()
+		if t != nil && t.counted && t.cmdSN != ref {
+			// The tag names another command than the one meant (the tag was
+			// reused after the referenced command completed): RefCmdSN must
+			// be the referenced command's CmdSN (RFC 7143 11.5, RefCmdSN).
+			t = nil
+		}
 		if t == nil {
-			// Answered already, or never received: RFC 7143 11.5.1 says
-			// "function complete" when RefCmdSN is older than this request.
-			if int32(p.u32(32)-p.u32(24)) < 0 {
+			// RFC 7143 11.6.1 (ABORT TASK b, c): a RefCmdSN in the command window and before
+			// this request's CmdSN names a command not received yet: it
+			// counts as received (it will not run) and the abort is
+			// complete. Else the command was answered already, or never
+			// was: the task does not exist.
+			exp := c.expCmdSN.Load()
+			if int32(ref-exp) >= 0 && int32(ref-p.u32(24)) < 0 && int32(c.maxCmdSN(exp)-ref) >= 0 {
+				c.skipCmdSN[ref] = true
 				respond(tmfComplete, nil, nil)
 			} else {
 				respond(tmfNoTask, nil, nil)
