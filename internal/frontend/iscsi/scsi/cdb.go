@@ -9,6 +9,7 @@ const (
 	opRead6             = 0x08
 	opWrite6            = 0x0a
 	opInquiry           = 0x12
+	opModeSelect6       = 0x15
 	opReserve6          = 0x16
 	opRelease6          = 0x17
 	opModeSense6        = 0x1a
@@ -22,6 +23,7 @@ const (
 	opSyncCache10       = 0x35
 	opWriteSame10       = 0x41
 	opUnmap             = 0x42
+	opModeSelect10      = 0x55
 	opModeSense10       = 0x5a
 	opRead16            = 0x88
 	opCompareAndWrite   = 0x89
@@ -71,6 +73,7 @@ const (
 	kReadCapacity16
 	kGetLBAStatus
 	kModeSense
+	kModeSelect
 	kRequestSense
 	kReportLuns
 	kReportOpcodes
@@ -104,7 +107,8 @@ type Command struct {
 	pc     byte // MODE SENSE page control
 	dbd    bool // MODE SENSE: disable block descriptors
 	llbaa  bool
-	ten    bool // MODE SENSE(10)
+	ten    bool // MODE SENSE(10), MODE SELECT(10)
+	pf     bool // MODE SELECT: page format
 	desc   bool // REQUEST SENSE: descriptor format
 	rcOpts byte // REPORT SUPPORTED OPCODES: reporting options
 	rcOp   byte
@@ -285,6 +289,20 @@ func Decode(cdb []byte, blockSize int) (*Command, *Sense) {
 		}
 		if c.pc == 3 {
 			return nil, sense(senseSavingNotSupp)
+		}
+
+	case opModeSelect6, opModeSelect10:
+		c.kind, c.Dir = kModeSelect, DirOut
+		c.ten, c.pf = op == opModeSelect10, cdb[1]&0x10 != 0
+		if c.ten {
+			c.DataOut = int(u16(7))
+		} else {
+			c.DataOut = int(cdb[4])
+		}
+		// SP (bit 0): no mode page is saved (SPC-4 6.11: INVALID FIELD IN
+		// CDB); the other bits but PF are reserved.
+		if cdb[1]&0xef != 0 {
+			return nil, invalidField(1)
 		}
 
 	case opReadCapacity10:

@@ -12,7 +12,8 @@
 //
 // Served: TEST UNIT READY, REQUEST SENSE, INQUIRY (standard data and VPD pages
 // 0x00, 0x80, 0x83, 0xB0, 0xB1, 0xB2), MODE SENSE(6/10) (caching, control and
-// informational exceptions pages; nothing changeable), START STOP UNIT (a
+// informational exceptions pages; nothing changeable), MODE SELECT(6/10)
+// (the current values back: GOOD; any change refused), START STOP UNIT (a
 // no-op), READ CAPACITY(10/16), READ/WRITE(6/10/12/16), WRITE AND VERIFY and
 // VERIFY(10/12/16), SYNCHRONIZE CACHE(10/16), PRE-FETCH(10/16) (a no-op), WRITE SAME(10/16) with UNMAP and
 // NDOB, UNMAP, GET LBA STATUS, COMPARE AND WRITE, REPORT LUNS, REPORT

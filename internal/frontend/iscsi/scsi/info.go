@@ -169,7 +169,7 @@ func (lu *LU) modeSense(c *Command) Result {
 		return true
 	}
 	found := false
-	for _, code := range []byte{0x08, 0x0a, 0x1c} {
+	for _, code := range modePages {
 		found = add(code) || found
 	}
 	if !found {
@@ -210,6 +210,94 @@ func (lu *LU) modeSense(c *Command) Result {
 	return good(cut(d, c.alloc))
 }
 
+// modePages are the mode pages MODE SENSE reports and MODE SELECT takes.
+var modePages = []byte{0x08, 0x0a, 0x1c}
+
+// modeSelect runs MODE SELECT(6)/(10)'s parameter list (SPC-4 6.11, 7.5):
+// a header, at most one block descriptor and mode pages. No mode parameter
+// is changeable (MODE SENSE's changeable values say so): the caching page
+// says write-through because every completed write is durable, and one
+// access node's page could not change what the others serve. So a list that
+// restates the current values is GOOD and any change is ILLEGAL REQUEST,
+// INVALID FIELD IN PARAMETER LIST pointing at the byte; the list is checked
+// whole before anything would apply.
+func (lu *LU) modeSelect(c *Command, p []byte) Result {
+	if len(p) == 0 {
+		return good(nil) // no parameter list: not an error
+	}
+	hdr, mediumType, bdlField := 4, 1, 3
+	var bdl int
+	long := false
+	if c.ten {
+		hdr, mediumType, bdlField = 8, 2, 6
+	}
+	if len(p) < hdr {
+		return check(sense(senseParamLenError))
+	}
+	if c.ten {
+		bdl, long = int(binary.BigEndian.Uint16(p[6:])), p[4]&0x01 != 0
+	} else {
+		bdl = int(p[3])
+	}
+	// MODE DATA LENGTH and the device-specific parameter are reserved in
+	// MODE SELECT (SPC-4 7.5.5, SBC-4 6.5.2); the medium type is 0.
+	if p[mediumType] != 0 {
+		return check(invalidParamField(mediumType))
+	}
+	descLen := 8
+	if long {
+		descLen = 16
+	}
+	if bdl != 0 && bdl != descLen {
+		return check(invalidParamField(bdlField))
+	}
+	if hdr+bdl > len(p) {
+		return check(sense(senseParamLenError))
+	}
+	if bdl > 0 {
+		// The NUMBER OF LOGICAL BLOCKS is ignored (the capacity is not set
+		// here, SBC-4 6.5.2); the block length cannot change.
+		d, at := p[hdr:hdr+bdl], 5
+		bl := uint32(d[5])<<16 | uint32(d[6])<<8 | uint32(d[7])
+		if long {
+			bl, at = binary.BigEndian.Uint32(d[12:]), 12
+		}
+		if bl != uint32(lu.bs) {
+			return check(invalidParamField(hdr + at))
+		}
+	}
+	off := hdr + bdl
+	if off < len(p) && !c.pf {
+		return check(invalidField(1)) // vendor-specific pages: none
+	}
+	for off < len(p) {
+		rest := p[off:]
+		if len(rest) < 2 {
+			return check(sense(senseParamLenError))
+		}
+		code := rest[0] & 0x3f
+		// PS (bit 7) is reserved here; SPF (bit 6) would be a subpage: none.
+		if rest[0]&0x40 != 0 || !slices.Contains(modePages, code) {
+			return check(invalidParamField(off))
+		}
+		n := 2 + int(rest[1])
+		cur, changeable := lu.modePage(code, false), lu.modePage(code, true)
+		if n != len(cur) {
+			return check(invalidParamField(off + 1))
+		}
+		if n > len(rest) {
+			return check(sense(senseParamLenError))
+		}
+		for i := 2; i < n; i++ {
+			if (rest[i]^cur[i])&^changeable[i] != 0 {
+				return check(invalidParamField(off + i))
+			}
+		}
+		off += n
+	}
+	return good(nil) // nothing changeable: nothing to apply
+}
+
 // modePage returns a mode page's current (or, with changeable, its mask of
 // changeable bits: none).
 func (lu *LU) modePage(code byte, changeable bool) []byte {
@@ -244,6 +332,7 @@ var opcodes = []opcode{
 	{op: opRead6, usage: []byte{0x08, 0x1f, 0xff, 0xff, 0xff, 0x04}},
 	{op: opWrite6, usage: []byte{0x0a, 0x1f, 0xff, 0xff, 0xff, 0x04}},
 	{op: opInquiry, usage: []byte{0x12, 0x01, 0xff, 0xff, 0xff, 0x04}},
+	{op: opModeSelect6, usage: []byte{0x15, 0x11, 0, 0, 0xff, 0x04}},
 	{op: opReserve6, usage: []byte{0x16, 0, 0, 0, 0, 0x04}},
 	{op: opRelease6, usage: []byte{0x17, 0, 0, 0, 0, 0x04}},
 	{op: opModeSense6, usage: []byte{0x1a, 0x08, 0xff, 0xff, 0xff, 0x04}},
@@ -257,6 +346,7 @@ var opcodes = []opcode{
 	{op: opSyncCache10, usage: []byte{0x35, 0, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04}},
 	{op: opWriteSame10, usage: []byte{0x41, 0x08, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0x04}},
 	{op: opUnmap, usage: []byte{0x42, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04}},
+	{op: opModeSelect10, usage: []byte{0x55, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04}},
 	{op: opModeSense10, usage: []byte{0x5a, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0x04}},
 	{op: opPersistentReserveIn, sa: 0, hasSA: true, usage: []byte{0x5e, 0x00, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04}},
 	{op: opPersistentReserveIn, sa: 1, hasSA: true, usage: []byte{0x5e, 0x01, 0, 0, 0, 0, 0, 0xff, 0xff, 0x04}},

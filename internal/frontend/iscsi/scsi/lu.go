@@ -198,6 +198,8 @@ func (lu *LU) Execute(c *Command, dataOut []byte, done func(Result)) {
 		go func() { done(lu.spc2(reservation.ReserveSPC2)) }()
 	case kRelease6:
 		go func() { done(lu.spc2(reservation.ReleaseSPC2)) }()
+	case kModeSelect:
+		done(lu.modeSelect(c, dataOut[:c.DataOut]))
 	case kRead, kWrite:
 		lu.readWrite(c, dataOut, done)
 	case kPrefetch:

@@ -63,7 +63,7 @@ func (c *Command) access() reservation.Access {
 	switch c.kind {
 	case kRead, kVerify, kModeSense, kGetLBAStatus, kPrefetch:
 		return reservation.AccessRead
-	case kWrite, kWriteSame, kCompareAndWrite, kUnmap, kSync:
+	case kWrite, kWriteSame, kCompareAndWrite, kUnmap, kSync, kModeSelect:
 		return reservation.AccessWrite
 	case kNone:
 		if c.Op == opStartStopUnit {
