@@ -6,11 +6,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"math/bits"
-	"net"
-	"strconv"
 	"time"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
@@ -104,6 +101,8 @@ func (c *conn) connect(cmd *command) {
 		switch {
 		case subNQN == DiscoveryNQN:
 			ctrl.discovery = true
+			ctrl.local = c.nc.LocalAddr().String()
+			ctrl.discGen, ctrl.discRead = 1, 1
 		default:
 			vols, ok := c.s.subsystemVolumes(subNQN)
 			if !ok {
@@ -453,10 +452,10 @@ func (c *conn) identifyController(b []byte) {
 	b[1803] = 1 // MSDBD
 	copy(b[768:1024], ctrl.subNQN)
 	if ctrl.discovery {
-		b[111] = 2                                         // CNTRLTYPE: discovery
-		b[76] = 0                                          // no multipath on discovery
-		binary.LittleEndian.PutUint32(b[92:], 0)           // OAES: no ANA notices
-		binary.LittleEndian.PutUint32(b[1792:], sqeLen/16) // IOCCSZ: no in-capsule data
+		b[111] = 2                                            // CNTRLTYPE: discovery
+		b[76] = 0                                             // no multipath on discovery
+		binary.LittleEndian.PutUint32(b[92:], aenDiscEnabled) // OAES: discovery log change notices only
+		binary.LittleEndian.PutUint32(b[1792:], sqeLen/16)    // IOCCSZ: no in-capsule data
 	} else {
 		b[111] = 1 // CNTRLTYPE: I/O
 		nn := uint32(len(ctrl.nss))
@@ -503,6 +502,15 @@ func (c *conn) getLogPage(cmd *command) {
 	switch {
 	case lid == logDiscovery && disc:
 		page = c.discoveryLog()
+		if s.cdw[10]&(1<<15) == 0 { // RAE clear: the host has seen the log as it is
+			c.ctrl.mu.Lock()
+			c.ctrl.discRead, c.ctrl.discMasked = binary.LittleEndian.Uint64(page), false
+			d, dw0 := c.ctrl.deliverLocked() // a change after the page was built
+			c.ctrl.mu.Unlock()
+			if d != nil {
+				defer d.c.complete(d, scSuccess, dw0, 0)
+			}
+		}
 	case disc:
 		c.complete(cmd, scInvalidLogPage|dnr, 0, 0)
 		return
@@ -565,70 +573,9 @@ func (c *conn) discoveryLog() []byte {
 	if err != nil {
 		c.log.Warn("nvmf: listing volumes for the discovery log", "err", err)
 	}
-	ports, groups, grouped := c.s.ports() // Multipath: every live access node, group subsystems
-	nqns := make([]string, 0, len(names)+len(groups))
-	var denyErr error
-	add := func(nqn string, vols []string) {
-		ok, err := c.s.mayConnect(ctx, c.ctrl.hostNQN, vols)
-		if err != nil {
-			denyErr = err
-		}
-		if ok {
-			nqns = append(nqns, nqn)
-		}
-	}
-	for _, n := range names {
-		if !grouped[n] {
-			add(VolumeNQNPrefix+n, []string{n})
-		}
-	}
-	for _, g := range groups {
-		if vols, ok := c.s.subsystemVolumes(g); ok {
-			add(g, vols)
-		}
-	}
-	if denyErr != nil {
-		c.log.Warn("nvmf: subsystems left out of the discovery log: their allow-lists cannot be read", "err", denyErr)
-	}
-	if len(ports) == 0 {
-		addr := c.s.cfg.AdvertiseAddr
-		if addr == "" {
-			addr = c.nc.LocalAddr().String()
-		}
-		ports = []Port{{ID: 1, Addr: addr}}
-	}
-	n := len(nqns) * len(ports)
-	page := make([]byte, 1024*(1+n))
-	h := fnv.New64a()
-	for _, n := range nqns {
-		h.Write([]byte(n + "\x00"))
-	}
-	for _, p := range ports {
-		fmt.Fprintf(h, "%d %s\x00", p.ID, p.Addr)
-	}
-	binary.LittleEndian.PutUint64(page[0:], h.Sum64()|1)
-	binary.LittleEndian.PutUint64(page[8:], uint64(n))
-	i := 0
-	for _, nqn := range nqns {
-		for _, p := range ports {
-			host, port, err := net.SplitHostPort(p.Addr)
-			if err != nil {
-				host, port = p.Addr, strconv.Itoa(4420)
-			}
-			adrfam := byte(1)
-			if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
-				adrfam = 2
-			}
-			i++
-			e := page[1024*i:]
-			e[0], e[1], e[2], e[3] = 3, adrfam, 2, 0 // TCP, address family, NVM subsystem, no secure channel requirement
-			binary.LittleEndian.PutUint16(e[4:], uint16(p.ID))
-			binary.LittleEndian.PutUint16(e[6:], 0xffff)
-			binary.LittleEndian.PutUint16(e[8:], 32)
-			pad(e[32:64], port)
-			copy(e[256:512], nqn)
-			pad(e[512:768], host)
-		}
+	page, err := c.s.discoveryLog(ctx, c.ctrl, names, true)
+	if err != nil {
+		c.log.Warn("nvmf: subsystems left out of the discovery log: their allow-lists cannot be read", "err", err)
 	}
 	return page
 }

@@ -100,6 +100,7 @@ func (s *Server) SetPaths(p Paths) {
 		s.anaChange++
 	}
 	s.mu.Unlock()
+	s.kickDiscovery() // the ports or groups may have changed
 	notified := map[*controller]bool{}
 	for _, ch := range changes {
 		s.log.Info("nvmf: ANA state changed", "cntlid", ch.c.id, "subnqn", ch.c.subNQN, "hostnqn", ch.c.hostNQN,
@@ -192,7 +193,7 @@ func (c *controller) notifyANA() {
 // deliverLocked takes an AER for a pending event, if one is held, its
 // notices are enabled and not masked (from one sent until the host reads
 // the event's log page without RAE): an ANA change first, then a namespace
-// change. It returns the command and its completion dword 0; the caller
+// change, then a discovery log change. It returns the command and its completion dword 0; the caller
 // holds c.mu and completes the command after unlocking.
 func (c *controller) deliverLocked() (*command, uint32) {
 	if len(c.aers) == 0 {
@@ -206,6 +207,9 @@ func (c *controller) deliverLocked() (*command, uint32) {
 	case c.nsPending && !c.nsMasked && c.aecfg&aenNSEnabled != 0:
 		dw0 = aenNSChanged
 		c.nsPending, c.nsMasked = false, true
+	case c.discGen > c.discRead && !c.discMasked && c.aecfg&aenDiscEnabled != 0:
+		dw0 = aenDiscChange
+		c.discMasked = true
 	default:
 		return nil, 0
 	}

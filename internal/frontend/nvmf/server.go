@@ -100,6 +100,11 @@ type Config struct {
 	// host retries). nil: every allowed host may write.
 	MayWrite    func(ctx context.Context, volume, hostNQN string) (bool, error)
 	MayWriteTTL time.Duration // default 5 s
+	// DiscoveryCheck is how often the discovery logs of the discovery
+	// controllers that enabled change notices are rebuilt to find a change
+	// (a volume created or deleted, an allow-list edited) and notify their
+	// hosts; SetPaths rebuilds them at once. Default 5 s.
+	DiscoveryCheck time.Duration
 }
 
 func (c *Config) setDefaults() error {
@@ -129,6 +134,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.ConnectTimeout <= 0 {
 		c.ConnectTimeout = 30 * time.Second
+	}
+	if c.DiscoveryCheck <= 0 {
+		c.DiscoveryCheck = 5 * time.Second
 	}
 	if c.MayWriteTTL <= 0 {
 		c.MayWriteTTL = 5 * time.Second
@@ -167,6 +175,8 @@ type Server struct {
 	ctrls     map[uint16]*controller
 	paths     Paths  // Multipath: the MDS's assignment (SetPaths)
 	anaChange uint64 // ANA change count: bumped by SetPaths when a state changed
+
+	discKick chan struct{} // SetPaths asks watchDiscovery for a refresh
 }
 
 // NewServer checks cfg and returns a Server; it listens on nothing until Serve.
@@ -174,7 +184,7 @@ func NewServer(cfg Config) (*Server, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, ctrls: map[uint16]*controller{}}
+	s := &Server{cfg: cfg, log: cfg.Logger, ctrls: map[uint16]*controller{}, discKick: make(chan struct{}, 1)}
 	if cfg.Multipath {
 		// A restarted access node keeps its node id: start its controller
 		// ids elsewhere in its range, so a host still holding a controller
@@ -186,6 +196,7 @@ func NewServer(cfg Config) (*Server, error) {
 		Logger:   cfg.Logger,
 		New:      func(nc net.Conn) frontend.Conn { return newConn(s, nc) },
 	})
+	go s.watchDiscovery()
 	return s, nil
 }
 
@@ -285,6 +296,15 @@ type controller struct {
 	nsPending  bool       // a Namespace Attribute Changed notice waits for an AER
 	nsMasked   bool       // a notice was sent; none until the host reads the Changed Namespace List
 	changedNS  []uint32   // the Changed Namespace List (log page 04h) since the host last read it
+	// A discovery controller's log (discovery.go): the address its host
+	// reached, the change count and hash of the log it last built, the
+	// count its host last read without RAE, and whether a notice was sent
+	// since.
+	local      string
+	discGen    uint64
+	discSum    uint64
+	discRead   uint64
+	discMasked bool
 }
 
 // namespace is one namespace of a controller: a volume.
