@@ -12,6 +12,9 @@
 //	server.go  Config, Server (accept loops from frontend.Conns), controllers, keep-alive
 //	conn.go    one connection = one queue: PDU framing, digests, R2T/H2CData, the writer
 //	admin.go   Fabrics (Connect, Property Get/Set) and admin commands, log pages
+//	discovery.go  the discovery log, its change notices, the rebuild loop
+//	ana.go     ANA states (SetPaths), Asynchronous Event Requests and their notices
+//	resize.go  online growth: the Changed Namespace List and its notices
 //	io.go      Read, Write, Compare, Write Zeroes, Flush, Dataset Management
 //	reservations.go  Reservation Register/Report/Acquire/Release over a reservation.Store
 //
@@ -28,7 +31,10 @@
 // namespace's first write, inline (that queue's next commands wait for the
 // answer); then once per MayWriteTTL in the background, the writes going on
 // with the last answer meanwhile, so a slow MDS never holds IO (the
-// namespace's frontend.WriteGate, which the iSCSI target shares).
+// namespace's frontend.WriteGate, which the iSCSI target shares). Per
+// server: watchDiscovery, which rebuilds the discovery logs of the
+// discovery controllers that enabled change notices every DiscoveryCheck
+// and when SetPaths asks, until Shutdown or Close.
 //
 // INVARIANT: a connection has at most its queue size (+4 slack) commands
 // between capsule and response, each holding at most MaxTransfer of buffer,
