@@ -128,7 +128,7 @@ func (c *conn) connect(cmd *command) {
 			}
 		}
 		if !c.s.newController(ctrl) {
-			for _, ns := range ctrl.nss {
+			for _, ns := range ctrl.namespaces() {
 				if ns.att != nil {
 					ns.att.Detach()
 				}
@@ -175,45 +175,59 @@ func (c *conn) connect(cmd *command) {
 func (c *conn) attachAll(cmd *command, ctrl *controller, vols []string, log *slog.Logger) bool {
 	ctx, cancel := context.WithTimeout(c.s.conns.Context(), c.s.cfg.ConnectTimeout)
 	defer cancel()
-	fail := func() bool {
-		for _, ns := range ctrl.nss {
-			if ns.att != nil {
-				ns.att.Detach()
-			}
-		}
-		ctrl.nss = nil
-		return false
-	}
+	var nss []*namespace
 	for i, name := range vols {
-		var att *frontend.Attachment
-		var info frontend.Info
-		var err error
-		if c.s.cfg.Multipath {
-			info, err = c.s.cfg.Exports.Describe(ctx, name)
-		} else if att, err = c.s.cfg.Exports.Attach(ctx, name); err == nil {
-			info = att.Info()
-		}
+		ns, err := c.s.newNamespace(ctx, ctrl.hostNQN, uint32(i+1), name, log)
 		if err != nil {
 			log.Info("nvmf: connect refused: the volume cannot be attached", "volume", name, "err", err)
-			if errors.Is(err, frontend.ErrNoSuchExport) {
+			if errors.Is(err, frontend.ErrNoSuchExport) || errors.Is(err, errBadLBA) {
 				c.invalidParam(cmd, 256, true)
 			} else {
 				c.complete(cmd, scConnectBusy, 0, 0)
 			}
-			return fail()
+			for _, ns := range nss {
+				if ns.att != nil {
+					ns.att.Detach()
+				}
+			}
+			return false
 		}
-		ns := &namespace{nsid: uint32(i + 1), volume: name, nsInfo: nsOf(info), att: att,
-			write: frontend.NewWriteGate(frontend.MayWriteFunc(c.s.cfg.MayWrite), name, ctrl.hostNQN,
-				c.s.cfg.MayWriteTTL, c.s.cfg.ConnectTimeout, log)}
-		ns.nlb.Store(uint64(info.Size) >> ns.lbaShift)
-		ctrl.nss = append(ctrl.nss, ns)
-		if ns.lbaShift == 0 {
-			log.Warn("nvmf: volume's block size cannot be an NVMe LBA", "volume", name, "min_block", info.BlockSizes.Minimum)
-			c.invalidParam(cmd, 256, true)
-			return fail()
-		}
+		nss = append(nss, ns)
 	}
+	ctrl.nss.Store(&nss)
+	ctrl.nn = nnOf(ctrl.subNQN, len(nss))
 	return true
+}
+
+// errBadLBA: a volume's block size cannot be an NVMe LBA.
+var errBadLBA = errors.New("the volume's block size cannot be an NVMe LBA")
+
+// newNamespace makes namespace nsid of a controller of hostNQN over the
+// volume name: described (Multipath: attached at the first I/O command) or
+// attached.
+func (s *Server) newNamespace(ctx context.Context, hostNQN string, nsid uint32, name string, log *slog.Logger) (*namespace, error) {
+	var att *frontend.Attachment
+	var info frontend.Info
+	var err error
+	if s.cfg.Multipath {
+		info, err = s.cfg.Exports.Describe(ctx, name)
+	} else if att, err = s.cfg.Exports.Attach(ctx, name); err == nil {
+		info = att.Info()
+	}
+	if err != nil {
+		return nil, err
+	}
+	ns := &namespace{nsid: nsid, volume: name, nsInfo: nsOf(info), att: att,
+		write: frontend.NewWriteGate(frontend.MayWriteFunc(s.cfg.MayWrite), name, hostNQN,
+			s.cfg.MayWriteTTL, s.cfg.ConnectTimeout, log)}
+	if ns.lbaShift == 0 {
+		if att != nil {
+			att.Detach()
+		}
+		return nil, fmt.Errorf("%w: volume %s, minimum block %d", errBadLBA, name, info.BlockSizes.Minimum)
+	}
+	ns.nlb.Store(uint64(info.Size) >> ns.lbaShift)
+	return ns, nil
 }
 
 // Properties (controller registers).
@@ -375,6 +389,9 @@ func (c *conn) identify(cmd *command) {
 		return
 	case cns == 0:
 		ns := ctrl.namespace(s.nsid)
+		if ns == nil && s.nsid >= 1 && s.nsid <= ctrl.nn {
+			break // an inactive NSID: all zeros
+		}
 		if ns == nil {
 			c.complete(cmd, scInvalidNS|dnr, 0, 0)
 			return
@@ -398,8 +415,8 @@ func (c *conn) identify(cmd *command) {
 		b[128+2] = byte(ns.lbaShift)
 	case cns == 2:
 		i := 0
-		for _, ns := range ctrl.nss {
-			if ns.nsid > s.nsid && i < 1024 {
+		for _, ns := range ctrl.namespaces() {
+			if ns != nil && ns.nsid > s.nsid && i < 1024 {
 				binary.LittleEndian.PutUint32(b[4*i:], ns.nsid)
 				i++
 			}
@@ -458,12 +475,12 @@ func (c *conn) identifyController(b []byte) {
 		binary.LittleEndian.PutUint32(b[1792:], sqeLen/16)    // IOCCSZ: no in-capsule data
 	} else {
 		b[111] = 1 // CNTRLTYPE: I/O
-		nn := uint32(len(ctrl.nss))
+		nn := ctrl.nn
 		binary.LittleEndian.PutUint32(b[516:], nn) // NN
 		binary.LittleEndian.PutUint32(b[540:], nn) // MNAN
 		oncs := uint16(1 << 0)                     // Compare
-		for _, ns := range ctrl.nss {
-			if ns.info.CanTrim {
+		for _, ns := range ctrl.namespaces() {
+			if ns != nil && ns.info.CanTrim {
 				oncs |= 1 << 2 // Dataset Management (a no-op on a namespace that cannot trim)
 			}
 		}

@@ -88,8 +88,15 @@ func (s *Server) SetPaths(p Paths) {
 		st ANAState
 	}
 	var changes []change
+	var regroup []*controller // controllers of a group whose volumes changed
 	for _, c := range s.ctrls {
-		for _, ns := range c.nss {
+		if !c.discovery && !slices.Equal(old.Groups[c.subNQN], p.Groups[c.subNQN]) {
+			regroup = append(regroup, c)
+		}
+		for _, ns := range c.namespaces() {
+			if ns == nil {
+				continue
+			}
 			k := PathKey{c.subNQN, c.hostNQN, ns.nsid}
 			if st := stateIn(p, k); stateIn(old, k) != st {
 				changes = append(changes, change{c, ns, st})
@@ -101,6 +108,9 @@ func (s *Server) SetPaths(p Paths) {
 	}
 	s.mu.Unlock()
 	s.kickDiscovery() // the ports or groups may have changed
+	for _, c := range regroup {
+		go c.regroup()
+	}
 	notified := map[*controller]bool{}
 	for _, ch := range changes {
 		s.log.Info("nvmf: ANA state changed", "cntlid", ch.c.id, "subnqn", ch.c.subNQN, "hostnqn", ch.c.hostNQN,
@@ -145,8 +155,10 @@ func (s *Server) Hosts() []HostNamespaces {
 		}
 		seen[k] = true
 		h := HostNamespaces{Subsystem: c.subNQN, Host: c.hostNQN}
-		for _, ns := range c.nss {
-			h.NSIDs = append(h.NSIDs, ns.nsid)
+		for _, ns := range c.namespaces() {
+			if ns != nil {
+				h.NSIDs = append(h.NSIDs, ns.nsid)
+			}
 		}
 		out = append(out, h)
 	}
@@ -242,10 +254,16 @@ func (s *Server) anaLog(c *controller, rgo bool) []byte {
 	s.mu.Lock()
 	chg := s.anaChange
 	s.mu.Unlock()
-	page := make([]byte, 16, 16+len(c.nss)*36)
+	var nss []*namespace
+	for _, ns := range c.namespaces() {
+		if ns != nil {
+			nss = append(nss, ns)
+		}
+	}
+	page := make([]byte, 16, 16+len(nss)*36)
 	binary.LittleEndian.PutUint64(page[0:], chg)
-	binary.LittleEndian.PutUint16(page[8:], uint16(len(c.nss)))
-	for _, ns := range c.nss {
+	binary.LittleEndian.PutUint16(page[8:], uint16(len(nss)))
+	for _, ns := range nss {
 		g := make([]byte, 32, 36)
 		binary.LittleEndian.PutUint32(g[0:], ns.nsid) // ANA group id
 		binary.LittleEndian.PutUint64(g[8:], chg)

@@ -168,8 +168,8 @@ func TestGroupSubsystem(t *testing.T) {
 	ioq := dialInit(t, ln.Addr().String(), false, false)
 	ioq.must(ioq.connect(group, hostA, 1, admin.cntlid, 0))
 	id := admin.must(admin.do(newSQE(adminIdentify, 0, 1), nil, false, 4096)).data
-	if nn := binary.LittleEndian.Uint32(id[516:]); nn != 2 || binary.LittleEndian.Uint32(id[344:]) != 2 {
-		t.Fatalf("NN %d ANAGRPMAX %d, want 2 and 2", nn, binary.LittleEndian.Uint32(id[344:]))
+	if nn := binary.LittleEndian.Uint32(id[516:]); nn != groupNSMax || binary.LittleEndian.Uint32(id[344:]) != groupNSMax {
+		t.Fatalf("NN %d ANAGRPMAX %d, want %d: room for the group to grow", nn, binary.LittleEndian.Uint32(id[344:]), groupNSMax)
 	}
 	list := admin.must(admin.do(newSQE(adminIdentify, 0, 2), nil, false, 4096)).data
 	if binary.LittleEndian.Uint32(list) != 1 || binary.LittleEndian.Uint32(list[4:]) != 2 || binary.LittleEndian.Uint32(list[8:]) != 0 {

@@ -36,9 +36,16 @@ func (c *controller) watchSizes() {
 	if c.dead {
 		return
 	}
-	for _, ns := range c.nss {
-		c.unwatch = append(c.unwatch, c.s.cfg.Exports.WatchSize(ns.volume, func(size int64) { c.sizeIs(ns, size) }))
+	for _, ns := range c.namespaces() {
+		if ns != nil {
+			c.watchSizeLocked(ns)
+		}
 	}
+}
+
+// watchSizeLocked subscribes ns to its volume's size. Caller holds c.mu.
+func (c *controller) watchSizeLocked(ns *namespace) {
+	ns.unwatch = c.s.cfg.Exports.WatchSize(ns.volume, func(size int64) { c.sizeIs(ns, size) })
 }
 
 // sizeIs grows ns if its volume grew to size and notifies the host.

@@ -275,7 +275,12 @@ type controller struct {
 	hostNQN   string
 	hostID    [16]byte
 	discovery bool
-	nss       []*namespace // NSID i+1 is nss[i]; none for discovery
+	// nss: NSID i+1 is (*nss)[i], nil where the subsystem has no
+	// namespace for this host (a group's volume it may not use); none for
+	// discovery. Replaced whole, never changed in place (regroup).
+	nss  atomic.Pointer[[]*namespace]
+	nn   uint32     // NN and MNAN: the largest NSID the subsystem may have (nnOf)
+	rgMu sync.Mutex // serializes regroup
 
 	// lastSeen is updated by every command on any of its queues (TBKAS).
 	mu         sync.Mutex
@@ -289,13 +294,13 @@ type controller struct {
 	refs       int // connections attached, until their IO drained
 	dead       bool
 	stopKA     chan struct{}
-	unwatch    []func()   // the namespaces' size subscriptions, ended by kill
-	aers       []*command // Asynchronous Event Requests held
-	anaPending bool       // an ANA change notice waits for an AER
-	anaMasked  bool       // a notice was sent; none until the host reads the ANA log
-	nsPending  bool       // a Namespace Attribute Changed notice waits for an AER
-	nsMasked   bool       // a notice was sent; none until the host reads the Changed Namespace List
-	changedNS  []uint32   // the Changed Namespace List (log page 04h) since the host last read it
+	gone       []*namespace // namespaces a group edit removed: detached by the last leave
+	aers       []*command   // Asynchronous Event Requests held
+	anaPending bool         // an ANA change notice waits for an AER
+	anaMasked  bool         // a notice was sent; none until the host reads the ANA log
+	nsPending  bool         // a Namespace Attribute Changed notice waits for an AER
+	nsMasked   bool         // a notice was sent; none until the host reads the Changed Namespace List
+	changedNS  []uint32     // the Changed Namespace List (log page 04h) since the host last read it
 	// A discovery controller's log (discovery.go): the address its host
 	// reached, the change count and hash of the log it last built, the
 	// count its host last read without RAE, and whether a notice was sent
@@ -325,14 +330,25 @@ type namespace struct {
 	// write says whether the controller's host may write the volume
 	// (Config.MayWrite).
 	write *frontend.WriteGate
+	// unwatch (under controller.mu) ends its size subscription.
+	unwatch func()
 }
 
 // namespace returns the namespace nsid, or nil.
 func (c *controller) namespace(nsid uint32) *namespace {
-	if nsid < 1 || int64(nsid) > int64(len(c.nss)) {
+	l := c.namespaces()
+	if nsid < 1 || int64(nsid) > int64(len(l)) {
 		return nil
 	}
-	return c.nss[nsid-1]
+	return l[nsid-1]
+}
+
+// namespaces returns c's namespaces by NSID (index NSID-1), nil where none.
+func (c *controller) namespaces() []*namespace {
+	if p := c.nss.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // nsInfo is what a namespace's volume presents.
@@ -410,8 +426,13 @@ func (c *controller) kill(why string) {
 	for cn := range c.conns {
 		conns = append(conns, cn)
 	}
-	unwatch := c.unwatch
-	c.unwatch = nil
+	var unwatch []func()
+	for _, ns := range c.namespaces() {
+		if ns != nil && ns.unwatch != nil {
+			unwatch = append(unwatch, ns.unwatch)
+			ns.unwatch = nil
+		}
+	}
 	c.mu.Unlock()
 	for _, stop := range unwatch {
 		stop()
@@ -436,9 +457,11 @@ func (c *controller) leave(cn *conn) {
 	last := c.refs == 0
 	var atts []*frontend.Attachment
 	if last {
-		for _, ns := range c.nss {
-			atts = append(append(atts, ns.retired...), ns.att)
-			ns.att, ns.retired = nil, nil
+		for _, ns := range append(c.namespaces(), c.gone...) {
+			if ns != nil {
+				atts = append(append(atts, ns.retired...), ns.att)
+				ns.att, ns.retired = nil, nil
+			}
 		}
 	}
 	c.mu.Unlock()
