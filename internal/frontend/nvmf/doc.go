@@ -15,6 +15,7 @@
 //	discovery.go  the discovery log, its change notices, the rebuild loop
 //	ana.go     ANA states (SetPaths), Asynchronous Event Requests and their notices
 //	resize.go  online growth: the Changed Namespace List and its notices
+//	groups.go  a group edited under connected controllers (regroup)
 //	io.go      Read, Write, Compare, Write Zeroes, Flush, Dataset Management
 //	reservations.go  Reservation Register/Report/Acquire/Release over a reservation.Store
 //
