@@ -109,6 +109,10 @@ type group struct {
 	// INVARIANT: fastLease <= leaseUntil whenever it is nonzero.
 	fastLease  atomic.Int64
 	fastReadAt atomic.Int64
+	// fastTerm is the leader term of the last fastLease published: stored
+	// before it, and never changed while it is nonzero (a new term clears
+	// fastLease first: loseLeadership).
+	fastTerm atomic.Uint64
 
 	lastSnap uint64            // index of the last snapshot created or installed
 	snapping bool              // a snapshot is being created off the worker
@@ -452,6 +456,9 @@ func (g *group) dropLease() {
 func (g *group) publishFastLease() {
 	if g.failed == nil && !g.removed && g.isLeader && g.leaseUntil > g.h.now() &&
 		g.applied >= g.rn.BasicStatus().GetCommit() {
+		// fastTerm before fastLease: ReadBarrierTerm loads them in the
+		// other order (see there).
+		g.fastTerm.Store(g.term)
 		g.fastLease.Store(int64(g.leaseUntil))
 		return
 	}
@@ -478,7 +485,7 @@ func (g *group) failAll(err error) {
 		p.done(err)
 	}
 	for _, r := range rs {
-		r.done(err)
+		r.finish(err)
 	}
 }
 
@@ -522,7 +529,7 @@ func failEvents(ev events, err error) {
 		}
 	}
 	for _, r := range ev.reads {
-		r.done(err)
+		r.finish(err)
 	}
 }
 
@@ -530,7 +537,9 @@ func failEvents(ev events, err error) {
 // then the caller's data; the id lets the apply side check that the entry at the
 // proposal's index is the proposal (see doc.go).
 func (g *group) propose(p *proposal) {
-	if !g.isLeader {
+	if !g.isLeader || p.inTerm != 0 && p.inTerm != g.term {
+		// ProposeInTerm after the term moved: another leader may have
+		// written since the caller's read.
 		p.done(g.notLeader())
 		return
 	}

@@ -516,6 +516,57 @@ func (h *Host) ReadBarrier(id uint64, done func(error)) {
 	h.sched.signal(g)
 }
 
+// ReadBarrierTerm is ReadBarrier that also tells the leader term the barrier
+// held in: done(term, nil) means this node led group id in term, with every
+// entry committed before the call applied. With ProposeInTerm, it lets a
+// caller decide a write from what it read and have the write land only if no
+// other leader can have written in between (a compare-and-write): every entry
+// after the read in the log is then one this node proposed in term. done
+// runs exactly once; term is 0 with an error.
+func (h *Host) ReadBarrierTerm(id uint64, done func(term uint64, err error)) {
+	g := h.group(id)
+	if g == nil {
+		done(0, fmt.Errorf("%w: %d", ErrNoGroup, id))
+		return
+	}
+	// Fast path as ReadBarrier's. The term is loaded before the lease: the
+	// worker clears fastLease before its term can change and stores fastTerm
+	// before a new fastLease (publishFastLease), so a valid lease seen here
+	// is never one of an older term than the term loaded (an older term
+	// with a newer lease only fails ProposeInTerm: harmless).
+	term := g.fastTerm.Load()
+	if until := g.fastLease.Load(); until != 0 {
+		if now := h.now(); int64(now) < until {
+			g.fastReadAt.Store(int64(now))
+			h.stats.leaseReads.Add(1)
+			done(term, nil)
+			return
+		}
+	}
+	r := &readReq{doneTerm: done}
+	if err := g.in.add(func(in *events) { in.reads = append(in.reads, r) }); err != nil {
+		done(0, err)
+		return
+	}
+	h.sched.signal(g)
+}
+
+// ProposeInTerm is Propose, refused with a *NotLeaderError unless this node
+// is still group id's leader in term (from ReadBarrierTerm) when raft takes
+// the proposal.
+func (h *Host) ProposeInTerm(id uint64, data []byte, term uint64, done func(error)) {
+	if len(data) < ProposalHeader {
+		done(fmt.Errorf("%w: proposal of %d bytes has no room for its header", ErrConfig, len(data)))
+		return
+	}
+	if term == 0 {
+		done(fmt.Errorf("%w: ProposeInTerm in term 0", ErrConfig))
+		return
+	}
+	h.stats.proposals.Add(1)
+	h.submit(id, &proposal{data: data, done: done, start: time.Now(), inTerm: term})
+}
+
 // TransferLeader asks group id's leader (this node) to hand leadership to peer to.
 func (h *Host) TransferLeader(id, to uint64) {
 	h.post(id, func(in *events) { in.transfers = append(in.transfers, to) })
@@ -804,11 +855,30 @@ type proposal struct {
 	seq   uint64 // proposal id, the first 8 bytes of the entry (conf change: Context)
 	term  uint64 // leader term it was proposed in
 	index uint64 // log index, once known (0 before)
+	// inTerm, when not 0: propose only as the leader of this term
+	// (ProposeInTerm).
+	inTerm uint64
 }
 
+// readReq is a waiting ReadBarrier (done) or ReadBarrierTerm (doneTerm).
 type readReq struct {
-	done  func(error)
-	index uint64 // commit index the read must see applied
+	done     func(error)
+	doneTerm func(term uint64, err error)
+	index    uint64 // commit index the read must see applied
+	term     uint64 // leader term the read index was taken in
+}
+
+// finish answers the barrier: err, or nil in r.term.
+func (r *readReq) finish(err error) {
+	if r.doneTerm == nil {
+		r.done(err)
+		return
+	}
+	if err != nil {
+		r.doneTerm(0, err)
+		return
+	}
+	r.doneTerm(r.term, nil)
 }
 
 // inbox collects the events for a group between two rounds. Any goroutine adds; the

@@ -12,7 +12,7 @@ func (g *group) read(reads []*readReq) {
 	if !g.isLeader {
 		err := g.notLeader()
 		for _, r := range reads {
-			r.done(err)
+			r.finish(err)
 		}
 		return
 	}
@@ -24,7 +24,7 @@ func (g *group) read(reads []*readReq) {
 		commit := g.rn.BasicStatus().GetCommit()
 		g.h.stats.leaseReads.Add(uint64(len(reads)))
 		for _, r := range reads {
-			r.index = commit
+			r.index, r.term = commit, g.term
 			g.waiting = append(g.waiting, r)
 		}
 		g.serveReads()
@@ -86,7 +86,7 @@ func (g *group) handleReadStates(states []raft.ReadState) {
 		if !g.isLeader || ri.term != g.term {
 			err := g.notLeader()
 			for _, r := range ri.reads {
-				r.done(err)
+				r.finish(err)
 			}
 			continue
 		}
@@ -99,7 +99,7 @@ func (g *group) handleReadStates(states []raft.ReadState) {
 			}
 		}
 		for _, r := range ri.reads {
-			r.index = rs.Index
+			r.index, r.term = rs.Index, ri.term
 			g.waiting = append(g.waiting, r)
 		}
 	}
@@ -122,7 +122,9 @@ func (g *group) serveReads() {
 	}
 	clear(g.waiting[len(kept):])
 	g.waiting = kept
+	// A read waits in g.waiting only within one term: losing leadership or
+	// the term fails it (failAll), so r.term is still this leader's term.
 	for _, r := range ready {
-		r.done(nil)
+		r.finish(nil)
 	}
 }
