@@ -102,6 +102,25 @@ const proposalRoom = raftstore.ProposalHeader + cmdHeaderSize
 // goes in front, and the data is not copied. Otherwise c is encoded into a
 // new one.
 func propose(host raftHost, g uint64, c command, in *[]byte, done func(error)) {
+	p := proposalOf(c, in)
+	host.Propose(g, *p, func(err error) {
+		bufpool.Put(p)
+		done(err)
+	})
+}
+
+// proposeInTerm is propose through host.ProposeInTerm: refused NOT_LEADER
+// unless g is still led by this node in term (caw.go).
+func proposeInTerm(host raftHost, g uint64, c command, term uint64, done func(error)) {
+	p := proposalOf(c, nil)
+	host.ProposeInTerm(g, *p, term, func(err error) {
+		bufpool.Put(p)
+		done(err)
+	})
+}
+
+// proposalOf is c's proposal in a pooled buffer (see propose).
+func proposalOf(c command, in *[]byte) *[]byte {
 	p := in
 	if p != nil && len(c.Data) > 0 && len(*p) >= proposalRoom+len(c.Data) && &(*p)[proposalRoom] == &c.Data[0] {
 		appendCommandHeader((*p)[:raftstore.ProposalHeader], c)
@@ -110,10 +129,7 @@ func propose(host raftHost, g uint64, c command, in *[]byte, done func(error)) {
 		p = bufpool.Get(proposalRoom + len(c.Data))
 		*p = appendCommand((*p)[:raftstore.ProposalHeader], c)
 	}
-	host.Propose(g, *p, func(err error) {
-		bufpool.Put(p)
-		done(err)
-	})
+	return p
 }
 
 // appendCommand appends c's encoding to b.

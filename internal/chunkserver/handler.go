@@ -26,6 +26,9 @@ import (
 type raftHost interface {
 	Propose(id uint64, data []byte, done func(error))
 	ReadBarrier(id uint64, done func(error))
+	// ReadBarrierTerm and ProposeInTerm serve compare-and-write (caw.go).
+	ReadBarrierTerm(id uint64, done func(term uint64, err error))
+	ProposeInTerm(id uint64, data []byte, term uint64, done func(error))
 }
 
 // replicaStore is a copyset's chunk files as the data plane sees them.
@@ -47,6 +50,9 @@ type replica struct {
 	chunkSize int64
 	sm        *stateMachine
 	store     replicaStore
+	// gate orders the writes this replica proposes against its
+	// compare-and-writes (gate.go, caw.go).
+	gate writeGate
 }
 
 // peerHandler is the inbound peer transport (*raftnet.Receiver).
@@ -239,7 +245,7 @@ func (hd *handler) ServeFrame(rw transport.ReplyWriter, h api.Header, payload []
 			return
 		}
 		hd.fence(rw, h, true)
-	case api.OpRead, api.OpWrite, api.OpTrim, api.OpWriteZeroes, api.OpMapped:
+	case api.OpRead, api.OpWrite, api.OpTrim, api.OpWriteZeroes, api.OpMapped, api.OpCompareAndWrite:
 		if st := hd.capStatus(rw, h); st != api.StatusOK {
 			hd.reply(rw, h, st, 0)
 			return
@@ -353,12 +359,19 @@ func (hd *handler) validate(h api.Header, payload []byte) (*replica, volumeInfo,
 	if h.Length == 0 {
 		return nil, volumeInfo{}, api.StatusBadRequest
 	}
-	if h.Op == api.OpWrite {
+	switch h.Op {
+	case api.OpWrite:
 		if len(payload) != int(h.Length) {
 			return nil, volumeInfo{}, api.StatusBadRequest
 		}
-	} else if len(payload) != 0 {
-		return nil, volumeInfo{}, api.StatusBadRequest
+	case api.OpCompareAndWrite:
+		if h.Length > api.MaxCompareAndWrite || len(payload) != 2*int(h.Length) {
+			return nil, volumeInfo{}, api.StatusBadRequest
+		}
+	default:
+		if len(payload) != 0 {
+			return nil, volumeInfo{}, api.StatusBadRequest
+		}
 	}
 	if h.Op == api.OpMapped && (h.Offset%api.MapAlign != 0 || h.Length%api.MapAlign != 0) {
 		return nil, volumeInfo{}, api.StatusBadRequest
@@ -415,7 +428,8 @@ func (hd *handler) validate(h api.Header, payload []byte) (*replica, volumeInfo,
 	return r, vi, api.StatusOK
 }
 
-// serveIO handles read, write, trim and write-zeroes. mayRefresh: an unknown
+// serveIO handles read, write, trim, write-zeroes, mapped and
+// compare-and-write. mayRefresh: an unknown
 // volume first refreshes the volume cache (a list read after the request
 // arrived, shared with concurrent misses), so a volume created a moment ago
 // is served; if the MDS cannot be asked, the answer is BUSY (retried), never
@@ -456,6 +470,9 @@ func (hd *handler) serveIO(rw transport.ReplyWriter, h api.Header, payload []byt
 	case api.OpRead, api.OpMapped:
 		hd.read(rw, h, r, start)
 		return
+	case api.OpCompareAndWrite:
+		hd.compareAndWrite(rw, h, r, payload, start)
+		return
 	case api.OpWrite:
 		c = command{Op: cmdWrite, Data: payload}
 	case api.OpTrim:
@@ -465,8 +482,21 @@ func (hd *handler) serveIO(rw transport.ReplyWriter, h api.Header, payload []byt
 	}
 	c.Volume, c.Epoch, c.Offset, c.Length = h.Volume, h.Epoch, h.Offset, h.Length
 	c.Seq, c.Settled = h.Seq, h.Settled
+	// Held in the replica's write gate while in flight, so that a
+	// compare-and-write of an overlapping range waits for it (caw.go).
+	id, w := r.gate.enter(gateSpan{h.Volume, h.Offset, h.Offset + uint64(h.Length)}, false)
+	if w != nil {
+		// Behind a compare-and-write: proposed once it is done.
+		if in == nil {
+			c.Data = slices.Clone(c.Data) // the payload is not ours after return
+		}
+		r.gate.then(w, func() {
+			propose(hd.host, r.group, c, in, func(err error) { r.gate.leave(id); hd.replyErr(rw, h, err, start) })
+		})
+		return
+	}
 	// Without in, the payload is copied: it is not ours after return.
-	propose(hd.host, r.group, c, in, func(err error) { hd.replyErr(rw, h, err, start) })
+	propose(hd.host, r.group, c, in, func(err error) { r.gate.leave(id); hd.replyErr(rw, h, err, start) })
 }
 
 // read serves a read on the leader: fence first if the epoch is new here, then

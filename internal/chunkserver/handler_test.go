@@ -62,30 +62,97 @@ func (f *fakeMDS) ListVolumes(context.Context, *api.ListVolumesRequest, ...grpc.
 // to check what the handler validates and proposes.
 type directHost struct {
 	mu       sync.Mutex
+	applyMu  sync.Mutex // held while applying; guards index
 	replicas map[uint64]*replica
 	index    uint64
 	proposed int
 	notLead  uint64 // if set, every proposal fails NOT_LEADER with this hint
+	// hold, while set, parks every proposal (in order) until release.
+	hold   bool
+	parked []func()
+	// term is the leader term ReadBarrierTerm tells (1 while 0);
+	// ProposeInTerm refuses NOT_LEADER for another.
+	term uint64
+	// moveTerm: every barrier's term ends right after it is told.
+	moveTerm bool
 }
 
 func (d *directHost) Propose(id uint64, data []byte, done func(error)) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	d.proposed++
 	if d.notLead != 0 {
+		d.mu.Unlock()
 		done(&api.Error{Status: api.StatusNotLeader, Hint: d.notLead})
 		return
 	}
 	r := d.replicas[id]
 	if r == nil {
+		d.mu.Unlock()
 		done(api.ErrNoSuchCopyset)
 		return
 	}
-	d.index++
-	done(r.sm.Apply(d.index, data[raftstore.ProposalHeader:])) // as raftstore.Host does
+	apply := func() {
+		d.applyMu.Lock()
+		d.index++
+		res := r.sm.Apply(d.index, data[raftstore.ProposalHeader:]) // as raftstore.Host does
+		d.applyMu.Unlock()
+		done(res) // unlocked: done may propose again
+	}
+	if d.hold {
+		d.parked = append(d.parked, apply)
+		d.mu.Unlock()
+		return
+	}
+	d.mu.Unlock()
+	apply()
+}
+
+// release applies the parked proposals, and those they let in, in order,
+// and stops parking.
+func (d *directHost) release() {
+	for {
+		d.mu.Lock()
+		d.hold = false
+		if len(d.parked) == 0 {
+			d.mu.Unlock()
+			return
+		}
+		p := d.parked[0]
+		d.parked = d.parked[1:]
+		d.mu.Unlock()
+		p()
+	}
+}
+
+// nParked is the number of proposals parked.
+func (d *directHost) nParked() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.parked)
 }
 
 func (d *directHost) ReadBarrier(id uint64, done func(error)) { done(nil) }
+
+func (d *directHost) ReadBarrierTerm(id uint64, done func(uint64, error)) {
+	d.mu.Lock()
+	term := max(d.term, 1)
+	if d.moveTerm {
+		d.term = term + 1
+	}
+	d.mu.Unlock()
+	done(term, nil)
+}
+
+func (d *directHost) ProposeInTerm(id uint64, data []byte, term uint64, done func(error)) {
+	d.mu.Lock()
+	now := max(d.term, 1)
+	d.mu.Unlock()
+	if term != now {
+		done(&raftstore.NotLeaderError{})
+		return
+	}
+	d.Propose(id, data, done)
+}
 
 const (
 	hPool      = 1

@@ -17,7 +17,7 @@ import (
 func (c *ChunkServer) LocalID() uint64 { return c.ID() }
 
 // Go serves one client IO request in process (client.Local): read, write, trim,
-// write-zeroes, mapped or fence, validated exactly like a frame. done runs once, on a handler or
+// write-zeroes, mapped, compare-and-write or fence, validated exactly like a frame. done runs once, on a handler or
 // raft goroutine (or before Go returns for a refused request).
 func (c *ChunkServer) Go(req api.Header, payload, readBuf []byte, done func(reply api.Header)) {
 	rw := &localReply{readBuf: readBuf, done: done}
@@ -28,7 +28,7 @@ func (c *ChunkServer) Go(req api.Header, payload, readBuf []byte, done func(repl
 		return
 	}
 	switch req.Op {
-	case api.OpRead, api.OpWrite, api.OpTrim, api.OpWriteZeroes, api.OpMapped:
+	case api.OpRead, api.OpWrite, api.OpTrim, api.OpWriteZeroes, api.OpMapped, api.OpCompareAndWrite:
 		hd.serveIO(rw, req, payload, nil, true)
 	case api.OpFence:
 		hd.fence(rw, req, true)

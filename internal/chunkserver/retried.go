@@ -68,6 +68,12 @@ func (w *seqWindow) admit(seq, settled uint64) (bool, error) {
 	return true, nil
 }
 
+// has reports whether seq, at or above settled, was applied.
+func (w *seqWindow) has(seq uint64) bool {
+	i := sort.Search(len(w.applied), func(i int) bool { return w.applied[i].hi >= seq })
+	return i < len(w.applied) && w.applied[i].lo <= seq
+}
+
 // settle forgets the numbers below s.
 func (w *seqWindow) settle(s uint64) {
 	i := sort.Search(len(w.applied), func(i int) bool { return w.applied[i].hi >= s })

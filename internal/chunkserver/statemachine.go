@@ -283,6 +283,33 @@ func (sm *stateMachine) epochOf(volume uint64) uint64 {
 	return sm.epochs[volume]
 }
 
+// numbered tells what this replica applied of volume's request seq of the
+// writer of epoch, as Apply would decide it now: applied true if it was
+// (a retry: its effect is there); api.ErrStaleRequest if it was settled,
+// api.ErrFenced or api.ErrNoSuchVolume if the epoch is refused; false and
+// nil if it would be applied (seq 0: never numbered).
+func (sm *stateMachine) numbered(volume, epoch, seq uint64) (bool, error) {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	high := sm.epochs[volume]
+	switch {
+	case high == tombstoneEpoch:
+		return false, api.ErrNoSuchVolume
+	case epoch < high:
+		return false, api.ErrFenced
+	case epoch > high || seq == 0:
+		return false, nil
+	}
+	w := sm.windows[volume]
+	switch {
+	case w == nil:
+		return false, nil
+	case seq < w.settled:
+		return false, api.ErrStaleRequest
+	}
+	return w.has(seq), nil
+}
+
 // Applied returns the index of the last applied entry.
 func (sm *stateMachine) Applied() uint64 { return sm.applied.Load() }
 

@@ -42,13 +42,19 @@ const (
 	OpFence       Op = 8  // raise Volume's epoch to Epoch in copyset Copyset, through its raft log (writer takeover)
 	OpAttach      Op = 9  // payload: the session capability for Volume, for the rest of this connection (docs/security.md)
 	OpMapped      Op = 10 // which of [Offset, Offset+Length) holds data (MapGranule, MappedBytes); read on the leader
-	OpRaft        Op = 16 // payload: a batch of raft messages (peer to peer, no reply)
-	OpSnapshot    Op = 17 // snapshot transfer between replicas (see raftstore)
+	// OpCompareAndWrite: payload is Length bytes to compare, then Length
+	// bytes to write (Length <= MaxCompareAndWrite); the write happens only
+	// if [Offset, Offset+Length) holds the first half, atomically with
+	// respect to every other IO of the volume; else StatusMiscompare.
+	OpCompareAndWrite Op = 11
+	OpRaft            Op = 16 // payload: a batch of raft messages (peer to peer, no reply)
+	OpSnapshot        Op = 17 // snapshot transfer between replicas (see raftstore)
 )
 
 var opNames = [...]string{
 	OpRead: "read", OpWrite: "write", OpTrim: "trim", OpWriteZeroes: "write_zeroes", OpFlush: "flush",
-	OpPing: "ping", OpChecksum: "checksum", OpFence: "fence", OpAttach: "attach", OpMapped: "mapped", OpRaft: "raft",
+	OpPing: "ping", OpChecksum: "checksum", OpFence: "fence", OpAttach: "attach", OpMapped: "mapped",
+	OpCompareAndWrite: "compare_and_write", OpRaft: "raft",
 	OpSnapshot: "snapshot",
 }
 
@@ -71,6 +77,10 @@ const (
 	MapGranule = 4096
 	MapAlign   = 8 * MapGranule
 )
+
+// MaxCompareAndWrite bounds an OpCompareAndWrite's Length (its payload is
+// twice that). Like every IO it lies within one chunk.
+const MaxCompareAndWrite = 64 << 10
 
 // MappedBytes is the size of OpMapped's reply for length bytes.
 func MappedBytes(length int64) int64 { return length / MapAlign }
@@ -110,7 +120,7 @@ const (
 //	48  uint32  Length    byte count of the IO
 //	52  uint32  Copyset   copyset id within the volume's pool
 //	56  uint64  Hint      NOT_LEADER: leader chunkserver id; OpRaft: sender's id
-//	64  uint64  Seq       write, trim, write-zeroes: the writer's number of this request in its copyset (0: none)
+//	64  uint64  Seq       write, trim, write-zeroes, compare-and-write: the writer's number of this request in its copyset (0: none)
 //	72  uint64  Settled   with Seq: every request of the writer to the copyset numbered below it is settled
 //
 // A request for one IO never crosses a chunk boundary: the client splits first.
@@ -127,8 +137,8 @@ type Header struct {
 	Length     uint32
 	Copyset    uint32
 	Hint       uint64
-	// Seq numbers a writer session's (one epoch's) write, trim and
-	// write-zeroes requests to one copyset, from 1; every retry of a request
+	// Seq numbers a writer session's (one epoch's) write, trim,
+	// write-zeroes and compare-and-write requests to one copyset, from 1; every retry of a request
 	// carries its number, so a copyset that applied it once does not apply it
 	// again (a retry lands as a new raft entry, possibly after newer writes to
 	// the same block). 0: not numbered, never deduplicated.

@@ -39,6 +39,10 @@ const (
 	// after more than a window of newer requests completed. It was not
 	// applied now; whether an earlier copy of it was is unknown.
 	StatusStaleRequest Status = 12
+	// StatusMiscompare: an OpCompareAndWrite found other data than its
+	// compare bytes and wrote nothing. Hint is the byte offset, within the
+	// request's range, of the first byte that differs. A final answer.
+	StatusMiscompare Status = 13
 )
 
 var statusNames = map[Status]string{
@@ -55,6 +59,7 @@ var statusNames = map[Status]string{
 	StatusReadOnly:      "READ_ONLY",
 	StatusDenied:        "DENIED",
 	StatusStaleRequest:  "STALE_REQUEST",
+	StatusMiscompare:    "MISCOMPARE",
 }
 
 func (s Status) String() string {
@@ -68,7 +73,7 @@ func (s Status) String() string {
 // sentinel values below.
 type Error struct {
 	Status Status
-	Hint   uint64 // leader hint for NOT_LEADER
+	Hint   uint64 // leader hint for NOT_LEADER; MISCOMPARE: offset of the first differing byte
 }
 
 func (e *Error) Error() string { return "basalt: " + e.Status.String() }
@@ -93,6 +98,7 @@ var (
 	ErrReadOnly      = &Error{Status: StatusReadOnly}
 	ErrDenied        = &Error{Status: StatusDenied}
 	ErrStaleRequest  = &Error{Status: StatusStaleRequest}
+	ErrMiscompare    = &Error{Status: StatusMiscompare}
 )
 
 // StatusError returns nil for StatusOK and an *Error otherwise.
