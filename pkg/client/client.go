@@ -424,6 +424,34 @@ func (v *Volume) WriteZeroes(off, length int64) error {
 	return v.wait(api.OpWriteZeroes, nil, off, length)
 }
 
+// CompareAndWrite writes data at off if the volume holds cmp there, atomically
+// with respect to every other IO of the volume from any client (the
+// copyset's leader compares and logs the write, docs/data-path.md). When it
+// holds other data, nothing is written and the error is a *MiscompareError.
+// cmp and data have the same length, at most api.MaxCompareAndWrite, and
+// the range lies within one chunk (else api.ErrBadRequest).
+func (v *Volume) CompareAndWrite(cmp, data []byte, off int64) error {
+	if len(cmp) != len(data) {
+		return fmt.Errorf("%w: compare-and-write of %d bytes with %d to compare", api.ErrBadRequest, len(data), len(cmp))
+	}
+	buf := make([]byte, 0, 2*len(cmp))
+	buf = append(append(buf, cmp...), data...)
+	return v.wait(api.OpCompareAndWrite, buf, off, int64(len(cmp)))
+}
+
+// MiscompareError is a compare-and-write's answer when the volume held other
+// data than the bytes to compare: nothing was written. Offset is the byte
+// offset, within the compared range, of the first byte that differs.
+// errors.Is(err, api.ErrMiscompare) holds for it.
+type MiscompareError struct{ Offset int64 }
+
+func (e *MiscompareError) Error() string {
+	return fmt.Sprintf("basalt: MISCOMPARE at byte %d", e.Offset)
+}
+
+// Is matches api.ErrMiscompare.
+func (e *MiscompareError) Is(target error) bool { return target == api.ErrMiscompare }
+
 func (v *Volume) wait(op api.Op, buf []byte, off, length int64) error {
 	ch := make(chan error, 1)
 	v.Submit(op, buf, off, length, func(err error) { ch <- err })

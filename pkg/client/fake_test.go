@@ -268,6 +268,20 @@ func (s *fakeServer) serve(rw transport.ReplyWriter, h api.Header, payload []byt
 	case api.OpTrim, api.OpWriteZeroes:
 		clear(region)
 		reply(api.StatusOK, 0, nil)
+	case api.OpCompareAndWrite:
+		if len(payload) != 2*int(h.Length) || h.Seq == 0 || h.Flags&api.FlagFUA == 0 {
+			c.bad = append(c.bad, fmt.Sprintf("compare-and-write %+v with %d bytes", h, len(payload)))
+			reply(api.StatusBadRequest, 0, nil)
+			return
+		}
+		for i := range region {
+			if region[i] != payload[i] {
+				reply(api.StatusMiscompare, uint64(i), nil)
+				return
+			}
+		}
+		copy(region, payload[h.Length:])
+		reply(api.StatusOK, 0, nil)
 	default:
 		reply(api.StatusBadRequest, 0, nil)
 	}
@@ -423,4 +437,11 @@ func (c *fakeCluster) notLeaders() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.notLeader
+}
+
+// frameCount is the number of frames of op the servers got.
+func (c *fakeCluster) frameCount(op api.Op) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.frames[op]
 }

@@ -31,7 +31,11 @@ const (
 // length); Flush, Trim and WriteZeroes take nil; OpMapped fills buf with the
 // bitmap of which 4 KiB granules hold data (api.MapGranule: offset and length
 // multiples of api.MapAlign, api.MappedBytes(length) bytes; it reads, as a
-// read-only session may). A request refused before anything
+// read-only session may); OpCompareAndWrite takes the bytes to compare and
+// then those to write (len(buf) >= 2*length; length at most
+// api.MaxCompareAndWrite, the range within one chunk, and within one
+// 16 MiB piece of a larger chunk) and fails with a
+// *MiscompareError when the volume holds other data. A request refused before anything
 // is sent (past the end, closed volume, expired lease) calls done before Submit
 // returns; otherwise done runs on a library goroutine and must not block.
 func (v *Volume) Submit(op api.Op, buf []byte, off, length int64, done func(error)) {
@@ -49,6 +53,13 @@ func (v *Volume) Submit(op api.Op, buf []byte, off, length int64, done func(erro
 			return
 		}
 	case api.OpTrim, api.OpWriteZeroes:
+	case api.OpCompareAndWrite:
+		if int64(len(buf)) < 2*length || length > api.MaxCompareAndWrite ||
+			length > 0 && off >= 0 && off/v.maxPiece != (off+length-1)/v.maxPiece {
+			done(fmt.Errorf("%w: compare-and-write [%d, +%d) with %d bytes: at most %d bytes within one chunk, the buffer twice that",
+				api.ErrBadRequest, off, length, len(buf), api.MaxCompareAndWrite))
+			return
+		}
 	case api.OpMapped:
 		if off%api.MapAlign != 0 || length%api.MapAlign != 0 || int64(len(buf)) < api.MappedBytes(length) {
 			done(fmt.Errorf("%w: mapped [%d, +%d) with %d bytes: offset and length must be multiples of %d, the buffer of length/%d bytes",
@@ -112,6 +123,9 @@ func (v *Volume) split(o *ioOp, buf []byte, off, length int64) []piece {
 		case o.op == api.OpMapped:
 			// Pieces start at multiples of MapAlign: chunks and maxPieceBytes are.
 			p.buf = buf[api.MappedBytes(pos):api.MappedBytes(pos+n)]
+		case o.op == api.OpCompareAndWrite:
+			p.buf = buf[:2*n] // one piece (Submit checked): compare, then write
+
 		default:
 			p.buf = buf[pos : pos+n]
 		}
@@ -254,7 +268,7 @@ func (p *piece) request() (h api.Header, payload, readBuf []byte) {
 	switch p.op.op {
 	case api.OpRead, api.OpMapped:
 		readBuf = p.buf
-	case api.OpWrite:
+	case api.OpWrite, api.OpCompareAndWrite:
 		payload = p.buf
 		h.Flags = api.FlagFUA
 	}
@@ -403,6 +417,8 @@ func (p *piece) handleReply(h api.Header, err error) {
 			return
 		}
 		p.moveOn(r)
+	case api.StatusMiscompare:
+		p.finish(&MiscompareError{Offset: int64(h.Hint)})
 	case api.StatusFenced:
 		v.stop(api.ErrFenced)
 		p.finish(api.StatusError(h.Status, h.Hint))
