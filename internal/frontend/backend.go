@@ -44,6 +44,31 @@ type Mapper interface {
 	Mapped(bits []byte, off, length int64, done func(error))
 }
 
+// CompareAndWriter is an optional Backend ability: a write that happens only
+// if the device holds given data where it goes, atomically with respect to
+// every other IO of the device, through whichever front end it comes (SCSI
+// COMPARE AND WRITE; for basalt volumes the copyset's leader compares,
+// docs/data-path.md). A protocol without the ability on its backend has no
+// atomic compare-and-write to offer.
+type CompareAndWriter interface {
+	// CompareAndWrite compares [off, off+length) with buf[:length] and, if
+	// equal, writes buf[length:2*length] there. length is at most
+	// api.MaxCompareAndWrite and the range lies within one aligned
+	// api.MaxCompareAndWrite block (one logical block of a protocol does).
+	// done gets nil (written), a *MiscompareError (nothing written), or an
+	// IO failure as Submit's; it runs once, as Submit's.
+	CompareAndWrite(buf []byte, off, length int64, done func(error))
+}
+
+// MiscompareError is CompareAndWrite's answer when the device held other
+// data: nothing was written. Offset is that of the first differing byte,
+// from the start of the range.
+type MiscompareError struct{ Offset int64 }
+
+func (e *MiscompareError) Error() string {
+	return fmt.Sprintf("frontend: miscompare at byte %d", e.Offset)
+}
+
 // Info is what a protocol advertises about an export before any IO.
 type Info struct {
 	Size     int64

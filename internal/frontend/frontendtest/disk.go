@@ -144,13 +144,7 @@ func (d *Disk) run(op api.Op, buf []byte, off, length int64, done func(error)) {
 	case api.OpRead:
 		copy(buf, d.data[off:off+length])
 	case api.OpWrite:
-		copy(d.data[off:], buf)
-		for g := off / api.MapGranule; g < (off+length+api.MapGranule-1)/api.MapGranule; g++ {
-			for int64(len(d.alloc)) <= g {
-				d.alloc = append(d.alloc, false)
-			}
-			d.alloc[g] = true
-		}
+		d.writeLocked(buf, off, length)
 	case api.OpTrim, api.OpWriteZeroes:
 		clear(d.data[off : off+length])
 		for g := (off + api.MapGranule - 1) / api.MapGranule; g < (off+length)/api.MapGranule && g < int64(len(d.alloc)); g++ {
@@ -159,6 +153,74 @@ func (d *Disk) run(op api.Op, buf []byte, off, length int64, done func(error)) {
 	}
 	d.mu.Unlock()
 	d.finish(done, nil)
+}
+
+// CompareAndWrite implements frontend.CompareAndWriter: the compare and the
+// write happen under the disk's lock, so no other IO of it comes between.
+// Fail is asked with api.OpCompareAndWrite; Gate and Delay apply as to Submit.
+func (d *Disk) CompareAndWrite(buf []byte, off, length int64, done func(error)) {
+	d.Submitted.Add(1)
+	d.Pending.Add(1)
+	d.Mutations.Add(1)
+	d.mu.Lock()
+	size := int64(len(d.data))
+	d.mu.Unlock()
+	if off < 0 || length <= 0 || length > api.MaxCompareAndWrite || off+length > size || int64(len(buf)) != 2*length ||
+		off/api.MaxCompareAndWrite != (off+length-1)/api.MaxCompareAndWrite || d.ReadOnly {
+		d.Violations.Add(1)
+		err := fmt.Errorf("%w: frontendtest: the CompareAndWriter contract is broken: off %d length %d buf %d, size %d read-only %v",
+			frontend.ErrInvalid, off, length, len(buf), size, d.ReadOnly)
+		if d.T != nil {
+			d.T.Errorf("%v", err)
+		}
+		d.finish(done, err)
+		return
+	}
+	run := func() {
+		if d.Gate != nil {
+			<-d.Gate
+		}
+		if d.Fail != nil {
+			if err := d.Fail(api.OpCompareAndWrite, off, length); err != nil {
+				d.finish(done, err)
+				return
+			}
+		}
+		d.mu.Lock()
+		for i, b := range d.data[off : off+length] {
+			if b != buf[i] {
+				d.mu.Unlock()
+				d.finish(done, &frontend.MiscompareError{Offset: int64(i)})
+				return
+			}
+		}
+		d.writeLocked(buf[length:], off, length)
+		d.mu.Unlock()
+		d.finish(done, nil)
+	}
+	var delay time.Duration
+	if d.Delay != nil {
+		delay = d.Delay(api.OpCompareAndWrite, off, length)
+	}
+	switch {
+	case delay > 0:
+		time.AfterFunc(delay, run)
+	case d.Gate != nil:
+		go run()
+	default:
+		run()
+	}
+}
+
+// writeLocked writes buf at off and allocates the granules it touches.
+func (d *Disk) writeLocked(buf []byte, off, length int64) {
+	copy(d.data[off:off+length], buf)
+	for g := off / api.MapGranule; g < (off+length+api.MapGranule-1)/api.MapGranule; g++ {
+		for int64(len(d.alloc)) <= g {
+			d.alloc = append(d.alloc, false)
+		}
+		d.alloc[g] = true
+	}
 }
 
 // Mapped implements frontend.Mapper as a thin device would (a chunk file):

@@ -200,6 +200,28 @@ func (b *backend) Mapped(bits []byte, off, length int64, done func(error)) {
 	b.session().Submit(api.OpMapped, bits, off, length, done)
 }
 
+// CompareAndWrite implements frontend.CompareAndWriter: the copyset's
+// leader compares and writes (client OpCompareAndWrite), on the writer
+// session, which it claims like a write.
+func (b *backend) CompareAndWrite(buf []byte, off, length int64, done func(error)) {
+	d := func(err error) {
+		var me *client.MiscompareError
+		if errors.As(err, &me) {
+			err = &frontend.MiscompareError{Offset: me.Offset}
+		}
+		done(err)
+	}
+	if w := b.rw.Load(); w != nil {
+		w.Submit(api.OpCompareAndWrite, buf, off, length, d)
+		return
+	}
+	if !b.writable {
+		b.ro.Submit(api.OpCompareAndWrite, buf, off, length, d) // refused: read-only
+		return
+	}
+	b.beforeClaim(pendingIO{api.OpCompareAndWrite, buf, off, length, d})
+}
+
 // beforeClaim handles a mutation or flush that found no writer session: it
 // waits for the claim, which it starts if none runs. A flush with no claim
 // running has no write to wait for and completes on the read-only session.

@@ -19,11 +19,8 @@ const maxPendingAttentions = 8
 
 // Group is what the LUs of one export share in this process. Each LU is one
 // I_T nexus (one iSCSI session), so the group is the set of nexuses a unit
-// attention is raised on, and it holds the lock that serializes COMPARE AND
-// WRITE among them.
+// attention is raised on.
 type Group struct {
-	caw sync.Mutex
-
 	mu  sync.Mutex
 	lus map[*LU]struct{}
 }

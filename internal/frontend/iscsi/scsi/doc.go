@@ -32,10 +32,12 @@
 //     basalt volume, the chunk files' data extents on each chunk's leader):
 //     blocks without data are deallocated. Without a map, every block is
 //     mapped.
-//   - COMPARE AND WRITE holds a lock that serializes it only against other
-//     COMPARE AND WRITEs through the same process (Config.Group). A
-//     plain WRITE, or a writer on another access node, can change the blocks
-//     between the compare and the write: it is NOT atomic across writers yet.
+//   - COMPARE AND WRITE is the backend's (frontend.CompareAndWriter): for a
+//     basalt volume the chunk's copyset leader compares and logs the write,
+//     atomically against every other IO from any access node
+//     (docs/iscsi.md). Its MAXIMUM COMPARE AND WRITE LENGTH is one block, so
+//     it never straddles a chunk. A backend without the ability does not
+//     serve the command (INVALID COMMAND OPERATION CODE).
 //   - Unit attentions, per session (one LU per I_T nexus, the export's LUs
 //     in a Group): BUS DEVICE RESET FUNCTION OCCURRED on every session after
 //     a LUN or target reset through any of them, CAPACITY DATA HAS CHANGED

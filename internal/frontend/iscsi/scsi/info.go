@@ -383,8 +383,10 @@ func (lu *LU) served(o opcode) bool {
 		return lu.pr != nil
 	case opUnmap:
 		return lu.canTrim
+	case opCompareAndWrite:
+		return !lu.readOnly && lu.caw != nil
 	case opWrite6, opWrite10, opWrite12, opWrite16, opWriteVerify10, opWriteVerify12,
-		opWriteVerify16, opWriteSame10, opWriteSame16, opCompareAndWrite:
+		opWriteVerify16, opWriteSame10, opWriteSame16:
 		return !lu.readOnly
 	}
 	return true

@@ -3,6 +3,7 @@ package scsi
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/basalt-storage/basalt/internal/frontend"
@@ -61,8 +62,11 @@ type LU struct {
 	ua          attentions
 	serial      string
 	maxCAWBlock int
-	pr          *PR
-	prSeen      prNexus
+	// caw is the backend's atomic compare-and-write; nil: COMPARE AND
+	// WRITE is not served.
+	caw    frontend.CompareAndWriter
+	pr     *PR
+	prSeen prNexus
 }
 
 // Result is a command's outcome: its status, the sense data of a CHECK
@@ -80,7 +84,12 @@ func check(s *Sense) Result { return Result{Status: StatusCheckCondition, Sense:
 const (
 	maxUnmapDescriptors = 256
 	maxWriteSameBytes   = 1 << 30 // one WRITE SAME covers at most this much
-	maxCAWBlocks        = 16
+	// maxCAWBlocks is the MAXIMUM COMPARE AND WRITE LENGTH: one block, as
+	// Linux LIO reports and VMware's ATS uses. The backend's compare-and-write
+	// takes a range within one aligned api.MaxCompareAndWrite block (for a
+	// basalt volume, one chunk), which one aligned block of at most 64 KiB
+	// always is; two blocks can straddle a chunk boundary.
+	maxCAWBlocks = 1
 )
 
 // New returns the logical unit cfg describes.
@@ -116,8 +125,10 @@ func New(cfg Config) *LU {
 		readOnly: info.ReadOnly, canTrim: info.CanTrim && !info.ReadOnly,
 		canZero: info.CanWriteZeroes && !info.ReadOnly, canFlush: info.CanFlush,
 		group: cfg.Group, serial: fmt.Sprintf("%016x", cfg.ID),
-		maxCAWBlock: min(maxCAWBlocks, max(maxXfer/bs, 1)),
-		pr:          cfg.PR,
+		pr: cfg.PR,
+	}
+	if c, ok := cfg.Backend.(frontend.CompareAndWriter); ok && bs <= api.MaxCompareAndWrite {
+		lu.caw, lu.maxCAWBlock = c, maxCAWBlocks
 	}
 	lu.ua.blocks.Store(lu.blocks())
 	cfg.Group.join(lu)
@@ -259,6 +270,9 @@ func (lu *LU) precheck(c *Command) *Sense {
 	case kCompareAndWrite:
 		if lu.readOnly {
 			return sense(senseWriteProtected)
+		}
+		if lu.caw == nil {
+			return sense(senseInvalidOpcode)
 		}
 		if int(c.blocks) > lu.maxCAWBlock {
 			return invalidField(13)
@@ -412,22 +426,18 @@ func (lu *LU) slow(c *Command, dataOut []byte) Result {
 		if n == 0 {
 			return good(nil)
 		}
-		// Atomic only against other COMPARE AND WRITEs of this process: a
-		// plain WRITE, or a writer on another access node, can slip in
-		// between the read and the write.
-		lu.group.caw.Lock()
-		defer lu.group.caw.Unlock()
-		buf := make([]byte, n)
-		if err := lu.io(api.OpRead, buf, off, n); err != nil {
-			return check(ErrorSense(err, false))
-		}
-		if j := mismatch(buf, dataOut[:n]); j >= 0 {
+		// The backend compares and writes atomically against every other IO
+		// of the volume, from any access node (frontend.CompareAndWriter).
+		ch := make(chan error, 1)
+		lu.caw.CompareAndWrite(dataOut[:2*n], off, n, func(err error) { ch <- err })
+		var me *frontend.MiscompareError
+		switch err := <-ch; {
+		case errors.As(err, &me):
 			s := sense(senseMiscompare)
-			s.Info, s.InfoValid = uint64(j), true
+			s.Info, s.InfoValid = uint64(me.Offset), true
 			return check(s)
-		}
-		if err := lu.io(api.OpWrite, dataOut[n:2*n], off, n); err != nil {
-			return check(ErrorSense(err, true))
+		case err != nil:
+			return check(ErrorSense(lu.cfg.Classify(err), true))
 		}
 		return good(nil)
 
