@@ -8,6 +8,8 @@
 //	                                   │ write/trim/zeroes: raftstore.Host.Propose
 //	                                   │ read: [fence] → ReadBarrier → Copyset.ReadAt
 //	                                   │ mapped: [fence] → ReadBarrier → Copyset.DataExtents
+//	                                   │ compare-and-write: write gate → ReadBarrierTerm →
+//	                                   │   Copyset.ReadAt, compare → ProposeInTerm (caw.go)
 //	                                   │ OpRaft, OpSnapshot: raftnet.Receiver → Host.Step,
 //	                                   │                     Host.ReceiveSnapshot
 //	                                   ▼
@@ -179,7 +181,18 @@
 // for Host.ReadBarrier (lease read, or ReadIndex) and reads the chunk file
 // into a pooled buffer that is released once the reply was written. OpMapped
 // takes the same way to the chunk file and answers its data extents
-// (SEEK_DATA, on a goroutine) as a bitmap (api.MapGranule). Flush and
+// (SEEK_DATA, on a goroutine) as a bitmap (api.MapGranule).
+// OpCompareAndWrite (payload: Length bytes to compare, then Length to write;
+// Length ≤ api.MaxCompareAndWrite, else BAD_REQUEST; epoch ≠ 0 and the
+// writer's capability as for a write) is decided on the leader and logged
+// as a plain cmdWrite with the request's Seq: the replica's write gate
+// (gate.go: every write, trim and write-zeroes holds its byte range from
+// before its proposal until its callback; a compare-and-write holds its range
+// exclusively), a read barrier that tells its term, the retried-request
+// table (a retry whose write was applied is OK), a read and compare
+// (MISCOMPARE, Hint = offset of the first differing byte, nothing proposed),
+// and Host.ProposeInTerm in the barrier's term (NOT_LEADER if the term moved).
+// caw.go says why each step is there and why replicas never compare. Flush and
 // Ping answer OK (an acknowledged write is already durable). Nothing a client
 // sends can crash the process: a malformed frame closes the connection
 // (transport), anything else gets a status. Raft traffic is another matter:

@@ -48,7 +48,7 @@ type Mapper interface {
 // if the device holds given data where it goes, atomically with respect to
 // every other IO of the device, through whichever front end it comes (SCSI
 // COMPARE AND WRITE; for basalt volumes the copyset's leader compares,
-// docs/data-path.md). A protocol without the ability on its backend has no
+// docs/iscsi.md). A protocol without the ability on its backend has no
 // atomic compare-and-write to offer.
 type CompareAndWriter interface {
 	// CompareAndWrite compares [off, off+length) with buf[:length] and, if

@@ -54,14 +54,21 @@
 // its read barrier; a read-only session may) and its reply carries
 // MappedBytes(Length) bytes: a bit per MapGranule of the range, set where the
 // chunk file holds data (SEEK_DATA); Offset and Length are multiples of
-// MapAlign. A request for one IO never crosses a chunk boundary (the client
-// splits). A reply repeats its request's header with FlagReply set, Status (and
+// MapAlign. OpCompareAndWrite carries 2×Length bytes (Length ≤
+// MaxCompareAndWrite): those to compare, then those to write; it needs the
+// writer's epoch and capability like a write, is numbered like one (Seq), and
+// is answered OK (written) or MISCOMPARE with Hint = the offset of the first
+// differing byte within the range (nothing written): the copyset's leader
+// compares and logs a plain write (internal/chunkserver's caw.go). A request
+// for one IO never crosses a chunk boundary (the client splits; a
+// compare-and-write is never split: the client refuses one that would be). A reply repeats its request's header with FlagReply set, Status (and
 // Hint) filled in and its own PayloadLen. The encoding is frozen by
 // testdata/*.golden (TestHeaderGolden): changing it is a new Version.
 //
 // Op is basalt's one operation enum: the block IO ops 1–5 are also what
 // client.Volume.Submit and every front end's backend take (Submit takes
-// OpMapped too; a backend that can answers it as frontend.Mapper).
+// OpMapped and OpCompareAndWrite too; a backend that can answers them as
+// frontend.Mapper and frontend.CompareAndWriter).
 //
 // # Routing (docs/design.md §2)
 //

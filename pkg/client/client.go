@@ -425,9 +425,10 @@ func (v *Volume) WriteZeroes(off, length int64) error {
 }
 
 // CompareAndWrite writes data at off if the volume holds cmp there, atomically
-// with respect to every other IO of the volume from any client (the
-// copyset's leader compares and logs the write, docs/data-path.md). When it
-// holds other data, nothing is written and the error is a *MiscompareError.
+// with respect to every other IO of the volume from any client (the copyset's
+// leader compares and logs the write: internal/chunkserver's caw.go,
+// docs/iscsi.md). When it holds other data, nothing is written and the error
+// is a *MiscompareError.
 // cmp and data have the same length, at most api.MaxCompareAndWrite, and
 // the range lies within one chunk (else api.ErrBadRequest).
 func (v *Volume) CompareAndWrite(cmp, data []byte, off int64) error {

@@ -1,7 +1,7 @@
 // Package client is basalt's volume client library: it opens a volume at the MDS
 // and sends its IO straight to the chunkservers that lead the volume's copysets
 // (docs/design.md §3–§4, §6). Front ends (NBD, iSCSI, NVMe/TCP) use Submit; Go programs can
-// use ReadAt/WriteAt/Flush/Trim/WriteZeroes.
+// use ReadAt/WriteAt/Flush/Trim/WriteZeroes/CompareAndWrite.
 //
 // # Session
 //
