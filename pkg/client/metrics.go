@@ -1,6 +1,7 @@
 package client
 
 import (
+	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,8 +27,12 @@ type Metrics struct {
 	local                prometheus.Counter
 	retryNotLeader       prometheus.Counter
 	retryBusy, retryConn prometheus.Counter
-	ioByOp, attemptByOp  [api.OpFlush + 1]prometheus.Observer // by block IO op
+	ioByOp, attemptByOp  [api.OpCompareAndWrite + 1]prometheus.Observer // by metered op
 }
+
+// metered reports whether op is IO the metrics count: the block IO ops and
+// compare-and-write (not the fences of Open, nor OpMapped).
+func metered(op api.Op) bool { return op.IsBlockIO() || op == api.OpCompareAndWrite }
 
 // NewMetrics creates the client metrics and registers them with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -66,7 +71,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.retryNotLeader = m.retries.WithLabelValues("not_leader")
 	m.retryBusy = m.retries.WithLabelValues("busy")
 	m.retryConn = m.retries.WithLabelValues("conn")
-	for op := api.OpRead; op <= api.OpFlush; op++ {
+	for op := range api.OpCompareAndWrite + 1 {
+		if !metered(op) {
+			continue
+		}
 		m.ioByOp[op] = m.io.WithLabelValues(op.String())
 		m.attemptByOp[op] = m.attempt.WithLabelValues(op.String())
 	}
@@ -78,7 +86,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // no label lookup.
 type volumeMetrics struct {
 	m                *Metrics
-	ops, bytes, errs [api.OpFlush + 1]prometheus.Counter
+	ops, bytes, errs [api.OpCompareAndWrite + 1]prometheus.Counter
 }
 
 func (m *Metrics) forVolume(name string) *volumeMetrics {
@@ -86,7 +94,10 @@ func (m *Metrics) forVolume(name string) *volumeMetrics {
 		return nil
 	}
 	vm := &volumeMetrics{m: m}
-	for op := api.OpRead; op <= api.OpFlush; op++ {
+	for op := range api.OpCompareAndWrite + 1 {
+		if !metered(op) {
+			continue
+		}
 		vm.ops[op] = m.ops.WithLabelValues(name, op.String())
 		vm.bytes[op] = m.bytes.WithLabelValues(name, op.String())
 		vm.errs[op] = m.errs.WithLabelValues(name, op.String())
@@ -96,12 +107,16 @@ func (m *Metrics) forVolume(name string) *volumeMetrics {
 
 // ioDone records one completed IO.
 func (vm *volumeMetrics) ioDone(op api.Op, n int64, start time.Time, err error) {
-	if vm == nil || !op.IsBlockIO() { // the fences of Open are no IO
+	if vm == nil || !metered(op) {
 		return
 	}
-	if err != nil {
+	var me *MiscompareError
+	switch {
+	case errors.As(err, &me): // an answer, not a failure; nothing written
+		vm.ops[op].Inc()
+	case err != nil:
 		vm.errs[op].Inc()
-	} else {
+	default:
 		vm.ops[op].Inc()
 		if op != api.OpFlush {
 			vm.bytes[op].Add(float64(n))
@@ -111,7 +126,7 @@ func (vm *volumeMetrics) ioDone(op api.Op, n int64, start time.Time, err error) 
 }
 
 func (vm *volumeMetrics) attemptDone(op api.Op, sent time.Time) {
-	if vm == nil || !op.IsBlockIO() {
+	if vm == nil || !metered(op) {
 		return
 	}
 	vm.m.attemptByOp[op].Observe(time.Since(sent).Seconds())
