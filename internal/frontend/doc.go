@@ -45,6 +45,9 @@
 // and Block Limits page, NVMe's Identify Namespace — and refuses what Info
 // rules out before the backend sees it. Exports fills in default block sizes
 // and rejects inconsistent ones (ErrBadInfo), so servers get checked values.
+// Abilities beyond Submit are optional interfaces a protocol server looks
+// for: Mapper (which blocks hold data: GET LBA STATUS) and CompareAndWriter
+// (an atomic compare-and-write on the volume: COMPARE AND WRITE).
 //
 // # The export lifecycle
 //
