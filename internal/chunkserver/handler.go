@@ -429,11 +429,11 @@ func (hd *handler) validate(h api.Header, payload []byte) (*replica, volumeInfo,
 }
 
 // serveIO handles read, write, trim, write-zeroes, mapped and
-// compare-and-write. mayRefresh: an unknown
-// volume first refreshes the volume cache (a list read after the request
-// arrived, shared with concurrent misses), so a volume created a moment ago
-// is served; if the MDS cannot be asked, the answer is BUSY (retried), never
-// a final NO_SUCH_VOLUME the cache cannot vouch for.
+// compare-and-write. mayRefresh: an unknown volume first refreshes the
+// volume cache (a list read after the request arrived, shared with
+// concurrent misses), so a volume created a moment ago is served; if the
+// MDS cannot be asked, the answer is BUSY (retried), never a final
+// NO_SUCH_VOLUME the cache cannot vouch for.
 // in, if not nil, is the pooled buffer the payload lies in, after room for
 // the proposal's header (AllocPayload): the proposal's, or the pool's again.
 func (hd *handler) serveIO(rw transport.ReplyWriter, h api.Header, payload []byte, in *[]byte, mayRefresh bool) {
