@@ -87,6 +87,24 @@ func (c *Cached) vol(volume string) *cachedVol {
 	return v
 }
 
+// FreshReader is a Store that can answer from a copy without a round trip
+// (and without the caller making a context for one): Cached.
+type FreshReader interface {
+	// Fresh returns volume's state if a copy young enough is at hand.
+	Fresh(volume string) (*State, bool)
+}
+
+// Fresh returns volume's state if this process's copy is at most TTL old.
+func (c *Cached) Fresh(volume string) (*State, bool) {
+	v := c.vol(volume)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.state != nil && time.Since(v.asked) < c.TTL {
+		return v.state, true
+	}
+	return nil, false
+}
+
 // Read returns volume's state from a copy at most TTL old.
 func (c *Cached) Read(ctx context.Context, volume string) (*State, error) {
 	v := c.vol(volume)

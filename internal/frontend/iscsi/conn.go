@@ -644,6 +644,9 @@ func (c *conn) complete(t *task, r scsi.Result) {
 			c.bytes -= t.charge
 			c.mu.Unlock()
 		}
+		if r.Release != nil {
+			r.Release() // the Data-In PDUs are written (or dropped)
+		}
 		t.doneOnce.Do(func() { close(t.done) })
 	}
 	if t.aborted.Load() {

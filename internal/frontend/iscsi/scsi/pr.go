@@ -79,6 +79,14 @@ func (c *Command) access() reservation.Access {
 // prState returns the volume's reservation state, after queuing the unit
 // attentions raised for this nexus since it last looked.
 func (lu *LU) prState() (*reservation.State, *Sense) {
+	if f, ok := lu.pr.Store.(reservation.FreshReader); ok {
+		// Every command asks: no context (and timer) to make while the
+		// copy is fresh.
+		if st, ok := f.Fresh(lu.pr.Volume); ok {
+			lu.prAttend(st)
+			return st, nil
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), prReadTimeout)
 	defer cancel()
 	st, err := lu.pr.Store.Read(ctx, lu.pr.Volume)
