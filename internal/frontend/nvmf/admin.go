@@ -307,6 +307,11 @@ func (c *conn) admin(cmd *command) {
 		set := s.opcode == adminSetFeatures
 		fid := s.cdw[10] & 0xff
 		v := s.cdw[11]
+		if fid == featResvMask || fid == featResvPersist {
+			st, dw0 := c.resvFeature(set, fid, s.nsid, v)
+			c.complete(cmd, st, dw0, 0)
+			return
+		}
 		ctrl.mu.Lock()
 		defer ctrl.mu.Unlock()
 		switch fid {
@@ -506,6 +511,8 @@ const (
 	logChangedNS = 0x04
 	logANA       = 0x0c
 	logDiscovery = 0x70
+	// logResvNotify is the Reservation Notification log page (resvnotify.go).
+	logResvNotify = 0x80
 )
 
 func (c *conn) getLogPage(cmd *command) {
@@ -556,6 +563,21 @@ func (c *conn) getLogPage(cmd *command) {
 		c.ctrl.mu.Unlock()
 		if d != nil {
 			defer d.c.complete(d, scSuccess, dw0, 0)
+		}
+	case lid == logResvNotify:
+		if numd*4 > 1<<20 || off&3 != 0 || off > 64 {
+			c.complete(cmd, scInvalidField|dnr, 0, 0) // before an entry is taken
+			return
+		}
+		page = c.ctrl.resvLogPage(off == 0)
+		if s.cdw[10]&(1<<15) == 0 { // RAE clear: notices again
+			c.ctrl.mu.Lock()
+			c.ctrl.resvMasked = false
+			d, dw0 := c.ctrl.deliverLocked() // entries left
+			c.ctrl.mu.Unlock()
+			if d != nil {
+				defer d.c.complete(d, scSuccess, dw0, 0)
+			}
 		}
 	case lid == logANA:
 		page = c.s.anaLog(c.ctrl, lsp&1 != 0)

@@ -205,7 +205,8 @@ func (c *controller) notifyANA() {
 // deliverLocked takes an AER for a pending event, if one is held, its
 // notices are enabled and not masked (from one sent until the host reads
 // the event's log page without RAE): an ANA change first, then a namespace
-// change, then a discovery log change. It returns the command and its completion dword 0; the caller
+// change, then a discovery log change, then reservation notifications
+// (which no AEC bit turns off: feature 82h masks their types). It returns the command and its completion dword 0; the caller
 // holds c.mu and completes the command after unlocking.
 func (c *controller) deliverLocked() (*command, uint32) {
 	if len(c.aers) == 0 {
@@ -222,6 +223,9 @@ func (c *controller) deliverLocked() (*command, uint32) {
 	case c.discGen > c.discRead && !c.discMasked && c.aecfg&aenDiscEnabled != 0:
 		dw0 = aenDiscChange
 		c.discMasked = true
+	case len(c.resvLog) > 0 && !c.resvMasked:
+		dw0 = aenResvLog
+		c.resvMasked = true
 	default:
 		return nil, 0
 	}

@@ -18,6 +18,7 @@
 //	groups.go  a group edited under connected controllers (regroup)
 //	io.go      Read, Write, Compare, Write Zeroes, Flush, Dataset Management
 //	reservations.go  Reservation Register/Report/Acquire/Release over a reservation.Store
+//	resvnotify.go    reservation notifications: log page 80h, features 82h/83h, the watch loop
 //
 // # Goroutines and ownership
 //
@@ -35,7 +36,9 @@
 // namespace's frontend.WriteGate, which the iSCSI target shares). Per
 // server: watchDiscovery, which rebuilds the discovery logs of the
 // discovery controllers that enabled change notices every DiscoveryCheck
-// and when SetPaths asks, until Shutdown or Close.
+// and when SetPaths asks; watchReservations, which reads the namespaces'
+// reservation states every ReservationCheck for notifications; both until
+// Shutdown or Close.
 //
 // INVARIANT: a connection has at most its queue size (+4 slack) commands
 // between capsule and response, each holding at most MaxTransfer of buffer,

@@ -101,7 +101,9 @@ const (
 	scCompareFailed   = 0x285
 	scANAInaccessible = 0x302
 	scAERLimit        = 0x105
-	dnr               = 0x4000 // Do Not Retry, in the status word after the phase bit shift
+	// scFeatureNotChangeable: Set Features of a feature the host may not change.
+	scFeatureNotChangeable = 0x10e
+	dnr                    = 0x4000 // Do Not Retry, in the status word after the phase bit shift
 )
 
 // NQNs.

@@ -90,6 +90,9 @@ func (c *conn) reservationCmd(cmd *command, ns *namespace) {
 	go func() {
 		defer c.wg.Done()
 		status, data := c.reservationRun(cmd, ns)
+		if cmd.sqe.opcode != ioResvReport {
+			c.s.kickReservations() // other hosts' notifications, on this node at once
+		}
 		if status == scSuccess && data != nil {
 			c.completeData(cmd, data)
 			return
@@ -182,7 +185,10 @@ func (c *conn) reservationRun(cmd *command, ns *namespace) (uint16, []byte) {
 			return scInvalidField | dnr, nil
 		}
 	}
-	_, err := store.Apply(ctx, ns.volume, from, a)
+	st, err := store.Apply(ctx, ns.volume, from, a)
+	if err == nil && st != nil {
+		c.ctrl.resvAttentions(ns, st) // a registration's baseline for notifications
+	}
 	if err != nil {
 		e := reservation.AsError(err)
 		if e == nil {

@@ -100,6 +100,12 @@ type Config struct {
 	// host retries). nil: every allowed host may write.
 	MayWrite    func(ctx context.Context, volume, hostNQN string) (bool, error)
 	MayWriteTTL time.Duration // default 5 s
+	// ReservationCheck is how often the reservation states of the
+	// namespaces whose host is registered are read to find reservation
+	// notifications for it (another host preempted or released); every
+	// namespace's every tenth time. Default 1 s (the reservation cache's
+	// TTL on an access node).
+	ReservationCheck time.Duration
 	// DiscoveryCheck is how often the discovery logs of the discovery
 	// controllers that enabled change notices are rebuilt to find a change
 	// (a volume created or deleted, an allow-list edited) and notify their
@@ -134,6 +140,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.ConnectTimeout <= 0 {
 		c.ConnectTimeout = 30 * time.Second
+	}
+	if c.ReservationCheck <= 0 {
+		c.ReservationCheck = time.Second
 	}
 	if c.DiscoveryCheck <= 0 {
 		c.DiscoveryCheck = 5 * time.Second
@@ -177,6 +186,7 @@ type Server struct {
 	anaChange uint64 // ANA change count: bumped by SetPaths when a state changed
 
 	discKick chan struct{} // SetPaths asks watchDiscovery for a refresh
+	resvKick chan struct{} // asks watchReservations for a full round
 }
 
 // NewServer checks cfg and returns a Server; it listens on nothing until Serve.
@@ -184,7 +194,8 @@ func NewServer(cfg Config) (*Server, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, ctrls: map[uint16]*controller{}, discKick: make(chan struct{}, 1)}
+	s := &Server{cfg: cfg, log: cfg.Logger, ctrls: map[uint16]*controller{}, discKick: make(chan struct{}, 1),
+		resvKick: make(chan struct{}, 1)}
 	if cfg.Multipath {
 		// A restarted access node keeps its node id: start its controller
 		// ids elsewhere in its range, so a host still holding a controller
@@ -197,6 +208,7 @@ func NewServer(cfg Config) (*Server, error) {
 		New:      func(nc net.Conn) frontend.Conn { return newConn(s, nc) },
 	})
 	go s.watchDiscovery()
+	go s.watchReservations()
 	return s, nil
 }
 
@@ -310,6 +322,12 @@ type controller struct {
 	discSum    uint64
 	discRead   uint64
 	discMasked bool
+	// Reservation notifications (resvnotify.go): the log page's entries,
+	// the last Log Page Count, and whether a notice was sent since the
+	// host last read the log without RAE.
+	resvLog    []resvEntry
+	resvCount  uint64
+	resvMasked bool
 }
 
 // namespace is one namespace of a controller: a volume.
@@ -332,6 +350,13 @@ type namespace struct {
 	write *frontend.WriteGate
 	// unwatch (under controller.mu) ends its size subscription.
 	unwatch func()
+	// Reservation notifications, under controller.mu: the store's Seq up
+	// to which attentions were looked at (once resvSeen), whether the host
+	// was registered then, and the Reservation Notification Mask.
+	resvSeen   bool
+	resvSeq    uint64
+	resvActive bool
+	resvMask   uint32
 }
 
 // namespace returns the namespace nsid, or nil.
@@ -382,6 +407,7 @@ func (s *Server) newController(c *controller) bool {
 			s.ctrls[c.id] = c
 			if !c.discovery {
 				s.hostsChanged()
+				s.kickReservations() // the new controller's baseline, before any news
 			}
 			return true
 		}
