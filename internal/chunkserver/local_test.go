@@ -78,3 +78,23 @@ func TestLocalReplyReadBuffer(t *testing.T) {
 		t.Fatalf("reply: got %v released %v buf %q", got, released, buf)
 	}
 }
+
+// TestLocalCompareAndWrite: the in-process path serves compare-and-write as
+// a frame gets it; the caller's buffer is free again once the answer came
+// (the handler keeps its own copy while it waits for the barrier).
+func TestLocalCompareAndWrite(t *testing.T) {
+	e := newHandlerEnv(t)
+	c := &ChunkServer{}
+	c.local.Store(e.hd)
+	off := uint64(3*hChunk + 8192)
+	buf := append(make([]byte, 512), bytes.Repeat([]byte{'x'}, 512)...)
+	if r := goLocal(t, c, cawHdr(off, 512, 0), buf, nil); r.Status != api.StatusOK {
+		t.Fatalf("compare-and-write zeros→x: %v", r.Status)
+	}
+	if r := goLocal(t, c, cawHdr(off, 512, 0), buf, nil); r.Status != api.StatusMiscompare || r.Hint != 0 {
+		t.Fatalf("again: %v hint %d, want MISCOMPARE at 0", r.Status, r.Hint)
+	}
+	if _, p := e.do(e.dial(), ioHdr(api.OpRead, off, 512), nil); !bytes.Equal(p, buf[512:]) {
+		t.Fatal("a remote read does not see the compare-and-write")
+	}
+}
