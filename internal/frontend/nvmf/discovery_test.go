@@ -81,8 +81,8 @@ func discLog(t *testing.T, admin *initiator, rae bool) (gen uint64, recs []strin
 // Log Page Change notices (OAES bit 31); a host that enabled them (AEC bit
 // 31) and holds an Asynchronous Event Request gets a notice (type notice,
 // information F0h, log page 70h) when its log changes — an access node
-// joins (SetPaths), a volume is created or deleted (found by the periodic
-// rebuild) — with the generation counter bumped each time; no second
+// joins (SetPaths), a volume is created or deleted, its allow-list leaves
+// the host out (found by the periodic rebuild) — with the generation counter bumped each time; no second
 // notice until the host read the log without RAE; a host that did not
 // enable them gets none. More than AERL+1 outstanding AERs get Asynchronous
 // Event Request Limit Exceeded. tshark decodes the notices.
@@ -90,7 +90,9 @@ func TestDiscoveryChangeNotice(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	vols := &volumeSet{disks: frontendtest.Disks{"vol": newDisk(1 << 20)}}
 	ex := frontend.NewExports(frontend.ExportsConfig{Opener: vols, Logger: quiet})
-	s, err := NewServer(Config{Exports: ex, Logger: quiet, Multipath: true, NodeID: 1, DiscoveryCheck: 20 * time.Millisecond})
+	lists := &hostLists{lists: map[string][]string{}}
+	s, err := NewServer(Config{Exports: ex, Logger: quiet, Multipath: true, NodeID: 1, DiscoveryCheck: 20 * time.Millisecond,
+		VolumeHostAllowed: lists.allowed})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,6 +176,16 @@ func TestDiscoveryChangeNotice(t *testing.T) {
 		t.Fatalf("after the deletes: log %v generation %d (was %d)", recs, gen4, gen3)
 	}
 
+	// The volume's allow-list leaves hostA out.
+	aer = d.send(newSQE(adminAsyncEvent, 0))
+	lists.set("vol", hostB)
+	if st, dw0 := d.response(aer); st != scSuccess || dw0 != aenDiscChange {
+		t.Fatalf("AER after an allow-list change: status %#x dw0 %#x", st, dw0)
+	}
+	if _, recs := discLog(t, d, false); len(recs) != 0 {
+		t.Fatalf("hostA's log after the volume's list left it out: %v", recs)
+	}
+
 	// AERL is 3: four may be outstanding, a fifth is refused.
 	for range 4 {
 		d.send(newSQE(adminAsyncEvent, 0))
@@ -192,8 +204,8 @@ func TestDiscoveryChangeNotice(t *testing.T) {
 		return
 	}
 	capture.Check(t, 2, nvmftshark.Want{Digests: true, PDUs: map[int]int{nvmftshark.ICReq: 2}})
-	if n := capture.Count(t, "nvme.cqe.dword0.aev.aet == 2 && nvme.cqe.dword0.aev.aei == 0xf0 && nvme.cqe.dword0.aev.lpi == 0x70"); n != 3 {
-		t.Errorf("tshark decodes %d discovery log change notices, want 3", n)
+	if n := capture.Count(t, "nvme.cqe.dword0.aev.aet == 2 && nvme.cqe.dword0.aev.aei == 0xf0 && nvme.cqe.dword0.aev.lpi == 0x70"); n != 4 {
+		t.Errorf("tshark decodes %d discovery log change notices, want 4", n)
 	}
 	if n := capture.Count(t, "nvme.cmd.set_features.dword11.aec.disc == 1"); n != 1 {
 		t.Errorf("tshark decodes %d Set Features enabling discovery log change notices, want 1", n)
