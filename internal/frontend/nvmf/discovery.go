@@ -103,7 +103,11 @@ func (s *Server) discoveryLog(ctx context.Context, c *controller, names []string
 			}
 			i++
 			e := page[1024*i:]
-			e[0], e[1], e[2], e[3] = 3, adrfam, 2, 0 // TCP, address family, NVM subsystem, no secure channel requirement
+			// TCP, address family, NVM subsystem; TREQ: no secure channel
+			// requirement, SQ flow control disable supported (a Connect may
+			// set CATTR bit 2; nvmet says the same, and nvme connect-all then
+			// asks for it).
+			e[0], e[1], e[2], e[3] = 3, adrfam, 2, treqNoSQFlow
 			binary.LittleEndian.PutUint16(e[4:], uint16(p.ID))
 			binary.LittleEndian.PutUint16(e[6:], 0xffff)
 			binary.LittleEndian.PutUint16(e[8:], 32)

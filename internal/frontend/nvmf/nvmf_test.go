@@ -229,9 +229,9 @@ func TestDiscovery(t *testing.T) {
 		}
 		if n == 1 {
 			e := d.must(d.do(newSQE(adminGetLogPage, 0, logDiscovery|(1024/4-1)<<16, 0, 1024), nil, false, 1024)).data
-			if e[0] != 3 || e[2] != 2 || strings.TrimRight(string(e[256:512]), "\x00") != VolumeNQNPrefix+"vol" ||
+			if e[0] != 3 || e[2] != 2 || e[3] != treqNoSQFlow || strings.TrimRight(string(e[256:512]), "\x00") != VolumeNQNPrefix+"vol" ||
 				strings.TrimSpace(string(e[512:768])) != "127.0.0.1" {
-				t.Fatalf("discovery record: trtype %d subtype %d subnqn %q traddr %q", e[0], e[2], e[256:300], e[512:530])
+				t.Fatalf("discovery record: trtype %d subtype %d treq %#x subnqn %q traddr %q", e[0], e[2], e[3], e[256:300], e[512:530])
 			}
 		}
 		if r, _ := d.do(newSQE(adminIdentify, 1, 0), nil, false, 4096); r.status != scInvalidField {

@@ -145,6 +145,10 @@ func parseSQE(b []byte) *sqe {
 	return s
 }
 
+// treqNoSQFlow is the discovery record's TREQ bit 2: a host may disable SQ
+// flow control at Connect (CATTR bit 2).
+const treqNoSQFlow = 0x04
+
 // SGL descriptor identifiers NVMe/TCP uses.
 const (
 	sglInCapsule = 0x01 // data block, offset subtype: the data is in the capsule
