@@ -177,8 +177,9 @@ func TestKernelNVMeANA(t *testing.T) {
 	begin := time.Now()
 	bin := testcluster.Binary(t)
 	h := testhost.Start(t, testhost.Config{
-		Tools:   []string{"nvme", "fio", bin},
-		Modules: []string{"nvme-tcp", "crc32c_generic"},
+		Tools: []string{"nvme", "fio", bin},
+		// nvmet, nvmet-tcp and null_blk: the reference target (nvmetReference).
+		Modules: []string{"nvme-tcp", "crc32c_generic", "nvmet", "nvmet-tcp", "null_blk"},
 	})
 	p := startPlayground(t, "1GiB")
 	nodes := []*accessNode{startAccessNode(t, p.st.MDS, p.st.TLSDir), startAccessNode(t, p.st.MDS, p.st.TLSDir), startAccessNode(t, p.st.MDS, p.st.TLSDir)}
@@ -233,6 +234,9 @@ func TestKernelNVMeANA(t *testing.T) {
 		}
 	}
 
+	// The reference first: the guest kernel's own target, three ports.
+	ref := nvmetReference(t, guest)
+
 	// Discovery: one record per access node (once every node's first
 	// heartbeat reached the MDS).
 	disc := fmt.Sprintf("-t tcp -a 10.0.2.2 -s %d -q %s", nodes[0].port, guestHostNQN)
@@ -283,6 +287,12 @@ func TestKernelNVMeANA(t *testing.T) {
 		return true, ""
 	})
 	pathsReady := time.Now()
+	// basalt's picture beside nvmet's: the same fields must agree.
+	got := readPicture(guest, "basalt", nqn)
+	got.disc = parseDiscovery(t, guest(2*time.Minute, "nvme discover -o json "+disc))
+	checkPicture(t, got, nqn)
+	comparePictures(t, ref, got, nvmetNQN, nqn)
+	logf(t, "the kernel's picture of each target:\n%s\n%s", ref, got)
 	subsys := guest(time.Minute, "nvme list-subsys")
 	logf(t, "nvme list-subsys:\n%s\nMDS assignment:\n%s", subsys, table)
 	logf(t, "path states (kernel): %v", paths)
@@ -489,7 +499,115 @@ func TestKernelNVMeANA(t *testing.T) {
 			t.Errorf("%s (%s): the three namespaces are optimized on %d access nodes, want %d", g, policyText(policy), len(opt), want)
 		}
 	}
-	logf(t, "whole test %s", time.Since(begin).Round(time.Millisecond))
+
+	// The volume again through every live access node, now with header and
+	// data digests (nvme connect-all; the groups' controllers stay, the
+	// volume's, connected without digests by the connect-all above, go
+	// first), and the chunkserver that leads the most copysets killed under
+	// fio with verify: the paths stay, fio sees no error.
+	digested := func(a *accessNode) int { // the volume's I/O queues connected with both digests
+		b, _ := os.ReadFile(a.log)
+		n := 0
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, "I/O queue connected") && strings.Contains(l, "subnqn="+nqn+" ") &&
+				strings.Contains(l, "hdgst=true ddgst=true") {
+				n++
+			}
+		}
+		return n
+	}
+	before := map[*accessNode]int{}
+	for _, a := range nodes {
+		before[a] = digested(a)
+	}
+	guest(3*time.Minute, fmt.Sprintf(`nvme disconnect -n %s >/dev/null
+		for i in $(seq 120); do grep -qs %s /sys/class/nvme/*/subsysnqn || exit 0; sleep 1; done; exit 1`, nqn, nqn))
+	guest(3*time.Minute, "nvme connect-all "+disc+" -k 5 --hdr-digest --data-digest")
+	var dpaths []guestPath
+	poll(4*time.Minute, "three paths to the volume again, one optimized", func() (bool, string) {
+		dpaths = of(parseGuestPaths(guest(time.Minute, guestPathsScript)), nqn)
+		n := countStates(dpaths, nqn)
+		return n["optimized"] == 1 && n["non-optimized"] == 2, fmt.Sprint(dpaths)
+	})
+	noSQFlow := 0 // queues connect-all connected with SQ flow control disabled (discovery TREQ bit 2)
+	for _, a := range nodes {
+		b, _ := os.ReadFile(a.log)
+		noSQFlow += strings.Count(string(b), "sqflow=false")
+		if a == optimized {
+			continue // killed above
+		}
+		if digested(a) == before[a] {
+			t.Fatalf("access node :%d: no I/O queue of %s connected with header and data digests\n%s", a.port, nqn, logs())
+		}
+	}
+	dev = strings.TrimSpace(guest(time.Minute, fmt.Sprintf(`for s in /sys/class/nvme-subsystem/nvme-subsys*; do
+		[ "$(cat $s/subsysnqn)" = %s ] && ls $s | grep -E '^nvme[0-9]+n1$'; done; true`, nqn)))
+	if dev == "" {
+		t.Fatalf("no multipath device of %s", nqn)
+	}
+	dev = "/dev/" + dev
+	writes := func() int { // writes the volume's paths completed so far
+		out := guest(time.Minute, fmt.Sprintf(`for c in /sys/class/nvme/nvme*; do
+			[ "$(cat $c/subsysnqn)" = %s ] || continue; for p in $c/nvme*c*n1; do cat $p/stat; done; done`, nqn))
+		n := 0
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			if f := strings.Fields(l); len(f) > 4 {
+				w, _ := strconv.Atoi(f[4])
+				n += w
+			}
+		}
+		return n
+	}
+	w0 := writes()
+	fioStart := time.Now()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+		defer cancel()
+		out, err := h.Run(ctx, "fio --name=cs --filename="+dev+" --rw=randwrite --bs=4k --offset=512m --size=128m "+
+			"--io_size=24m --ioengine=libaio --direct=1 --iodepth=16 --verify=crc32c --verify_fatal=1 --randseed=9 "+
+			"--verify_state_save=0 --output-format=json --output=/root/cs.json && cat /root/cs.json")
+		fioDone <- fioResult{out, err}
+	}()
+	waitWrites := func(n int, what string) time.Duration {
+		start, from := time.Now(), writes()
+		for writes()-from < n {
+			select {
+			case r := <-fioDone:
+				t.Fatalf("fio ended %s: %v\n%s\n%s", what, r.err, r.out, logs())
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+		return time.Since(start)
+	}
+	waitWrites(1500, "before the chunkserver was killed")
+	victim := p.busiestLeader()
+	if err := syscall.Kill(victim.PID, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill chunkserver %d: %v", victim.Index, err)
+	}
+	csKilled := time.Now()
+	next100 := waitWrites(100, "after the chunkserver was killed")
+	select {
+	case r = <-fioDone:
+	case <-time.After(20 * time.Minute):
+		t.Fatalf("fio did not finish within 20 min\n%s", logs())
+	}
+	if r.err != nil {
+		t.Fatalf("fio failed across the chunkserver's kill: %v\n%s\n%s", r.err, r.out, logs())
+	}
+	report.Jobs = nil
+	if i := strings.Index(r.out, "{"); i < 0 || json.Unmarshal([]byte(r.out[i:]), &report) != nil || len(report.Jobs) != 1 {
+		t.Fatalf("fio's report:\n%s", r.out)
+	}
+	if j = report.Jobs[0]; j.Error != 0 {
+		t.Fatalf("fio reports error %d", j.Error)
+	}
+	dpaths = of(parseGuestPaths(guest(time.Minute, guestPathsScript)), nqn)
+	logf(t, "chunkserver %d (pid %d, the busiest leader) killed %s into fio on %s (digests on; %d writes through its paths in all): "+
+		"the next 100 writes took %s; fio randwrite 4 KiB QD16 + crc32c verify: %.0f write IOPS, %.0f verify-read IOPS, "+
+		"no error; pause (longest write completion) %s; paths after: %v",
+		victim.Index, victim.PID, csKilled.Sub(fioStart).Round(time.Millisecond), dev, writes()-w0,
+		next100.Round(time.Millisecond), j.Write.IOPS, j.Read.IOPS, time.Duration(j.Write.Clat.Max).Round(time.Millisecond), dpaths)
+	logf(t, "I/O queues connected with SQ flow control disabled: %d; whole test %s", noSQFlow, time.Since(begin).Round(time.Millisecond))
 }
 
 const groupNQNPrefix = "nqn.2024-11.io.basalt:group:"

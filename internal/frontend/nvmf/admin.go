@@ -159,7 +159,8 @@ func (c *conn) connect(cmd *command) {
 			return
 		}
 		ctrl.touch()
-		log.Info("nvmf: I/O queue connected", "cntlid", ctrl.id, "sqsize", sqsize, "hdgst", c.hdgst, "ddgst", c.ddgst)
+		log.Info("nvmf: I/O queue connected", "cntlid", ctrl.id, "sqsize", sqsize, "hdgst", c.hdgst, "ddgst", c.ddgst,
+			"sqflow", cattr&4 == 0)
 	}
 	c.ctrl, c.qid, c.sqsize, c.noSQFlow = ctrl, qid, sqsize, cattr&4 != 0
 	c.nc.SetReadDeadline(time.Time{})
