@@ -172,7 +172,11 @@ func anaTable(l *api.ListANAResponse, sub string) (table string, optimized uint6
 // namespace; the access node of the optimized path is killed while it runs:
 // fio sees no error, the MDS makes a surviving path optimized, the kernel
 // uses it, and the verify passes. The failover pause (the longest write
-// completion latency fio saw) is logged, not asserted.
+// completion latency fio saw) is logged, not asserted. Before basalt, the
+// same boot reads the kernel's picture of its own target, nvmet, set up the
+// same way (kernel_nvmet_test.go), and basalt's picture must agree with it;
+// after the groups, the volume is connected again with header and data
+// digests and a chunkserver is killed under fio with verify.
 func TestKernelNVMeANA(t *testing.T) {
 	begin := time.Now()
 	bin := testcluster.Binary(t)
