@@ -108,7 +108,31 @@ func attachNBDAt(ctx context.Context, st *stageState, server string) error {
 			return err
 		}
 		st.Device, st.Method, st.NBDIoctl = dev, ProtocolNBD, true
-		return nil
+		return waitNBDStarted(ctx, i)
+	}
+}
+
+// waitNBDStarted waits until /dev/nbdN is serving. With -nonetlink,
+// nbd-client returns when its daemon forks, before that daemon's NBD_DO_IT
+// starts the device: until then the kernel shows it as 0 bytes, so blkid
+// found no file system on an ext4 volume, and the blank check that followed
+// (the device up by then) refused to format it (CI rehearsal, 2026-12-07).
+// Started: the kernel lists the daemon's pid and the size.
+func waitNBDStarted(ctx context.Context, i int) error {
+	dev := fmt.Sprintf("/sys/block/nbd%d", i)
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	for {
+		_, err := os.Stat(dev + "/pid")
+		size, _ := os.ReadFile(dev + "/size")
+		if err == nil && strings.TrimSpace(string(size)) != "0" && len(size) > 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("/dev/nbd%d not started by nbd-client (no pid or size in %s): %w", i, dev, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
 
