@@ -98,6 +98,32 @@ func (q *qemuIO) do(command string) string {
 	return out
 }
 
+// publish attaches volume "vol" to node, writable and exclusive, as
+// ControllerPublishVolume does.
+func publish(t *testing.T, ctx context.Context, mc *mdsclient.Client, node string) {
+	t.Helper()
+	if _, err := mc.AttachVolume(ctx, &api.AttachVolumeRequest{Name: "vol", Node: node, Exclusive: true}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wrote fails the test unless qemu-io's output is a whole 4 KiB write.
+func wrote(t *testing.T, what, out string) {
+	t.Helper()
+	if !strings.Contains(out, "wrote 4096/4096 bytes") {
+		t.Fatalf("%s: %s", what, out)
+	}
+}
+
+// reads fails the test unless qemu-io's output is a whole 4 KiB read that
+// matched its pattern.
+func reads(t *testing.T, what, out string) {
+	t.Helper()
+	if !strings.Contains(out, "read 4096/4096 bytes") || strings.Contains(out, "failed") {
+		t.Fatalf("%s: %s", what, out)
+	}
+}
+
 // dataProtect reports whether qemu-io's output is a write refused with
 // DATA PROTECT, WRITE PROTECTED (07/27/00), which QEMU logs and returns as
 // EACCES.
@@ -149,47 +175,29 @@ func TestFencedInitiatorStaysFenced(t *testing.T) {
 		t.Cleanup(func() { node.Close() })
 		portals = append(portals, node.ISCSIPortal().String())
 	}
-	attach := func(node string) {
-		t.Helper()
-		if _, err := mc.AttachVolume(ctx, &api.AttachVolumeRequest{Name: "vol", Node: node, Exclusive: true}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	wrote := func(what, out string) {
-		t.Helper()
-		if !strings.Contains(out, "wrote 4096/4096 bytes") {
-			t.Fatalf("%s: %s", what, out)
-		}
-	}
 	refused := func(what, out string) {
 		t.Helper()
 		if !dataProtect(out) {
 			t.Fatalf("%s: %s; want DATA PROTECT, WRITE PROTECTED (write failed: Permission denied)", what, out)
 		}
 	}
-	reads := func(what, out string) {
-		t.Helper()
-		if !strings.Contains(out, "read 4096/4096 bytes") || strings.Contains(out, "failed") {
-			t.Fatalf("%s: %s", what, out)
-		}
-	}
 
 	c.CreateVolume("vol", 16<<20)
-	attach("node-a")
+	publish(t, ctx, mc, "node-a")
 	a := startQemuIO(t, ctx, portals[0], "vol", iqnA)
-	wrote("A's write while the volume is published to A", a.do("write -P 0x61 0 4k"))
+	wrote(t, "A's write while the volume is published to A", a.do("write -P 0x61 0 4k"))
 	b := startQemuIO(t, ctx, portals[1], "vol", iqnB)
 	for i := range 3 {
 		refused(fmt.Sprintf("B's write %d while the volume is published to A", i+1), b.do("write -P 0x62 4k 4k"))
 	}
-	reads("B's read", b.do("read -P 0x61 0 4k"))
-	reads("B's read of the block it was refused", b.do("read -P 0 4k 4k"))
-	wrote("A's write after B's were refused (A still the writer)", a.do("write -P 0x61 8k 4k"))
+	reads(t, "B's read", b.do("read -P 0x61 0 4k"))
+	reads(t, "B's read of the block it was refused", b.do("read -P 0 4k 4k"))
+	wrote(t, "A's write after B's were refused (A still the writer)", a.do("write -P 0x61 8k 4k"))
 
 	// Published to B: B's next session writes and takes the writer role.
-	attach("node-b")
+	publish(t, ctx, mc, "node-b")
 	b = startQemuIO(t, ctx, portals[1], "vol", iqnB)
-	wrote("B's write once the volume is published to B", b.do("write -P 0x62 4k 4k"))
+	wrote(t, "B's write once the volume is published to B", b.do("write -P 0x62 4k 4k"))
 	deadline := time.Now().Add(2 * time.Minute)
 	for tries := 1; ; tries++ {
 		// Fenced by B's epoch first (its backend cannot write, NOT READY),
@@ -213,11 +221,11 @@ func TestFencedInitiatorStaysFenced(t *testing.T) {
 	for i, portal := range portals {
 		again := startQemuIO(t, ctx, portal, "vol", iqnA)
 		refused(fmt.Sprintf("A's first write after logging in again at access node %d", i), again.do("write -P 0x61 12k 4k"))
-		reads("A's read after logging in again", again.do("read -P 0x62 4k 4k"))
+		reads(t, "A's read after logging in again", again.do("read -P 0x62 4k 4k"))
 	}
 	// B was not fenced: its writes go on, and its data is all there.
-	wrote("B's write after A came back", b.do("write -P 0x63 16k 4k"))
+	wrote(t, "B's write after A came back", b.do("write -P 0x63 16k 4k"))
 	for _, r := range []string{"read -P 0x61 0 4k", "read -P 0x62 4k 4k", "read -P 0x61 8k 4k", "read -P 0 12k 4k", "read -P 0x63 16k 4k"} {
-		reads("B reads back: "+r, b.do(r))
+		reads(t, "B reads back: "+r, b.do(r))
 	}
 }

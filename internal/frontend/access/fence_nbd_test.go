@@ -59,47 +59,29 @@ func TestFencedNodeStaysFencedNBD(t *testing.T) {
 		t.Helper()
 		return runQemuIO(t, ctx, fmt.Sprintf("driver=nbd,server.type=unix,server.path=%s,export=vol", sockets[node]), node)
 	}
-	attach := func(node string) {
-		t.Helper()
-		if _, err := mc.AttachVolume(ctx, &api.AttachVolumeRequest{Name: "vol", Node: node, Exclusive: true}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	wrote := func(what, out string) {
-		t.Helper()
-		if !strings.Contains(out, "wrote 4096/4096 bytes") {
-			t.Fatalf("%s: %s", what, out)
-		}
-	}
 	refused := func(what, out string) {
 		t.Helper()
 		if !strings.Contains(out, "write failed: Operation not permitted") {
 			t.Fatalf("%s: %s; want the write refused (EPERM: Operation not permitted)", what, out)
 		}
 	}
-	reads := func(what, out string) {
-		t.Helper()
-		if !strings.Contains(out, "read 4096/4096 bytes") || strings.Contains(out, "failed") {
-			t.Fatalf("%s: %s", what, out)
-		}
-	}
 
 	c.CreateVolume("vol", 16<<20)
-	attach("node-a")
+	publish(t, ctx, mc, "node-a")
 	a := connect("node-a")
-	wrote("A's write while the volume is published to A", a.do("write -P 0x61 0 4k"))
+	wrote(t, "A's write while the volume is published to A", a.do("write -P 0x61 0 4k"))
 	b := connect("node-b")
 	for i := range 3 {
 		refused(fmt.Sprintf("B's write %d while the volume is published to A", i+1), b.do("write -P 0x62 4k 4k"))
 	}
-	reads("B's read", b.do("read -P 0x61 0 4k"))
-	reads("B's read of the block it was refused", b.do("read -P 0 4k 4k"))
-	wrote("A's write after B's were refused (A still the writer)", a.do("write -P 0x61 8k 4k"))
+	reads(t, "B's read", b.do("read -P 0x61 0 4k"))
+	reads(t, "B's read of the block it was refused", b.do("read -P 0 4k 4k"))
+	wrote(t, "A's write after B's were refused (A still the writer)", a.do("write -P 0x61 8k 4k"))
 
 	// Published to B: B's next connection writes and takes the writer role.
-	attach("node-b")
+	publish(t, ctx, mc, "node-b")
 	b = connect("node-b")
-	wrote("B's write once the volume is published to B", b.do("write -P 0x62 4k 4k"))
+	wrote(t, "B's write once the volume is published to B", b.do("write -P 0x62 4k 4k"))
 	deadline := time.Now().Add(2 * time.Minute)
 	for tries := 1; ; tries++ {
 		// Fenced by B's epoch first (its backend cannot write), then
@@ -119,9 +101,9 @@ func TestFencedNodeStaysFencedNBD(t *testing.T) {
 	}
 	again := connect("node-a")
 	refused("A's first write after connecting again", again.do("write -P 0x61 12k 4k"))
-	reads("A's read after connecting again", again.do("read -P 0x62 4k 4k"))
+	reads(t, "A's read after connecting again", again.do("read -P 0x62 4k 4k"))
 	// B is still the writer: nothing A did took the role back.
-	wrote("B's write after A's were refused", b.do("write -P 0x62 16k 4k"))
-	reads("B's data", b.do("read -P 0x62 4k 4k"))
-	reads("A's refused block, still zeros", b.do("read -P 0 12k 4k"))
+	wrote(t, "B's write after A's were refused", b.do("write -P 0x62 16k 4k"))
+	reads(t, "B's data", b.do("read -P 0x62 4k 4k"))
+	reads(t, "A's refused block, still zeros", b.do("read -P 0 12k 4k"))
 }
