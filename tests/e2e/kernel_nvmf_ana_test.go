@@ -504,6 +504,48 @@ func TestKernelNVMeANA(t *testing.T) {
 		}
 	}
 
+	// The inherit group grows under the connected host: each access node's
+	// controller of the group sends a Namespace Attribute Changed notice,
+	// the kernel rescans ("rescanning namespaces") and the fourth
+	// namespace gets three live paths, one optimized.
+	inh := groupNQNPrefix + "inh"
+	rescans := func() string {
+		return strings.TrimSpace(guest(time.Minute, "dmesg | grep -c 'rescanning namespaces' || true"))
+	}
+	rescansBefore := rescans()
+	{
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_, err := mc.CreateVolume(ctx, &api.CreateVolumeRequest{Name: "inh-4", Size: 64 << 20})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+		_, err = mc.SetNVMfSubsystem(ctx, &api.SetNVMfSubsystemRequest{Subsystem: &api.NVMfSubsystem{Nqn: inh, Policy: groups[inh],
+			Volumes: []string{"inh-1", "inh-2", "inh-3", "inh-4"}}})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	grew := time.Now()
+	poll(4*time.Minute, "the grown group's fourth namespace on three live paths, one optimized", func() (bool, string) {
+		ps := of(parseGuestPaths(guest(time.Minute, guestPathsScript)), inh)
+		n := map[string]int{}
+		for _, pa := range ps {
+			if pa.nsid == 4 && pa.ctrlLive {
+				n[pa.state]++
+			}
+		}
+		return n["optimized"] == 1 && n["non-optimized"] == 2, fmt.Sprint(ps)
+	})
+	logf(t, "group grown under the host: the fourth namespace's paths ready in the guest %s after the edit", time.Since(grew).Round(time.Millisecond))
+	if after := rescans(); after == rescansBefore {
+		t.Errorf("the guest's kernel logged no namespace rescan after the group grew (%s rescans before and after)", rescansBefore)
+	} else {
+		logf(t, "the guest's kernel logged 'rescanning namespaces' %s times before the edit, %s after", rescansBefore, after)
+	}
+
 	// The volume again through every live access node, now with header and
 	// data digests (nvme connect-all; the groups' controllers stay, the
 	// volume's, connected without digests by the connect-all above, go
