@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/bufpool"
 	"github.com/basalt-storage/basalt/internal/frontend"
 )
 
@@ -46,6 +47,7 @@ type conn struct {
 
 	omu        sync.Mutex
 	out        [][]byte
+	outDone    []func()      // run once out's buffers before them are written (or dropped)
 	oready     chan struct{} // signalled when out grows
 	oclosed    bool
 	writerDone chan struct{}
@@ -56,9 +58,13 @@ type command struct {
 	c    *conn
 	sqe  *sqe
 	data []byte // host-to-controller data (in capsule or by R2T) or nil
-	got  int    // H2C bytes received so far
-	r2t  int    // end of the range the current R2T asked for
-	tag  uint16
+	// pooled is data's bufpool buffer: a write gives it back once the
+	// backend is done with it (putData); any other command leaves it to
+	// the garbage collector.
+	pooled *[]byte
+	got    int // H2C bytes received so far
+	r2t    int // end of the range the current R2T asked for
+	tag    uint16
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -315,7 +321,8 @@ func (c *conn) capsule(hdr []byte, flags uint8, dlen int) error {
 			return c.protoErr(fesInvalidHeader, "in-capsule data of %d bytes with SGL type %#x length %d offset %d",
 				dlen, s.sglType, s.sglLen, s.sglAddr)
 		}
-		cmd.data = make([]byte, dlen)
+		cmd.pooled = bufpool.Get(dlen)
+		cmd.data = *cmd.pooled
 		if err := c.readData(cmd.data); err != nil {
 			return err
 		}
@@ -335,7 +342,8 @@ func (c *conn) capsule(hdr []byte, flags uint8, dlen int) error {
 			c.complete(cmd, scInvalidField|dnr, 0, 0)
 			return nil
 		}
-		cmd.data = make([]byte, s.sglLen)
+		cmd.pooled = bufpool.Get(int(s.sglLen))
+		cmd.data = *cmd.pooled
 		for c.pending[c.nextTag] != nil {
 			c.nextTag++
 		}
@@ -395,6 +403,15 @@ func (c *conn) h2cData(hdr []byte, flags uint8, dlen int) error {
 	return nil
 }
 
+// putData gives cmd's data buffer back to the pool; cmd.data is not used
+// after.
+func (cmd *command) putData() {
+	if cmd.pooled != nil {
+		bufpool.Put(cmd.pooled)
+		cmd.pooled, cmd.data = nil, nil
+	}
+}
+
 // complete queues cmd's response.
 func (c *conn) complete(cmd *command, status uint16, dw0, dw1 uint32) {
 	c.queue(c.rsp(cmd.sqe.cid, status, dw0, dw1))
@@ -416,8 +433,15 @@ func (c *conn) rsp(cid, status uint16, dw0, dw1 uint32) []byte {
 
 // completeData sends data to the host and then the response, or (SQ flow
 // control disabled) the SUCCESS flag on the last C2HData PDU instead.
-func (c *conn) completeData(cmd *command, data []byte) {
+func (c *conn) completeData(cmd *command, data []byte) { c.completeDataThen(cmd, data, nil) }
+
+// completeDataThen is completeData, then release (if set) once data is
+// written to the socket or dropped: data may go back to a pool.
+func (c *conn) completeDataThen(cmd *command, data []byte, release func()) {
 	if cmd.sqe.sglLen == 0 || len(data) == 0 {
+		if release != nil {
+			release()
+		}
 		c.complete(cmd, scSuccess, 0, 0)
 		return
 	}
@@ -458,10 +482,11 @@ func (c *conn) completeData(cmd *command, data []byte) {
 			binary.LittleEndian.PutUint32(d, crc32c(seg))
 			bufs = append(bufs, d)
 		}
-		c.queue(bufs...)
 		if last {
+			c.queueThen(release, bufs...)
 			break
 		}
+		c.queue(bufs...)
 	}
 	if !c.noSQFlow {
 		c.complete(cmd, scSuccess, 0, 0)
@@ -472,10 +497,22 @@ func (c *conn) completeData(cmd *command, data []byte) {
 }
 
 // queue hands buffers to the writer; it never blocks.
-func (c *conn) queue(bufs ...[]byte) {
+func (c *conn) queue(bufs ...[]byte) { c.queueThen(nil, bufs...) }
+
+// queueThen is queue, then done (if set) once the writer wrote these
+// buffers and every one queued before them, or dropped them.
+func (c *conn) queueThen(done func(), bufs ...[]byte) {
 	c.omu.Lock()
-	if !c.oclosed {
-		c.out = append(c.out, bufs...)
+	if c.oclosed {
+		c.omu.Unlock()
+		if done != nil {
+			done()
+		}
+		return
+	}
+	c.out = append(c.out, bufs...)
+	if done != nil {
+		c.outDone = append(c.outDone, done)
 	}
 	c.omu.Unlock()
 	c.signal()
@@ -496,8 +533,8 @@ func (c *conn) writeLoop() {
 		<-c.oready
 		for {
 			c.omu.Lock()
-			bufs, closed := c.out, c.oclosed
-			c.out = nil
+			bufs, done, closed := c.out, c.outDone, c.oclosed
+			c.out, c.outDone = nil, nil
 			c.omu.Unlock()
 			if len(bufs) == 0 {
 				if closed {
@@ -505,14 +542,16 @@ func (c *conn) writeLoop() {
 				}
 				break
 			}
-			if broken {
-				continue
+			if !broken {
+				c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+				nb := net.Buffers(bufs)
+				if _, err := nb.WriteTo(c.nc); err != nil {
+					broken = true
+					c.nc.Close() // the reader ends too
+				}
 			}
-			c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
-			nb := net.Buffers(bufs)
-			if _, err := nb.WriteTo(c.nc); err != nil {
-				broken = true
-				c.nc.Close() // the reader ends too
+			for _, f := range done {
+				f()
 			}
 		}
 	}

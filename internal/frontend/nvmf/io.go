@@ -6,6 +6,7 @@ import (
 	"errors"
 	"sync"
 
+	"github.com/basalt-storage/basalt/internal/bufpool"
 	"github.com/basalt-storage/basalt/internal/frontend"
 	"github.com/basalt-storage/basalt/pkg/api"
 )
@@ -137,17 +138,23 @@ func (c *conn) io(cmd *command) {
 	}
 	switch s.opcode {
 	case ioRead:
-		buf := make([]byte, n)
-		c.submit(api.OpRead, buf, off, n, func(err error) {
+		// Pooled, back once the C2HData PDUs are written: a fresh buffer
+		// per read was most of the target's garbage.
+		p := bufpool.Get(int(n))
+		c.submit(api.OpRead, *p, off, n, func(err error) {
 			if err != nil {
+				bufpool.Put(p)
 				c.complete(cmd, c.status(err), 0, 0)
 				return
 			}
-			c.completeData(cmd, buf)
+			c.completeDataThen(cmd, *p, func() { bufpool.Put(p) })
 		})
 	case ioWrite:
 		// FUA (cdw12 bit 30) needs nothing: every completed write is durable.
-		c.submit(api.OpWrite, cmd.data, off, n, func(err error) { c.done(cmd, err) })
+		c.submit(api.OpWrite, cmd.data, off, n, func(err error) {
+			cmd.putData() // the backend is done with it
+			c.done(cmd, err)
+		})
 	case ioCompare:
 		buf := make([]byte, n)
 		c.submit(api.OpRead, buf, off, n, func(err error) {
