@@ -485,6 +485,11 @@ func (c *conn) scsiCommand(p *pdu) {
 			Sense: &scsi.Sense{Key: scsi.KeyIllegalRequest, ASC: 0x24}})
 		return
 	}
+	if s := c.lu.DataOutTooLong(cmd); s != nil {
+		// Refused before its data is received or room made for it.
+		c.complete(t, scsi.Result{Status: scsi.StatusCheckCondition, Sense: s})
+		return
+	}
 	t.wanted = cmd.DataOut
 	if len(p.data) > 0 && (!writeFlag || !c.immediateData || len(p.data) > t.edtl || len(p.data) > c.firstBurst) {
 		c.reject(p, rejectProtocolError)

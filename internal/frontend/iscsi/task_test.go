@@ -2,6 +2,8 @@ package iscsi
 
 import (
 	"bytes"
+	"encoding/binary"
+	"runtime"
 	"testing"
 
 	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
@@ -232,5 +234,52 @@ func TestAbortTask(t *testing.T) {
 	}
 	if n := disk.Mutations.Load() - writes; n != 1 {
 		t.Fatalf("%d writes reached the backend, want 1 (not the one under a tag in use)", n)
+	}
+}
+
+// A WRITE naming more data than the target takes in one command (the Block
+// Limits page's maximum transfer) is refused before its data is received
+// and before any room is made for it: an initiator sending a 4 GiB WRITE(16)
+// once made the target allocate 4 GiB (the first command of a connection
+// is let through whatever the session's byte budget). COMPARE AND WRITE
+// beyond its maximum length likewise. Nothing reaches the disk, and the
+// connection serves on.
+func TestDataOutTooLongRefusedFirst(t *testing.T) {
+	disk := frontendtest.NewDisk(1 << 20)
+	_, addr := startServer(t, frontendtest.Disks{"disk": disk}, Config{})
+	c := dialClient(t, addr)
+	c.loginNormal("iqn.2026-11.io.basalt.test:huge", TargetName(testCluster, "disk"))
+	refused := func(what string, cdb []byte, edtl int, field byte) {
+		t.Helper()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		itt, _ := c.sendCommand(cdb, edtl, true, nil)
+		r := c.expectOp(opSCSIResp, itt) // no R2T: refused before any data
+		runtime.ReadMemStats(&after)
+		var sense []byte
+		if len(r.data) >= 2 {
+			sense = r.data[2:]
+		}
+		if r.bhs[3] != 0x02 || len(sense) < 18 || sense[2]&0x0f != 0x05 || sense[12] != 0x24 || sense[17] != field {
+			t.Fatalf("%s: status %#x sense % x, want CHECK CONDITION, INVALID FIELD IN CDB at byte %d", what, r.bhs[3], sense, field)
+		}
+		if grew := after.TotalAlloc - before.TotalAlloc; grew > 64<<20 {
+			t.Fatalf("%s: the target allocated %d MiB for it", what, grew>>20)
+		}
+	}
+	const edtl = 0xfffff000 // the largest EDTL, block-aligned: ~4 GiB
+	w16 := make([]byte, 16)
+	w16[0] = 0x8a // WRITE(16), LBA 0
+	binary.BigEndian.PutUint32(w16[10:], edtl/512)
+	refused("WRITE(16) of 4 GiB", w16, edtl, 10)
+	caw := make([]byte, 16)
+	caw[0] = 0x89 // COMPARE AND WRITE, LBA 0
+	caw[13] = 255
+	refused("COMPARE AND WRITE of 255 blocks", caw, 2*255*512, 13)
+	if disk.Mutations.Load() != 0 {
+		t.Fatal("a refused command reached the disk")
+	}
+	if st, _, sense := c.command(cdb10(0x2a, 0, 1), 512, bytes.Repeat([]byte{1}, 512)); st != 0 {
+		t.Fatalf("a WRITE(10) after the refusals: status %#x sense % x", st, sense)
 	}
 }

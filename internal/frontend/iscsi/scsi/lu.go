@@ -248,6 +248,36 @@ func (lu *LU) Execute(c *Command, dataOut []byte, done func(Result)) {
 	}
 }
 
+// transferLengthField is the CDB byte of a READ or WRITE's TRANSFER LENGTH.
+func transferLengthField(op byte) int {
+	switch op {
+	case opRead6, opWrite6:
+		return 4
+	case opRead12, opWrite12, opWriteVerify12:
+		return 6
+	case opRead16, opWrite16, opWriteVerify16:
+		return 10
+	}
+	return 7
+}
+
+// DataOutTooLong is the refusal of a command whose Data-Out is more than
+// this LU takes in one command (MAXIMUM TRANSFER LENGTH; for COMPARE AND
+// WRITE its maximum length), nil if it fits. The target asks before it
+// receives the data, and so before it makes room for it: an initiator
+// naming a 4 GiB WRITE must not make the target allocate 4 GiB.
+func (lu *LU) DataOutTooLong(c *Command) *Sense {
+	switch {
+	case c.kind == kCompareAndWrite && int(c.blocks) > lu.maxCAWBlock:
+		return invalidField(13)
+	case c.DataOut <= lu.maxXfer:
+		return nil
+	case c.kind == kWrite:
+		return invalidField(transferLengthField(c.Op))
+	}
+	return sense(senseParamLenError)
+}
+
 // precheck validates what the slow commands need before any IO.
 func (lu *LU) precheck(c *Command) *Sense {
 	switch c.kind {
@@ -311,16 +341,7 @@ func (lu *LU) readWrite(c *Command, dataOut []byte, done func(Result)) {
 	}
 	n := int(c.blocks) * lu.bs
 	if n > lu.maxXfer {
-		field := 7
-		switch c.Op {
-		case opRead6, opWrite6:
-			field = 4
-		case opRead12, opWrite12, opWriteVerify12:
-			field = 6
-		case opRead16, opWrite16, opWriteVerify16:
-			field = 10
-		}
-		done(check(invalidField(field)))
+		done(check(invalidField(transferLengthField(c.Op))))
 		return
 	}
 	if n == 0 {
