@@ -534,8 +534,12 @@ func (h *Host) ReadBarrierTerm(id uint64, done func(term uint64, err error)) {
 	// before a new fastLease (publishFastLease), so a valid lease seen here
 	// is never one of an older term than the term loaded (an older term
 	// with a newer lease only fails ProposeInTerm: harmless).
+	// The term is loaded again after the lease: a lease published between
+	// the first load and the lease's (a first lease, the term still 0, or a
+	// new term's) takes the slow path instead of answering a term the lease
+	// is not of (a 0 made ProposeInTerm fail as a config error: IO_ERROR).
 	term := g.fastTerm.Load()
-	if until := g.fastLease.Load(); until != 0 {
+	if until := g.fastLease.Load(); until != 0 && term != 0 && g.fastTerm.Load() == term {
 		if now := h.now(); int64(now) < until {
 			g.fastReadAt.Store(int64(now))
 			h.stats.leaseReads.Add(1)
