@@ -3,12 +3,15 @@ package mds
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
@@ -197,14 +200,33 @@ func (s *Server) txn(ctx context.Context, fn func(stm concurrency.STM) error) er
 	if key == "" {
 		return ErrNotActive
 	}
-	_, err := concurrency.NewSTM(s.cli, func(stm concurrency.STM) error {
-		if stm.Get(key) == "" {
-			return ErrNotActive
+	for attempt := 1; ; attempt++ {
+		_, err := concurrency.NewSTM(s.cli, func(stm concurrency.STM) error {
+			if stm.Get(key) == "" {
+				return ErrNotActive
+			}
+			return fn(stm)
+		}, concurrency.WithAbortContext(ctx))
+		if !errors.Is(err, rpctypes.ErrFutureRev) || attempt == futureRevAttempts {
+			return err
 		}
-		return fn(stm)
-	}, concurrency.WithAbortContext(ctx))
-	return err
+		// The transaction's reads after its first are pinned to the first
+		// one's revision, and the client spreads them over every etcd
+		// member: one that has not applied that revision yet refuses the
+		// read (etcd-io/etcd#11963). An OpenVolume just after an MDS
+		// failover failed so (a CI rehearsal's TestKillActiveMDS). Run it
+		// again once that member had a moment to catch up.
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
+
+// futureRevAttempts bounds txn's runs refused for a future revision (10 ms
+// apart): a member stuck behind for longer is an etcd problem to report.
+const futureRevAttempts = 100
 
 // bumpTopologyRevision marks a change to chunkservers, pools or copysets,
 // so that every MDS's cached topology is re-read.
