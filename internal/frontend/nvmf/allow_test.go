@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -77,17 +76,7 @@ func TestVolumeAllowList(t *testing.T) {
 	ex := frontend.NewExports(frontend.ExportsConfig{Opener: frontendtest.Disks{"vol": vol, "open": open}, Logger: quiet})
 	lists := &hostLists{lists: map[string][]string{}}
 	lists.set("vol", hostA, hostC)
-	s, err := NewServer(Config{Exports: ex, Logger: quiet, AllowedHosts: []string{hostA, hostB}, VolumeHostAllowed: lists.allowed})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(ln)
-	t.Cleanup(func() { s.Close(); ex.Close() })
-	addr := ln.Addr().String()
+	_, addr := serve(t, Config{Exports: ex, Logger: quiet, AllowedHosts: []string{hostA, hostB}, VolumeHostAllowed: lists.allowed})
 	connect := func(sub, host string) result {
 		t.Helper()
 		in := dialInit(t, addr, false, false)
@@ -155,28 +144,19 @@ func TestGroupAllowList(t *testing.T) {
 	ex := frontend.NewExports(frontend.ExportsConfig{Opener: frontendtest.Disks{"a": newDisk(1 << 20), "b": newDisk(1 << 20)}, Logger: quiet})
 	lists := &hostLists{lists: map[string][]string{}}
 	lists.set("b", hostB)
-	s, err := NewServer(Config{Exports: ex, Logger: quiet, Multipath: true, NodeID: 1, VolumeHostAllowed: lists.allowed})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(ln)
-	t.Cleanup(func() { s.Close(); ex.Close() })
+	s, addr := serve(t, Config{Exports: ex, Logger: quiet, Multipath: true, NodeID: 1, VolumeHostAllowed: lists.allowed})
 	const group = GroupNQNPrefix + "g"
 	s.SetPaths(Paths{Groups: map[string][]string{group: {"a", "b"}}})
-	in := dialInit(t, ln.Addr().String(), false, false)
+	in := dialInit(t, addr, false, false)
 	if r, _ := in.connect(group, hostA, 0, 0xffff, 0); r.status != scConnectHost || !r.dnr {
 		t.Errorf("hostA, refused by volume b, to the group: status %#x, want Connect Invalid Host", r.status)
 	}
-	in = dialInit(t, ln.Addr().String(), false, false)
+	in = dialInit(t, addr, false, false)
 	in.must(in.connect(group, hostB, 0, 0xffff, 0))
-	if got := discoveryNQNs(t, ln.Addr().String(), hostA); len(got) != 0 {
+	if got := discoveryNQNs(t, addr, hostA); len(got) != 0 {
 		t.Errorf("hostA's discovery log lists %v, want nothing (volume a is in the group)", got)
 	}
-	if got := discoveryNQNs(t, ln.Addr().String(), hostB); !slices.Equal(got, []string{group}) {
+	if got := discoveryNQNs(t, addr, hostB); !slices.Equal(got, []string{group}) {
 		t.Errorf("hostB's discovery log lists %v, want the group", got)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -147,25 +146,16 @@ func TestGroupSubsystem(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	disk1 := newDisk(1 << 20)
 	ex := frontend.NewExports(frontend.ExportsConfig{Opener: frontendtest.Disks{"a": disk1, "b": disk2}, Logger: quiet})
-	s, err := NewServer(Config{Exports: ex, Logger: quiet, Multipath: true, NodeID: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(ln)
-	t.Cleanup(func() { s.Close(); ex.Close() })
+	s, addr := serve(t, Config{Exports: ex, Logger: quiet, Multipath: true, NodeID: 1})
 	const group = GroupNQNPrefix + "g"
 	s.SetPaths(Paths{
 		Groups: map[string][]string{group: {"a", "b"}},
 		States: map[PathKey]ANAState{{group, hostA, 1}: ANAOptimized, {group, hostA, 2}: ANAInaccessible},
 	})
-	admin := dialInit(t, ln.Addr().String(), false, false)
+	admin := dialInit(t, addr, false, false)
 	admin.must(admin.connect(group, hostA, 0, 0xffff, 0))
 	admin.must(admin.do(newSQE(adminSetFeatures, 0, 0x07, 0), nil, false, 0))
-	ioq := dialInit(t, ln.Addr().String(), false, false)
+	ioq := dialInit(t, addr, false, false)
 	ioq.must(ioq.connect(group, hostA, 1, admin.cntlid, 0))
 	id := admin.must(admin.do(newSQE(adminIdentify, 0, 1), nil, false, 4096)).data
 	if nn := binary.LittleEndian.Uint32(id[516:]); nn != groupNSMax || binary.LittleEndian.Uint32(id[344:]) != groupNSMax {
@@ -213,14 +203,14 @@ func TestGroupSubsystem(t *testing.T) {
 		t.Fatalf("Hosts() = %v", h)
 	}
 	// Discovery lists the group beside the volumes' own subsystems.
-	d := dialInit(t, ln.Addr().String(), false, false)
+	d := dialInit(t, addr, false, false)
 	d.must(d.connect(DiscoveryNQN, hostA, 0, 0xffff, 0))
 	disc := d.must(d.do(newSQE(adminGetLogPage, 0, logDiscovery|(4096/4-1)<<16), nil, false, 4096)).data
 	if n := binary.LittleEndian.Uint64(disc[8:]); n != 1 || !strings.Contains(string(disc), group) {
 		t.Fatalf("%d discovery records (want the group alone: a and b are in it)", n)
 	}
 	// A grouped volume's own subsystem is not served.
-	other := dialInit(t, ln.Addr().String(), false, false)
+	other := dialInit(t, addr, false, false)
 	if r, _ := other.connect(VolumeNQNPrefix+"a", hostA, 0, 0xffff, 0); r.status != scConnectInvalid {
 		t.Fatalf("connect to a grouped volume's own subsystem: status %#x", r.status)
 	}

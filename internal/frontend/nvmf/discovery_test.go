@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -91,18 +90,8 @@ func TestDiscoveryChangeNotice(t *testing.T) {
 	vols := &volumeSet{disks: frontendtest.Disks{"vol": newDisk(1 << 20)}}
 	ex := frontend.NewExports(frontend.ExportsConfig{Opener: vols, Logger: quiet})
 	lists := &hostLists{lists: map[string][]string{}}
-	s, err := NewServer(Config{Exports: ex, Logger: quiet, Multipath: true, NodeID: 1, DiscoveryCheck: 20 * time.Millisecond,
+	s, addr := serve(t, Config{Exports: ex, Logger: quiet, Multipath: true, NodeID: 1, DiscoveryCheck: 20 * time.Millisecond,
 		VolumeHostAllowed: lists.allowed})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(ln)
-	t.Cleanup(func() { s.Close(); ex.Close() })
-	addr := ln.Addr().String()
 	capture := nvmftshark.Start(t, addr)
 	p1, p2 := Port{1, "10.0.0.1:4420"}, Port{2, "10.0.0.2:4420"}
 	s.SetPaths(Paths{Ports: []Port{p1}})

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"io"
 	"log/slog"
-	"net"
 	"slices"
 	"testing"
 
@@ -25,17 +24,7 @@ func TestGroupEdit(t *testing.T) {
 	disks := frontendtest.Disks{"a": newDisk(1 << 20), "b": newDisk(1 << 20), "c": newDisk(2 << 20), "d": newDisk(1 << 20)}
 	ex := frontend.NewExports(frontend.ExportsConfig{Opener: disks, Logger: quiet})
 	lists := &hostLists{lists: map[string][]string{"d": {hostB}}}
-	s, err := NewServer(Config{Exports: ex, Logger: quiet, Multipath: true, NodeID: 1, VolumeHostAllowed: lists.allowed})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(ln)
-	t.Cleanup(func() { s.Close(); ex.Close() })
-	addr := ln.Addr().String()
+	s, addr := serve(t, Config{Exports: ex, Logger: quiet, Multipath: true, NodeID: 1, VolumeHostAllowed: lists.allowed})
 	capture := nvmftshark.Start(t, addr)
 	const group = GroupNQNPrefix + "g"
 	setGroup := func(vols ...string) { s.SetPaths(Paths{Groups: map[string][]string{group: vols}}) }

@@ -42,6 +42,14 @@ func startServerSized(t testing.TB, sizeCheck time.Duration, mod func(*Config)) 
 	if mod != nil {
 		mod(&cfg)
 	}
+	s, addr := serve(t, cfg)
+	return s, addr, disk
+}
+
+// serve starts a server with cfg on a loopback port, closed (with its
+// exports) when the test ends.
+func serve(t testing.TB, cfg Config) (*Server, string) {
+	t.Helper()
 	s, err := NewServer(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -51,8 +59,8 @@ func startServerSized(t testing.TB, sizeCheck time.Duration, mod func(*Config)) 
 		t.Fatal(err)
 	}
 	go s.Serve(ln)
-	t.Cleanup(func() { s.Close(); ex.Close() })
-	return s, ln.Addr().String(), disk
+	t.Cleanup(func() { s.Close(); cfg.Exports.Close() })
+	return s, ln.Addr().String()
 }
 
 // initiator is the nvmfhost package's Conn (one queue, one command at a
