@@ -39,7 +39,13 @@ func (lu *LU) info(c *Command) Result {
 		d := make([]byte, 32)
 		binary.BigEndian.PutUint64(d[0:], lu.blocks()-1)
 		binary.BigEndian.PutUint32(d[8:], uint32(lu.bs))
-		d[13] = lu.physExp
+		// LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT 0: a logical block is
+		// written on its own, atomically, as a unit of the medium. The
+		// 4 KiB the backend prefers are the Block Limits page's optimal
+		// transfer and unmap granularity instead, which Linux takes for
+		// io_min and the discard granularity. A 4 KiB physical block made
+		// initiators (libiscsi's GetLBAStatus.UnmapSingle) take it for
+		// the unit GET LBA STATUS reports in.
 		if lu.canTrim {
 			d[14] = 0x80 | 0x40 // LBPME, LBPRZ: unmapped blocks read as zeros
 		}
@@ -107,7 +113,13 @@ func (lu *LU) vpd(p byte) []byte {
 		if lu.canTrim {
 			binary.BigEndian.PutUint32(at(20), 0xffffffff)
 			binary.BigEndian.PutUint32(at(24), maxUnmapDescriptors)
+			// OPTIMAL UNMAP GRANULARITY, the backend's preferred size (a
+			// basalt volume's 4 KiB map granule, api.MapGranule): an UNMAP
+			// deallocates the whole granules it covers and zeroes the
+			// blocks of one it covers in part, which GET LBA STATUS then
+			// reports mapped. UGAVALID: granules start at LBA 0.
 			binary.BigEndian.PutUint32(at(28), uint32(gran))
+			at(32)[0] = 0x80
 		}
 		binary.BigEndian.PutUint64(at(36), uint64(maxWriteSameBytes/lu.bs))
 		return page(d)

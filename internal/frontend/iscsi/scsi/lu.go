@@ -52,7 +52,6 @@ type LU struct {
 	cfg         Config
 	b           frontend.Backend
 	bs          int   // logical block size
-	physExp     byte  // logical blocks per physical block, as a power of two
 	maxXfer     int   // bytes, a multiple of bs
 	chunk       int64 // the largest single backend IO for trim/zero/write-same
 	readOnly    bool
@@ -103,10 +102,6 @@ func New(cfg Config) *LU {
 	if int(info.BlockSizes.Minimum) > bs {
 		bs = int(info.BlockSizes.Minimum)
 	}
-	var exp byte
-	for p := int(info.BlockSizes.Preferred); p > bs && exp < 15; p >>= 1 {
-		exp++
-	}
 	if cfg.MaxTransfer <= 0 {
 		cfg.MaxTransfer = 8 << 20
 	}
@@ -125,7 +120,7 @@ func New(cfg Config) *LU {
 		cfg.Group = NewGroup()
 	}
 	lu := &LU{
-		cfg: cfg, b: cfg.Backend, bs: bs, physExp: exp, maxXfer: maxXfer, chunk: chunk,
+		cfg: cfg, b: cfg.Backend, bs: bs, maxXfer: maxXfer, chunk: chunk,
 		readOnly: info.ReadOnly, canTrim: info.CanTrim && !info.ReadOnly,
 		canZero: info.CanWriteZeroes && !info.ReadOnly, canFlush: info.CanFlush,
 		group: cfg.Group, serial: fmt.Sprintf("%016x", cfg.ID),
