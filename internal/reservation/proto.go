@@ -28,7 +28,7 @@ func (s *State) Proto() *api.PRState {
 		p.Registrations = append(p.Registrations, &api.PRRegistration{Nexus: NexusProto(r.Nexus), Key: r.Key})
 	}
 	for _, a := range s.Attentions {
-		p.Attentions = append(p.Attentions, &api.PRAttention{Seq: a.Seq, Nexus: NexusProto(a.Nexus), Ascq: uint32(a.ASCQ)})
+		p.Attentions = append(p.Attentions, &api.PRAttention{Seq: a.Seq, Nexus: NexusProto(a.Nexus), Ascq: uint32(a.ASCQ), Abort: a.Abort})
 	}
 	return p
 }
@@ -48,7 +48,7 @@ func StateFromProto(p *api.PRState) *State {
 		s.Registrations = append(s.Registrations, Registration{Nexus: NexusFromProto(r.Nexus), Key: r.Key})
 	}
 	for _, a := range p.GetAttentions() {
-		s.Attentions = append(s.Attentions, Attention{Seq: a.Seq, Nexus: NexusFromProto(a.Nexus), ASCQ: byte(a.Ascq)})
+		s.Attentions = append(s.Attentions, Attention{Seq: a.Seq, Nexus: NexusFromProto(a.Nexus), ASCQ: byte(a.Ascq), Abort: a.Abort})
 	}
 	return s
 }

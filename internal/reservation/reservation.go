@@ -100,6 +100,10 @@ type Attention struct {
 	Seq   uint64 `json:"s"`
 	Nexus Nexus  `json:"n"`
 	ASCQ  byte   `json:"q"`
+	// Abort: a PREEMPT AND ABORT preempted the registration, so the
+	// commands in flight from the nexuses it covers are aborted (SPC-4
+	// 5.13.11.2.4), wherever they are (AbortedFor).
+	Abort bool `json:"ab,omitempty"`
 }
 
 // The ASCQs of ASC 2A (PARAMETERS CHANGED) a reservation change raises.
@@ -306,7 +310,11 @@ func (s *State) clone() *State {
 
 // raise records a unit attention for the nexuses registration r covers.
 func (s *State) raise(r Nexus, ascq byte) {
-	s.Attentions = append(s.Attentions, Attention{Seq: s.Seq, Nexus: r, ASCQ: ascq})
+	s.raiseAttention(Attention{Seq: s.Seq, Nexus: r, ASCQ: ascq})
+}
+
+func (s *State) raiseAttention(a Attention) {
+	s.Attentions = append(s.Attentions, a)
 	if n := len(s.Attentions) - MaxAttentions; n > 0 {
 		s.Attentions = slices.Delete(s.Attentions, 0, n)
 	}
@@ -322,6 +330,18 @@ func (s *State) AttentionsFor(n Nexus, after uint64) []byte {
 		}
 	}
 	return out
+}
+
+// AbortedFor reports whether a PREEMPT AND ABORT after sequence number
+// after preempted a registration covering nexus n: the commands n had in
+// flight then are to be aborted.
+func (s *State) AbortedFor(n Nexus, after uint64) bool {
+	for _, a := range s.Attentions {
+		if a.Seq > after && a.Abort && a.Nexus.covers(n) {
+			return true
+		}
+	}
+	return false
 }
 
 // release drops the reservation; a registrants-only or all-registrants one
@@ -432,14 +452,16 @@ func Apply(s *State, from Nexus, a Action) (*State, error) {
 
 	// PREEMPT and PREEMPT AND ABORT (SPC-4 5.13.11.4).
 	// removeKey removes every registration with key k but the sender's and
-	// raises REGISTRATIONS PREEMPTED for them; it reports how many.
+	// raises REGISTRATIONS PREEMPTED for them (after PREEMPT AND ABORT,
+	// marked Abort: their commands are aborted); it reports how many.
+	abort := a.ServiceAction == PreemptAndAbort
 	removeKey := func(k uint64, all bool) int {
 		removed := 0
 		for i := 0; i < len(n.Registrations); {
 			r := n.Registrations[i]
 			if (all || r.Key == k) && r.Nexus != reg.Nexus {
 				n.Registrations = slices.Delete(n.Registrations, i, i+1)
-				n.raise(r.Nexus, RegistrationsPreempted)
+				n.raiseAttention(Attention{Seq: n.Seq, Nexus: r.Nexus, ASCQ: RegistrationsPreempted, Abort: abort})
 				removed++
 				continue
 			}

@@ -434,3 +434,28 @@ func TestSPC2Conflicts(t *testing.T) {
 		t.Fatalf("proto round trip: %v", p.SPC2)
 	}
 }
+
+// PREEMPT AND ABORT marks the preempted nexuses' attentions Abort, which
+// AbortedFor reports (an access node then aborts their commands) and the
+// MDS's message keeps; PREEMPT does not.
+func TestPreemptAndAbortAborts(t *testing.T) {
+	s := run(t, step{i1, reg(1), 0}, step{i2, reg(2), 0}, step{i3, reg(3), 0},
+		step{i1, Action{ServiceAction: Reserve, Key: 1, Type: WriteExclusiveRegistrantsOnly}, 0})
+	p := run2(t, s, step{i1, Action{ServiceAction: Preempt, Key: 1, SAKey: 2, Type: WriteExclusiveRegistrantsOnly}, 0})
+	if p.AbortedFor(i2, s.Seq) {
+		t.Error("PREEMPT aborts the preempted nexus's commands")
+	}
+	pa := run2(t, s, step{i1, Action{ServiceAction: PreemptAndAbort, Key: 1, SAKey: 2, Type: WriteExclusiveRegistrantsOnly}, 0})
+	for _, st := range []*State{pa, StateFromProto(pa.Proto())} {
+		if !st.AbortedFor(i2, s.Seq) || st.AbortedFor(i2, pa.Seq) {
+			t.Errorf("i2 after PREEMPT AND ABORT: aborted since %d: %v, since %d: %v; want true, false",
+				s.Seq, st.AbortedFor(i2, s.Seq), pa.Seq, st.AbortedFor(i2, pa.Seq))
+		}
+		if st.AbortedFor(i1, s.Seq) || st.AbortedFor(i3, s.Seq) || st.AbortedFor(i1b, s.Seq) {
+			t.Error("PREEMPT AND ABORT aborts a nexus it did not preempt")
+		}
+		if got := st.AttentionsFor(i2, s.Seq); !slices.Equal(got, []byte{RegistrationsPreempted}) {
+			t.Errorf("i2's attentions %v", got)
+		}
+	}
+}

@@ -4158,10 +4158,13 @@ func (x *PRRegistration) GetKey() uint64 {
 // PRAttention is a unit attention a change raised (ASC 2A, this ASCQ) for
 // the nexuses a registration covered.
 type PRAttention struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
-	Nexus         *PRNexus               `protobuf:"bytes,2,opt,name=nexus,proto3" json:"nexus,omitempty"`
-	Ascq          uint32                 `protobuf:"varint,3,opt,name=ascq,proto3" json:"ascq,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Seq   uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Nexus *PRNexus               `protobuf:"bytes,2,opt,name=nexus,proto3" json:"nexus,omitempty"`
+	Ascq  uint32                 `protobuf:"varint,3,opt,name=ascq,proto3" json:"ascq,omitempty"`
+	// A PREEMPT AND ABORT preempted the registration: the commands in flight
+	// from the nexuses it covers are aborted.
+	Abort         bool `protobuf:"varint,4,opt,name=abort,proto3" json:"abort,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4215,6 +4218,13 @@ func (x *PRAttention) GetAscq() uint32 {
 		return x.Ascq
 	}
 	return 0
+}
+
+func (x *PRAttention) GetAbort() bool {
+	if x != nil {
+		return x.Abort
+	}
+	return false
 }
 
 type PRState struct {
@@ -5206,11 +5216,12 @@ const file_mds_proto_rawDesc = "" +
 	"\x10all_target_ports\x18\x03 \x01(\bR\x0eallTargetPorts\"P\n" +
 	"\x0ePRRegistration\x12,\n" +
 	"\x05nexus\x18\x01 \x01(\v2\x16.basalt.api.v1.PRNexusR\x05nexus\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\x04R\x03key\"a\n" +
+	"\x03key\x18\x02 \x01(\x04R\x03key\"w\n" +
 	"\vPRAttention\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12,\n" +
 	"\x05nexus\x18\x02 \x01(\v2\x16.basalt.api.v1.PRNexusR\x05nexus\x12\x12\n" +
-	"\x04ascq\x18\x03 \x01(\rR\x04ascq\"\xeb\x02\n" +
+	"\x04ascq\x18\x03 \x01(\rR\x04ascq\x12\x14\n" +
+	"\x05abort\x18\x04 \x01(\bR\x05abort\"\xeb\x02\n" +
 	"\aPRState\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\rR\n" +
