@@ -90,19 +90,22 @@ func (c *Cached) vol(volume string) *cachedVol {
 // FreshReader is a Store that can answer from a copy without a round trip
 // (and without the caller making a context for one): Cached.
 type FreshReader interface {
-	// Fresh returns volume's state if a copy young enough is at hand.
-	Fresh(volume string) (*State, bool)
+	// Fresh returns volume's state if a copy young enough is at hand, and
+	// when that copy expires: until then a change made through another
+	// access node has not completed (its PERSISTENT RESERVE OUT waits that
+	// long), after it one may have.
+	Fresh(volume string) (st *State, expires time.Time, ok bool)
 }
 
 // Fresh returns volume's state if this process's copy is at most TTL old.
-func (c *Cached) Fresh(volume string) (*State, bool) {
+func (c *Cached) Fresh(volume string) (*State, time.Time, bool) {
 	v := c.vol(volume)
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.state != nil && time.Since(v.asked) < c.TTL {
-		return v.state, true
+		return v.state, v.asked.Add(c.TTL), true
 	}
-	return nil, false
+	return nil, time.Time{}, false
 }
 
 // Read returns volume's state from a copy at most TTL old.

@@ -111,6 +111,7 @@ type task struct {
 	seqErr      bool   // a Data-Out came with the wrong DataSN: the rest of its sequence is dropped
 	charge      int64
 	executing   bool
+	started     atomic.Bool // executing, for abortTasks on another goroutine
 	aborted     atomic.Bool
 	done        chan struct{}
 	doneOnce    sync.Once
@@ -630,6 +631,11 @@ func (c *conn) failData(t *task) {
 
 func (c *conn) execute(t *task) {
 	t.executing = true
+	t.started.Store(true)
+	if t.aborted.Load() { // by abortTasks while its data came in
+		c.complete(t, scsi.Result{Status: scsi.StatusTaskAborted})
+		return
+	}
 	c.lu.Execute(t.cmd, t.buf, func(r scsi.Result) { c.complete(t, r) })
 }
 

@@ -518,7 +518,7 @@ func (c *conn) enterFullFeature() error {
 		PR: &scsi.PR{Store: c.s.cfg.Reservations, Volume: c.volume, Nexus: reservation.Nexus{
 			Initiator:  fmt.Sprintf("%s,i,0x%x", strings.ToLower(c.initiator), c.isid[:]),
 			TargetPort: c.s.cfg.TargetPort,
-		}},
+		}, AbortTasks: c.abortTasks},
 	})
 	c.key = sessionKey{initiator: strings.ToLower(c.initiator), target: strings.ToLower(c.target), isid: c.isid}
 	old := c.s.register(c.key, c)

@@ -147,6 +147,42 @@ func (c *conn) abort(ts []*task) (executing []*task) {
 	return executing
 }
 
+// abortTasks aborts every task but the one running except (scsi.PR's
+// AbortTasks: a PREEMPT AND ABORT preempted this nexus). It may run on any
+// goroutine, so it only marks the tasks: one not started yet never starts
+// (execute; the store to aborted before the load of started here, and the
+// store to started before the load of aborted there, leave no task
+// unaccounted), and the channel closes once the started ones left the
+// backend.
+func (c *conn) abortTasks(except *scsi.Command) (int, <-chan struct{}) {
+	c.mu.Lock()
+	n := 0
+	var started []*task
+	for _, t := range c.tasks {
+		if except != nil && t.cmd == except {
+			continue
+		}
+		t.aborted.Store(true)
+		n++
+		if t.started.Load() {
+			started = append(started, t)
+		}
+	}
+	c.mu.Unlock()
+	done := make(chan struct{})
+	if len(started) == 0 {
+		close(done)
+		return n, done
+	}
+	go func() {
+		for _, t := range started {
+			<-t.done
+		}
+		close(done)
+	}()
+	return n, done
+}
+
 // textRequest answers SendTargets (RFC 7143 Appendix C); a long answer goes
 // in pieces of the initiator's MaxRecvDataSegmentLength.
 func (c *conn) textRequest(p *pdu) {

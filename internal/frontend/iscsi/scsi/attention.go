@@ -9,8 +9,9 @@ import (
 // to each I_T nexus, on the next command, so that initiators learn of events
 // another initiator (or the operator) caused: a reset, a new capacity.
 var (
-	senseResetOccurred  = Sense{Key: KeyUnitAttention, ASC: 0x29, ASCQ: 0x03} // BUS DEVICE RESET FUNCTION OCCURRED
-	senseCapacityChange = Sense{Key: KeyUnitAttention, ASC: 0x2a, ASCQ: 0x09} // CAPACITY DATA HAS CHANGED
+	senseResetOccurred   = Sense{Key: KeyUnitAttention, ASC: 0x29, ASCQ: 0x03} // BUS DEVICE RESET FUNCTION OCCURRED
+	senseCapacityChange  = Sense{Key: KeyUnitAttention, ASC: 0x2a, ASCQ: 0x09} // CAPACITY DATA HAS CHANGED
+	senseCommandsCleared = Sense{Key: KeyUnitAttention, ASC: 0x2f, ASCQ: 0x00} // COMMANDS CLEARED BY ANOTHER INITIATOR
 )
 
 // maxPendingAttentions bounds one nexus's queue; a repeated condition is
@@ -45,6 +46,17 @@ func (g *Group) leave(lu *LU) {
 	g.mu.Lock()
 	delete(g.lus, lu)
 	g.mu.Unlock()
+}
+
+// members returns the group's LUs.
+func (g *Group) members() []*LU {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	lus := make([]*LU, 0, len(g.lus))
+	for lu := range g.lus {
+		lus = append(lus, lu)
+	}
+	return lus
 }
 
 // raise queues s on every nexus of the group.

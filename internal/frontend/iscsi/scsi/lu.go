@@ -159,12 +159,15 @@ func (lu *LU) Execute(c *Command, dataOut []byte, done func(Result)) {
 	// The reservation state (its attentions for this nexus first).
 	var pr *reservation.State
 	if lu.pr != nil && c.reportsAttention() {
-		st, s := lu.prState()
+		st, expires, s := lu.prState(c)
 		if s != nil {
 			done(check(s))
 			return
 		}
 		pr = st
+		if a := c.access(); !expires.IsZero() && (a == reservation.AccessRead || a == reservation.AccessWrite) {
+			done = lu.recheckAfter(expires, done)
+		}
 	}
 	if c.reportsAttention() {
 		if s := lu.attention(); s != nil {

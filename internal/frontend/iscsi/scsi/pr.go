@@ -38,6 +38,13 @@ type PR struct {
 	Store  reservation.Store
 	Volume string
 	Nexus  reservation.Nexus
+	// AbortTasks, if set, aborts every command of the nexus in flight but
+	// except (nil: none spared), as ABORT TASK SET would with TAS 0: none
+	// of them is answered. A PREEMPT AND ABORT that preempted the nexus
+	// calls it (SPC-4 5.13.11.2.4). It returns how many it aborted and a
+	// channel closed once none of them can still reach the backend. It
+	// may be called on any goroutine.
+	AbortTasks func(except *Command) (int, <-chan struct{})
 }
 
 // prNexus is the LU's view of the attentions already turned into unit
@@ -46,6 +53,9 @@ type prNexus struct {
 	mu   sync.Mutex
 	seen bool
 	seq  uint64 // the state's Seq this nexus last looked at
+	// aborted is closed once the commands the last PREEMPT AND ABORT of
+	// this nexus aborted left the backend (nil: none).
+	aborted <-chan struct{}
 }
 
 // writes reports whether the command changes the LU's data.
@@ -76,30 +86,39 @@ func (c *Command) access() reservation.Access {
 	return reservation.AccessNone
 }
 
-// prState returns the volume's reservation state, after queuing the unit
-// attentions raised for this nexus since it last looked.
-func (lu *LU) prState() (*reservation.State, *Sense) {
-	if f, ok := lu.pr.Store.(reservation.FreshReader); ok {
+// prState returns the volume's reservation state and until when it is
+// known current (zero: always, the store is this process's), after queuing
+// the unit attentions raised for this nexus since it last looked, and
+// aborting its commands in flight but cur if a PREEMPT AND ABORT preempted
+// it meanwhile.
+func (lu *LU) prState(cur *Command) (*reservation.State, time.Time, *Sense) {
+	f, fresh := lu.pr.Store.(reservation.FreshReader)
+	if fresh {
 		// Every command asks: no context (and timer) to make while the
 		// copy is fresh.
-		if st, ok := f.Fresh(lu.pr.Volume); ok {
-			lu.prAttend(st)
-			return st, nil
+		if st, expires, ok := f.Fresh(lu.pr.Volume); ok {
+			lu.prAttend(st, cur)
+			return st, expires, nil
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), prReadTimeout)
 	defer cancel()
 	st, err := lu.pr.Store.Read(ctx, lu.pr.Volume)
 	if err != nil {
-		return nil, sense(senseBecomingReady)
+		return nil, time.Time{}, sense(senseBecomingReady)
 	}
-	lu.prAttend(st)
-	return st, nil
+	lu.prAttend(st, cur)
+	var expires time.Time
+	if fresh {
+		expires = time.Now() // a fresh copy, of an age not known here
+	}
+	return st, expires, nil
 }
 
 // prAttend queues the attentions st holds for this nexus that it has not
-// seen; the first state an LU sees only sets where it starts.
-func (lu *LU) prAttend(st *reservation.State) {
+// seen, and aborts its commands but cur if st says a PREEMPT AND ABORT
+// preempted it; the first state an LU sees only sets where it starts.
+func (lu *LU) prAttend(st *reservation.State, cur *Command) {
 	p := &lu.prSeen
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -113,7 +132,60 @@ func (lu *LU) prAttend(st *reservation.State) {
 	for _, q := range st.AttentionsFor(lu.pr.Nexus, p.seq) {
 		lu.attend(Sense{Key: KeyUnitAttention, ASC: 0x2a, ASCQ: q})
 	}
+	if st.AbortedFor(lu.pr.Nexus, p.seq) && lu.pr.AbortTasks != nil {
+		// Under p.mu: the PREEMPT AND ABORT's own sweep (abortPreempted)
+		// finds p.aborted set once it gets the lock.
+		n, done := lu.pr.AbortTasks(cur)
+		p.aborted = done
+		if n > 0 {
+			// TAS is 0 (control mode page): the aborted commands get no
+			// status, their initiator this unit attention (SAM-5 5.6).
+			lu.attend(senseCommandsCleared)
+		}
+	}
 	p.seq = st.Seq
+}
+
+// abortPreempted aborts the commands in flight of this process's nexuses of
+// the volume that st's PREEMPT AND ABORT preempted, and waits until none of
+// them can still reach the backend. Nexuses on other access nodes abort
+// theirs when their node reads st (recheckAfter).
+func (lu *LU) abortPreempted(ctx context.Context, st *reservation.State) {
+	for _, o := range lu.group.members() {
+		if o == lu || o.pr == nil || !st.AbortedFor(o.pr.Nexus, st.Seq-1) {
+			continue
+		}
+		o.prAttend(st, nil)
+		o.prSeen.mu.Lock()
+		done := o.prSeen.aborted
+		o.prSeen.mu.Unlock()
+		if done == nil {
+			continue
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// recheckAfter wraps the done of command c, checked against a copy of the
+// reservations current until expires: when c completes later, the state is
+// read again first, so that a PREEMPT AND ABORT made through another access
+// node meanwhile aborts c (its result is dropped) rather than c being
+// answered after the PREEMPT AND ABORT completed.
+func (lu *LU) recheckAfter(expires time.Time, done func(Result)) func(Result) {
+	return func(r Result) {
+		if time.Now().Before(expires) {
+			done(r)
+			return
+		}
+		go func() { // off the backend's completion goroutine: this may read the MDS
+			lu.prState(nil)
+			done(r)
+		}()
+	}
 }
 
 // persistentReserveIn answers PERSISTENT RESERVE IN (SPC-4 6.15).
@@ -232,7 +304,10 @@ func (lu *LU) persistentReserveOut(c *Command, p []byte) Result {
 		return check(sense(senseInternalError))
 	}
 	// This nexus raised no attention for itself; take what others raised.
-	lu.prAttend(st)
+	lu.prAttend(st, c)
+	if a.ServiceAction == reservation.PreemptAndAbort {
+		lu.abortPreempted(ctx, st)
+	}
 	return good(nil)
 }
 
@@ -248,7 +323,7 @@ func (lu *LU) spc2(sa reservation.ServiceAction) Result {
 		}
 		return check(sense(senseBecomingReady))
 	}
-	lu.prAttend(st)
+	lu.prAttend(st, nil)
 	return good(nil)
 }
 

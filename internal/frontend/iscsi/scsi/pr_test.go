@@ -172,3 +172,59 @@ func TestReserve6AcrossNexuses(t *testing.T) {
 	expect(c, reserve, nil, StatusReservationConflict, none)
 	expect(a, reserve, nil, StatusReservationConflict, none)
 }
+
+// The unit attentions a reservation change raises on the other nexuses
+// (SPC-4 5.13.11): RESERVATIONS RELEASED when a registrants-only
+// reservation is released, RESERVATIONS PREEMPTED after a CLEAR, each
+// reported once; and APTPL, which REGISTER sets and REPORT CAPABILITIES'
+// PTPL_A reports.
+func TestReservationAttentionsAndAPTPL(t *testing.T) {
+	b := newDisk(t, 1<<20, false)
+	store := reservation.NewMemStore()
+	open := func(initiator string, port uint16) *LU {
+		return New(Config{Backend: b, Info: b.Info(), ID: 42, TargetName: "iqn.2026-11.io.basalt:c:v",
+			PR: &PR{Store: store, Volume: "v", Nexus: reservation.Nexus{Initiator: initiator, TargetPort: port}}})
+	}
+	a, c := open("iqn.a,i,0x1", 1), open("iqn.b,i,0x2", 2)
+	expect := func(what string, lu *LU, cdb, data []byte, status byte, s [3]byte) Result {
+		t.Helper()
+		r := run(t, lu, cdb, data)
+		if r.Status != status || senseOf(r) != s {
+			t.Fatalf("%s: status %#x sense %x, want %#x %x", what, r.Status, senseOf(r), status, s)
+		}
+		return r
+	}
+	none := [3]byte{}
+	ptplA := func(lu *LU) bool {
+		r := expect("REPORT CAPABILITIES", lu, prIn(2), nil, StatusGood, none)
+		return r.Data[3]&0x01 != 0
+	}
+	expect("a's TEST UNIT READY", a, cdbTUR, nil, StatusGood, none)
+	expect("c's TEST UNIT READY", c, cdbTUR, nil, StatusGood, none)
+	cdb, p := prOut(6, 0, 0, 0xa, 0x01) // REGISTER AND IGNORE EXISTING KEY, APTPL
+	expect("a's REGISTER with APTPL", a, cdb, p, StatusGood, none)
+	if !ptplA(c) {
+		t.Fatal("PTPL_A is 0 after a REGISTER with APTPL")
+	}
+	cdb, p = prOut(6, 0, 0, 0xc, 0)
+	expect("c's REGISTER without APTPL", c, cdb, p, StatusGood, none)
+	if ptplA(a) {
+		t.Fatal("PTPL_A is 1 after the last REGISTER had APTPL 0")
+	}
+
+	cdb, p = prOut(1, 0x05, 0xa, 0, 0) // RESERVE, WRITE EXCLUSIVE – REGISTRANTS ONLY
+	expect("a's RESERVE", a, cdb, p, StatusGood, none)
+	cdb, p = prOut(2, 0x05, 0xa, 0, 0)
+	expect("a's RELEASE", a, cdb, p, StatusGood, none)
+	expect("c after the release", c, cdbTUR, nil, StatusCheckCondition, [3]byte{KeyUnitAttention, 0x2a, 0x04})
+	expect("c again", c, cdbTUR, nil, StatusGood, none)
+	expect("a (the releaser)", a, cdbTUR, nil, StatusGood, none)
+
+	cdb, p = prOut(1, 0x01, 0xa, 0, 0) // RESERVE, WRITE EXCLUSIVE
+	expect("a's RESERVE", a, cdb, p, StatusGood, none)
+	cdb, p = prOut(3, 0, 0xc, 0, 0)
+	expect("c's CLEAR", c, cdb, p, StatusGood, none)
+	expect("a after the clear", a, cdbTUR, nil, StatusCheckCondition, [3]byte{KeyUnitAttention, 0x2a, 0x03})
+	expect("a again", a, cdbWrite10, make([]byte, 512), StatusGood, none)
+	expect("c (the clearer)", c, cdbTUR, nil, StatusGood, none)
+}
