@@ -126,6 +126,20 @@ func TestReservationsAcrossAccessNodes(t *testing.T) {
 		if _, err := store.Read(ctx, "no-such-volume"); err == nil {
 			t.Fatal("the reservations of a volume that does not exist")
 		}
+		// PREEMPT AND ABORT: the MDS keeps the preempted nexus's "abort"
+		// (what another access node aborts its commands by).
+		preempted := reservation.Nexus{Initiator: "iqn.race-2,i,0x1", TargetPort: 1}
+		before, err := store.Read(ctx, "vol")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.Apply(ctx, "vol", reservation.Nexus{Initiator: "iqn.race-1,i,0x1", TargetPort: 2},
+			reservation.Action{ServiceAction: reservation.PreemptAndAbort, Key: 101, SAKey: 102}); err != nil {
+			t.Fatal(err)
+		}
+		if after, err := store.Read(ctx, "vol"); err != nil || !after.AbortedFor(preempted, before.Seq) || after.Registration(preempted) != nil {
+			t.Fatalf("after PREEMPT AND ABORT of key 102: %v, %+v; want the registration gone and its nexus's commands aborted", err, after)
+		}
 		// CLEAR for the next run.
 		if _, err := store.Apply(ctx, "vol", reservation.Nexus{Initiator: "iqn.race-1,i,0x1", TargetPort: 2},
 			reservation.Action{ServiceAction: reservation.Clear, Key: 101}); err != nil {
