@@ -104,3 +104,38 @@ func cdb10(op byte, lba uint32, blocks uint16) []byte {
 	binary.BigEndian.PutUint16(c[7:], blocks)
 	return c
 }
+
+// The provisioning granularity an initiator sees: one logical block per
+// physical block (READ CAPACITY(16)'s exponent 0; an initiator that took
+// 8 for the unit GET LBA STATUS answers in failed on a 4 KiB exponent),
+// and the backend's 4 KiB as the Block Limits page's optimal transfer and
+// unmap granularity, aligned at LBA 0 (UGAVALID). An UNMAP of one block
+// zeroes it and leaves its granule mapped; GET LBA STATUS from the next
+// block starts there.
+func TestProvisioningGranularity(t *testing.T) {
+	b := newDisk(t, 1<<20, false)
+	lu := New(Config{Backend: b, Info: b.Info(), ID: 1})
+	r := run(t, lu, []byte{0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0}, nil)
+	if r.Status != StatusGood || r.Data[13]&0x0f != 0 || r.Data[14]&0xc0 != 0xc0 {
+		t.Fatalf("READ CAPACITY(16): status %#x data % x; want exponent 0, LBPME and LBPRZ", r.Status, r.Data)
+	}
+	r = run(t, lu, []byte{0x12, 1, 0xb0, 0, 64, 0}, nil)
+	if r.Status != StatusGood || len(r.Data) < 36 {
+		t.Fatalf("Block Limits: status %#x, %d bytes", r.Status, len(r.Data))
+	}
+	optXfer, optUnmap, align := binary.BigEndian.Uint16(r.Data[6:]), binary.BigEndian.Uint32(r.Data[28:]), binary.BigEndian.Uint32(r.Data[32:])
+	if optXfer != 8 || optUnmap != 8 || align != 0x80000000 {
+		t.Fatalf("Block Limits: optimal transfer granularity %d, optimal unmap granularity %d, UGAVALID|alignment %#x; want 8, 8, UGAVALID and 0",
+			optXfer, optUnmap, align)
+	}
+	if r := run(t, lu, cdb10(0x2a, 0, 16), make([]byte, 16*512)); r.Status != StatusGood {
+		t.Fatalf("WRITE: status %#x", r.Status)
+	}
+	unmap := []byte{0, 22, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 1, 0, 0, 0, 0} // LBA 8, 1 block
+	if r := run(t, lu, []byte{0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0}, unmap); r.Status != StatusGood {
+		t.Fatalf("UNMAP: status %#x sense %v", r.Status, r.Sense)
+	}
+	if got := descriptors(t, run(t, lu, getLBAStatus(9, 24), nil)); len(got) != 1 || got[0] != "9+7:mapped" {
+		t.Fatalf("GET LBA STATUS at 9 after an UNMAP of block 8: %v, want [9+7:mapped]", got)
+	}
+}
