@@ -109,6 +109,10 @@ func TestKernelNVMeTCP(t *testing.T) {
 		t.Fatalf("files after unmount, disconnect, connect and mount:\n%swant:\n%s", got, sums)
 	}
 	guest(3*time.Minute, fmt.Sprintf("umount /mnt/vol && nvme disconnect -n %s", nqn))
+	reconnected := time.Now()
+	noticed := discoveryNotice(t, h, guest, addr, nqn, p)
+	noticeDone := time.Now()
+
 	if capture == nil {
 		t.Log("tshark's judge skipped: no capture (tshark or dumpcap missing or not allowed to capture; see above)")
 	} else {
@@ -120,10 +124,77 @@ func TestKernelNVMeTCP(t *testing.T) {
 	}
 	logf(t, "kernel NVMe/TCP: guest up in %s (kernel %s); discover+refusal+connect with digests %s; "+
 		"fio randwrite 4 KiB iodepth 16 with crc32c verify: %.0f write IOPS, %.0f verify-read IOPS (%s, emulated CPU); "+
-		"ext4 + files + reconnect %s; whole test %s",
+		"ext4 + files + reconnect %s; discovery log change notice to the kernel's uevent %s (step %s); whole test %s",
 		booted.Sub(begin).Round(time.Millisecond), h.Stats().Kernel, connected.Sub(booted).Round(time.Millisecond),
 		j.Write.IOPS, j.Read.IOPS, fioDone.Sub(connected).Round(time.Millisecond),
-		time.Since(fioDone).Round(time.Millisecond), time.Since(begin).Round(time.Millisecond))
+		reconnected.Sub(fioDone).Round(time.Millisecond), noticed.Round(time.Millisecond),
+		noticeDone.Sub(reconnected).Round(time.Millisecond), time.Since(begin).Round(time.Millisecond))
+}
+
+// discoveryNotice: the kernel judges the discovery log change notice. The
+// guest keeps a persistent discovery controller for neighborNQN (on the
+// target's --allow-hosts, not on the volume's allow-list: its log lacks
+// nqn); then the volume allows neighborNQN. The kernel enables the notice
+// (OAES bit 31), holds an Asynchronous Event Request, and passes the
+// notice to user space as a uevent on that controller, NVME_AEN=0x70f002
+// (drivers/nvme/host/core.c: nvme_handle_aen_notice keeps the result of a
+// Discovery Log Page Change notice, nvme_aen_uevent sends it). The guest
+// has no udev: busybox's uevent applet records the uevents. Afterwards
+// `nvme discover` lists nqn. It returns how long the notice took from the
+// allow-list edit to the uevent.
+func discoveryNotice(t *testing.T, h *testhost.Host, guest func(time.Duration, string) string, addr, nqn string, p *pg) time.Duration {
+	t.Helper()
+	// The recorder, and a probe uevent (a "change" of /dev/null) until it
+	// shows, so the recorder listens before the controller exists.
+	guest(2*time.Minute, `cat >/root/uevent.sh <<'EOF'
+#!/bin/sh
+echo "$ACTION $DEVNAME NVME_AEN=$NVME_AEN NVME_EVENT=$NVME_EVENT" >>/tmp/uevents
+EOF
+		chmod +x /root/uevent.sh
+		setsid uevent /root/uevent.sh </dev/null >/tmp/uevent.log 2>&1 &
+		for i in $(seq 120); do
+			echo change >/sys/class/mem/null/uevent
+			grep -q '^change null ' /tmp/uevents 2>/dev/null && exit 0
+			sleep 1
+		done
+		echo "busybox uevent records nothing:"; cat /tmp/uevent.log; exit 1`)
+	disc := guest(2*time.Minute, fmt.Sprintf("nvme discover %s -q %s --persistent", addr, neighborNQN))
+	if strings.Contains(disc, nqn) {
+		t.Fatalf("%s discovered %s before the volume allowed it:\n%s", neighborNQN, nqn, disc)
+	}
+	ctrl := strings.TrimSpace(guest(time.Minute, fmt.Sprintf(`for c in /sys/class/nvme/nvme*; do
+			[ "$(cat $c/subsysnqn)" = nqn.2014-08.org.nvmexpress.discovery ] && [ "$(cat $c/hostnqn)" = %s ] &&
+				echo "${c##*/} kato=$(cat $c/kato) state=$(cat $c/state)"
+		done; true`, neighborNQN)))
+	if f := strings.Fields(ctrl); len(f) != 3 || f[1] == "kato=0" || f[2] != "state=live" {
+		t.Fatalf("want one live persistent discovery controller (keep-alive on) of %s in the guest, have %q", neighborNQN, ctrl)
+	}
+	dev := strings.Fields(ctrl)[0]
+	t.Cleanup(func() { // the test's own disconnect-all may not take a discovery controller
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, _ = h.Run(ctx, "echo 1 >/sys/class/nvme/"+dev+"/delete_controller")
+	})
+
+	edited := time.Now()
+	run(t, time.Minute, testcluster.Binary(t), "volume", "allow-host", p.st.Volume, neighborNQN,
+		"--mds", p.st.MDS, "--tls-dir", p.st.TLSDir)
+	want := "change " + dev + " NVME_AEN=0x70f002 "
+	// Generous: the target finds an allow-list change at its next
+	// discovery check (5 s).
+	got := guest(4*time.Minute, fmt.Sprintf(`for i in $(seq 180); do grep -q '^%s' /tmp/uevents && break; sleep 1; done
+		cat /tmp/uevents`, want))
+	took := time.Since(edited)
+	if !strings.Contains(got, "\n"+want) && !strings.HasPrefix(got, want) {
+		t.Fatalf("no discovery log change uevent (%q) from the kernel after 3 minutes; its uevents:\n%s", want, got)
+	}
+	t.Logf("the guest kernel's uevents, recorded by busybox uevent:\n%s", got)
+	if disc := guest(2*time.Minute, fmt.Sprintf("nvme discover %s -q %s", addr, neighborNQN)); !strings.Contains(disc, nqn) {
+		t.Fatalf("%s does not discover %s after the notice:\n%s", neighborNQN, nqn, disc)
+	}
+	guest(time.Minute, fmt.Sprintf(`echo 1 >/sys/class/nvme/%s/delete_controller; kill $(pidof uevent)
+		for i in $(seq 60); do [ -e /sys/class/nvme/%s ] || exit 0; sleep 1; done; echo still there; exit 1`, dev, dev))
+	return took
 }
 
 // startNVMf runs `basalt nvmf` over the cluster at mds, allowing only
