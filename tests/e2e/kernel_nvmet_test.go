@@ -129,13 +129,28 @@ func (p *picture) states() []string {
 	return out
 }
 
+// discoveryNQN is the well-known discovery subsystem's NQN.
+const discoveryNQN = "nqn.2014-08.org.nvmexpress.discovery"
+
 // subsystemRecords returns the discovery records of NVM subsystem sub
 // (not referrals, not the discovery subsystem's own entries), each once.
 func (p *picture) subsystemRecords(sub string) []map[string]any {
+	return p.records(sub, "nvme subsystem")
+}
+
+// currentDiscoveryRecords returns the records describing the discovery
+// subsystem that returned the log (SUBTYPE 3, TP 8013), each once.
+func (p *picture) currentDiscoveryRecords() []map[string]any {
+	return p.records(discoveryNQN, "current discovery subsystem")
+}
+
+// records returns the discovery records of subsystem sub with subtype (as
+// nvme-cli names it), each port's once.
+func (p *picture) records(sub, subtype string) []map[string]any {
 	seen := map[string]bool{}
 	var out []map[string]any
 	for _, r := range p.disc {
-		if r["subnqn"] != sub || r["subtype"] != "nvme subsystem" {
+		if r["subnqn"] != sub || r["subtype"] != subtype {
 			continue
 		}
 		k := fmt.Sprint(r["portid"], r["traddr"], r["trsvcid"])
@@ -184,8 +199,10 @@ func readPicture(guest func(time.Duration, string) string, target, sub string) *
 // checkPicture fails the test unless p is the picture a three-port ANA
 // target must give of subsystem sub: three live paths, one optimized and
 // two non-optimized, each in an ANA group, on I/O controllers over TCP;
-// the discovery log has one NVM subsystem record per port (TCP, IPv4,
-// distinct port ids) naming sub at the address of a live path.
+// the discovery logs have one NVM subsystem record per port (TCP, IPv4,
+// distinct port ids) naming sub at the address of a live path, and one
+// record of the current discovery subsystem per port, also at a live
+// path's address (the discovery controller listens beside the I/O ones).
 func checkPicture(t *testing.T, p *picture, sub string) {
 	t.Helper()
 	live := p.livePaths()
@@ -206,21 +223,25 @@ func checkPicture(t *testing.T, p *picture, sub string) {
 		}
 		addrs[strings.Join(strings.Split(a["address"], ",")[:2], ",")] = true // traddr=A,trsvcid=P
 	}
-	recs := p.subsystemRecords(sub)
-	if len(recs) != 3 {
-		t.Errorf("%s: %d discovery records of %s, want one per port (3)\n%s", p.target, len(recs), sub, p)
-	}
-	ports := map[any]bool{}
-	for _, r := range recs {
-		if r["trtype"] != "tcp" || r["adrfam"] != "ipv4" {
-			t.Errorf("%s: discovery record trtype %v adrfam %v, want tcp ipv4", p.target, r["trtype"], r["adrfam"])
+	for _, kind := range []struct {
+		name string
+		recs []map[string]any
+	}{{sub, p.subsystemRecords(sub)}, {"the current discovery subsystem", p.currentDiscoveryRecords()}} {
+		if len(kind.recs) != 3 {
+			t.Errorf("%s: %d discovery records of %s, want one per port (3)\n%s", p.target, len(kind.recs), kind.name, p)
 		}
-		if ports[r["portid"]] {
-			t.Errorf("%s: port id %v in two discovery records of one subsystem", p.target, r["portid"])
-		}
-		ports[r["portid"]] = true
-		if a := fmt.Sprintf("traddr=%v,trsvcid=%v", r["traddr"], r["trsvcid"]); !addrs[a] {
-			t.Errorf("%s: discovery record at %s, where no live path is (paths at %v)", p.target, a, addrs)
+		ports := map[any]bool{}
+		for _, r := range kind.recs {
+			if r["trtype"] != "tcp" || r["adrfam"] != "ipv4" {
+				t.Errorf("%s: discovery record of %s: trtype %v adrfam %v, want tcp ipv4", p.target, kind.name, r["trtype"], r["adrfam"])
+			}
+			if ports[r["portid"]] {
+				t.Errorf("%s: port id %v in two discovery records of %s", p.target, r["portid"], kind.name)
+			}
+			ports[r["portid"]] = true
+			if a := fmt.Sprintf("traddr=%v,trsvcid=%v", r["traddr"], r["trsvcid"]); !addrs[a] {
+				t.Errorf("%s: discovery record of %s at %s, where no live path is (paths at %v)", p.target, kind.name, a, addrs)
+			}
 		}
 	}
 }
@@ -250,6 +271,20 @@ func comparePictures(t *testing.T, ref, got *picture, refSub, gotSub string) {
 		if a, b := field(rr, k), field(gr, k); a != b {
 			t.Errorf("discovery records' %s: %s %q, %s %q", k, ref.target, a, got.target, b)
 		}
+	}
+	// The current discovery subsystem's records agree but for EFLAGS:
+	// every basalt access node gives the same log (DUPRETINFO, which also
+	// keeps nvme connect-all from connecting to them) and keeps persistent
+	// discovery connections with change notices (EPCSD); nvmet's ports give
+	// each its own log and nvmet 6.1 sets neither.
+	rc, gc := ref.currentDiscoveryRecords(), got.currentDiscoveryRecords()
+	for _, k := range []string{"trtype", "adrfam", "subtype", "treq", "sectype"} {
+		if a, b := field(rc, k), field(gc, k); a != b {
+			t.Errorf("current discovery subsystem records' %s: %s %q, %s %q", k, ref.target, a, got.target, b)
+		}
+	}
+	if e, want := field(gc, "eflags"), "explicit discovery connections, duplicate discovery information"; e != want {
+		t.Errorf("current discovery subsystem records' eflags: %s %q, want %q", got.target, e, want)
 	}
 	attr := func(p *picture, k string) string {
 		vs := map[string]bool{}

@@ -163,9 +163,9 @@ EOF
 		t.Fatalf("%s discovered %s before the volume allowed it:\n%s", neighborNQN, nqn, disc)
 	}
 	ctrl := strings.TrimSpace(guest(time.Minute, fmt.Sprintf(`for c in /sys/class/nvme/nvme*; do
-			[ "$(cat $c/subsysnqn)" = nqn.2014-08.org.nvmexpress.discovery ] && [ "$(cat $c/hostnqn)" = %s ] &&
+			[ "$(cat $c/subsysnqn)" = %s ] && [ "$(cat $c/hostnqn)" = %s ] &&
 				echo "${c##*/} kato=$(cat $c/kato) state=$(cat $c/state)"
-		done; true`, neighborNQN)))
+		done; true`, discoveryNQN, neighborNQN)))
 	if f := strings.Fields(ctrl); len(f) != 3 || f[1] == "kato=0" || f[2] != "state=live" {
 		t.Fatalf("want one live persistent discovery controller (keep-alive on) of %s in the guest, have %q", neighborNQN, ctrl)
 	}

@@ -104,7 +104,9 @@ func TestVolumeAllowListFromMDS(t *testing.T) {
 		}
 		var nqns []string
 		for i := 1; i <= n; i++ {
-			nqns = append(nqns, strings.TrimRight(string(all[1024*i+256:1024*i+512]), "\x00"))
+			if all[1024*i+2] == 2 { // NVM subsystems, not the discovery subsystem's own records
+				nqns = append(nqns, strings.TrimRight(string(all[1024*i+256:1024*i+512]), "\x00"))
+			}
 		}
 		slices.Sort(nqns)
 		return nqns, nil

@@ -42,8 +42,8 @@ func (h *hostLists) allowed(_ context.Context, volume, hostNQN string) (bool, er
 	return len(l) == 0 || slices.Contains(l, hostNQN), h.err
 }
 
-// discoveryNQNs fetches the discovery log as hostNQN and returns the
-// subsystem NQNs it lists.
+// discoveryNQNs fetches the discovery log as hostNQN and returns the NVM
+// subsystem NQNs it lists (not the current discovery subsystem's records).
 func discoveryNQNs(t *testing.T, addr, hostNQN string) []string {
 	t.Helper()
 	d := dialInit(t, addr, false, false)
@@ -56,7 +56,9 @@ func discoveryNQNs(t *testing.T, addr, hostNQN string) []string {
 	page := d.must(d.do(newSQE(adminGetLogPage, 0, logDiscovery|(uint32(1024*(n+1))/4-1)<<16), nil, false, 1024*(n+1))).data
 	var nqns []string
 	for i := 1; i <= n; i++ {
-		nqns = append(nqns, strings.TrimRight(string(page[1024*i+256:1024*i+512]), "\x00"))
+		if page[1024*i+2] == subtypeNVM {
+			nqns = append(nqns, strings.TrimRight(string(page[1024*i+256:1024*i+512]), "\x00"))
+		}
 	}
 	slices.Sort(nqns)
 	return nqns

@@ -121,19 +121,28 @@ func TestMultipathANA(t *testing.T) {
 		t.Fatalf("state %d, want inaccessible", st)
 	}
 
-	// Discovery: one record per port.
+	// Discovery: one record per port, of the subsystem, then of the
+	// current discovery subsystem (SUBTYPE 3, DUPRETINFO and EPCSD).
 	d := dialInit(t, addr, false, false)
 	d.must(d.connect(DiscoveryNQN, hostA, 0, 0xffff, 0))
-	page := d.must(d.do(newSQE(adminGetLogPage, 0, logDiscovery|(4096/4-1)<<16), nil, false, 4096)).data
-	if n := binary.LittleEndian.Uint64(page[8:]); n != 3 {
-		t.Fatalf("%d discovery records, want 3", n)
+	page := d.must(d.do(newSQE(adminGetLogPage, 0, logDiscovery|(8192/4-1)<<16), nil, false, 8192)).data
+	if n := binary.LittleEndian.Uint64(page[8:]); n != 6 {
+		t.Fatalf("%d discovery records, want 6", n)
 	}
-	for i, p := range ports {
-		e := page[1024*(i+1):]
-		host, port, _ := strings.Cut(p.Addr, ":")
-		if binary.LittleEndian.Uint16(e[4:]) != uint16(p.ID) || strings.TrimSpace(string(e[512:768])) != host ||
-			strings.TrimSpace(string(e[32:64])) != port || strings.TrimRight(string(e[256:512]), "\x00") != key.Subsystem {
-			t.Fatalf("record %d: portid %d traddr %q trsvcid %q", i, binary.LittleEndian.Uint16(e[4:]), e[512:530], e[32:40])
+	for j, rec := range []struct {
+		nqn     string
+		subtype byte
+		eflags  uint16
+	}{{key.Subsystem, 2, 0}, {DiscoveryNQN, 3, 3}} {
+		for i, p := range ports {
+			e := page[1024*(1+j*len(ports)+i):]
+			host, port, _ := strings.Cut(p.Addr, ":")
+			if binary.LittleEndian.Uint16(e[4:]) != uint16(p.ID) || strings.TrimSpace(string(e[512:768])) != host ||
+				strings.TrimSpace(string(e[32:64])) != port || strings.TrimRight(string(e[256:512]), "\x00") != rec.nqn ||
+				e[2] != rec.subtype || binary.LittleEndian.Uint16(e[10:]) != rec.eflags {
+				t.Fatalf("record %d of %s: portid %d traddr %q trsvcid %q subtype %d eflags %#x", i, rec.nqn,
+					binary.LittleEndian.Uint16(e[4:]), e[512:530], e[32:40], e[2], binary.LittleEndian.Uint16(e[10:]))
+			}
 		}
 	}
 }
@@ -206,8 +215,8 @@ func TestGroupSubsystem(t *testing.T) {
 	d := dialInit(t, addr, false, false)
 	d.must(d.connect(DiscoveryNQN, hostA, 0, 0xffff, 0))
 	disc := d.must(d.do(newSQE(adminGetLogPage, 0, logDiscovery|(4096/4-1)<<16), nil, false, 4096)).data
-	if n := binary.LittleEndian.Uint64(disc[8:]); n != 1 || !strings.Contains(string(disc), group) {
-		t.Fatalf("%d discovery records (want the group alone: a and b are in it)", n)
+	if n := binary.LittleEndian.Uint64(disc[8:]); n != 2 || strings.TrimRight(string(disc[1024+256:1024+512]), "\x00") != group {
+		t.Fatalf("%d discovery records (want the group alone, a and b are in it, and the discovery subsystem's own)", n)
 	}
 	// A grouped volume's own subsystem is not served.
 	other := dialInit(t, addr, false, false)

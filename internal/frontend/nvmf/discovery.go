@@ -37,15 +37,30 @@ const aenDiscChange = 0x2 | 0xf0<<8 | logDiscovery<<16
 // OAES advertises it.
 const aenDiscEnabled = 1 << 31
 
+// Discovery log record subtypes and entry flags (EFLAGS).
+const (
+	subtypeNVM         = 2 // an NVM subsystem
+	subtypeCurrentDisc = 3 // the discovery subsystem returning the log
+	// eflagsDupRetInfo: every record with it set gives the same log;
+	// eflagsEPCSD: the discovery controller keeps explicit persistent
+	// connections (Keep Alive, change notices).
+	eflagsDupRetInfo = 1 << 0
+	eflagsEPCSD      = 1 << 1
+)
+
 // discoveryLog returns the discovery log page of c, a discovery controller
 // whose host reached this node at local (the address the log gives without
 // Config.AdvertiseAddr or ports): every subsystem the host may connect to
-// (mayConnect), once per access node. names are the volumes
-// (Exports.List). GENCTR counts the changes of this log the controller has
-// seen, by its host's reads or by refreshDiscovery's rebuilds. An
-// allow-list that cannot be read leaves its subsystem out of a host's read
-// (with the error), and makes a rebuild return only the error: no change
-// is known.
+// (mayConnect), once per access node, then the current discovery subsystem
+// once per access node (SUBTYPE 3, TP 8013: every access node's discovery
+// controller gives the same log, so each record has DUPRETINFO, and each
+// keeps persistent connections with change notices, EPCSD; a TP 8013 host
+// reads EPCSD there and finds the other nodes to rediscover through).
+// names are the volumes (Exports.List). GENCTR counts the changes of this
+// log the controller has seen, by its host's reads or by
+// refreshDiscovery's rebuilds. An allow-list that cannot be read leaves
+// its subsystem out of a host's read (with the error), and makes a rebuild
+// return only the error: no change is known.
 func (s *Server) discoveryLog(ctx context.Context, c *controller, names []string, read bool) ([]byte, error) {
 	ports, groups, grouped := s.ports() // Multipath: every live access node, group subsystems
 	nqns := make([]string, 0, len(names)+len(groups))
@@ -76,7 +91,7 @@ func (s *Server) discoveryLog(ctx context.Context, c *controller, names []string
 		}
 		ports = []Port{{ID: 1, Addr: addr}}
 	}
-	n := len(nqns) * len(ports)
+	n := (len(nqns) + 1) * len(ports)
 	page := make([]byte, 1024*(1+n))
 	h := fnv.New64a()
 	for _, n := range nqns {
@@ -91,7 +106,7 @@ func (s *Server) discoveryLog(ctx context.Context, c *controller, names []string
 	binary.LittleEndian.PutUint64(page[0:], c.discoverySeen(h.Sum64()|1))
 	binary.LittleEndian.PutUint64(page[8:], uint64(n))
 	i := 0
-	for _, nqn := range nqns {
+	for _, nqn := range append(nqns, DiscoveryNQN) {
 		for _, p := range ports {
 			host, port, err := net.SplitHostPort(p.Addr)
 			if err != nil {
@@ -103,11 +118,15 @@ func (s *Server) discoveryLog(ctx context.Context, c *controller, names []string
 			}
 			i++
 			e := page[1024*i:]
-			// TCP, address family, NVM subsystem; TREQ: no secure channel
+			// TCP, address family, subtype; TREQ: no secure channel
 			// requirement, SQ flow control disable supported (a Connect may
 			// set CATTR bit 2; nvmet says the same, and nvme connect-all then
 			// asks for it).
-			e[0], e[1], e[2], e[3] = 3, adrfam, 2, treqNoSQFlow
+			e[0], e[1], e[2], e[3] = 3, adrfam, subtypeNVM, treqNoSQFlow
+			if nqn == DiscoveryNQN {
+				e[2] = subtypeCurrentDisc
+				binary.LittleEndian.PutUint16(e[10:], eflagsDupRetInfo|eflagsEPCSD)
+			}
 			binary.LittleEndian.PutUint16(e[4:], uint16(p.ID))
 			binary.LittleEndian.PutUint16(e[6:], 0xffff)
 			binary.LittleEndian.PutUint16(e[8:], 32)

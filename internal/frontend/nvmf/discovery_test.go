@@ -59,7 +59,8 @@ func (v *volumeSet) del(names ...string) {
 }
 
 // discLog reads the discovery log as admin (RAE as given) and returns its
-// generation counter and subsystem NQN per record, as "PORTID NQN".
+// generation counter and subsystem NQN per NVM subsystem record, as
+// "PORTID NQN".
 func discLog(t *testing.T, admin *initiator, rae bool) (gen uint64, recs []string) {
 	t.Helper()
 	cdw10 := uint32(logDiscovery | (16384/4-1)<<16)
@@ -70,6 +71,9 @@ func discLog(t *testing.T, admin *initiator, rae bool) (gen uint64, recs []strin
 	n := int(binary.LittleEndian.Uint64(page[8:]))
 	for i := 1; i <= n; i++ {
 		e := page[1024*i:]
+		if e[2] != subtypeNVM {
+			continue
+		}
 		recs = append(recs, fmt.Sprintf("%d %s", binary.LittleEndian.Uint16(e[4:]), strings.TrimRight(string(e[256:512]), "\x00")))
 	}
 	slices.Sort(recs)

@@ -220,19 +220,34 @@ func TestDiscovery(t *testing.T) {
 		}
 		hdr := d.must(d.do(newSQE(adminGetLogPage, 0, logDiscovery|(1024/4-1)<<16), nil, false, 1024)).data
 		n := binary.LittleEndian.Uint64(hdr[8:])
-		want := uint64(1)
+		want := uint64(2) // the volume's subsystem, the current discovery subsystem
 		if host == hostB {
-			want = 0 // not on the allow-list: sees nothing
+			want = 1 // not on the allow-list: only the discovery subsystem's own record
 		}
 		if n != want {
 			t.Fatalf("host %s: %d discovery records, want %d", host, n, want)
 		}
-		if n == 1 {
-			e := d.must(d.do(newSQE(adminGetLogPage, 0, logDiscovery|(1024/4-1)<<16, 0, 1024), nil, false, 1024)).data
-			if e[0] != 3 || e[2] != 2 || e[3] != treqNoSQFlow || strings.TrimRight(string(e[256:512]), "\x00") != VolumeNQNPrefix+"vol" ||
-				strings.TrimSpace(string(e[512:768])) != "127.0.0.1" {
-				t.Fatalf("discovery record: trtype %d subtype %d treq %#x subnqn %q traddr %q", e[0], e[2], e[3], e[256:300], e[512:530])
+		page := d.must(d.do(newSQE(adminGetLogPage, 0, logDiscovery|uint32(1024*(n+1)/4-1)<<16), nil, false, int(1024*(n+1)))).data
+		if n == 2 {
+			e := page[1024:]
+			if e[0] != 3 || e[2] != 2 || e[3] != treqNoSQFlow || binary.LittleEndian.Uint16(e[10:]) != 0 ||
+				strings.TrimRight(string(e[256:512]), "\x00") != VolumeNQNPrefix+"vol" || strings.TrimSpace(string(e[512:768])) != "127.0.0.1" {
+				t.Fatalf("discovery record: trtype %d subtype %d treq %#x eflags %#x subnqn %q traddr %q",
+					e[0], e[2], e[3], binary.LittleEndian.Uint16(e[10:]), e[256:300], e[512:530])
 			}
+		}
+		// The last: the discovery subsystem itself (SUBTYPE 3), at the
+		// address the host used, same log from every record (DUPRETINFO),
+		// persistent connections supported (EPCSD).
+		_, port, _ := strings.Cut(addr, ":")
+		e := page[1024*n:]
+		if e[0] != 3 || e[1] != 1 || e[2] != 3 || e[3] != treqNoSQFlow || binary.LittleEndian.Uint16(e[4:]) != 1 ||
+			binary.LittleEndian.Uint16(e[6:]) != 0xffff || binary.LittleEndian.Uint16(e[8:]) != 32 ||
+			binary.LittleEndian.Uint16(e[10:]) != 3 || strings.TrimRight(string(e[256:512]), "\x00") != DiscoveryNQN ||
+			strings.TrimSpace(string(e[512:768])) != "127.0.0.1" || strings.TrimSpace(string(e[32:64])) != port {
+			t.Fatalf("current discovery subsystem record: trtype %d adrfam %d subtype %d treq %#x portid %d cntlid %#x asqsz %d eflags %#x subnqn %q traddr %q trsvcid %q",
+				e[0], e[1], e[2], e[3], binary.LittleEndian.Uint16(e[4:]), binary.LittleEndian.Uint16(e[6:]), binary.LittleEndian.Uint16(e[8:]),
+				binary.LittleEndian.Uint16(e[10:]), e[256:300], e[512:530], e[32:40])
 		}
 		if r, _ := d.do(newSQE(adminIdentify, 1, 0), nil, false, 4096); r.status != scInvalidField {
 			t.Fatalf("identify namespace on the discovery controller: %#x", r.status)
