@@ -22,15 +22,17 @@ const (
 	// StatusReservationConflict is SAM-5's RESERVATION CONFLICT.
 	StatusReservationConflict = 0x18
 
-	// prTimeout bounds one PERSISTENT RESERVE OUT's call to the store;
-	// prReadTimeout one read of the state for a command (commands of the
-	// session wait behind it: the MDS is unreachable, the command gets NOT
-	// READY, BECOMING READY and the initiator retries).
-	prTimeout     = 30 * time.Second
+	// prReadTimeout bounds one read of the state for a command (commands
+	// of the session wait behind it: the MDS is unreachable, the command
+	// gets NOT READY, BECOMING READY and the initiator retries).
 	prReadTimeout = 10 * time.Second
 	// maxPROutParams bounds a PERSISTENT RESERVE OUT parameter list.
 	maxPROutParams = 4096
 )
+
+// prTimeout bounds one PERSISTENT RESERVE OUT's call to the store (a
+// variable for tests).
+var prTimeout = 30 * time.Second
 
 // PR is what an LU needs for persistent reservations: the store, the
 // volume's name in it, and the I_T nexus the LU serves.
@@ -150,7 +152,7 @@ func (lu *LU) prAttend(st *reservation.State, cur *Command) {
 // the volume that st's PREEMPT AND ABORT preempted, and waits until none of
 // them can still reach the backend. Nexuses on other access nodes abort
 // theirs when their node reads st (recheckAfter).
-func (lu *LU) abortPreempted(ctx context.Context, st *reservation.State) {
+func (lu *LU) abortPreempted(st *reservation.State) {
 	for _, o := range lu.group.members() {
 		if o == lu || o.pr == nil || !st.AbortedFor(o.pr.Nexus, st.Seq-1) {
 			continue
@@ -159,13 +161,11 @@ func (lu *LU) abortPreempted(ctx context.Context, st *reservation.State) {
 		o.prSeen.mu.Lock()
 		done := o.prSeen.aborted
 		o.prSeen.mu.Unlock()
-		if done == nil {
-			continue
-		}
-		select {
-		case <-done:
-		case <-ctx.Done():
-			return
+		if done != nil {
+			// However long it takes (a basalt volume's IO retries for up
+			// to its client's OpTimeout), not bounded by ctx: answering
+			// GOOD first would let a preempted write land afterwards.
+			<-done
 		}
 	}
 }
@@ -306,7 +306,7 @@ func (lu *LU) persistentReserveOut(c *Command, p []byte) Result {
 	// This nexus raised no attention for itself; take what others raised.
 	lu.prAttend(st, c)
 	if a.ServiceAction == reservation.PreemptAndAbort {
-		lu.abortPreempted(ctx, st)
+		lu.abortPreempted(st)
 	}
 	return good(nil)
 }

@@ -1,8 +1,10 @@
 package scsi
 
 import (
+	"bytes"
 	"encoding/binary"
 	"testing"
+	"time"
 
 	"github.com/basalt-storage/basalt/internal/reservation"
 )
@@ -227,4 +229,60 @@ func TestReservationAttentionsAndAPTPL(t *testing.T) {
 	expect("a after the clear", a, cdbTUR, nil, StatusCheckCondition, [3]byte{KeyUnitAttention, 0x2a, 0x03})
 	expect("a again", a, cdbWrite10, make([]byte, 512), StatusGood, none)
 	expect("c (the clearer)", c, cdbTUR, nil, StatusGood, none)
+}
+
+// A PREEMPT AND ABORT completes only once the preempted nexus's write left
+// the backend, however long that takes (a basalt volume's IO retries for up
+// to a minute): not when its own call to the store times out (prTimeout),
+// which answered GOOD with the write still to land.
+func TestPreemptAndAbortOutwaitsItsTimeout(t *testing.T) {
+	defer func(d time.Duration) { prTimeout = d }(prTimeout)
+	prTimeout = 50 * time.Millisecond
+	disk := newDisk(t, 1<<20, false)
+	store := reservation.NewMemStore()
+	group := NewGroup()
+	bLeft := make(chan struct{}) // B's write left the backend
+	open := func(initiator string, port uint16, abort func(*Command) (int, <-chan struct{})) *LU {
+		return New(Config{Backend: disk, Info: disk.Info(), ID: 42, TargetName: "iqn.2026-11.io.basalt:c:v", Group: group,
+			PR: &PR{Store: store, Volume: "v", Nexus: reservation.Nexus{Initiator: initiator, TargetPort: port}, AbortTasks: abort}})
+	}
+	// B's AbortTasks as the iSCSI session's: its one command in flight is
+	// the write below, which it waits for.
+	a := open("iqn.a,i,0x1", 1, nil)
+	b := open("iqn.b,i,0x2", 2, func(*Command) (int, <-chan struct{}) { return 1, bLeft })
+	for _, s := range []struct {
+		lu         *LU
+		sa, typ    byte
+		key, saKey uint64
+	}{{a, 6, 0, 0, 0xa}, {b, 6, 0, 0, 0xb}, {a, 1, 5, 0xa, 0}} {
+		cdb, p := prOut(s.sa, s.typ, s.key, s.saKey, 0)
+		if r := run(t, s.lu, cdb, p); r.Status != StatusGood {
+			t.Fatalf("PERSISTENT RESERVE OUT %d: status %#x sense %x", s.sa, r.Status, senseOf(r))
+		}
+	}
+
+	disk.Gate = make(chan struct{})
+	t.Cleanup(func() { close(disk.Gate) })
+	w, _ := Decode(cdb10(0x2a, 1, 1), 512)
+	b.Execute(w, bytes.Repeat([]byte{'b'}, 512), func(Result) { close(bLeft) })
+	disk.WaitSubmitted(t, 1)
+
+	cdb, p := prOut(5, 5, 0xa, 0xb, 0) // PREEMPT AND ABORT B's key
+	pa, _ := Decode(cdb, 512)
+	paDone := make(chan Result, 1)
+	a.Execute(pa, p, func(r Result) { paDone <- r })
+	select {
+	case r := <-paDone:
+		t.Fatalf("PREEMPT AND ABORT completed (status %#x) with B's write still in the backend", r.Status)
+	case <-time.After(time.Second): // twenty times prTimeout
+	}
+	disk.Gate <- struct{}{}
+	select {
+	case r := <-paDone:
+		if r.Status != StatusGood {
+			t.Fatalf("PREEMPT AND ABORT: status %#x sense %x", r.Status, senseOf(r))
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("PREEMPT AND ABORT not complete a minute after B's write left the backend")
+	}
 }
