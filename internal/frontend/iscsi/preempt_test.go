@@ -2,8 +2,11 @@ package iscsi
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"net"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -159,5 +162,80 @@ func TestPreemptAndAbort(t *testing.T) {
 			w, _ = a.sendCommand(cdb10(0x2a, 5, 1), 512, true, block('a'))
 			good("the reservation holder's write", a, w)
 		})
+	}
+}
+
+// heldStore is a MemStore whose Apply for one initiator waits for a token
+// (an MDS slow to answer that access node).
+type heldStore struct {
+	*reservation.MemStore
+	initiator string
+	gate      chan struct{}
+	held      atomic.Int32 // Applies waiting for a token
+}
+
+func (s *heldStore) Apply(ctx context.Context, volume string, from reservation.Nexus, a reservation.Action) (*reservation.State, error) {
+	if strings.HasPrefix(from.Initiator, s.initiator) {
+		s.held.Add(1)
+		<-s.gate
+		s.held.Add(-1)
+	}
+	return s.MemStore.Apply(ctx, volume, from, a)
+}
+
+// A PREEMPT AND ABORT does not wait for the preempted nexus's reservation
+// commands in flight, which never reach the backend: one of them may be a
+// PREEMPT AND ABORT of the first one's nexus, waiting for it in turn (B
+// re-registered by a REGISTER AND IGNORE EXISTING KEY in flight with it),
+// and the two would wait for each other for good. The aborted command is
+// not answered.
+func TestPreemptAndAbortSkipsReservationCommands(t *testing.T) {
+	store := &heldStore{MemStore: reservation.NewMemStore(), initiator: iqnB, gate: make(chan struct{}, 8)}
+	_, addr := startServer(t, frontendtest.Disks{"disk": frontendtest.NewDisk(1 << 20)}, Config{Reservations: store})
+	t.Cleanup(func() { close(store.gate) }) // before the server's close, which waits for B's command
+	target := TargetName(testCluster, "disk")
+	a, b := dialClient(t, addr), dialClient(t, addr)
+	a.loginNormal(iqnA, target)
+	b.loginNormal(iqnB, target)
+	prOut := func(c *testClient, sa, typ byte, key, saKey uint64) uint32 {
+		p := make([]byte, 24)
+		for i := range 8 {
+			p[7-i], p[15-i] = byte(key>>(8*i)), byte(saKey>>(8*i))
+		}
+		itt, _ := c.sendCommand([]byte{0x5f, sa, typ, 0, 0, 0, 0, 0, 24, 0}, 24, true, p)
+		return itt
+	}
+	good := func(what string, c *testClient, itt uint32) {
+		t.Helper()
+		if st, sense := c.answer(itt); st != 0 {
+			t.Fatalf("%s: status %#x sense % x", what, st, sense)
+		}
+	}
+	good("A's REGISTER", a, prOut(a, 6, 0, 0, 0xa))
+	store.gate <- struct{}{}
+	good("B's REGISTER", b, prOut(b, 6, 0, 0, 0xb))
+	good("A's RESERVE", a, prOut(a, 1, 5, 0xa, 0))
+
+	// B's REGISTER AND IGNORE EXISTING KEY, in the store when A's PREEMPT
+	// AND ABORT commits.
+	prOut(b, 6, 0, 0, 0xb2)
+	for deadline := time.Now().Add(time.Minute); store.held.Load() != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("B's REGISTER AND IGNORE EXISTING KEY did not reach the store")
+		}
+	}
+	pa := prOut(a, 5, 5, 0xa, 0xb)
+	// Not answered before B's command leaves the store: a read timeout.
+	a.nc.SetReadDeadline(time.Now().Add(30 * time.Second))
+	good("A's PREEMPT AND ABORT with B's REGISTER AND IGNORE EXISTING KEY in the store", a, pa)
+	a.nc.SetReadDeadline(time.Time{})
+	store.gate <- struct{}{}
+	for deadline := time.Now().Add(time.Minute); store.held.Load() != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("B's REGISTER AND IGNORE EXISTING KEY is still in the store a minute after its token")
+		}
+	}
+	if extra := b.ping(); len(extra) != 0 {
+		t.Fatalf("B's aborted command was answered: opcode %#x for task %#x", extra[0].opcode(), extra[0].itt())
 	}
 }

@@ -153,7 +153,7 @@ func (c *conn) abort(ts []*task) (executing []*task) {
 // (execute; the store to aborted before the load of started here, and the
 // store to started before the load of aborted there, leave no task
 // unaccounted), and the channel closes once the started ones left the
-// backend.
+// backend (a reservation command never enters it: see scsi.PR.AbortTasks).
 func (c *conn) abortTasks(except *scsi.Command) (int, <-chan struct{}) {
 	c.mu.Lock()
 	n := 0
@@ -164,7 +164,7 @@ func (c *conn) abortTasks(except *scsi.Command) (int, <-chan struct{}) {
 		}
 		t.aborted.Store(true)
 		n++
-		if t.started.Load() {
+		if t.started.Load() && !t.cmd.Reserves() {
 			started = append(started, t)
 		}
 	}

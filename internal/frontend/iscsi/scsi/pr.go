@@ -44,8 +44,10 @@ type PR struct {
 	// except (nil: none spared), as ABORT TASK SET would with TAS 0: none
 	// of them is answered. A PREEMPT AND ABORT that preempted the nexus
 	// calls it (SPC-4 5.13.11.2.4). It returns how many it aborted and a
-	// channel closed once none of them can still reach the backend. It
-	// may be called on any goroutine.
+	// channel closed once none of them can still reach the backend (which
+	// a reservation command never does: Command.Reserves; not waited for,
+	// as that one may itself be a PREEMPT AND ABORT waiting for the
+	// caller's). It may be called on any goroutine.
 	AbortTasks func(except *Command) (int, <-chan struct{})
 }
 
@@ -58,6 +60,12 @@ type prNexus struct {
 	// aborted is closed once the commands the last PREEMPT AND ABORT of
 	// this nexus aborted left the backend (nil: none).
 	aborted <-chan struct{}
+}
+
+// Reserves reports whether c changes the reservations (PERSISTENT RESERVE
+// OUT, RESERVE(6), RELEASE(6)): it runs in the store, never in the backend.
+func (c *Command) Reserves() bool {
+	return c.kind == kPROut || c.kind == kReserve6 || c.kind == kRelease6
 }
 
 // writes reports whether the command changes the LU's data.
