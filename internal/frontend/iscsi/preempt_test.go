@@ -239,3 +239,49 @@ func TestPreemptAndAbortSkipsReservationCommands(t *testing.T) {
 		t.Fatalf("B's aborted command was answered: opcode %#x for task %#x", extra[0].opcode(), extra[0].itt())
 	}
 }
+
+// A session that reinstated a registered nexus (same initiator and ISID)
+// and has not run a command yet still has that nexus's commands aborted by
+// a PREEMPT AND ABORT, and gets its unit attentions: its write waiting for
+// data is not answered, its next command gets REGISTRATIONS PREEMPTED.
+func TestPreemptAndAbortReinstatedSession(t *testing.T) {
+	disk := frontendtest.NewDisk(1 << 20)
+	_, addr := startServer(t, frontendtest.Disks{"disk": disk}, Config{})
+	target := TargetName(testCluster, "disk")
+	a, b1 := dialClient(t, addr), dialClient(t, addr)
+	a.loginNormal(iqnA, target)
+	b1.loginNormal(iqnB, target)
+	prOut := func(c *testClient, sa, typ byte, key, saKey uint64) uint32 {
+		p := make([]byte, 24)
+		for i := range 8 {
+			p[7-i], p[15-i] = byte(key>>(8*i)), byte(saKey>>(8*i))
+		}
+		itt, _ := c.sendCommand([]byte{0x5f, sa, typ, 0, 0, 0, 0, 0, 24, 0}, 24, true, p)
+		return itt
+	}
+	good := func(what string, c *testClient, itt uint32) {
+		t.Helper()
+		if st, sense := c.answer(itt); st != 0 {
+			t.Fatalf("%s: status %#x sense % x", what, st, sense)
+		}
+	}
+	good("A's REGISTER", a, prOut(a, 6, 0, 0, 0xa))
+	good("B's REGISTER", b1, prOut(b1, 6, 0, 0, 0xb))
+	good("A's RESERVE", a, prOut(a, 1, 5, 0xa, 0))
+
+	// B reconnects (the same nexus) and sends a write, waiting for its data.
+	b := dialClient(t, addr)
+	b.isid = b1.isid
+	b.loginNormal(iqnB, target)
+	waiting, _ := b.sendCommand(cdb10(0x2a, 2, 1), 512, true, nil)
+	ttt := b.expectOp(opR2T, waiting).u32(20)
+
+	good("A's PREEMPT AND ABORT", a, prOut(a, 5, 5, 0xa, 0xb))
+	b.sendDataOut(waiting, ttt, 0, 0, bytes.Repeat([]byte{'w'}, 512), true)
+	tur, _ := b.sendCommand(cdb10(0x00, 0, 0), 0, false, nil)
+	st, sense := b.answer(tur)                                       // fails the test if the write is answered
+	wantSense(t, "B's TEST UNIT READY", st, sense, 0x06, 0x2a, 0x05) // REGISTRATIONS PREEMPTED
+	if got := disk.Bytes(2*512, 512); !bytes.Equal(got, make([]byte, 512)) {
+		t.Fatal("B's aborted write changed the volume")
+	}
+}

@@ -165,6 +165,13 @@ func (lu *LU) abortPreempted(st *reservation.State) {
 		if o == lu || o.pr == nil || !st.AbortedFor(o.pr.Nexus, st.Seq-1) {
 			continue
 		}
+		o.prSeen.mu.Lock()
+		if !o.prSeen.seen {
+			// A session that has not run a command yet (one that
+			// reinstated the nexus): what it has in flight predates st.
+			o.prSeen.seen, o.prSeen.seq = true, st.Seq-1
+		}
+		o.prSeen.mu.Unlock()
 		o.prAttend(st, nil)
 		o.prSeen.mu.Lock()
 		done := o.prSeen.aborted
