@@ -370,6 +370,29 @@ func TestCached(t *testing.T) {
 	}
 }
 
+// Cached.Apply waits out the TTL even when its context ends first: the
+// change is made, and another node's copy from before it must have expired
+// when it returns.
+func TestCachedApplyOutwaitsContext(t *testing.T) {
+	mem := NewMemStore()
+	const ttl = 300 * time.Millisecond
+	a, b := NewCached(mem, ttl), NewCached(mem, ttl)
+	if _, err := a.Apply(context.Background(), "v", i1, reg(1)); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := b.Read(context.Background(), "v"); err != nil || s.Reserved {
+		t.Fatal(s, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	if _, err := a.Apply(ctx, "v", i1, Action{ServiceAction: Reserve, Key: 1, Type: ExclusiveAccess}); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := b.Read(context.Background(), "v"); err != nil || !s.Reserved {
+		t.Fatalf("b's copy after a's Apply returned: reserved %v (%v): the copy from before it was still used", s.Reserved, err)
+	}
+}
+
 func TestSPC2(t *testing.T) {
 	rsv := Action{ServiceAction: ReserveSPC2}
 	rel := Action{ServiceAction: ReleaseSPC2}
