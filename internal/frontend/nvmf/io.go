@@ -14,6 +14,8 @@ import (
 // statusOf maps a failed IO's error class to an NVMe status (frontend/doc.go).
 func statusOf(err error) uint16 {
 	switch {
+	case errors.Is(err, errPreemptAborted):
+		return scPreemptAbort
 	case errors.Is(err, frontend.ErrReadOnly):
 		return scWriteProtected | dnr
 	case errors.Is(err, frontend.ErrFenced):
@@ -46,10 +48,17 @@ func (c *conn) status(err error) uint16 {
 	return sc
 }
 
-// submit runs one backend IO for cmd; done runs with the classified error.
-func (c *conn) submit(op api.Op, buf []byte, off, n int64, done func(error)) {
-	c.wg.Add(1)
+// submit runs one backend IO for cmd; done runs with the classified error,
+// errPreemptAborted if a Preempt and Abort aborted it (preempt.go) after gen
+// was read, before its reservation check.
+func (c *conn) submit(gen uint64, op api.Op, buf []byte, off, n int64, done func(error)) {
 	att, ns := c.att, c.ns
+	e, ok := ns.fence.enter(gen)
+	if !ok {
+		done(errPreemptAborted)
+		return
+	}
+	c.wg.Add(1)
 	att.Backend().Submit(op, buf, off, n, func(err error) {
 		if err != nil {
 			err = att.Classify(err)
@@ -57,7 +66,11 @@ func (c *conn) submit(op api.Op, buf []byte, off, n int64, done func(error)) {
 				c.ctrl.dropAttachment(ns, att)
 			}
 		}
+		if e.aborted.Load() {
+			err = errPreemptAborted
+		}
 		done(err)
+		e.leave() // after its answer is queued
 		c.wg.Done()
 	})
 }
@@ -86,6 +99,7 @@ func (c *conn) io(cmd *command) {
 		c.reservationCmd(cmd, ns)
 		return
 	}
+	gen := ns.fence.gen.Load() // before the check: a Preempt and Abort after it aborts the command
 	if conflict, failed := c.resvConflict(cmd, ns); failed {
 		return
 	} else if conflict {
@@ -112,7 +126,7 @@ func (c *conn) io(cmd *command) {
 			c.complete(cmd, scSuccess, 0, 0)
 			return
 		}
-		c.submit(api.OpFlush, nil, 0, 0, func(err error) { c.done(cmd, err) })
+		c.submit(gen, api.OpFlush, nil, 0, 0, func(err error) { c.done(cmd, err) })
 		return
 	}
 	slba := uint64(s.cdw[10]) | uint64(s.cdw[11])<<32
@@ -141,7 +155,7 @@ func (c *conn) io(cmd *command) {
 		// Pooled, back once the C2HData PDUs are written: a fresh buffer
 		// per read was most of the target's garbage.
 		p := bufpool.Get(int(n))
-		c.submit(api.OpRead, *p, off, n, func(err error) {
+		c.submit(gen, api.OpRead, *p, off, n, func(err error) {
 			if err != nil {
 				bufpool.Put(p)
 				c.complete(cmd, c.status(err), 0, 0)
@@ -151,13 +165,13 @@ func (c *conn) io(cmd *command) {
 		})
 	case ioWrite:
 		// FUA (cdw12 bit 30) needs nothing: every completed write is durable.
-		c.submit(api.OpWrite, cmd.data, off, n, func(err error) {
+		c.submit(gen, api.OpWrite, cmd.data, off, n, func(err error) {
 			cmd.putData() // the backend is done with it
 			c.done(cmd, err)
 		})
 	case ioCompare:
 		buf := make([]byte, n)
-		c.submit(api.OpRead, buf, off, n, func(err error) {
+		c.submit(gen, api.OpRead, buf, off, n, func(err error) {
 			switch {
 			case err != nil:
 				c.complete(cmd, c.status(err), 0, 0)
@@ -169,12 +183,12 @@ func (c *conn) io(cmd *command) {
 		})
 	case ioWriteZeroes:
 		if ns.info.CanWriteZeroes {
-			c.submit(api.OpWriteZeroes, nil, off, n, func(err error) { c.done(cmd, err) })
+			c.submit(gen, api.OpWriteZeroes, nil, off, n, func(err error) { c.done(cmd, err) })
 			return
 		}
-		c.submit(api.OpWrite, make([]byte, n), off, n, func(err error) { c.done(cmd, err) })
+		c.submit(gen, api.OpWrite, make([]byte, n), off, n, func(err error) { c.done(cmd, err) })
 	case ioDSM:
-		c.dsm(cmd)
+		c.dsm(cmd, gen)
 	default:
 		c.complete(cmd, scInvalidOpcode|dnr, 0, 0)
 	}
@@ -207,7 +221,7 @@ func (c *conn) done(cmd *command, err error) {
 // dsm serves Dataset Management: deallocate trims each range; the other
 // attributes are hints. Linux sends a 4 KiB buffer whatever the range count,
 // so only the first NR ranges of the data are read.
-func (c *conn) dsm(cmd *command) {
+func (c *conn) dsm(cmd *command, gen uint64) {
 	s := cmd.sqe
 	ns := c.ns
 	nr := int(s.cdw[10]&0xff) + 1
@@ -249,7 +263,7 @@ func (c *conn) dsm(cmd *command) {
 	left := len(ranges)
 	var first error
 	for _, r := range ranges {
-		c.submit(api.OpTrim, nil, r.off, r.n, func(err error) {
+		c.submit(gen, api.OpTrim, nil, r.off, r.n, func(err error) {
 			mu.Lock()
 			if err != nil && first == nil {
 				first = err

@@ -188,6 +188,9 @@ func (c *conn) reservationRun(cmd *command, ns *namespace) (uint16, []byte) {
 	st, err := store.Apply(ctx, ns.volume, from, a)
 	if err == nil && st != nil {
 		c.ctrl.resvAttentions(ns, st) // a registration's baseline for notifications
+		if a.ServiceAction == reservation.PreemptAndAbort {
+			c.s.abortPreempted(ctx, ns.volume, st)
+		}
 	}
 	if err != nil {
 		e := reservation.AsError(err)

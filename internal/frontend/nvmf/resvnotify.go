@@ -91,6 +91,9 @@ func (c *controller) resvAttentions(ns *namespace, st *reservation.State) {
 		ns.resvSeen, ns.resvSeq = true, st.Seq // older attentions are not this controller's news
 	}
 	atts := st.AttentionsFor(nexus, ns.resvSeq)
+	if st.AbortedFor(nexus, ns.resvSeq) {
+		ns.fence.abort() // a Preempt and Abort preempted the host (preempt.go)
+	}
 	ns.resvSeq = st.Seq
 	ns.resvActive = st.Registration(nexus) != nil
 	for _, ascq := range atts {

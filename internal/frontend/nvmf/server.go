@@ -357,6 +357,9 @@ type namespace struct {
 	resvSeq    uint64
 	resvActive bool
 	resvMask   uint32
+	// fence aborts the commands in flight after a Preempt and Abort of the
+	// controller's host (preempt.go).
+	fence ioFence
 }
 
 // namespace returns the namespace nsid, or nil.
