@@ -1,7 +1,6 @@
 package nvmf
 
 import (
-	"context"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -117,9 +116,11 @@ func (f *ioFence) lastAbort() <-chan struct{} {
 
 // abortPreempted aborts the commands of this node's controllers whose host
 // st's Preempt and Abort (the change st.Seq) preempted, on volume, and
-// waits until none of them is in the backend (or ctx ends). Their
-// Reservation Notification log entries are recorded on the way.
-func (s *Server) abortPreempted(ctx context.Context, volume string, st *reservation.State) {
+// waits until none of them is in the backend, however long that takes (a
+// basalt volume's IO may retry for a minute; answering before would let a
+// preempted write land after the Acquire), or until the server shuts down.
+// Their Reservation Notification log entries are recorded on the way.
+func (s *Server) abortPreempted(volume string, st *reservation.State) {
 	s.mu.Lock()
 	var ctrls []*controller
 	for _, c := range s.ctrls {
@@ -151,11 +152,11 @@ func (s *Server) abortPreempted(ctx context.Context, volume string, st *reservat
 			}
 		}
 	}
+	done := s.conns.Context().Done()
 	for _, d := range waits {
 		select {
 		case <-d:
-		case <-ctx.Done():
-			s.log.Warn("nvmf: a preempted host's command is still in the backend at the Reservation Acquire's deadline", "volume", volume)
+		case <-done:
 			return
 		}
 	}

@@ -34,10 +34,21 @@ func abortedOn(s *Server, id [16]byte) bool {
 // volume. On one access node the Acquire completes only once B's write left
 // the backend; across two (each with its own copy of the shared state, as
 // access nodes keep of the MDS's) B's node aborts B's write when it reads
-// the state.
+// the state. The wait on one node outlasts the Acquire's store timeout
+// (resvTimeout; a basalt volume's IO may retry for a minute).
 func TestPreemptAndAbort(t *testing.T) {
-	for _, nodes := range []int{1, 2} {
-		t.Run(map[int]string{1: "one access node", 2: "two access nodes"}[nodes], func(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		nodes int
+		short bool // resvTimeout shorter than the wait
+	}{{"one access node", 1, false}, {"two access nodes", 2, false}, {"one access node past the timeout", 1, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			nodes := tc.nodes
+			if tc.short {
+				old := resvTimeout
+				resvTimeout = 50 * time.Millisecond
+				t.Cleanup(func() { resvTimeout = old })
+			}
 			disk := newDisk(1 << 20)
 			disk.Gate = make(chan struct{}, 4) // every IO waits for a token
 			quiet := slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -24,9 +24,12 @@ const (
 
 	scResvConflict = 0x083
 
-	resvTimeout     = 30 * time.Second
 	resvReadTimeout = 10 * time.Second
 )
+
+// resvTimeout bounds a reservation command's store call (a variable for a
+// test: a Preempt and Abort's wait for the backend outlasts it).
+var resvTimeout = 30 * time.Second
 
 // nvmeTypes maps an NVMe reservation type (RTYPE 1-6) to SPC-4's.
 var nvmeTypes = [7]reservation.Type{0,
@@ -189,7 +192,7 @@ func (c *conn) reservationRun(cmd *command, ns *namespace) (uint16, []byte) {
 	if err == nil && st != nil {
 		c.ctrl.resvAttentions(ns, st) // a registration's baseline for notifications
 		if a.ServiceAction == reservation.PreemptAndAbort {
-			c.s.abortPreempted(ctx, ns.volume, st)
+			c.s.abortPreempted(ns.volume, st)
 		}
 	}
 	if err != nil {
