@@ -14,6 +14,7 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/frontend"
 	"github.com/basalt-storage/basalt/internal/frontend/iscsi/scsi"
+	"github.com/basalt-storage/basalt/internal/sockio"
 )
 
 const (
@@ -63,6 +64,7 @@ type conn struct {
 	shutdown atomic.Bool  // BeginShutdown was called
 
 	// Reader-owned.
+	rp          pdu // the PDU being read, reused (readPDUInto)
 	nextTTT     uint32
 	textPending map[uint32][]byte // Text responses still to send, by TTT
 
@@ -75,10 +77,12 @@ type conn struct {
 	mu      sync.Mutex
 	cond    sync.Cond
 	queue   []*outItem
-	queued  int // reader-originated PDUs in queue
+	spare   []*outItem // the writer's last batch, emptied: the next queue
+	queued  int        // reader-originated PDUs in queue
 	stopped bool
 	bytes   int64            // data buffer bytes charged by tasks in flight
 	tasks   map[uint32]*task // by ITT
+	free    []*task          // released tasks, for the reader to reuse
 }
 
 // outItem is a batch of PDUs for the writer, which stamps their sequence
@@ -90,8 +94,26 @@ type outItem struct {
 }
 
 // task is one SCSI command. Its data-phase fields are the reader's until
-// executing is set; then only complete touches the task.
+// executing is set; then only complete touches the task. Tasks are reused
+// (conn.newTask): once released, a task is touched only by the reader that
+// takes it again, so nothing may keep a task past its release — a waiter
+// keeps its done channel (conn.waitChans), not the task.
 type task struct {
+	c         *conn
+	doneFn    func(scsi.Result) // t.executed, bound once per task struct
+	releaseFn func()            // t.release, bound once per task struct
+	aborted   atomic.Bool
+	started   atomic.Bool // executing, for abortTasks on another goroutine
+
+	// Guarded by conn.mu.
+	released bool          // the response was written (or dropped)
+	done     chan struct{} // made by a waiter (waitChans), closed on release
+
+	taskState // zeroed for each command
+}
+
+// taskState is a task's per-command state.
+type taskState struct {
 	itt, cmdSN  uint32
 	lun         [8]byte
 	counted     bool // counted in conn.active
@@ -111,11 +133,89 @@ type task struct {
 	seqErr      bool   // a Data-Out came with the wrong DataSN: the rest of its sequence is dropped
 	charge      int64
 	executing   bool
-	started     atomic.Bool // executing, for abortTasks on another goroutine
-	aborted     atomic.Bool
-	done        chan struct{}
-	doneOnce    sync.Once
 	overflowOut int // Data-Out bytes the CDB wanted beyond the EDTL
+
+	cmdv scsi.Command // t.cmd points here once decoded
+	res  scsi.Result  // the answer, held until its PDUs are written
+	// The response: a 4 KiB read's is one Data-In PDU carrying the status.
+	out  outItem
+	pduv [2]pdu
+	pdus [2]*pdu
+}
+
+// newTask returns a task for a command read now: a released one, reset, or
+// a new one. Called by the reader only.
+func (c *conn) newTask() *task {
+	c.mu.Lock()
+	var t *task
+	if n := len(c.free); n > 0 {
+		t = c.free[n-1]
+		c.free[n-1] = nil
+		c.free = c.free[:n-1]
+		t.released, t.done = false, nil
+	}
+	c.mu.Unlock()
+	if t == nil {
+		t = &task{c: c}
+		t.doneFn = t.executed
+		t.releaseFn = t.release
+		return t
+	}
+	t.aborted.Store(false)
+	t.started.Store(false)
+	t.taskState = taskState{}
+	return t
+}
+
+// executed is the LU's done callback (any goroutine).
+func (t *task) executed(r scsi.Result) { t.c.complete(t, r) }
+
+// release runs once t's response was written (or dropped): its buffers go
+// back, its waiters wake, and the task is free for the reader to reuse.
+func (t *task) release() {
+	c := t.c
+	if t.res.Release != nil {
+		t.res.Release() // the Data-In PDUs are written (or dropped)
+	}
+	// Keep no buffer reachable from the free list. Only what the reader
+	// never reads of a task it may still hold (executing, counted, cmdSN:
+	// see dataOut and taskMgmt) is cleared here; newTask resets the rest.
+	t.buf, t.res, t.out, t.pduv, t.pdus = nil, scsi.Result{}, outItem{}, [2]pdu{}, [2]*pdu{}
+	c.mu.Lock()
+	c.bytes -= t.charge
+	t.released = true
+	if t.done != nil {
+		close(t.done)
+	}
+	c.free = append(c.free, t)
+	c.mu.Unlock()
+}
+
+// waitChans returns channels that close when the tasks are released (none
+// for one already released). Called by the reader, which alone reuses
+// tasks, while the tasks it names cannot have been reused.
+func (c *conn) waitChans(ts []*task) []chan struct{} {
+	var chs []chan struct{}
+	c.mu.Lock()
+	for _, t := range ts {
+		if ch := t.doneChan(); ch != nil {
+			chs = append(chs, ch)
+		}
+	}
+	c.mu.Unlock()
+	return chs
+}
+
+// doneChan is the channel that closes when t is released, nil if it was
+// already. c.mu must be held.
+func (t *task) doneChan() chan struct{} {
+	if t.released {
+		return nil
+	}
+	if t.done == nil {
+		t.done = make(chan struct{})
+	}
+	return t.done
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -127,7 +227,8 @@ func newConn(s *Server, nc net.Conn) *conn {
 		s.log = slog.Default()
 	}
 	c := &conn{
-		s: s, nc: nc, br: bufio.NewReaderSize(nc, 64<<10),
+		// Raw reads (package sockio): the runtime does not track them.
+		s: s, nc: nc, br: bufio.NewReaderSize(sockio.NewReader(nc), 64<<10),
 		log:         s.log.With("remote", remote),
 		peerMaxData: 8192, maxBurst: 262144, firstBurst: 65536,
 		initialR2T: true, immediateData: true,
@@ -244,10 +345,16 @@ func (c *conn) send(reader bool, pdus ...*pdu) {
 }
 
 // writeLoop writes queued PDUs until the connection stops and the queue is
-// empty. A write failure closes the socket; later PDUs are dropped.
+// empty, each batch with one writev (package sockio: raw calls the runtime
+// does not track) of the PDUs' headers and their data where it lies. A write
+// failure closes the socket; later PDUs are dropped.
 func (c *conn) writeLoop() {
-	bw := bufio.NewWriterSize(c.nc, 256<<10)
-	var hdr []byte
+	w := sockio.NewWriter(c.nc)
+	var (
+		hdrs   []byte   // the batch's headers, digests and pads
+		pieces []wpiece // what to write, in order
+		iov    [][]byte
+	)
 	failed := false
 	for {
 		c.mu.Lock()
@@ -255,7 +362,8 @@ func (c *conn) writeLoop() {
 			c.cond.Wait()
 		}
 		items := c.queue
-		c.queue = nil
+		c.queue = c.spare[:0]
+		c.spare = nil
 		for _, it := range items {
 			if it.reader {
 				c.queued -= len(it.pdus)
@@ -268,43 +376,27 @@ func (c *conn) writeLoop() {
 			return
 		}
 		if !failed {
-			c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
-		}
-		for _, it := range items {
-			for _, p := range it.pdus {
-				if failed {
-					break
-				}
-				c.stamp(p)
-				hdr = appendPDU(hdr[:0], &pdu{bhs: p.bhs, ahs: p.ahs}, c.headerDigest, false)
-				// appendPDU set the length fields from an empty data segment: fix them.
-				n := len(p.data)
-				hdr[5], hdr[6], hdr[7] = byte(n>>16), byte(n>>8), byte(n)
-				if c.headerDigest {
-					d := digest(hdr[:len(hdr)-4])
-					copy(hdr[len(hdr)-4:], d[:])
-				}
-				_, err := bw.Write(hdr)
-				if err == nil && n > 0 {
-					_, err = bw.Write(p.data)
-					if err == nil {
-						pad := zeroPad[:pad4(n)-n]
-						_, err = bw.Write(pad)
-						if err == nil && c.dataDigest {
-							d := digest(p.data, pad)
-							_, err = bw.Write(d[:])
-						}
-					}
-				}
-				if err != nil {
-					failed = true
-					c.log.Warn("iscsi: write failed; closing the connection", "err", err)
-					c.nc.Close()
+			hdrs, pieces = hdrs[:0], pieces[:0]
+			for _, it := range items {
+				for _, p := range it.pdus {
+					c.stamp(p)
+					hdrs, pieces = c.appendWire(hdrs, pieces, p)
 				}
 			}
-		}
-		if !failed {
-			if err := bw.Flush(); err != nil {
+			// hdrs is complete: only now may slices of it be taken.
+			iov = iov[:0]
+			for _, pc := range pieces {
+				if pc.data != nil {
+					iov = append(iov, pc.data)
+				} else {
+					iov = append(iov, hdrs[pc.start:pc.end])
+				}
+			}
+			c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+			_, err := w.Write(iov)
+			clear(iov) // keep no released buffer reachable
+			clear(pieces)
+			if err != nil {
 				failed = true
 				c.log.Warn("iscsi: write failed; closing the connection", "err", err)
 				c.nc.Close()
@@ -315,7 +407,50 @@ func (c *conn) writeLoop() {
 				it.release()
 			}
 		}
+		clear(items)
+		c.mu.Lock()
+		c.spare = items
+		c.mu.Unlock()
 	}
+}
+
+// wpiece is one piece of a batch: a PDU's data segment, or bytes
+// [start, end) of the batch's header buffer.
+type wpiece struct {
+	data       []byte
+	start, end int
+}
+
+// appendWire appends p's wire form to a batch: its header (BHS, AHS, header
+// digest), pad and data digest to hdrs, the pieces to write to pieces.
+func (c *conn) appendWire(hdrs []byte, pieces []wpiece, p *pdu) ([]byte, []wpiece) {
+	n := len(p.data)
+	start := len(hdrs)
+	hdrs = append(hdrs, p.bhs[:]...)
+	hdrs = append(hdrs, p.ahs...)
+	h := hdrs[start:]
+	h[4] = byte(len(p.ahs) / 4)
+	h[5], h[6], h[7] = byte(n>>16), byte(n>>8), byte(n)
+	if c.headerDigest {
+		d := digest(hdrs[start:])
+		hdrs = append(hdrs, d[:]...)
+	}
+	pieces = append(pieces, wpiece{start: start, end: len(hdrs)})
+	if n == 0 {
+		return hdrs, pieces
+	}
+	pieces = append(pieces, wpiece{data: p.data})
+	start = len(hdrs)
+	pad := zeroPad[:pad4(n)-n]
+	hdrs = append(hdrs, pad...)
+	if c.dataDigest {
+		d := digest(p.data, pad)
+		hdrs = append(hdrs, d[:]...)
+	}
+	if len(hdrs) > start {
+		pieces = append(pieces, wpiece{start: start, end: len(hdrs)})
+	}
+	return hdrs, pieces
 }
 
 // stamp sets a target PDU's StatSN, ExpCmdSN and MaxCmdSN as it is written.
@@ -344,8 +479,9 @@ func (c *conn) stamp(p *pdu) {
 
 // readLoop reads and dispatches PDUs in full feature phase.
 func (c *conn) readLoop() error {
+	p := &c.rp
 	for {
-		p, err := readPDU(c.br, c.headerDigest, c.dataDigest, c.s.cfg.MaxRecvDataSegment)
+		err := readPDUInto(c.br, p, c.headerDigest, c.dataDigest, c.s.cfg.MaxRecvDataSegment)
 		if errors.Is(err, errDataDigest) {
 			c.log.Warn("iscsi: data digest mismatch; rejecting the PDU", "opcode", fmt.Sprintf("%#x", p.opcode()))
 			c.reject(p, rejectDataDigest)
@@ -436,7 +572,8 @@ func (c *conn) scsiCommand(p *pdu) {
 		c.reject(p, rejectInvalidField)
 		return
 	}
-	t := &task{itt: p.itt(), cmdSN: p.u32(24), edtl: int(p.u32(20)), done: make(chan struct{})}
+	t := c.newTask()
+	t.itt, t.cmdSN, t.edtl = p.itt(), p.u32(24), int(p.u32(20))
 	copy(t.lun[:], p.bhs[8:16])
 	t.readFlag = p.bhs[1]&0x40 != 0
 	writeFlag := p.bhs[1]&0x20 != 0
@@ -454,11 +591,11 @@ func (c *conn) scsiCommand(p *pdu) {
 		c.complete(t, scsi.Result{Status: scsi.StatusCheckCondition, Sense: &scsi.Sense{Key: scsi.KeyIllegalRequest, ASC: 0x25}})
 		return
 	}
-	cmd, sense := scsi.Decode(cdb, c.lu.BlockSize())
-	if sense != nil {
+	if sense := scsi.DecodeInto(&t.cmdv, cdb, c.lu.BlockSize()); sense != nil {
 		c.complete(t, scsi.Result{Status: scsi.StatusCheckCondition, Sense: sense})
 		return
 	}
+	cmd := &t.cmdv
 	t.cmd = cmd
 	edtl := t.edtl
 	if !writeFlag {
@@ -636,10 +773,12 @@ func (c *conn) execute(t *task) {
 		c.complete(t, scsi.Result{Status: scsi.StatusTaskAborted})
 		return
 	}
-	c.lu.Execute(t.cmd, t.buf, func(r scsi.Result) { c.complete(t, r) })
+	c.lu.Execute(t.cmd, t.buf, t.doneFn)
 }
 
-// complete answers a task (on any goroutine) and forgets it.
+// complete answers a task (on any goroutine) and forgets it. It must not
+// touch t once the response is queued: the writer may release it (and the
+// reader reuse it) at once.
 func (c *conn) complete(t *task, r scsi.Result) {
 	c.mu.Lock()
 	if c.tasks[t.itt] == t {
@@ -649,19 +788,9 @@ func (c *conn) complete(t *task, r scsi.Result) {
 	if t.counted {
 		c.active.Add(-1)
 	}
-	release := func() {
-		if t.charge > 0 {
-			c.mu.Lock()
-			c.bytes -= t.charge
-			c.mu.Unlock()
-		}
-		if r.Release != nil {
-			r.Release() // the Data-In PDUs are written (or dropped)
-		}
-		t.doneOnce.Do(func() { close(t.done) })
-	}
+	t.res = r
 	if t.aborted.Load() {
-		release()
+		t.release()
 		return
 	}
 	data := r.Data
@@ -684,14 +813,21 @@ func (c *conn) complete(t *task, r scsi.Result) {
 		flags, residual = 0x02, t.edtl-moved
 	}
 	send := min(len(data), t.edtl)
-	var pdus []*pdu
+	pdus := t.pdus[:0]
+	next := func() *pdu { // the task's own PDUs first
+		if i := len(pdus); i < len(t.pduv) {
+			return &t.pduv[i]
+		}
+		return &pdu{}
+	}
 	var dataSN uint32
 	collapse := r.Status == scsi.StatusGood && send > 0
 	for off := 0; off < send; {
 		n := min(send-off, c.peerMaxData)
 		burstEnd := (off/c.maxBurst + 1) * c.maxBurst
 		n = min(n, burstEnd-off)
-		d := &pdu{data: data[off : off+n]}
+		d := next()
+		d.data = data[off : off+n]
 		d.bhs[0] = opDataIn
 		last := off+n == send
 		if last || off+n == burstEnd {
@@ -712,7 +848,7 @@ func (c *conn) complete(t *task, r scsi.Result) {
 		off += n
 	}
 	if !collapse {
-		s := &pdu{}
+		s := next()
 		s.bhs[0] = opSCSIResp
 		s.bhs[1] = 0x80 | flags
 		s.bhs[3] = r.Status
@@ -726,7 +862,8 @@ func (c *conn) complete(t *task, r scsi.Result) {
 		}
 		pdus = append(pdus, s)
 	}
-	c.enqueue(&outItem{pdus: pdus, release: release})
+	t.out = outItem{pdus: pdus, release: t.releaseFn}
+	c.enqueue(&t.out)
 }
 
 // abortAll drops the tasks still waiting for data and marks the others
@@ -778,6 +915,8 @@ func (c *conn) waitTasks() {
 		if t == nil {
 			return
 		}
-		<-t.done
+		for _, ch := range c.waitChans([]*task{t}) {
+			<-ch
+		}
 	}
 }

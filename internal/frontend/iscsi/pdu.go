@@ -102,49 +102,60 @@ var zeroPad [4]byte
 // A data digest mismatch returns the PDU with errDataDigest.
 func readPDU(r io.Reader, headerDigest, dataDigest bool, maxData int) (*pdu, error) {
 	p := &pdu{}
-	if _, err := io.ReadFull(r, p.bhs[:]); err != nil {
+	switch err := readPDUInto(r, p, headerDigest, dataDigest, maxData); {
+	case errors.Is(err, errDataDigest):
+		return p, err
+	case err != nil:
 		return nil, err
+	}
+	return p, nil
+}
+
+// readPDUInto is readPDU into p, which the full feature phase's reader
+// reuses for every PDU (one allocation less per command). p's AHS and data
+// are fresh slices: whatever a PDU's handler keeps of them stays valid.
+func readPDUInto(r io.Reader, p *pdu, headerDigest, dataDigest bool, maxData int) error {
+	p.ahs, p.data = nil, nil
+	if _, err := io.ReadFull(r, p.bhs[:]); err != nil {
+		return err
 	}
 	ahsLen := int(p.bhs[4]) * 4
 	if ahsLen > 0 {
 		p.ahs = make([]byte, ahsLen)
 		if _, err := io.ReadFull(r, p.ahs); err != nil {
-			return nil, unexpected(err)
+			return unexpected(err)
 		}
 	}
 	if headerDigest {
 		var d [4]byte
 		if _, err := io.ReadFull(r, d[:]); err != nil {
-			return nil, unexpected(err)
+			return unexpected(err)
 		}
 		if d != digest(p.bhs[:], p.ahs) {
-			return nil, fmt.Errorf("%w (opcode %#x)", ErrHeaderDigest, p.opcode())
+			return fmt.Errorf("%w (opcode %#x)", ErrHeaderDigest, p.opcode())
 		}
 	}
 	n := p.dataLen()
 	if n > maxData {
-		return nil, fmt.Errorf("%w: data segment of %d bytes, more than the %d declared", ErrMalformed, n, maxData)
+		return fmt.Errorf("%w: data segment of %d bytes, more than the %d declared", ErrMalformed, n, maxData)
 	}
 	if n > 0 {
 		buf := make([]byte, pad4(n))
 		if _, err := io.ReadFull(r, buf); err != nil {
-			return nil, unexpected(err)
+			return unexpected(err)
 		}
 		p.data = buf[:n]
 		if dataDigest {
 			var d [4]byte
 			if _, err := io.ReadFull(r, d[:]); err != nil {
-				return nil, unexpected(err)
+				return unexpected(err)
 			}
 			if d != digest(buf) {
-				return p, errDataDigest
+				return errDataDigest
 			}
 		}
 	}
-	if err := p.check(); err != nil {
-		return nil, err
-	}
-	return p, nil
+	return p.check()
 }
 
 func unexpected(err error) error {

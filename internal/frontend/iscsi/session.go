@@ -65,9 +65,10 @@ func (c *conn) taskMgmt(p *pdu) error {
 			}
 			return
 		}
+		chs := c.waitChans(waits) // now: the tasks are reused once released
 		go func() {
-			for _, t := range waits {
-				<-t.done
+			for _, ch := range chs {
+				<-ch
 			}
 			c.send(false, r)
 			if after != nil {
@@ -157,7 +158,7 @@ func (c *conn) abort(ts []*task) (executing []*task) {
 func (c *conn) abortTasks(except *scsi.Command) (int, <-chan struct{}) {
 	c.mu.Lock()
 	n := 0
-	var started []*task
+	var started []chan struct{} // not the tasks: they are reused once released
 	for _, t := range c.tasks {
 		if except != nil && t.cmd == except {
 			continue
@@ -165,7 +166,7 @@ func (c *conn) abortTasks(except *scsi.Command) (int, <-chan struct{}) {
 		t.aborted.Store(true)
 		n++
 		if t.started.Load() && !t.cmd.Reserves() {
-			started = append(started, t)
+			started = append(started, t.doneChan())
 		}
 	}
 	c.mu.Unlock()
@@ -175,8 +176,8 @@ func (c *conn) abortTasks(except *scsi.Command) (int, <-chan struct{}) {
 		return n, done
 	}
 	go func() {
-		for _, t := range started {
-			<-t.done
+		for _, ch := range started {
+			<-ch
 		}
 		close(done)
 	}()
