@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/basalt-storage/basalt/internal/bufpool"
 	"github.com/basalt-storage/basalt/internal/frontend"
@@ -76,7 +77,8 @@ type Result struct {
 	Sense  *Sense
 	Data   []byte
 	// Release, if set, gives Data back (to bufpool) once the caller is
-	// done with it; a caller that never calls it only costs the pool a buffer.
+	// done with it; a caller that never calls it only costs the pool a
+	// buffer. Call it at most once: the buffer is reused at once.
 	Release func()
 }
 
@@ -358,16 +360,50 @@ func (lu *LU) readWrite(c *Command, dataOut []byte, done func(Result)) {
 		return
 	}
 	// Pooled: a fresh buffer per read was most of the target's garbage
-	// (and GC most of its CPU per read).
-	p := bufpool.Get(n)
-	lu.b.Submit(api.OpRead, *p, off, int64(n), func(err error) {
-		if err != nil {
-			bufpool.Put(p)
-			done(check(ErrorSense(lu.cfg.Classify(err), false)))
-			return
-		}
-		done(Result{Status: StatusGood, Data: *p, Release: func() { bufpool.Put(p) }})
-	})
+	// (and GC most of its CPU per read); the read's callbacks too.
+	op := getReadOp()
+	op.lu, op.buf, op.done = lu, bufpool.Get(n), done
+	lu.b.Submit(api.OpRead, *op.buf, off, int64(n), op.readFn)
+}
+
+// readOp is one READ in the backend and then its data until the caller's
+// Result.Release; pooled, with its callbacks bound once.
+type readOp struct {
+	lu        *LU
+	buf       *[]byte
+	done      func(Result)
+	readFn    func(error) // op.read
+	releaseFn func()      // op.release
+}
+
+var readOps sync.Pool
+
+func getReadOp() *readOp {
+	if op, ok := readOps.Get().(*readOp); ok {
+		return op
+	}
+	op := &readOp{}
+	op.readFn, op.releaseFn = op.read, op.release
+	return op
+}
+
+// read is the backend's callback.
+func (op *readOp) read(err error) {
+	done := op.done
+	if err != nil {
+		classified := op.lu.cfg.Classify(err)
+		op.release()
+		done(check(ErrorSense(classified, false)))
+		return
+	}
+	done(Result{Status: StatusGood, Data: *op.buf, Release: op.releaseFn})
+}
+
+// release gives the buffer and op back.
+func (op *readOp) release() {
+	bufpool.Put(op.buf)
+	op.lu, op.buf, op.done = nil, nil, nil
+	readOps.Put(op)
 }
 
 // io runs one backend IO and waits for it.
