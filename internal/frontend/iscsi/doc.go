@@ -50,6 +50,15 @@
 // its own (R2Ts, NOP-Ins, rejects), so an initiator that does not read cannot
 // grow the queue either.
 //
+// The socket is read and written with package sockio's raw system calls
+// (as the NBD front end does): the writer sends each batch of PDUs with one
+// writev, headers from its own buffer and data segments where they lie. A
+// task carries its response PDUs, queue item and callbacks, and is reused:
+// once its response is written (task.release) it goes on the connection's
+// free list for the reader, so nothing may keep a task past its release —
+// a task management function waiting for one keeps a channel
+// (conn.waitChans). A 4 KiB read makes no garbage in the target.
+//
 // Commands run as soon as their data is in (several at once, answered out of
 // order). Non-immediate commands must arrive in CmdSN order; others are
 // ignored (RFC 7143 4.2.2.1). MaxCmdSN closes the window while
