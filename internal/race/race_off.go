@@ -7,3 +7,11 @@ func ReadRange(p []byte) {}
 
 // WriteRange records that p was written (by a system call reading into it).
 func WriteRange(p []byte) {}
+
+// AfterRead draws the happens-before edge a read through package syscall
+// draws (race builds only).
+func AfterRead(fd uintptr) {}
+
+// BeforeWrite draws the edge a write through package syscall draws (race
+// builds only).
+func BeforeWrite(fd uintptr) {}

@@ -4,6 +4,7 @@ package race
 
 import (
 	"runtime"
+	"syscall"
 	"unsafe"
 )
 
@@ -20,3 +21,14 @@ func WriteRange(p []byte) {
 		runtime.RaceWriteRange(unsafe.Pointer(&p[0]), len(p))
 	}
 }
+
+// AfterRead draws the edge a read through package syscall draws: every
+// write to any file descriptor before it happens before what follows (the
+// syscall package's ioSync). A zero-length read of fd through package
+// syscall draws exactly that edge and reads nothing; only in race builds.
+func AfterRead(fd uintptr) { syscall.Read(int(fd), nil) }
+
+// BeforeWrite draws the other half: what preceded it happens before any
+// later read through package syscall (a zero-length write sends nothing on
+// a stream socket).
+func BeforeWrite(fd uintptr) { syscall.Write(int(fd), nil) }

@@ -12,8 +12,10 @@
 // call block; a read or write on a non-blocking socket never waits for the
 // peer, so here it need not be tracked (unix.RawSyscall). Waiting for the socket still goes
 // through the netpoller (syscall.RawConn), with deadlines and Close as usual.
-// The race detector does not see what raw calls read and write; package race
-// tells it.
+// The race detector does not see what raw calls read and write, nor the
+// happens-before edge that a write and a later read through package syscall
+// draw between goroutines (a test's client on net.Conn and a server on
+// sockio); package race tells it both.
 package sockio
 
 import (
@@ -78,6 +80,9 @@ func (r *Reader) read(fd uintptr) bool {
 		switch errno {
 		case 0:
 			r.n = int(n)
+			if n > 0 {
+				race.AfterRead(fd)
+			}
 			return true
 		case unix.EINTR:
 			continue
@@ -226,6 +231,7 @@ func (w *Writer) write(bufs [][]byte) (int, error) {
 // writev runs inside RawConn.Write: false means "wait until writable, then
 // call again".
 func (w *Writer) writev(fd uintptr) bool {
+	race.BeforeWrite(fd)
 	for {
 		n, _, errno := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&w.iov[0])), uintptr(len(w.iov)))
 		switch errno {
