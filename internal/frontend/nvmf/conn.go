@@ -14,14 +14,19 @@ import (
 
 	"github.com/basalt-storage/basalt/internal/bufpool"
 	"github.com/basalt-storage/basalt/internal/frontend"
+	"github.com/basalt-storage/basalt/internal/sockio"
 )
 
 // conn is one TCP connection: one queue (admin or I/O) of one controller.
 //
 // Goroutines: the reader (Serve) parses PDUs and runs commands, admin ones
-// inline; the writer sends what the reader and the backend's completion
-// callbacks queue (they never block). Reader-owned: the fields up to ctrl;
-// the out queue is under omu.
+// inline; the reader and the backend's completion callbacks queue PDUs
+// (never blocking). With one command in flight and nobody writing, the
+// queuing goroutine sends them itself with one non-blocking writev (no
+// hand-off to another goroutine per IO at queue depth 1); anything else, and
+// whatever such a write leaves, the writer goroutine sends, one writev per
+// batch. Reader-owned: the fields up to ctrl; the out queue and the write
+// side's owner are under omu.
 type conn struct {
 	s   *Server
 	nc  net.Conn
@@ -45,13 +50,27 @@ type conn struct {
 	wg       sync.WaitGroup // backend callbacks outstanding
 	sqhd     atomic.Uint32
 
+	w          *sockio.Writer // used by the write side's owner only
 	omu        sync.Mutex
 	out        [][]byte
 	outDone    []func()      // run once out's buffers before them are written (or dropped)
-	oready     chan struct{} // signalled when out grows
+	owner      writeOwner    // who writes the socket now
+	oready     chan struct{} // signalled when the writer goroutine becomes the owner
 	oclosed    bool
+	broken     bool // a write failed: the rest is dropped
 	writerDone chan struct{}
 }
+
+// writeOwner says who writes the socket: nobody, a goroutine queuing a
+// response (inline), or the writer goroutine. Exactly one writes at a time,
+// so the PDUs go out in the order they were queued.
+type writeOwner uint8
+
+const (
+	ownerNone writeOwner = iota
+	ownerInline
+	ownerWriter
+)
 
 // command is one capsule being served.
 type command struct {
@@ -75,7 +94,8 @@ func newConn(s *Server, nc net.Conn) *conn {
 	return &conn{
 		s:          s,
 		nc:         nc,
-		br:         bufio.NewReaderSize(nc, 64<<10),
+		br:         bufio.NewReaderSize(sockio.NewReader(nc), 64<<10),
+		w:          sockio.NewWriter(nc),
 		log:        s.log.With("remote", remote),
 		sqsize:     32,
 		pending:    map[uint16]*command{},
@@ -101,6 +121,9 @@ func (c *conn) Serve() {
 	c.wg.Wait() // every backend callback ran: buffers are ours again
 	c.omu.Lock()
 	c.oclosed = true
+	if c.owner == ownerNone {
+		c.owner = ownerWriter // it drains the queue and ends; else the owner hands over when done
+	}
 	c.omu.Unlock()
 	c.signal()
 	<-c.writerDone
@@ -448,8 +471,11 @@ func (c *conn) completeDataThen(cmd *command, data []byte, release func()) {
 	if l := int(cmd.sqe.sglLen); len(data) > l {
 		data = data[:l]
 	}
+	// The C2HData PDUs and the response are queued at once: one writev
+	// when nothing else is queued.
 	const chunk = 128 << 10
-	for off := 0; off < len(data) || off == 0; off += chunk {
+	bufs := make([][]byte, 0, 3*((len(data)+chunk-1)/chunk)+1)
+	for off := 0; off < len(data); off += chunk {
 		end := min(off+chunk, len(data))
 		last := end == len(data)
 		hd, dd := 0, 0
@@ -467,7 +493,7 @@ func (c *conn) completeDataThen(cmd *command, data []byte, release func()) {
 			}
 		}
 		seg := data[off:end]
-		h := make([]byte, dataHdrLen+hd)
+		h := make([]byte, dataHdrLen+hd+dd)
 		pdo := dataHdrLen + hd
 		putCH(h, pduC2HData, flags, dataHdrLen, uint8(pdo), uint32(pdo+len(seg)+dd))
 		binary.LittleEndian.PutUint16(h[8:], cmd.sqe.cid)
@@ -476,23 +502,18 @@ func (c *conn) completeDataThen(cmd *command, data []byte, release func()) {
 		if hd > 0 {
 			binary.LittleEndian.PutUint32(h[dataHdrLen:], crc32c(h[:dataHdrLen]))
 		}
-		bufs := [][]byte{h, seg}
+		bufs = append(bufs, h[:pdo], seg)
 		if dd > 0 {
-			d := make([]byte, digestLen)
-			binary.LittleEndian.PutUint32(d, crc32c(seg))
-			bufs = append(bufs, d)
+			binary.LittleEndian.PutUint32(h[pdo:], crc32c(seg))
+			bufs = append(bufs, h[pdo:])
 		}
-		if last {
-			c.queueThen(release, bufs...)
-			break
-		}
-		c.queue(bufs...)
 	}
-	if !c.noSQFlow {
-		c.complete(cmd, scSuccess, 0, 0)
-		return
+	if c.noSQFlow {
+		c.sqhd.Add(1)
+	} else {
+		bufs = append(bufs, c.rsp(cmd.sqe.cid, scSuccess, 0, 0))
 	}
-	c.sqhd.Add(1)
+	c.queueThen(release, bufs...)
 	c.inflight.Add(-1)
 }
 
@@ -510,12 +531,60 @@ func (c *conn) queueThen(done func(), bufs ...[]byte) {
 		}
 		return
 	}
+	// Inline only for the one command in flight (its response is being
+	// queued): with more, more responses follow, and the writer goroutine's
+	// one writev per batch costs less than a writev each.
+	if c.owner == ownerNone && !c.broken && c.w.CanTry() && c.inflight.Load() <= 1 {
+		c.owner = ownerInline
+		c.omu.Unlock()
+		c.writeInline(done, bufs)
+		return
+	}
 	c.out = append(c.out, bufs...)
 	if done != nil {
 		c.outDone = append(c.outDone, done)
 	}
+	wake := c.owner == ownerNone
+	if wake {
+		c.owner = ownerWriter
+	} // else the owner sends them before letting go
 	c.omu.Unlock()
-	c.signal()
+	if wake {
+		c.signal()
+	}
+}
+
+// writeInline sends bufs with one non-blocking writev on the calling
+// goroutine, which owns the write side (ownerInline), and hands what is left,
+// with what others queued meanwhile, to the writer goroutine.
+func (c *conn) writeInline(done func(), bufs [][]byte) {
+	n := c.w.TryWrite(bufs)
+	c.omu.Lock()
+	if n < sockio.Len(bufs) {
+		// The rest goes first: it was queued before anything in out.
+		rest := sockio.Advance(bufs, n)
+		c.out = append(rest[:len(rest):len(rest)], c.out...)
+		if done != nil {
+			c.outDone = append([]func(){done}, c.outDone...)
+		}
+		c.owner = ownerWriter
+		c.omu.Unlock()
+		c.signal()
+		return
+	}
+	wake := len(c.out) > 0 || c.oclosed
+	if wake {
+		c.owner = ownerWriter
+	} else {
+		c.owner = ownerNone
+	}
+	c.omu.Unlock()
+	if wake {
+		c.signal()
+	}
+	if done != nil {
+		done()
+	}
 }
 
 func (c *conn) signal() {
@@ -525,34 +594,52 @@ func (c *conn) signal() {
 	}
 }
 
-// writeLoop sends queued buffers until the reader closed the queue and it is empty.
+// writeLoop sends queued buffers whenever it owns the write side, until the
+// reader closed the queue and it is empty.
 func (c *conn) writeLoop() {
 	defer close(c.writerDone)
-	broken := false
 	for {
 		<-c.oready
 		for {
 			c.omu.Lock()
-			bufs, done, closed := c.out, c.outDone, c.oclosed
+			if c.owner != ownerWriter {
+				c.omu.Unlock()
+				break // a stale signal: an inline writer owns it, or nobody
+			}
+			bufs, done, closed, broken := c.out, c.outDone, c.oclosed, c.broken
 			c.out, c.outDone = nil, nil
-			c.omu.Unlock()
 			if len(bufs) == 0 {
+				c.owner = ownerNone
+				c.omu.Unlock()
 				if closed {
 					return
 				}
 				break
 			}
-			if !broken {
-				c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
-				nb := net.Buffers(bufs)
-				if _, err := nb.WriteTo(c.nc); err != nil {
-					broken = true
-					c.nc.Close() // the reader ends too
-				}
+			c.omu.Unlock()
+			if !broken && !c.write(bufs) {
+				c.omu.Lock()
+				c.broken = true
+				c.omu.Unlock()
+				c.nc.Close() // the reader ends too
 			}
+			clear(bufs) // keep no released buffer reachable
 			for _, f := range done {
 				f()
 			}
 		}
 	}
+}
+
+// write sends bufs: what the socket takes at once, then the rest waiting
+// for it under the write deadline (set only then: most batches never wait).
+func (c *conn) write(bufs [][]byte) bool {
+	if n := c.w.TryWrite(bufs); n > 0 {
+		if bufs = sockio.Advance(bufs, n); sockio.Len(bufs) == 0 {
+			return true
+		}
+	}
+	c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+	_, err := c.w.Write(bufs)
+	return err == nil
 }

@@ -25,8 +25,12 @@
 // Per connection: the reader (conn.Serve) reads PDUs, checks them and runs
 // each command; admin and Fabrics commands complete inline, I/O commands are
 // submitted to the backend, whose callbacks (any goroutine) queue the
-// response. The writer goroutine alone writes the socket: the reader and the
-// callbacks append to the out queue (never blocking) and signal it. Per
+// response (never blocking). One goroutine at a time writes the socket
+// (conn.owner): with one command in flight and nobody writing, the goroutine
+// queuing the response sends it with one non-blocking writev (no hand-off per
+// IO at queue depth 1); otherwise, and for what such a write leaves, the
+// writer goroutine sends the out queue, one writev per batch. The socket is
+// read and written with raw system calls (package sockio). Per
 // controller: a keep-alive goroutine that ends it (closing every queue's
 // socket) when no command arrived for twice KATO plus KeepAliveGrace. The
 // reader asks Config.MayWrite (an MDS round trip for package access) before a
