@@ -22,6 +22,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/basalt-storage/basalt/internal/sockio"
 )
 
 // PDU types (NVMe/TCP transport binding).
@@ -105,8 +107,9 @@ func (r Result) Err() error {
 // time; Pipeline turns the Conn into a Queue for many.
 type Conn struct {
 	nc           net.Conn
-	br           *bufio.Reader
+	br           *bufio.Reader // over sockio: raw reads, see its package doc
 	wmu          sync.Mutex
+	w            *sockio.Writer // under wmu
 	hdgst, ddgst bool
 	maxH2C       int
 	cid          uint16
@@ -127,7 +130,7 @@ func Dial(ctx context.Context, addr string, hdgst, ddgst bool) (*Conn, error) {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	c := &Conn{nc: nc, br: bufio.NewReaderSize(nc, 256<<10), hdgst: hdgst, ddgst: ddgst}
+	c := &Conn{nc: nc, br: bufio.NewReaderSize(sockio.NewReader(nc), 256<<10), w: sockio.NewWriter(nc), hdgst: hdgst, ddgst: ddgst}
 	if dl, ok := ctx.Deadline(); ok {
 		nc.SetDeadline(dl)
 		defer nc.SetDeadline(time.Time{})
@@ -211,7 +214,16 @@ func (c *Conn) Frame(typ, flags uint8, hdr []byte, data []byte) []byte {
 func (c *Conn) WritePDU(b []byte) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	_, err := c.nc.Write(b)
+	_, err := c.w.Write([][]byte{b})
+	return err
+}
+
+// writeBufs writes bufs with one writev (more when the socket is full),
+// atomically with respect to other writers.
+func (c *Conn) writeBufs(bufs [][]byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_, err := c.w.Write(bufs)
 	return err
 }
 

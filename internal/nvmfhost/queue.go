@@ -4,37 +4,57 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 )
 
 // Queue runs many commands at once on one connected Conn: Submit may be
 // called from any number of goroutines, up to the queue's size at a time
-// (more wait for a free command id). One goroutine reads the controller's
-// PDUs and completes the commands, out of order.
+// (more wait for a free command id). Commands complete out of order.
+//
+// Reading: whoever holds rmu reads the controller's PDUs and completes the
+// commands. A Submit that finds nobody reading reads itself until its own
+// command completes (at queue depth 1 no other goroutine is woken per
+// command); it then hands the reading to the queue's reader goroutine if
+// other commands are still in flight, which reads while any are.
+// Writing: a Submit that finds nobody writing writes its capsule and, in
+// the same writev, those queued meanwhile (combined writes at depth).
 type Queue struct {
 	c    *Conn
 	free chan uint16 // command ids not in flight
 
 	mu      sync.Mutex
 	pending map[uint16]*call
-	err     error // the first read or protocol error; ends the queue
-	done    chan struct{}
+	err     error         // the first read or protocol error; ends the queue
+	dead    chan struct{} // closed with err set
+
+	rmu  sync.Mutex    // held by the goroutine reading PDUs
+	kick chan struct{} // wakes the reader goroutine
+	stop chan struct{} // closed by Close: the reader goroutine ends
+	done chan struct{} // closed when the reader goroutine ended
+
+	wmu    sync.Mutex
+	wq     [][]byte // PDUs waiting for the writer
+	wspare [][]byte
+	wbusy  bool // a goroutine is writing wq
 }
 
 type call struct {
-	out  []byte // host-to-controller data
-	in   []byte // controller-to-host buffer
-	got  int    // bytes of in received
-	res  Result
-	err  error
-	done chan struct{}
+	out      []byte // host-to-controller data
+	in       []byte // controller-to-host buffer
+	got      int    // bytes of in received
+	res      Result
+	err      error
+	finished bool // under Queue.mu: done is closed
+	done     chan struct{}
 }
 
 // Pipeline makes a Queue of c, whose Connect has completed, with at most
 // depth commands in flight (at most its sqsize-1). c must not be used
 // directly afterwards.
 func (c *Conn) Pipeline(depth int) *Queue {
-	q := &Queue{c: c, free: make(chan uint16, depth), pending: map[uint16]*call{}, done: make(chan struct{})}
+	q := &Queue{c: c, free: make(chan uint16, depth), pending: map[uint16]*call{}, dead: make(chan struct{}),
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	for i := range depth {
 		q.free <- uint16(i + 1)
 	}
@@ -45,6 +65,8 @@ func (c *Conn) Pipeline(depth int) *Queue {
 // Close closes the connection and fails the commands in flight.
 func (q *Queue) Close() error {
 	err := q.c.Close()
+	q.fail(net.ErrClosed)
+	close(q.stop)
 	<-q.done
 	return err
 }
@@ -62,7 +84,7 @@ func (q *Queue) Submit(sqe, out []byte, inCapsule bool, in []byte) (Result, erro
 	var cid uint16
 	select {
 	case cid = <-q.free:
-	case <-q.done:
+	case <-q.dead:
 		return Result{}, q.failure()
 	}
 	binary.LittleEndian.PutUint16(sqe[2:], cid)
@@ -75,12 +97,76 @@ func (q *Queue) Submit(sqe, out []byte, inCapsule bool, in []byte) (Result, erro
 	}
 	q.pending[cid] = cl
 	q.mu.Unlock()
-	if err := q.c.WritePDU(q.c.capsule(sqe, out, inCapsule, len(in))); err != nil {
-		q.fail(err)
+	q.send(q.c.capsule(sqe, out, inCapsule, len(in)))
+	if q.rmu.TryLock() {
+		// Nobody reads: read until this command completes.
+		for !q.finished(cl) {
+			if err := q.readOne(); err != nil {
+				q.fail(err)
+				break
+			}
+		}
+		q.rmu.Unlock()
+		if q.inFlight() > 0 {
+			q.wakeReader()
+		}
 	}
+	// Else the reader completes it: a Submit reading hands over to the
+	// reader goroutine when it leaves with commands in flight, and that
+	// reads until none is.
 	<-cl.done
 	q.free <- cid
 	return cl.res, cl.err
+}
+
+// send writes b, with whatever other Submits queue while it writes; an
+// error ends the queue.
+func (q *Queue) send(b []byte) {
+	q.wmu.Lock()
+	q.wq = append(q.wq, b)
+	if q.wbusy {
+		q.wmu.Unlock() // the writer sends it before letting go
+		return
+	}
+	q.wbusy = true
+	for len(q.wq) > 0 {
+		bufs := q.wq
+		q.wq = q.wspare[:0]
+		q.wmu.Unlock()
+		err := q.c.writeBufs(bufs)
+		clear(bufs)
+		q.wmu.Lock()
+		q.wspare = bufs[:0]
+		if err != nil {
+			clear(q.wq)
+			q.wq = q.wq[:0]
+			q.wbusy = false
+			q.wmu.Unlock()
+			q.fail(err)
+			return
+		}
+	}
+	q.wbusy = false
+	q.wmu.Unlock()
+}
+
+func (q *Queue) wakeReader() {
+	select {
+	case q.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (q *Queue) finished(cl *call) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return cl.finished
+}
+
+func (q *Queue) inFlight() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.pending)
 }
 
 func (q *Queue) failure() error {
@@ -96,9 +182,11 @@ func (q *Queue) fail(err error) {
 	if q.err == nil {
 		q.err = fmt.Errorf("%w: %v", ErrClosed, err)
 		q.c.Close()
+		close(q.dead)
 	}
 	for cid, cl := range q.pending {
 		cl.err = q.err
+		cl.finished = true
 		close(cl.done)
 		delete(q.pending, cid)
 	}
@@ -114,19 +202,33 @@ func (q *Queue) finish(cid uint16, r Result) {
 	q.mu.Lock()
 	cl := q.pending[cid]
 	delete(q.pending, cid)
-	q.mu.Unlock()
 	if cl != nil {
 		cl.res = r
+		cl.finished = true
 		close(cl.done)
 	}
+	q.mu.Unlock()
 }
 
+// readLoop is the reader goroutine: woken by a Submit that stopped reading
+// with commands in flight, it reads while any are. After letting go it
+// looks again: a Submit that found it reading waits for it.
 func (q *Queue) readLoop() {
 	defer close(q.done)
 	for {
-		if err := q.readOne(); err != nil {
-			q.fail(err)
+		select {
+		case <-q.kick:
+		case <-q.stop:
 			return
+		}
+		for q.inFlight() > 0 && q.rmu.TryLock() {
+			for q.inFlight() > 0 {
+				if err := q.readOne(); err != nil {
+					q.fail(err)
+					break
+				}
+			}
+			q.rmu.Unlock()
 		}
 	}
 }
@@ -149,7 +251,8 @@ func (q *Queue) readOne() error {
 		if err != nil {
 			return err
 		}
-		return q.c.WritePDU(b)
+		q.send(b)
+		return nil
 	case PDUC2HData:
 		cid := binary.LittleEndian.Uint16(h[8:])
 		cl := q.lookup(cid)
