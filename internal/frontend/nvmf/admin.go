@@ -98,6 +98,7 @@ func (c *conn) connect(cmd *command) {
 		ctrl = &controller{s: c.s, subNQN: subNQN, hostNQN: hostNQN, kato: kato,
 			lastSeen: time.Now(), conns: map[*conn]bool{}, stopKA: make(chan struct{})}
 		copy(ctrl.hostID[:], d[0:16])
+		ctrl.nexus = nexusOf(ctrl.hostID)
 		switch {
 		case subNQN == DiscoveryNQN:
 			ctrl.discovery = true

@@ -84,6 +84,16 @@ type command struct {
 	got    int // H2C bytes received so far
 	r2t    int // end of the range the current R2T asked for
 	tag    uint16
+
+	// Room for the PDUs a one-chunk command sends (the command lives
+	// until they are written; no allocation of their own): its entry, a
+	// C2HData header with both digests, a response with its digest, and
+	// the pieces of the writev.
+	entry sqe
+	c2h   [dataHdrLen + 2*digestLen]byte
+	rspb  [rspLen + digestLen]byte
+	iov   [4][]byte
+	rsent bool // rspb is used
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -326,11 +336,13 @@ func (c *conn) icReq(h []byte) error {
 
 // capsule reads a command capsule and starts the command.
 func (c *conn) capsule(hdr []byte, flags uint8, dlen int) error {
-	s := parseSQE(hdr[chLen:])
 	if n := c.inflight.Add(1); int(n) > c.sqsize+4 {
 		return c.protoErr(fesSequence, "%d commands in flight on a queue of %d", n, c.sqsize)
 	}
-	cmd := &command{c: c, sqe: s}
+	cmd := &command{c: c}
+	cmd.entry.parse(hdr[chLen:])
+	cmd.sqe = &cmd.entry
+	s := cmd.sqe
 	if c.ctrl != nil {
 		c.ctrl.touch()
 	}
@@ -437,12 +449,26 @@ func (cmd *command) putData() {
 
 // complete queues cmd's response.
 func (c *conn) complete(cmd *command, status uint16, dw0, dw1 uint32) {
-	c.queue(c.rsp(cmd.sqe.cid, status, dw0, dw1))
+	c.queue(c.cmdRsp(cmd, status, dw0, dw1))
 	c.inflight.Add(-1)
 }
 
+// cmdRsp is rsp in cmd's own room (once per command; a second response,
+// which no path sends, would get a buffer of its own).
+func (c *conn) cmdRsp(cmd *command, status uint16, dw0, dw1 uint32) []byte {
+	if cmd.rsent {
+		return c.rsp(cmd.sqe.cid, status, dw0, dw1)
+	}
+	cmd.rsent = true
+	return c.rspIn(cmd.rspb[:rspLen:rspLen+digestLen], cmd.sqe.cid, status, dw0, dw1)
+}
+
 func (c *conn) rsp(cid, status uint16, dw0, dw1 uint32) []byte {
-	b := make([]byte, rspLen, rspLen+digestLen)
+	return c.rspIn(make([]byte, rspLen, rspLen+digestLen), cid, status, dw0, dw1)
+}
+
+// rspIn frames a response in b (rspLen long, room for the digest).
+func (c *conn) rspIn(b []byte, cid, status uint16, dw0, dw1 uint32) []byte {
 	q := b[chLen:]
 	binary.LittleEndian.PutUint32(q[0:], dw0)
 	binary.LittleEndian.PutUint32(q[4:], dw1)
@@ -474,7 +500,10 @@ func (c *conn) completeDataThen(cmd *command, data []byte, release func()) {
 	// The C2HData PDUs and the response are queued at once: one writev
 	// when nothing else is queued.
 	const chunk = 128 << 10
-	bufs := make([][]byte, 0, 3*((len(data)+chunk-1)/chunk)+1)
+	bufs := cmd.iov[:0]
+	if len(data) > chunk {
+		bufs = make([][]byte, 0, 3*((len(data)+chunk-1)/chunk)+1)
+	}
 	for off := 0; off < len(data); off += chunk {
 		end := min(off+chunk, len(data))
 		last := end == len(data)
@@ -493,7 +522,10 @@ func (c *conn) completeDataThen(cmd *command, data []byte, release func()) {
 			}
 		}
 		seg := data[off:end]
-		h := make([]byte, dataHdrLen+hd+dd)
+		h := cmd.c2h[:dataHdrLen+hd+dd]
+		if off > 0 {
+			h = make([]byte, dataHdrLen+hd+dd)
+		}
 		pdo := dataHdrLen + hd
 		putCH(h, pduC2HData, flags, dataHdrLen, uint8(pdo), uint32(pdo+len(seg)+dd))
 		binary.LittleEndian.PutUint16(h[8:], cmd.sqe.cid)
@@ -511,7 +543,7 @@ func (c *conn) completeDataThen(cmd *command, data []byte, release func()) {
 	if c.noSQFlow {
 		c.sqhd.Add(1)
 	} else {
-		bufs = append(bufs, c.rsp(cmd.sqe.cid, scSuccess, 0, 0))
+		bufs = append(bufs, c.cmdRsp(cmd, scSuccess, 0, 0))
 	}
 	c.queueThen(release, bufs...)
 	c.inflight.Add(-1)
@@ -598,6 +630,9 @@ func (c *conn) signal() {
 // reader closed the queue and it is empty.
 func (c *conn) writeLoop() {
 	defer close(c.writerDone)
+	// The out queue's two arrays take turns: no allocation per batch.
+	var spare [][]byte
+	var spareDone []func()
 	for {
 		<-c.oready
 		for {
@@ -607,7 +642,6 @@ func (c *conn) writeLoop() {
 				break // a stale signal: an inline writer owns it, or nobody
 			}
 			bufs, done, closed, broken := c.out, c.outDone, c.oclosed, c.broken
-			c.out, c.outDone = nil, nil
 			if len(bufs) == 0 {
 				c.owner = ownerNone
 				c.omu.Unlock()
@@ -616,6 +650,7 @@ func (c *conn) writeLoop() {
 				}
 				break
 			}
+			c.out, c.outDone = spare[:0], spareDone[:0]
 			c.omu.Unlock()
 			if !broken && !c.write(bufs) {
 				c.omu.Lock()
@@ -627,6 +662,8 @@ func (c *conn) writeLoop() {
 			for _, f := range done {
 				f()
 			}
+			clear(done)
+			spare, spareDone = bufs[:0], done[:0]
 		}
 	}
 }

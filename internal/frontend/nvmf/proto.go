@@ -129,8 +129,8 @@ type sqe struct {
 	raw     [sqeLen]byte
 }
 
-func parseSQE(b []byte) *sqe {
-	s := &sqe{}
+// parse fills s from the 64-byte entry b.
+func (s *sqe) parse(b []byte) {
 	copy(s.raw[:], b)
 	s.opcode = b[0]
 	s.flags = b[1]
@@ -142,7 +142,6 @@ func parseSQE(b []byte) *sqe {
 	for i := 10; i < 16; i++ {
 		s.cdw[i] = binary.LittleEndian.Uint32(b[i*4:])
 	}
-	return s
 }
 
 // treqNoSQFlow is the discovery record's TREQ bit 2: a host may disable SQ

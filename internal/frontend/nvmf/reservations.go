@@ -55,7 +55,12 @@ func toNVMeType(t reservation.Type) byte {
 
 // hostNexus is the reservation identity of a controller's host.
 func (c *controller) hostNexus() reservation.Nexus {
-	return reservation.Nexus{Initiator: "nvme:" + hex.EncodeToString(c.hostID[:])}
+	return c.nexus
+}
+
+// nexusOf is the reservation identity of Host Identifier id.
+func nexusOf(id [16]byte) reservation.Nexus {
+	return reservation.Nexus{Initiator: "nvme:" + hex.EncodeToString(id[:])}
 }
 
 // ioAccess is what an I/O command does to the medium.
@@ -75,6 +80,13 @@ func (c *conn) resvConflict(cmd *command, ns *namespace) (conflict, failed bool)
 	acc := ioAccess(cmd.sqe.opcode)
 	if acc == reservation.AccessNone {
 		return false, false
+	}
+	if f, ok := c.s.cfg.Reservations.(reservation.FreshReader); ok {
+		// Every command asks: no context (and timer) to make while the
+		// copy is fresh (as iSCSI's scsi.LU.prState).
+		if st, _, ok := f.Fresh(ns.volume); ok {
+			return st.Conflicts(c.ctrl.hostNexus(), acc), false
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), resvReadTimeout)
 	defer cancel()

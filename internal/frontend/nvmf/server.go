@@ -286,6 +286,7 @@ type controller struct {
 	subNQN    string
 	hostNQN   string
 	hostID    [16]byte
+	nexus     reservation.Nexus // hostID's, made once (every IO asks)
 	discovery bool
 	// nss: NSID i+1 is (*nss)[i], nil where the subsystem has no
 	// namespace for this host (a group's volume it may not use); none for
