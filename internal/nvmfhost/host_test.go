@@ -138,3 +138,89 @@ func TestHostAgainstTarget(t *testing.T) {
 				PDUCapsuleRsp: 50, PDUH2CData: 10, PDUC2HData: 30, PDUR2T: 10}})
 	})
 }
+
+// TestQueueReaderHandoff: the reading of a queue's PDUs moves between the
+// Submits (one that finds nobody reading reads its own completion) and the
+// reader goroutine (it takes over while commands are in flight). Bursts of
+// 1 to 40 concurrent submitters on one queue of depth 16 (more wait for a
+// command id), each checking its data, must all complete; then Close with
+// commands waiting fails them rather than leaving them hanging.
+func TestQueueReaderHandoff(t *testing.T) {
+	addr, _ := startTarget(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h, err := Connect(ctx, addr, nvmf.VolumeNQNPrefix+"vol", Options{QueueSize: 17})
+	if err != nil {
+		t.Fatal(err)
+	}
+	finished := make(chan error, 1)
+	go func() {
+		for burst := range 60 {
+			n := 1 + burst*7%40
+			var wg sync.WaitGroup
+			errs := make(chan error, n)
+			for g := range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					off := int64(burst*40+g) % 2048 * 4096
+					want := bytes.Repeat([]byte{byte(burst), byte(g)}, 2048)
+					if err := h.WriteAt(0, want, off); err != nil {
+						errs <- err
+						return
+					}
+					got := make([]byte, len(want))
+					if err := h.ReadAt(0, got, off); err != nil {
+						errs <- err
+						return
+					}
+					if !bytes.Equal(got, want) {
+						errs <- fmt.Errorf("burst %d submitter %d: read back differs", burst, g)
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			if err := <-errs; err != nil {
+				finished <- err
+				return
+			}
+		}
+		finished <- nil
+	}()
+	select {
+	case err := <-finished:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(3 * time.Minute):
+		t.Fatal("submitters still waiting after 3 minutes: a completion nobody read")
+	}
+
+	// Close with commands waiting: each fails.
+	var wg sync.WaitGroup
+	errs := make(chan error, 40)
+	for i := range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- h.ReadAt(0, make([]byte, 4096), int64(i)*4096)
+		}()
+	}
+	h.Close()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("Submits still waiting a minute after Close")
+	}
+	close(errs)
+	failed := 0
+	for err := range errs {
+		if err != nil {
+			failed++
+		}
+	}
+	t.Logf("%d of 40 reads racing Close failed", failed)
+}
