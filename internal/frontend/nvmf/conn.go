@@ -669,7 +669,8 @@ func (c *conn) writeLoop() {
 }
 
 // write sends bufs: what the socket takes at once, then the rest waiting
-// for it under the write deadline (set only then: most batches never wait).
+// for it under the write deadline (set only then, and cleared after: most
+// batches never wait, and an expired deadline would fail every TryWrite).
 func (c *conn) write(bufs [][]byte) bool {
 	if n := c.w.TryWrite(bufs); n > 0 {
 		if bufs = sockio.Advance(bufs, n); sockio.Len(bufs) == 0 {
@@ -678,5 +679,8 @@ func (c *conn) write(bufs [][]byte) bool {
 	}
 	c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
 	_, err := c.w.Write(bufs)
+	if err == nil {
+		c.nc.SetWriteDeadline(time.Time{})
+	}
 	return err == nil
 }

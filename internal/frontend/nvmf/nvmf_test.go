@@ -3,8 +3,10 @@ package nvmf
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -333,4 +335,31 @@ func TestMalformedPDUClosesOnlyItsConnection(t *testing.T) {
 		}
 		good.must(good.do(rw(ioRead, 0, 1), nil, false, 512))
 	}
+}
+
+// TestWriteTimeoutDisconnectsNonReadingHost: a host that sends reads and
+// reads none of the data is disconnected once the target's writes wait
+// WriteTimeout for the socket (the writer sets the deadline only when a
+// write would wait): the host's sends then fail, before its own (4-minute) deadline.
+func TestWriteTimeoutDisconnectsNonReadingHost(t *testing.T) {
+	_, addr, _ := startServer(t, func(c *Config) { c.WriteTimeout = 500 * time.Millisecond })
+	_, ioq := session(t, addr, false, false)
+	ioq.nc.SetDeadline(time.Now().Add(4 * time.Minute))
+	var err error
+	sent := 0
+	for err == nil {
+		// 128 KiB reads of the 1 MiB volume, never read back.
+		sqe := rw(ioRead, uint64(sent%8)*256, 256)
+		binary.LittleEndian.PutUint16(sqe[2:], uint16(sent))
+		binary.LittleEndian.PutUint32(sqe[32:], 128<<10)
+		sqe[39] = 0x5a // transport data block
+		hdr := make([]byte, 72)
+		copy(hdr[8:], sqe)
+		err = ioq.WritePDU(ioq.pdu(pduCapsuleCmd, 0, hdr, nil))
+		sent++
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("after %d reads the host's own 4-minute deadline passed: the target never gave up writing", sent)
+	}
+	t.Logf("the target closed the connection: the host's send of read %d failed: %v", sent, err)
 }
