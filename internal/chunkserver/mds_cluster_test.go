@@ -21,6 +21,12 @@ const (
 	mVolSize = 8 * mChunk
 )
 
+// wholeTestMDS bounds the MDS calls of a whole test, so a hung MDS fails it. It
+// is not a speed limit: the test's waits for the chunkservers between the calls
+// spend it too, and on a loaded machine 30 s ran out before the last call (a CI
+// rehearsal: TestRealMDSCluster's ClusterStatus after 40 s).
+const wholeTestMDS = 5 * time.Minute
+
 // startRealMDS runs internal/mds with embedded etcd in a temp dir.
 func startRealMDS(t *testing.T) string {
 	return startRealMDSWith(t, func(*mds.Config) {})
@@ -73,7 +79,7 @@ func TestRealMDSCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), wholeTestMDS)
 	defer cancel()
 	var pool *api.Pool
 	tc.waitFor("pool creation", func() bool {
@@ -195,7 +201,7 @@ func TestRealMDSRecovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), wholeTestMDS)
 	defer cancel()
 	pr, err := cl.CreatePool(ctx, &api.CreatePoolRequest{Name: "default", Replicas: 3, ChunkSize: mChunk, CopysetCount: 4})
 	if err != nil {

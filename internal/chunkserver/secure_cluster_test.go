@@ -54,7 +54,7 @@ func TestSecureClusterCapabilities(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), wholeTestMDS)
 	defer cancel()
 	tc.waitFor("pool creation", func() bool {
 		r, err := cl.CreatePool(ctx, &api.CreatePoolRequest{Name: "default", Replicas: 3, ChunkSize: mChunk, CopysetCount: 4})
