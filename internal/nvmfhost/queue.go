@@ -28,10 +28,11 @@ type Queue struct {
 	err     error         // the first read or protocol error; ends the queue
 	dead    chan struct{} // closed with err set
 
-	rmu  sync.Mutex    // held by the goroutine reading PDUs
-	kick chan struct{} // wakes the reader goroutine
-	stop chan struct{} // closed by Close: the reader goroutine ends
-	done chan struct{} // closed when the reader goroutine ended
+	rmu      sync.Mutex    // held by the goroutine reading PDUs
+	kick     chan struct{} // wakes the reader goroutine
+	stop     chan struct{} // closed by Close: the reader goroutine ends
+	stopOnce sync.Once     // Close may be called again (tests and callers' cleanups do)
+	done     chan struct{} // closed when the reader goroutine ended
 
 	wmu    sync.Mutex
 	wq     [][]byte // PDUs waiting for the writer
@@ -66,7 +67,7 @@ func (c *Conn) Pipeline(depth int) *Queue {
 func (q *Queue) Close() error {
 	err := q.c.Close()
 	q.fail(net.ErrClosed)
-	close(q.stop)
+	q.stopOnce.Do(func() { close(q.stop) })
 	<-q.done
 	return err
 }
