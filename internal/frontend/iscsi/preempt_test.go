@@ -17,6 +17,25 @@ import (
 // answer reads PDUs until the SCSI response (or the Data-In with status)
 // of task itt and returns its status and sense; a response to any other
 // task fails the test (an aborted task must never be answered).
+// prOut sends PERSISTENT RESERVE OUT service action sa, type typ, with the
+// reservation key key and the service action key saKey; it returns the task.
+func (c *testClient) prOut(sa, typ byte, key, saKey uint64) uint32 {
+	p := make([]byte, 24)
+	for i := range 8 {
+		p[7-i], p[15-i] = byte(key>>(8*i)), byte(saKey>>(8*i))
+	}
+	itt, _ := c.sendCommand([]byte{0x5f, sa, typ, 0, 0, 0, 0, 0, 24, 0}, 24, true, p)
+	return itt
+}
+
+// wantGood fails t unless task itt of c is answered GOOD.
+func wantGood(t *testing.T, what string, c *testClient, itt uint32) {
+	t.Helper()
+	if st, sense := c.answer(itt); st != 0 {
+		t.Fatalf("%s: status %#x sense % x", what, st, sense)
+	}
+}
+
 func (c *testClient) answer(itt uint32) (status byte, sense []byte) {
 	c.t.Helper()
 	for {
@@ -90,27 +109,13 @@ func TestPreemptAndAbort(t *testing.T) {
 			a.loginNormal(iqnA, target)
 			b.loginNormal(iqnB, target)
 			block := func(c byte) []byte { return bytes.Repeat([]byte{c}, 512) }
-			prOut := func(c *testClient, sa, typ byte, key, saKey uint64) uint32 {
-				p := make([]byte, 24)
-				for i := range 8 {
-					p[7-i], p[15-i] = byte(key>>(8*i)), byte(saKey>>(8*i))
-				}
-				itt, _ := c.sendCommand([]byte{0x5f, sa, typ, 0, 0, 0, 0, 0, 24, 0}, 24, true, p)
-				return itt
-			}
-			good := func(what string, c *testClient, itt uint32) {
-				t.Helper()
-				if st, sense := c.answer(itt); st != 0 {
-					t.Fatalf("%s: status %#x sense % x", what, st, sense)
-				}
-			}
-			good("A's REGISTER", a, prOut(a, 6, 0, 0, 0xa))
-			good("B's REGISTER", b, prOut(b, 6, 0, 0, 0xb))
-			good("A's RESERVE", a, prOut(a, 1, 5, 0xa, 0)) // WRITE EXCLUSIVE – REGISTRANTS ONLY
+			wantGood(t, "A's REGISTER", a, a.prOut(6, 0, 0, 0xa))
+			wantGood(t, "B's REGISTER", b, b.prOut(6, 0, 0, 0xb))
+			wantGood(t, "A's RESERVE", a, a.prOut(1, 5, 0xa, 0)) // WRITE EXCLUSIVE – REGISTRANTS ONLY
 			for _, c := range []*testClient{a, b} {
 				disk.Gate <- struct{}{}
 				itt, _ := c.sendCommand(cdb10(0x2a, 0, 1), 512, true, block('0'))
-				good("a registrant's write", c, itt)
+				wantGood(t, "a registrant's write", c, itt)
 			}
 
 			// B: a write held in the backend, and one waiting for its data.
@@ -120,17 +125,17 @@ func TestPreemptAndAbort(t *testing.T) {
 			waiting, _ := b.sendCommand(cdb10(0x2a, 2, 1), 512, true, nil)
 			ttt := b.expectOp(opR2T, waiting).u32(20)
 
-			pa := prOut(a, 5, 5, 0xa, 0xb) // PREEMPT AND ABORT B's key
+			pa := a.prOut(5, 5, 0xa, 0xb) // PREEMPT AND ABORT B's key
 			if nodes == 1 {
 				// Not complete while B's write may still write.
 				a.quiet(time.Second)
 				disk.Gate <- struct{}{}
-				good("A's PREEMPT AND ABORT", a, pa)
+				wantGood(t, "A's PREEMPT AND ABORT", a, pa)
 			} else {
 				// Node A does not wait for node B's commands; B's write,
 				// still in the backend when the PREEMPT AND ABORT
 				// completed, is not answered.
-				good("A's PREEMPT AND ABORT", a, pa)
+				wantGood(t, "A's PREEMPT AND ABORT", a, pa)
 				disk.Gate <- struct{}{}
 			}
 			for deadline := time.Now().Add(time.Minute); disk.Pending.Load() != 0; time.Sleep(time.Millisecond) {
@@ -160,7 +165,7 @@ func TestPreemptAndAbort(t *testing.T) {
 			}
 			disk.Gate <- struct{}{}
 			w, _ = a.sendCommand(cdb10(0x2a, 5, 1), 512, true, block('a'))
-			good("the reservation holder's write", a, w)
+			wantGood(t, "the reservation holder's write", a, w)
 		})
 	}
 }
@@ -197,37 +202,23 @@ func TestPreemptAndAbortSkipsReservationCommands(t *testing.T) {
 	a, b := dialClient(t, addr), dialClient(t, addr)
 	a.loginNormal(iqnA, target)
 	b.loginNormal(iqnB, target)
-	prOut := func(c *testClient, sa, typ byte, key, saKey uint64) uint32 {
-		p := make([]byte, 24)
-		for i := range 8 {
-			p[7-i], p[15-i] = byte(key>>(8*i)), byte(saKey>>(8*i))
-		}
-		itt, _ := c.sendCommand([]byte{0x5f, sa, typ, 0, 0, 0, 0, 0, 24, 0}, 24, true, p)
-		return itt
-	}
-	good := func(what string, c *testClient, itt uint32) {
-		t.Helper()
-		if st, sense := c.answer(itt); st != 0 {
-			t.Fatalf("%s: status %#x sense % x", what, st, sense)
-		}
-	}
-	good("A's REGISTER", a, prOut(a, 6, 0, 0, 0xa))
+	wantGood(t, "A's REGISTER", a, a.prOut(6, 0, 0, 0xa))
 	store.gate <- struct{}{}
-	good("B's REGISTER", b, prOut(b, 6, 0, 0, 0xb))
-	good("A's RESERVE", a, prOut(a, 1, 5, 0xa, 0))
+	wantGood(t, "B's REGISTER", b, b.prOut(6, 0, 0, 0xb))
+	wantGood(t, "A's RESERVE", a, a.prOut(1, 5, 0xa, 0))
 
 	// B's REGISTER AND IGNORE EXISTING KEY, in the store when A's PREEMPT
 	// AND ABORT commits.
-	prOut(b, 6, 0, 0, 0xb2)
+	b.prOut(6, 0, 0, 0xb2)
 	for deadline := time.Now().Add(time.Minute); store.held.Load() != 1; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("B's REGISTER AND IGNORE EXISTING KEY did not reach the store")
 		}
 	}
-	pa := prOut(a, 5, 5, 0xa, 0xb)
+	pa := a.prOut(5, 5, 0xa, 0xb)
 	// Not answered before B's command leaves the store: a read timeout.
 	a.nc.SetReadDeadline(time.Now().Add(30 * time.Second))
-	good("A's PREEMPT AND ABORT with B's REGISTER AND IGNORE EXISTING KEY in the store", a, pa)
+	wantGood(t, "A's PREEMPT AND ABORT with B's REGISTER AND IGNORE EXISTING KEY in the store", a, pa)
 	a.nc.SetReadDeadline(time.Time{})
 	store.gate <- struct{}{}
 	for deadline := time.Now().Add(time.Minute); store.held.Load() != 0; time.Sleep(time.Millisecond) {
@@ -251,23 +242,9 @@ func TestPreemptAndAbortReinstatedSession(t *testing.T) {
 	a, b1 := dialClient(t, addr), dialClient(t, addr)
 	a.loginNormal(iqnA, target)
 	b1.loginNormal(iqnB, target)
-	prOut := func(c *testClient, sa, typ byte, key, saKey uint64) uint32 {
-		p := make([]byte, 24)
-		for i := range 8 {
-			p[7-i], p[15-i] = byte(key>>(8*i)), byte(saKey>>(8*i))
-		}
-		itt, _ := c.sendCommand([]byte{0x5f, sa, typ, 0, 0, 0, 0, 0, 24, 0}, 24, true, p)
-		return itt
-	}
-	good := func(what string, c *testClient, itt uint32) {
-		t.Helper()
-		if st, sense := c.answer(itt); st != 0 {
-			t.Fatalf("%s: status %#x sense % x", what, st, sense)
-		}
-	}
-	good("A's REGISTER", a, prOut(a, 6, 0, 0, 0xa))
-	good("B's REGISTER", b1, prOut(b1, 6, 0, 0, 0xb))
-	good("A's RESERVE", a, prOut(a, 1, 5, 0xa, 0))
+	wantGood(t, "A's REGISTER", a, a.prOut(6, 0, 0, 0xa))
+	wantGood(t, "B's REGISTER", b1, b1.prOut(6, 0, 0, 0xb))
+	wantGood(t, "A's RESERVE", a, a.prOut(1, 5, 0xa, 0))
 
 	// B reconnects (the same nexus) and sends a write, waiting for its data.
 	b := dialClient(t, addr)
@@ -276,7 +253,7 @@ func TestPreemptAndAbortReinstatedSession(t *testing.T) {
 	waiting, _ := b.sendCommand(cdb10(0x2a, 2, 1), 512, true, nil)
 	ttt := b.expectOp(opR2T, waiting).u32(20)
 
-	good("A's PREEMPT AND ABORT", a, prOut(a, 5, 5, 0xa, 0xb))
+	wantGood(t, "A's PREEMPT AND ABORT", a, a.prOut(5, 5, 0xa, 0xb))
 	b.sendDataOut(waiting, ttt, 0, 0, bytes.Repeat([]byte{'w'}, 512), true)
 	tur, _ := b.sendCommand(cdb10(0x00, 0, 0), 0, false, nil)
 	st, sense := b.answer(tur)                                       // fails the test if the write is answered

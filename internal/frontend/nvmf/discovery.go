@@ -157,18 +157,25 @@ func (c *controller) discoverySeen(sum uint64) uint64 {
 	return gen
 }
 
+// controllers returns the discovery controllers, or the I/O controllers,
+// connected now.
+func (s *Server) controllers(discovery bool) []*controller {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ctrls []*controller
+	for _, c := range s.ctrls {
+		if c.discovery == discovery {
+			ctrls = append(ctrls, c)
+		}
+	}
+	return ctrls
+}
+
 // refreshDiscovery rebuilds the discovery log of every discovery
 // controller whose host enabled change notices, notifying those whose log
 // changed.
 func (s *Server) refreshDiscovery() {
-	s.mu.Lock()
-	var ctrls []*controller
-	for _, c := range s.ctrls {
-		if c.discovery {
-			ctrls = append(ctrls, c)
-		}
-	}
-	s.mu.Unlock()
+	ctrls := s.controllers(true)
 	var names []string
 	listed := false
 	for _, c := range ctrls {

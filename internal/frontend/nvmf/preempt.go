@@ -121,14 +121,7 @@ func (f *ioFence) lastAbort() <-chan struct{} {
 // preempted write land after the Acquire), or until the server shuts down.
 // Their Reservation Notification log entries are recorded on the way.
 func (s *Server) abortPreempted(volume string, st *reservation.State) {
-	s.mu.Lock()
-	var ctrls []*controller
-	for _, c := range s.ctrls {
-		if !c.discovery {
-			ctrls = append(ctrls, c)
-		}
-	}
-	s.mu.Unlock()
+	ctrls := s.controllers(false)
 	var waits []<-chan struct{}
 	for _, c := range ctrls {
 		if !st.AbortedFor(c.hostNexus(), st.Seq-1) {

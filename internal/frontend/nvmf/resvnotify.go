@@ -123,14 +123,7 @@ func (c *controller) resvAttentions(ns *namespace, st *reservation.State) {
 // registered at the last read or that were never read) and records new
 // attentions.
 func (s *Server) refreshReservations(full bool) {
-	s.mu.Lock()
-	var ctrls []*controller
-	for _, c := range s.ctrls {
-		if !c.discovery {
-			ctrls = append(ctrls, c)
-		}
-	}
-	s.mu.Unlock()
+	ctrls := s.controllers(false)
 	states := map[string]*reservation.State{} // one read per volume per round
 	for _, c := range ctrls {
 		for _, ns := range c.namespaces() {
