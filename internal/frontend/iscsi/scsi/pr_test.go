@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/basalt-storage/basalt/internal/frontend/frontendtest"
 	"github.com/basalt-storage/basalt/internal/reservation"
 )
 
@@ -23,16 +24,20 @@ func prIn(sa byte) []byte { return []byte{0x5e, sa, 0, 0, 0, 0, 0, 0x10, 0, 0} }
 var cdbWrite10 = []byte{0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0}
 var cdbRead10 = []byte{0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0}
 
+// prLU is volume "v" on disk b as the nexus of initiator and target port
+// port sees it, its reservations in store.
+func prLU(b *frontendtest.Disk, store reservation.Store, initiator string, port uint16) *LU {
+	return New(Config{Backend: b, Info: b.Info(), ID: 42, TargetName: "iqn.2026-11.io.basalt:c:v",
+		PR: &PR{Store: store, Volume: "v", Nexus: reservation.Nexus{Initiator: initiator, TargetPort: port}}})
+}
+
 // Two nexuses (two sessions, as on two access nodes: each its own LU and
 // group) over one store: a reservation made through one is enforced on the
 // other; a preemption raises REGISTRATIONS PREEMPTED there once.
 func TestPersistentReservationAcrossNexuses(t *testing.T) {
 	b := newDisk(t, 1<<20, false)
 	store := reservation.NewMemStore()
-	open := func(initiator string, port uint16) *LU {
-		return New(Config{Backend: b, Info: b.Info(), ID: 42, TargetName: "iqn.2026-11.io.basalt:c:v",
-			PR: &PR{Store: store, Volume: "v", Nexus: reservation.Nexus{Initiator: initiator, TargetPort: port}}})
-	}
+	open := func(initiator string, port uint16) *LU { return prLU(b, store, initiator, port) }
 	a, c := open("iqn.a,i,0x1", 1), open("iqn.b,i,0x2", 2)
 	block := make([]byte, 512)
 	expect := func(lu *LU, cdb, data []byte, status byte, s [3]byte) Result {
@@ -121,10 +126,7 @@ func TestTransportID(t *testing.T) {
 func TestReserve6AcrossNexuses(t *testing.T) {
 	b := newDisk(t, 1<<20, false)
 	store := reservation.NewMemStore()
-	open := func(initiator string, port uint16) *LU {
-		return New(Config{Backend: b, Info: b.Info(), ID: 42, TargetName: "iqn.2026-11.io.basalt:c:v",
-			PR: &PR{Store: store, Volume: "v", Nexus: reservation.Nexus{Initiator: initiator, TargetPort: port}}})
-	}
+	open := func(initiator string, port uint16) *LU { return prLU(b, store, initiator, port) }
 	a, c := open("iqn.a,i,0x1", 1), open("iqn.b,i,0x2", 2)
 	block := make([]byte, 512)
 	none := [3]byte{}
@@ -183,10 +185,7 @@ func TestReserve6AcrossNexuses(t *testing.T) {
 func TestReservationAttentionsAndAPTPL(t *testing.T) {
 	b := newDisk(t, 1<<20, false)
 	store := reservation.NewMemStore()
-	open := func(initiator string, port uint16) *LU {
-		return New(Config{Backend: b, Info: b.Info(), ID: 42, TargetName: "iqn.2026-11.io.basalt:c:v",
-			PR: &PR{Store: store, Volume: "v", Nexus: reservation.Nexus{Initiator: initiator, TargetPort: port}}})
-	}
+	open := func(initiator string, port uint16) *LU { return prLU(b, store, initiator, port) }
 	a, c := open("iqn.a,i,0x1", 1), open("iqn.b,i,0x2", 2)
 	expect := func(what string, lu *LU, cdb, data []byte, status byte, s [3]byte) Result {
 		t.Helper()
