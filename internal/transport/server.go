@@ -558,32 +558,16 @@ func (sc *serverConn) readLoop() {
 			// A large payload not here yet is taken as it arrives: the
 			// announced length alone reserves no memory (a peer that
 			// announces 64 MiB and sends 10 bytes holds stagedStep).
-			var staged *[]byte
-			if n > stagedStep && sc.br.Buffered() < n {
+			if n > stagedStep+stagedSlack && sc.br.Buffered() < n {
+				// readStaged fills the handler's buffer (allocPayload), asked
+				// for once half the payload is here, or a pooled one.
 				var err error
-				if staged, err = sc.readStaged(n); err != nil {
+				if pooled, payload, err = sc.readStaged(h, n); err != nil {
 					sc.close(err) // EOF or the frame deadline mid-frame
 					return
 				}
-			}
-			if sc.s.alloc != nil {
-				if buf, off := sc.s.alloc.AllocPayload(h, n); buf != nil {
-					if off < 0 || len(*buf) < off+n {
-						panic(fmt.Sprintf("transport: AllocPayload gave %d bytes, payload at %d, for a %d-byte payload", len(*buf), off, n))
-					}
-					payload = (*buf)[off : off+n]
-					sc.owned, sc.ownedOff, sc.retained = buf, off, true
-				}
-			}
-			switch {
-			case staged != nil && payload != nil:
-				copy(payload, *staged)
-				bufpool.Put(staged)
-			case staged != nil:
-				pooled = staged
-				payload = *pooled
-			default:
-				if payload == nil {
+			} else {
+				if payload = sc.allocPayload(h, n); payload == nil {
 					pooled = bufpool.Get(n)
 					payload = *pooled
 				}
@@ -610,16 +594,42 @@ func (sc *serverConn) readLoop() {
 	}
 }
 
-// stagedStep: a payload larger than this that has not arrived yet is read
-// into a buffer that starts at this size and doubles as the bytes arrive
-// (readStaged), never more than twice what arrived; smaller ones are read
-// straight into their buffer. The cost: one copy of such a payload
-// (amortized) while growing, and one into a handler's AllocPayload buffer.
-const stagedStep = 256 << 10
+// stagedStep: a payload larger than stagedStep+stagedSlack that has not
+// arrived yet is read into a buffer that starts at stagedStep bytes and
+// doubles as the bytes arrive (readStaged), never more than twice what
+// arrived; smaller ones are read straight into their buffer. The cost: one
+// copy of such a payload (amortized) while growing; its last step is the
+// handler's AllocPayload buffer, if it gives one, so there is no copy after.
+// stagedSlack is room for the headers of a frame that carries one 256 KiB
+// write (a raft frame of one such entry is 256 KiB and a few hundred bytes),
+// which is then read without a copy.
+const (
+	stagedStep  = 256 << 10
+	stagedSlack = 16 << 10
+)
 
-// readStaged reads an n-byte payload into a pooled buffer that grows with
-// what arrived (see stagedStep) and returns it, of length n.
-func (sc *serverConn) readStaged(n int) (*[]byte, error) {
+// allocPayload returns the handler's buffer for frame h's n-byte payload
+// (PayloadAllocator), or nil. Called at most once per frame.
+func (sc *serverConn) allocPayload(h api.Header, n int) []byte {
+	if sc.s.alloc == nil {
+		return nil
+	}
+	buf, off := sc.s.alloc.AllocPayload(h, n)
+	if buf == nil {
+		return nil
+	}
+	if off < 0 || len(*buf) < off+n {
+		panic(fmt.Sprintf("transport: AllocPayload gave %d bytes, payload at %d, for a %d-byte payload", len(*buf), off, n))
+	}
+	sc.owned, sc.ownedOff, sc.retained = buf, off, true
+	return (*buf)[off : off+n]
+}
+
+// readStaged reads frame h's n-byte payload (n > stagedStep) into a pooled
+// buffer that grows with what arrived (see stagedStep) and returns it, of
+// length n; or, when the handler gives a buffer for it (allocPayload, asked
+// once the buffer would grow to n), returns that buffer, filled.
+func (sc *serverConn) readStaged(h api.Header, n int) (*[]byte, []byte, error) {
 	sc.s.staging.Add(1)
 	defer sc.s.staging.Add(-1)
 	buf := bufpool.Get(min(stagedStep, n))
@@ -629,10 +639,21 @@ func (sc *serverConn) readStaged(n int) (*[]byte, error) {
 		got += m
 		if err != nil {
 			bufpool.Put(buf)
-			return nil, err
+			return nil, nil, err
 		}
 		if got == n {
-			return buf, nil
+			return buf, *buf, nil
+		}
+		if 2*got >= n {
+			if p := sc.allocPayload(h, n); p != nil {
+				copy(p, (*buf)[:got])
+				bufpool.Put(buf)
+				if _, err := io.ReadFull(sc.br, p[got:]); err != nil {
+					return nil, nil, err
+				}
+				return nil, p, nil
+			}
+			// No buffer of the handler's: the next step is the last.
 		}
 		next := bufpool.Get(min(2*got, n))
 		copy(*next, (*buf)[:got])
