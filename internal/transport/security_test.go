@@ -379,3 +379,86 @@ func TestPayloadTakenAsItArrives(t *testing.T) {
 		c.Close()
 	}
 }
+
+// ownRecorder echoes each payload and records whether it lay in the
+// buffer its AllocPayload gave (OpWrite frames get one).
+type ownRecorder struct {
+	mu    sync.Mutex
+	owned []bool
+}
+
+func (o *ownRecorder) AllocPayload(h api.Header, n int) (*[]byte, int) {
+	if h.Op != api.OpWrite {
+		return nil, 0
+	}
+	b := make([]byte, 16+n)
+	return &b, 16
+}
+
+func (o *ownRecorder) ServeFrame(rw ReplyWriter, h api.Header, payload []byte) {
+	buf, off := rw.(PayloadBufferer).PayloadBuffer()
+	own := buf != nil && len(payload) > 0 && &(*buf)[off] == &payload[0]
+	o.mu.Lock()
+	o.owned = append(o.owned, own)
+	o.mu.Unlock()
+	rw.Reply(h, append([]byte(nil), payload...), nil)
+}
+
+// TestStagedPayloadIntoHandlerBuffer: payloads that arrive in two parts,
+// of sizes around the staging steps, arrive whole, into the handler's own
+// buffer when it gives one (OpWrite) and a pooled one otherwise (OpRead).
+func TestStagedPayloadIntoHandlerBuffer(t *testing.T) {
+	rec := &ownRecorder{}
+	srv, addr := startServer(t, ServerConfig{}, rec)
+	sizes := []int{stagedStep + stagedSlack + 1, 2*stagedStep + 300, 3<<20 + 17}
+	for _, op := range []api.Op{api.OpWrite, api.OpRead} {
+		for _, n := range sizes {
+			payload := make([]byte, n)
+			for i := range payload {
+				payload[i] = byte(i*7 + n)
+			}
+			nc, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var hb [api.HeaderSize]byte
+			h := api.Header{Op: op, Volume: 1, Length: uint32(n), PayloadLen: uint32(n), ID: 7}
+			h.Encode(hb[:])
+			if _, err := nc.Write(append(hb[:], payload[:100]...)); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(60 * time.Second)
+			for srv.staging.Load() < 1 {
+				if time.Now().After(deadline) {
+					t.Fatalf("op %v, %d bytes: the server did not start staging the payload in 60 s", op, n)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			if _, err := nc.Write(payload[100:]); err != nil {
+				t.Fatal(err)
+			}
+			_ = nc.SetReadDeadline(time.Now().Add(60 * time.Second))
+			if _, err := io.ReadFull(nc, hb[:]); err != nil {
+				t.Fatalf("op %v, %d bytes: reply: %v", op, n, err)
+			}
+			rh, err := api.DecodeHeader(hb[:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, rh.PayloadLen)
+			if _, err := io.ReadFull(nc, got); err != nil {
+				t.Fatalf("op %v, %d bytes: reply payload: %v", op, n, err)
+			}
+			nc.Close()
+			if !bytes.Equal(got, payload) {
+				t.Fatalf("op %v: a %d-byte payload that arrived in two parts came back different (%d bytes)", op, n, len(got))
+			}
+			rec.mu.Lock()
+			own := rec.owned[len(rec.owned)-1]
+			rec.mu.Unlock()
+			if want := op == api.OpWrite; own != want {
+				t.Fatalf("op %v, %d bytes: payload in the handler's buffer: %v, want %v", op, n, own, want)
+			}
+		}
+	}
+}

@@ -595,9 +595,9 @@ func (sc *serverConn) readLoop() {
 }
 
 // stagedStep: a payload larger than stagedStep+stagedSlack that has not
-// arrived yet is read into a buffer that starts at stagedStep bytes and
-// doubles as the bytes arrive (readStaged), never more than twice what
-// arrived; smaller ones are read straight into their buffer. The cost: one
+// arrived yet is read into a buffer that starts at no more than stagedStep
+// bytes and doubles as the bytes arrive (readStaged), never more than twice
+// what arrived; smaller ones are read straight into their buffer. The cost: one
 // copy of such a payload (amortized) while growing; its last step is the
 // handler's AllocPayload buffer, if it gives one, so there is no copy after.
 // stagedSlack is room for the headers of a frame that carries one 256 KiB
@@ -632,7 +632,14 @@ func (sc *serverConn) allocPayload(h api.Header, n int) []byte {
 func (sc *serverConn) readStaged(h api.Header, n int) (*[]byte, []byte, error) {
 	sc.s.staging.Add(1)
 	defer sc.s.staging.Add(-1)
-	buf := bufpool.Get(min(stagedStep, n))
+	// The first step is n halved until it is at most stagedStep, so the
+	// doubling reaches n/2 exactly: the last copy (into the handler's buffer)
+	// is of half the payload, not of up to all of it.
+	first := n
+	for first > stagedStep {
+		first = (first + 1) / 2
+	}
+	buf := bufpool.Get(first)
 	got := 0
 	for {
 		m, err := io.ReadFull(sc.br, (*buf)[got:])
