@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"sync"
 )
 
@@ -17,8 +18,13 @@ import (
 // command completes (at queue depth 1 no other goroutine is woken per
 // command); it then hands the reading to the queue's reader goroutine if
 // other commands are still in flight, which reads while any are.
-// Writing: a Submit that finds nobody writing writes its capsule and, in
-// the same writev, those queued meanwhile (combined writes at depth).
+// Writing: a Submit alone in flight that finds nobody writing writes its
+// capsule itself (no hand-off at queue depth 1). With other commands in
+// flight it queues the capsule for the queue's writer goroutine, which
+// yields once before writing: the Submits that the same batch of
+// completions woke queue theirs meanwhile, and one writev carries them all
+// (as Linux's initiator sends a batch of requests from its io_work, rather
+// than a send per command).
 type Queue struct {
 	c    *Conn
 	free chan uint16 // command ids not in flight
@@ -37,7 +43,9 @@ type Queue struct {
 	wmu    sync.Mutex
 	wq     [][]byte // PDUs waiting for the writer
 	wspare [][]byte
-	wbusy  bool // a goroutine is writing wq
+	wbusy  bool          // a goroutine is writing wq, or the writer goroutine is signalled to
+	wkick  chan struct{} // wakes the writer goroutine
+	wdone  chan struct{} // closed when the writer goroutine ended
 }
 
 type call struct {
@@ -55,11 +63,13 @@ type call struct {
 // directly afterwards.
 func (c *Conn) Pipeline(depth int) *Queue {
 	q := &Queue{c: c, free: make(chan uint16, depth), pending: map[uint16]*call{}, dead: make(chan struct{}),
-		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		wkick: make(chan struct{}, 1), wdone: make(chan struct{})}
 	for i := range depth {
 		q.free <- uint16(i + 1)
 	}
 	go q.readLoop()
+	go q.writeLoop()
 	return q
 }
 
@@ -69,6 +79,7 @@ func (q *Queue) Close() error {
 	q.fail(net.ErrClosed)
 	q.stopOnce.Do(func() { close(q.stop) })
 	<-q.done
+	<-q.wdone
 	return err
 }
 
@@ -97,8 +108,9 @@ func (q *Queue) Submit(sqe, out []byte, inCapsule bool, in []byte) (Result, erro
 		return Result{}, q.err
 	}
 	q.pending[cid] = cl
+	alone := len(q.pending) == 1
 	q.mu.Unlock()
-	q.send(q.c.capsule(sqe, out, inCapsule, len(in)))
+	q.send(q.c.capsule(sqe, out, inCapsule, len(in)), alone)
 	if q.rmu.TryLock() {
 		// Nobody reads: read until this command completes.
 		for !q.finished(cl) {
@@ -120,9 +132,9 @@ func (q *Queue) Submit(sqe, out []byte, inCapsule bool, in []byte) (Result, erro
 	return cl.res, cl.err
 }
 
-// send writes b, with whatever other Submits queue while it writes; an
-// error ends the queue.
-func (q *Queue) send(b []byte) {
+// send writes b: itself when inline (nothing else in flight) and nobody
+// writes, else by the writer goroutine; an error ends the queue.
+func (q *Queue) send(b []byte, inline bool) {
 	q.wmu.Lock()
 	q.wq = append(q.wq, b)
 	if q.wbusy {
@@ -130,6 +142,37 @@ func (q *Queue) send(b []byte) {
 		return
 	}
 	q.wbusy = true
+	if !inline {
+		q.wmu.Unlock()
+		select {
+		case q.wkick <- struct{}{}:
+		default:
+		}
+		return
+	}
+	q.writeQueued()
+}
+
+// writeLoop is the writer goroutine: signalled by send (which set wbusy), it
+// lets the goroutines runnable now queue their PDUs first, then writes.
+func (q *Queue) writeLoop() {
+	defer close(q.wdone)
+	for {
+		select {
+		case <-q.wkick:
+		case <-q.stop:
+			return
+		}
+		runtime.Gosched()
+		q.wmu.Lock()
+		q.writeQueued()
+	}
+}
+
+// writeQueued writes wq, and what is queued meanwhile, until it is empty;
+// called with wmu held and wbusy set, it returns with wmu released and
+// wbusy cleared.
+func (q *Queue) writeQueued() {
 	for len(q.wq) > 0 {
 		bufs := q.wq
 		q.wq = q.wspare[:0]
@@ -252,7 +295,7 @@ func (q *Queue) readOne() error {
 		if err != nil {
 			return err
 		}
-		q.send(b)
+		q.send(b, false)
 		return nil
 	case PDUC2HData:
 		cid := binary.LittleEndian.Uint16(h[8:])
