@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,7 +26,8 @@ import (
 // queuing goroutine sends them itself with one non-blocking writev (no
 // hand-off to another goroutine per IO at queue depth 1); anything else, and
 // whatever such a write leaves, the writer goroutine sends, one writev per
-// batch. Reader-owned: the fields up to ctrl; the out queue and the write
+// batch (after yielding once, so that the completions runnable then join
+// it). Reader-owned: the fields up to ctrl; the out queue and the write
 // side's owner are under omu.
 type conn struct {
 	s   *Server
@@ -635,6 +637,12 @@ func (c *conn) writeLoop() {
 	var spareDone []func()
 	for {
 		<-c.oready
+		// With other commands in flight, their completions are likely
+		// runnable now (a chunkserver's batch of replies completes
+		// several): let them queue their PDUs first, for one writev.
+		if c.inflight.Load() > 1 {
+			runtime.Gosched()
+		}
 		for {
 			c.omu.Lock()
 			if c.owner != ownerWriter {
