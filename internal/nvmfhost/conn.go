@@ -235,8 +235,22 @@ type PDU struct {
 }
 
 // ReadPDU reads one PDU from the controller and checks its digests.
-func (c *Conn) ReadPDU() (PDU, error) {
-	ch := make([]byte, chLen)
+func (c *Conn) ReadPDU() (PDU, error) { return c.readPDU(nil, nil) }
+
+// maxHdr bounds the header (and digest) of a PDU read into a scratch buffer.
+const maxHdr = 256
+
+// readPDU is ReadPDU. With scratch (at least maxHdr bytes) the header is
+// read into it (valid until the next read) rather than a fresh buffer; with
+// dst, a C2HData PDU's data goes straight to where dst(hdr) says (nil: a
+// fresh buffer), so a read's data is copied once, from the socket.
+func (c *Conn) readPDU(scratch []byte, dst func(hdr []byte) []byte) (PDU, error) {
+	var ch []byte
+	if scratch != nil {
+		ch = scratch[:chLen]
+	} else {
+		ch = make([]byte, chLen)
+	}
 	if _, err := io.ReadFull(c.br, ch); err != nil {
 		return PDU{}, err
 	}
@@ -245,42 +259,101 @@ func (c *Conn) ReadPDU() (PDU, error) {
 	if plen < chLen || hlen < chLen || hlen > plen || plen > 16<<20 {
 		return p, fmt.Errorf("PDU type %#x: HLEN %d PLEN %d", p.Type, hlen, plen)
 	}
-	all := make([]byte, plen)
-	copy(all, ch)
-	if _, err := io.ReadFull(c.br, all[chLen:]); err != nil {
-		return p, err
-	}
-	p.Hdr = all[:hlen]
 	hd := 0
 	if c.hdgst {
 		hd = 4
 		if p.Flags&FlagHDGST == 0 {
 			return p, errors.New("header digest flag missing")
 		}
-		if hlen+4 > plen || binary.LittleEndian.Uint32(all[hlen:]) != CRC32C(p.Hdr) {
+		if hlen+4 > plen {
 			return p, errors.New("bad header digest")
 		}
 	}
-	if p.Type == PDUC2HData {
-		dd := 0
-		if c.ddgst {
-			dd = 4
-			if p.Flags&FlagDDGST == 0 {
-				return p, errors.New("data digest flag missing")
+	if p.Type != PDUC2HData || scratch == nil || hlen+hd > maxHdr {
+		// Header and data in one buffer.
+		all := make([]byte, plen)
+		copy(all, ch)
+		if _, err := io.ReadFull(c.br, all[chLen:]); err != nil {
+			return p, err
+		}
+		p.Hdr = all[:hlen]
+		if hd > 0 && binary.LittleEndian.Uint32(all[hlen:]) != CRC32C(p.Hdr) {
+			return p, errors.New("bad header digest")
+		}
+		if p.Type == PDUC2HData {
+			if pdo > plen {
+				return p, fmt.Errorf("C2HData PDO %d", pdo)
 			}
+			return p, c.c2hData(&p, pdo, plen, hd, all[pdo:], false)
 		}
-		if pdo != hlen+hd || pdo > plen-dd {
-			return p, fmt.Errorf("C2HData PDO %d", pdo)
-		}
-		p.Data = all[pdo : plen-dd]
-		if int(binary.LittleEndian.Uint32(p.Hdr[16:])) != len(p.Data) {
-			return p, errors.New("C2HData length mismatch")
-		}
-		if dd > 0 && binary.LittleEndian.Uint32(all[plen-dd:]) != CRC32C(p.Data) {
-			return p, errors.New("bad data digest")
+		return p, nil
+	}
+	h := scratch[:hlen+hd]
+	if _, err := io.ReadFull(c.br, h[chLen:]); err != nil {
+		return p, err
+	}
+	p.Hdr = h[:hlen]
+	if hd > 0 && binary.LittleEndian.Uint32(h[hlen:]) != CRC32C(p.Hdr) {
+		return p, errors.New("bad header digest")
+	}
+	if pdo < hlen+hd || pdo > plen {
+		return p, fmt.Errorf("C2HData PDO %d", pdo)
+	}
+	if _, err := c.br.Discard(pdo - hlen - hd); err != nil {
+		return p, err
+	}
+	var buf []byte
+	if n := plen - pdo; dst != nil {
+		if d := dst(p.Hdr); d != nil && len(d) == int(binary.LittleEndian.Uint32(p.Hdr[16:])) && len(d) <= n {
+			buf = d
 		}
 	}
-	return p, nil
+	return p, c.c2hData(&p, pdo, plen, hd, buf, true)
+}
+
+// c2hData checks a C2HData PDU's layout and data digest and sets p.Data.
+// When read, data and digest are still in the reader: they are read into
+// buf (nil: a fresh buffer); else buf holds them.
+func (c *Conn) c2hData(p *PDU, pdo, plen, hd int, buf []byte, read bool) error {
+	dd := 0
+	if c.ddgst {
+		dd = 4
+		if p.Flags&FlagDDGST == 0 {
+			return errors.New("data digest flag missing")
+		}
+	}
+	hlen := len(p.Hdr)
+	if pdo != hlen+hd || pdo > plen-dd {
+		return fmt.Errorf("C2HData PDO %d", pdo)
+	}
+	n := plen - pdo - dd
+	if int(binary.LittleEndian.Uint32(p.Hdr[16:])) != n {
+		return errors.New("C2HData length mismatch")
+	}
+	var dgst []byte
+	if read {
+		if buf == nil {
+			buf = make([]byte, n)
+		}
+		p.Data = buf[:n]
+		if _, err := io.ReadFull(c.br, p.Data); err != nil {
+			return err
+		}
+		if dd > 0 {
+			var d [4]byte
+			if _, err := io.ReadFull(c.br, d[:]); err != nil {
+				return err
+			}
+			dgst = d[:]
+		}
+	} else {
+		p.Data = buf[:n]
+		dgst = buf[n:]
+	}
+	if dd > 0 && binary.LittleEndian.Uint32(dgst) != CRC32C(p.Data) {
+		return errors.New("bad data digest")
+	}
+	return nil
 }
 
 // NewSQE builds a submission entry with CDW10.. set to cdw.

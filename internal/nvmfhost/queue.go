@@ -46,6 +46,9 @@ type Queue struct {
 	wbusy  bool          // a goroutine is writing wq, or the writer goroutine is signalled to
 	wkick  chan struct{} // wakes the writer goroutine
 	wdone  chan struct{} // closed when the writer goroutine ended
+
+	rhdr    [maxHdr]byte            // the PDU header being read (under rmu)
+	dataDst func(hdr []byte) []byte // q.c2hDst, bound once
 }
 
 type call struct {
@@ -68,6 +71,7 @@ func (c *Conn) Pipeline(depth int) *Queue {
 	for i := range depth {
 		q.free <- uint16(i + 1)
 	}
+	q.dataDst = q.c2hDst
 	go q.readLoop()
 	go q.writeLoop()
 	return q
@@ -277,8 +281,19 @@ func (q *Queue) readLoop() {
 	}
 }
 
+// c2hDst is where a C2HData PDU's data goes: straight into its command's
+// buffer when the PDU is the next piece of it, else nil (readOne refuses it).
+func (q *Queue) c2hDst(h []byte) []byte {
+	cl := q.lookup(binary.LittleEndian.Uint16(h[8:]))
+	off, n := int(binary.LittleEndian.Uint32(h[12:])), int(binary.LittleEndian.Uint32(h[16:]))
+	if cl == nil || off != cl.got || n > len(cl.in)-off {
+		return nil
+	}
+	return cl.in[off : off+n]
+}
+
 func (q *Queue) readOne() error {
-	p, err := q.c.ReadPDU()
+	p, err := q.c.readPDU(q.rhdr[:], q.dataDst)
 	if err != nil {
 		return err
 	}
@@ -307,7 +322,10 @@ func (q *Queue) readOne() error {
 		if off != cl.got || off+len(p.Data) > len(cl.in) {
 			return fmt.Errorf("C2HData of %d bytes at %d for cid %d after %d of %d", len(p.Data), off, cid, cl.got, len(cl.in))
 		}
-		cl.got += copy(cl.in[off:], p.Data)
+		if len(p.Data) > 0 && &p.Data[0] != &cl.in[off] { // else read in place (dataDst)
+			copy(cl.in[off:], p.Data)
+		}
+		cl.got += len(p.Data)
 		if p.Flags&FlagSuccess != 0 {
 			q.finish(cid, Result{})
 		}
