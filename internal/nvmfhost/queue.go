@@ -49,6 +49,12 @@ type Queue struct {
 
 	rhdr    [maxHdr]byte            // the PDU header being read (under rmu)
 	dataDst func(hdr []byte) []byte // q.c2hDst, bound once
+	// filling is the call whose buffer the reader is reading C2HData into
+	// (set by c2hDst under mu, cleared by readOne after the read): fail
+	// leaves it to the reader, which ends it once the read returned, so
+	// Submit never returns while the socket still writes into its buffer.
+	filling *call
+	filled  bool // under rmu: c2hDst set filling during this read
 }
 
 type call struct {
@@ -233,6 +239,9 @@ func (q *Queue) fail(err error) {
 		close(q.dead)
 	}
 	for cid, cl := range q.pending {
+		if cl == q.filling {
+			continue // the reader ends it after its read (readOne)
+		}
 		cl.err = q.err
 		cl.finished = true
 		close(cl.done)
@@ -284,16 +293,30 @@ func (q *Queue) readLoop() {
 // c2hDst is where a C2HData PDU's data goes: straight into its command's
 // buffer when the PDU is the next piece of it, else nil (readOne refuses it).
 func (q *Queue) c2hDst(h []byte) []byte {
-	cl := q.lookup(binary.LittleEndian.Uint16(h[8:]))
 	off, n := int(binary.LittleEndian.Uint32(h[12:])), int(binary.LittleEndian.Uint32(h[16:]))
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	cl := q.pending[binary.LittleEndian.Uint16(h[8:])]
 	if cl == nil || off != cl.got || n > len(cl.in)-off {
 		return nil
 	}
+	q.filling, q.filled = cl, true
 	return cl.in[off : off+n]
 }
 
 func (q *Queue) readOne() error {
 	p, err := q.c.readPDU(q.rhdr[:], q.dataDst)
+	if q.filled {
+		q.filled = false
+		q.mu.Lock()
+		q.filling = nil
+		ended := q.err != nil
+		q.mu.Unlock()
+		if ended {
+			q.fail(nil) // ends the call fail left to this read
+			return q.failure()
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -310,7 +333,7 @@ func (q *Queue) readOne() error {
 		if err != nil {
 			return err
 		}
-		q.send(b, false)
+		q.send(b, q.inFlight() == 1) // at queue depth 1 with no hand-off, as a capsule
 		return nil
 	case PDUC2HData:
 		cid := binary.LittleEndian.Uint16(h[8:])
