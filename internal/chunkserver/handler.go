@@ -308,6 +308,11 @@ func (hd *handler) AllocPayload(h api.Header, n int) (*[]byte, int) {
 	switch {
 	case h.Op == api.OpRaft || h.Op == api.OpSnapshot:
 		return hd.peerIn.AllocPayload(h, n)
+	case h.Op == api.OpWrite && n > transport.StagedPayload:
+		// Asked for once half the payload arrived: a pool class can be
+		// twice its size, which a client that stalls would hold.
+		b := make([]byte, proposalRoom+n)
+		return &b, proposalRoom
 	case h.Op == api.OpWrite && n >= inPlaceMin:
 		return bufpool.Get(proposalRoom + n), proposalRoom
 	}

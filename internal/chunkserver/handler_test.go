@@ -636,3 +636,21 @@ func (noPeers) ServeFrame(rw transport.ReplyWriter, h api.Header, _ []byte) {
 }
 
 func (noPeers) AllocPayload(api.Header, int) (*[]byte, int) { return nil, 0 }
+
+// TestAllocPayloadStagedWritesExact: a client write larger than
+// transport.StagedPayload gets a buffer of its own size, not a pool class
+// up to twice it: the transport asks for it once half the payload arrived,
+// and a client that then stalls would make the server hold four times what
+// it sent (the transport's bound is twice).
+func TestAllocPayloadStagedWritesExact(t *testing.T) {
+	hd := &handler{}
+	for _, n := range []int{inPlaceMin, 256 << 10, transport.StagedPayload, transport.StagedPayload + 1, 1 << 20, 8<<20 + 17} {
+		buf, off := hd.AllocPayload(api.Header{Op: api.OpWrite}, n)
+		if buf == nil || off != proposalRoom || len(*buf) < off+n {
+			t.Fatalf("%d bytes: buffer %v at %d", n, buf != nil, off)
+		}
+		if n > transport.StagedPayload && cap(*buf) > proposalRoom+n {
+			t.Errorf("%d-byte write: a %d-byte buffer, over its %d bytes", n, cap(*buf), proposalRoom+n)
+		}
+	}
+}

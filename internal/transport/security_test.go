@@ -9,6 +9,7 @@ import (
 	"net"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -460,5 +461,54 @@ func TestStagedPayloadIntoHandlerBuffer(t *testing.T) {
 				t.Fatalf("op %v, %d bytes: payload in the handler's buffer: %v, want %v", op, n, own, want)
 			}
 		}
+	}
+}
+
+// exactAlloc gives OpWrite payloads a buffer of their size with room in
+// front, as PayloadAllocator asks for staged payloads, and records when.
+type exactAlloc struct {
+	peerRecorder
+	held atomic.Int64 // capacity of the buffer given, 0 before
+}
+
+func (a *exactAlloc) AllocPayload(h api.Header, n int) (*[]byte, int) {
+	if h.Op != api.OpWrite {
+		return nil, 0
+	}
+	b := make([]byte, 64+n)
+	a.held.Store(int64(cap(b)))
+	return &b, 64
+}
+
+// TestStalledPayloadHoldsAtMostTwiceArrived: a peer announces an 8 MiB
+// write and sends it slowly. The handler's buffer is asked for only once half
+// arrived, so what the server holds stays within twice what arrived (plus
+// the handler's room).
+func TestStalledPayloadHoldsAtMostTwiceArrived(t *testing.T) {
+	rec := &exactAlloc{}
+	_, addr := startServer(t, ServerConfig{}, rec)
+	const n = 8 << 20
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var hb [api.HeaderSize]byte
+	h := api.Header{Op: api.OpWrite, Volume: 1, Length: n, PayloadLen: n, ID: 1}
+	h.Encode(hb[:])
+	nc.Write(hb[:])
+	nc.Write(make([]byte, n/2-4096))
+	time.Sleep(300 * time.Millisecond) // the server has read what came
+	if c := rec.held.Load(); c != 0 {
+		t.Fatalf("the handler's %d-byte buffer was asked for before half of the %d-byte payload arrived", c, n)
+	}
+	nc.Write(make([]byte, 4096))
+	for deadline := time.Now().Add(30 * time.Second); rec.held.Load() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the handler's buffer was not asked for once half the payload arrived")
+		}
+	}
+	if c := rec.held.Load(); c > 2*(n/2)+64 {
+		t.Fatalf("after %d of %d bytes the server holds the handler's %d bytes: over twice what arrived", n/2, n, c)
 	}
 }

@@ -74,6 +74,10 @@ type Handler interface {
 type PayloadAllocator interface {
 	// AllocPayload returns the buffer the n-byte payload of frame h is read
 	// into, at (*buf)[off:off+n], or nil for a pooled buffer of the server's.
+	// For a payload larger than StagedPayload it is asked once half the
+	// payload arrived: a buffer of about off+n bytes then (not one rounded
+	// up to a pool class) keeps what a peer that stalls makes the server
+	// hold within twice what arrived.
 	// A buffer it returned belongs to the handler: the server never reuses
 	// it, and during ServeFrame the ReplyWriter's PayloadBuffer names it.
 	AllocPayload(h api.Header, n int) (buf *[]byte, off int)
@@ -558,7 +562,7 @@ func (sc *serverConn) readLoop() {
 			// A large payload not here yet is taken as it arrives: the
 			// announced length alone reserves no memory (a peer that
 			// announces 64 MiB and sends 10 bytes holds stagedStep).
-			if n > stagedStep+stagedSlack && sc.br.Buffered() < n {
+			if n > StagedPayload && sc.br.Buffered() < n {
 				// readStaged fills the handler's buffer (allocPayload), asked
 				// for once half the payload is here, or a pooled one.
 				var err error
@@ -607,6 +611,10 @@ const (
 	stagedStep  = 256 << 10
 	stagedSlack = 16 << 10
 )
+
+// StagedPayload: a payload larger than this that has not arrived yet is
+// read in steps (see stagedStep and PayloadAllocator).
+const StagedPayload = stagedStep + stagedSlack
 
 // allocPayload returns the handler's buffer for frame h's n-byte payload
 // (PayloadAllocator), or nil. Called at most once per frame.
