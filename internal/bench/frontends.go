@@ -81,12 +81,12 @@ func (r *runner) openBasaltR3NVMf(ctx context.Context, name string) (*target, er
 }
 
 // runNVMf runs job j on queue 0 of h with j.IODepth commands in flight: for
-// runtime after ramp, or once over size when runtime is 0.
+// runtime after ramp, or for size / block size requests when runtime is 0.
 func runNVMf(ctx context.Context, h *nvmfhost.Host, j Job, size uint64, runtime, ramp time.Duration, rampDone func()) (Stats, error) {
 	bs := int64(j.BlockSize)
 	blocks := int64(size) / bs
 	var (
-		next     atomic.Int64 // sequential jobs: the next block
+		next     atomic.Int64 // the next request's number
 		measured atomic.Bool
 		firstErr error
 		errOnce  sync.Once
@@ -118,26 +118,21 @@ func runNVMf(ctx context.Context, h *nvmfhost.Host, j Job, size uint64, runtime,
 						rampOnce.Do(func() { rampDone(); measured.Store(true) })
 					}
 				}
-				var blk int64
-				if j.RW == "write" || j.RW == "read" {
-					blk = next.Add(1) - 1
-					if runtime == 0 && blk >= blocks {
-						return
-					}
-					blk %= blocks
-				} else {
-					blk = rng.Int64N(blocks)
+				k := next.Add(1) - 1
+				if runtime == 0 && k >= blocks {
+					return
 				}
+				off := nvmfOffset(j, size, k, rng)
 				write := j.RW == "write" || j.RW == "randwrite" || (j.mixed() && rng.IntN(100) >= j.RWMixRead)
 				var err error
 				t0 := time.Now()
 				if write {
-					err = h.WriteAt(0, buf, blk*bs)
+					err = h.WriteAt(0, buf, off)
 				} else {
-					err = h.ReadAt(0, buf, blk*bs)
+					err = h.ReadAt(0, buf, off)
 				}
 				if err != nil {
-					errOnce.Do(func() { firstErr = fmt.Errorf("NVMe/TCP %s of %d bytes at %d: %w", j.RW, bs, blk*bs, err) })
+					errOnce.Do(func() { firstErr = fmt.Errorf("NVMe/TCP %s of %d bytes at %d: %w", j.RW, bs, off, err) })
 					return
 				}
 				if runtime == 0 || (measured.Load() && t0.After(rampEnd)) {
@@ -181,6 +176,18 @@ func runNVMf(ctx context.Context, h *nvmfhost.Host, j Job, size uint64, runtime,
 	}, nil
 }
 
+// nvmfOffset is the offset of the Go host's request k of job j on a volume
+// of size bytes: `qemu-img bench`'s (qemuBenchOffset) for a job it runs, so
+// the front-end rows compare protocols, not access patterns (issue 17);
+// uniformly random, block-aligned, for the others (mixed).
+func nvmfOffset(j Job, size uint64, k int64, rng *mrand.Rand) int64 {
+	if qemuBenchSupports(j) {
+		return qemuBenchOffset(j, size, k)
+	}
+	bs := int64(j.BlockSize)
+	return rng.Int64N(int64(size)/bs) * bs
+}
+
 // qemuBenchSupports: qemu-img bench reads or writes (not both) at a fixed
 // stride.
 func qemuBenchSupports(j Job) bool { return !j.mixed() && !j.FDataSync }
@@ -211,21 +218,46 @@ func (r *runner) openQemuBench(ctx context.Context, name string, iscsi bool) (*t
 	return t, nil
 }
 
-var qemuBenchTime = regexp.MustCompile(`Run completed in ([0-9.]+) seconds`)
-
-// qemuBench runs `qemu-img bench` for count requests and returns its time.
-func qemuBench(ctx context.Context, uri string, j Job, count int, size uint64) (time.Duration, error) {
-	args := []string{"bench", "-f", "raw", "-t", "none", "-c", strconv.Itoa(count), "-d", strconv.Itoa(j.IODepth),
-		"-s", strconv.Itoa(j.BlockSize)}
+// qemuBenchStride is the step between the offsets of consecutive requests
+// of job j in `qemu-img bench` (-S; its default is the block size, so the
+// sequential jobs read or write in order).
+func qemuBenchStride(j Job) int64 {
 	if j.RW == "randwrite" || j.RW == "randread" {
 		// No random offsets in qemu-img bench: a stride of 1 MiB and one
 		// block spreads consecutive requests over the volume's chunks.
-		args = append(args, "-S", strconv.Itoa(1<<20+j.BlockSize))
+		return 1<<20 + int64(j.BlockSize)
 	}
+	return int64(j.BlockSize)
+}
+
+// qemuBenchOffset is the offset of request k (from 0, in submission order)
+// of job j on a volume of size bytes, as `qemu-img bench` computes it: from
+// offset 0 (no -o), each request the previous one's plus the stride,
+// modulo the image size (qemu 7.2's bench_cb; QEMU 10.1 wraps modulo size
+// minus the block size instead). The Go NVMe/TCP host takes its offsets
+// from here too.
+func qemuBenchOffset(j Job, size uint64, k int64) int64 {
+	// (k*stride) mod size, without overflowing k*stride.
+	s := int64(size)
+	return int64((uint64(k%s) * uint64(qemuBenchStride(j)%s)) % uint64(s))
+}
+
+var qemuBenchTime = regexp.MustCompile(`Run completed in ([0-9.]+) seconds`)
+
+// qemuBenchArgs are the arguments of `qemu-img bench` running count
+// requests of job j on uri.
+func qemuBenchArgs(uri string, j Job, count int) []string {
+	args := []string{"bench", "-f", "raw", "-t", "none", "-c", strconv.Itoa(count), "-d", strconv.Itoa(j.IODepth),
+		"-s", strconv.Itoa(j.BlockSize), "-S", strconv.FormatInt(qemuBenchStride(j), 10)}
 	if j.RW == "write" || j.RW == "randwrite" {
 		args = append(args, "-w")
 	}
-	args = append(args, uri)
+	return append(args, uri)
+}
+
+// qemuBench runs `qemu-img bench` for count requests and returns its time.
+func qemuBench(ctx context.Context, uri string, j Job, count int) (time.Duration, error) {
+	args := qemuBenchArgs(uri, j, count)
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	out, err := exec.CommandContext(cctx, "qemu-img", args...).CombinedOutput()
@@ -251,14 +283,14 @@ func (r *runner) runQemuBench(ctx context.Context, uri string, j Job, runtime ti
 	count := int(r.cfg.Size / uint64(j.BlockSize))
 	if runtime > 0 {
 		probe := 200 * j.IODepth
-		d, err := qemuBench(ctx, uri, j, probe, r.cfg.Size)
+		d, err := qemuBench(ctx, uri, j, probe)
 		if err != nil {
 			return Stats{}, err
 		}
 		count = max(probe, int(float64(probe)*runtime.Seconds()/d.Seconds()))
 		rampDone()
 	}
-	d, err := qemuBench(ctx, uri, j, count, r.cfg.Size)
+	d, err := qemuBench(ctx, uri, j, count)
 	if err != nil {
 		return Stats{}, err
 	}
