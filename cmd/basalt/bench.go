@@ -26,7 +26,8 @@ sequential write QD8, 8 KiB 50/50 randrw QD8) against a raw preallocated file
 socket, and a 3-replica and a 1-replica basalt volume of a playground this command
 starts, the 3-replica volume also over NVMe/TCP (the Go host of internal/nvmfhost)
 and over iSCSI and NBD from qemu-img bench (basalt-r3-nvmf, basalt-r3-iscsi,
-basalt-r3-qemu-nbd); then the 3-replica volume once per data-plane security mode, each on a
+basalt-r3-qemu-nbd; all three at qemu-img bench's strided offsets, not random);
+then the 3-replica volume once per data-plane security mode, each on a
 playground of its own (basalt-r3-insecure: no TLS; basalt-r3-tcp: authenticated
 over TCP; basalt-r3-encrypted: TLS for every connection), with a section on the
 CPU each mode costs per 4 KiB IO. Prints a markdown table and writes it to --out. Needs fio and nbdkit

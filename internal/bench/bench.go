@@ -165,10 +165,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if slices.ContainsFunc(cfg.Targets, isFrontendTarget) {
 		r.rep.Notes = append(r.rep.Notes, "Front ends side by side, all on `basalt-r3`'s playground and volume: `"+TargetBasaltR3NVMf+
 			"` is NVMe/TCP from the bench's own Go host (internal/nvmfhost: one I/O queue, the job's depth of commands in flight, "+
-			"true random offsets, its latencies measured per IO); `"+TargetBasaltR3ISCSI+"` (libiscsi) and `"+TargetBasaltR3QemuNBD+
-			"` (QEMU's NBD client on the same Unix socket as `basalt-r3`) are driven by `qemu-img bench`, which has no random offsets "+
-			"(the rand jobs step 1 MiB + one block per request, wrapping) and reports only its run time: their mean latency is "+
-			"depth / IOPS (Little's law) and their p99 is empty. The clients' own CPU is not in the CPU column.")
+			"its latencies measured per IO); `"+TargetBasaltR3ISCSI+"` (libiscsi) and `"+TargetBasaltR3QemuNBD+
+			"` (QEMU's NBD client on the same Unix socket as `basalt-r3`) are driven by `qemu-img bench`, which reports only its "+
+			"run time: their mean latency is depth / IOPS (Little's law) and their p99 is empty. All three use `qemu-img bench`'s "+
+			"offsets, which are not random: from 0, the rand jobs step 1 MiB + one block per request, wrapping at the volume's end "+
+			"(so 32 requests in flight fall on one or two chunks); `basalt-r3` (fio) is the true-random reference. "+
+			"The clients' own CPU is not in the CPU column.")
 	}
 	r.rep.Notes = append(r.rep.Notes,
 		"The CPU column leaves out fio itself (the NBD client) and counts the MDS and etcd, which idle during IO.",

@@ -64,7 +64,9 @@ const (
 	// The front ends side by side (docs/performance.md), on basalt-r3's
 	// playground and volume: NVMe/TCP driven by the Go host
 	// (internal/nvmfhost), and iSCSI and NBD both driven by `qemu-img bench`
-	// (libiscsi, QEMU's NBD client on the Unix socket).
+	// (libiscsi, QEMU's NBD client on the Unix socket); all three at
+	// qemu-img bench's strided offsets (qemuBenchOffset), so the rows
+	// compare protocols, not access patterns.
 	TargetBasaltR3NVMf    = "basalt-r3-nvmf"
 	TargetBasaltR3ISCSI   = "basalt-r3-iscsi"
 	TargetBasaltR3QemuNBD = "basalt-r3-qemu-nbd"
