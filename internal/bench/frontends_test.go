@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/basalt-storage/basalt/internal/testutil"
 )
 
 // qemuBenchJobs are the jobs `qemu-img bench` runs, so the ones whose
@@ -64,11 +66,10 @@ var nbdkitLogRequest = regexp.MustCompile(`(?m)^.* (?:Read|Write) id=\d+ offset=
 // in order at queue depth 1, the same ones at higher depths (where requests
 // complete, and so are logged, out of order). Each run wraps the disk twice.
 func TestNVMfOffsetsMatchQemuImg(t *testing.T) {
-	for _, tool := range []string{"qemu-img", "nbdkit"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (./scripts/install-deps installs it): %v", tool, err)
-		}
+	if testing.Short() {
+		t.Skip("starts nbdkit and qemu-img; not in -short")
 	}
+	testutil.RequireTools(t, "qemu-img", "nbdkit")
 	const size = 8 << 20
 	dir := t.TempDir()
 	sock, logf := filepath.Join(dir, "nbd.sock"), filepath.Join(dir, "log")
