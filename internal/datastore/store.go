@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/basalt-storage/basalt/internal/fsdir"
 )
 
 // DefaultPreallocChunks is the pool depth a chunkserver should use. A zero
@@ -100,8 +102,11 @@ func Open(cfg Config) (*Store, error) {
 		copysets: make(map[uint64]*Copyset),
 		csDir:    filepath.Join(cfg.Dir, "copysets"),
 	}
+	// The directories must survive a power cut as soon as anything in them
+	// does: a copyset's meta, its chunks, and what the WAL compacted away
+	// because they were synced (fsdir.MkdirAll syncs each new one's parent).
 	for _, d := range []string{cfg.Dir, s.csDir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
+		if err := fsdir.MkdirAll(d, 0o755); err != nil {
 			return nil, ioError("mkdir "+d, err)
 		}
 	}
