@@ -2,7 +2,6 @@ package datastore
 
 import (
 	"bytes"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -18,27 +17,7 @@ func TestPowerCutKeepsCheckpointedCopyset(t *testing.T) {
 	if testing.Short() {
 		t.Skip("FUSE file system: -short")
 	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("needs FUSE for lazyfs: /dev/fuse is missing (Debian: apt-get install fuse3)")
-	}
-	dir := t.TempDir()
-	mnt := filepath.Join(dir, "mnt")
-	if err := os.Mkdir(mnt, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	z, err := lazyfs.New(filepath.Join(dir, "backing"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := z.Mount(mnt); err != nil {
-		t.Skipf("lazyfs: cannot mount FUSE here (needs root or fusermount3): %v", err)
-	}
-	mounted := true
-	t.Cleanup(func() {
-		if mounted {
-			_ = z.Unmount()
-		}
-	})
+	z, mnt := lazyfs.MountTemp(t)
 	cfg := Config{Dir: filepath.Join(mnt, "data")}
 
 	s, err := Open(cfg)
@@ -64,19 +43,8 @@ func TestPowerCutKeepsCheckpointedCopyset(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := z.Unmount(); err != nil {
-		t.Fatal(err)
-	}
-	mounted = false
-	files, entries, err := z.Cut()
-	if err != nil {
-		t.Fatal(err)
-	}
+	files, entries := z.CutAndRemount(t, mnt)
 	t.Logf("power cut: unsynced data of %d files and %d directory changes taken back", files, entries)
-	if err := z.Mount(mnt); err != nil {
-		t.Fatal(err)
-	}
-	mounted = true
 
 	s, err = Open(cfg)
 	if err != nil {

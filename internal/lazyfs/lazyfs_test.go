@@ -10,39 +10,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// mount mounts a lazyfs over a fresh backing directory, or skips.
-func mount(t *testing.T) (*FS, string) {
-	t.Helper()
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("lazyfs needs FUSE: /dev/fuse is missing")
-	}
-	dir := t.TempDir()
-	z, err := New(filepath.Join(dir, "backing"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	mnt := filepath.Join(dir, "mnt")
-	os.Mkdir(mnt, 0o755)
-	if err := z.Mount(mnt); err != nil {
-		t.Skipf("lazyfs: cannot mount FUSE here (needs root or fusermount3): %v", err)
-	}
-	t.Cleanup(func() { z.Unmount() })
-	return z, mnt
-}
-
-func cut(t *testing.T, z *FS, mnt string) {
-	t.Helper()
-	if err := z.Unmount(); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := z.Cut(); err != nil {
-		t.Fatal(err)
-	}
-	if err := z.Mount(mnt); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func syncDir(t *testing.T, dir string) {
 	t.Helper()
 	d, err := os.Open(dir)
@@ -67,7 +34,7 @@ func read(t *testing.T, p string) []byte {
 // Data fsynced survives a cut; data written after the last fsync does not,
 // overwrites and appends alike; the size goes back too.
 func TestSyncedDataSurvivesUnsyncedDoesNot(t *testing.T) {
-	z, mnt := mount(t)
+	z, mnt := MountTemp(t)
 	p := filepath.Join(mnt, "f")
 	f, err := os.Create(p)
 	if err != nil {
@@ -87,7 +54,7 @@ func TestSyncedDataSurvivesUnsyncedDoesNot(t *testing.T) {
 		t.Fatalf("pending files %d", files)
 	}
 	f.Close()
-	cut(t, z, mnt)
+	z.CutAndRemount(t, mnt)
 	if got := read(t, p); !bytes.Equal(got, bytes.Repeat([]byte("a"), 8192)) {
 		t.Fatalf("after the cut: len %d, want the 8192 synced bytes of 'a'", len(got))
 	}
@@ -107,7 +74,7 @@ func TestSyncedDataSurvivesUnsyncedDoesNot(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	cut(t, z, mnt)
+	z.CutAndRemount(t, mnt)
 	got := read(t, p)
 	if len(got) != 8192 || string(got[10:12]) != "zz" || string(got[20:22]) != "aa" {
 		t.Fatalf("after the second cut: len %d, [10:12]=%q [20:22]=%q", len(got), got[10:12], got[20:22])
@@ -117,7 +84,7 @@ func TestSyncedDataSurvivesUnsyncedDoesNot(t *testing.T) {
 // A file whose directory was not fsynced is gone after a cut, even if the
 // file itself was; unlinks and renames not made durable are undone.
 func TestDirectoryEntries(t *testing.T) {
-	z, mnt := mount(t)
+	z, mnt := MountTemp(t)
 	os.WriteFile(filepath.Join(mnt, "kept"), []byte("k"), 0o644)
 	os.WriteFile(filepath.Join(mnt, "old"), []byte("o"), 0o644)
 	os.Mkdir(filepath.Join(mnt, "d"), 0o755)
@@ -141,7 +108,7 @@ func TestDirectoryEntries(t *testing.T) {
 	if _, entries := z.Pending(); entries == 0 {
 		t.Fatal("no pending directory changes")
 	}
-	cut(t, z, mnt)
+	z.CutAndRemount(t, mnt)
 	if _, err := os.Stat(filepath.Join(mnt, "new")); !os.IsNotExist(err) {
 		t.Errorf("new: %v, want gone (its directory was not fsynced)", err)
 	}
@@ -166,7 +133,7 @@ func TestDirectoryEntries(t *testing.T) {
 	f.Close()
 	os.Rename(filepath.Join(mnt, "tmp"), filepath.Join(mnt, "old"))
 	syncDir(t, mnt)
-	cut(t, z, mnt)
+	z.CutAndRemount(t, mnt)
 	if got := string(read(t, filepath.Join(mnt, "old"))); got != "new content" {
 		t.Errorf("old = %q after a durable rename and a cut", got)
 	}
@@ -176,7 +143,7 @@ func TestDirectoryEntries(t *testing.T) {
 // ENOSPC and change nothing; reads, fsyncs, shrinking truncates, hole punches
 // and unlinks go on; clearing it lets writes through again.
 func TestFull(t *testing.T) {
-	z, mnt := mount(t)
+	z, mnt := MountTemp(t)
 	p := filepath.Join(mnt, "f")
 	if err := os.WriteFile(p, bytes.Repeat([]byte("a"), 8192), 0o644); err != nil {
 		t.Fatal(err)
@@ -228,7 +195,7 @@ func TestFull(t *testing.T) {
 // chunkserver removes a copyset's directory this way; the power cut of
 // TestLinearizable after a move found the cut failing here).
 func TestDurableRmdirTakesItsContent(t *testing.T) {
-	z, mnt := mount(t)
+	z, mnt := MountTemp(t)
 	d := filepath.Join(mnt, "d")
 	os.Mkdir(d, 0o755)
 	os.WriteFile(filepath.Join(d, "f"), []byte("f"), 0o644)
@@ -246,7 +213,7 @@ func TestDurableRmdirTakesItsContent(t *testing.T) {
 	if _, entries := z.Pending(); entries != 0 {
 		t.Errorf("%d directory changes still pending after the durable rmdir", entries)
 	}
-	cut(t, z, mnt)
+	z.CutAndRemount(t, mnt)
 	for _, p := range []string{d, d + ".removed"} {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s after the cut: %v, want gone", p, err)
